@@ -1,0 +1,1 @@
+"""Host side: command line, training driver, board/simulation transports."""

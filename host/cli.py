@@ -1,0 +1,175 @@
+"""The ``xnortrain`` command line.
+
+Every subcommand builds one :class:`sim.config.Config` from ``--model`` (a
+preset name) or ``--config`` (a TOML file), then ``--scheme``, ``--optimizer``
+and the other shortcuts, then ``--set key=value`` overrides, in that order.
+User mistakes print one line and exit with status 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from sim.config import PRESETS, Config, ConfigError, apply_overrides, load_config
+
+EXIT_USER_ERROR = 2
+
+
+class UserError(Exception):
+    """A mistake in the command line or its inputs; printed as one line."""
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--model", choices=sorted(PRESETS), help="a named preset (configs/*.toml)")
+    src.add_argument("--config", metavar="FILE", help="a configuration TOML file")
+    p.add_argument("--scheme", choices=("standard", "proposed"), help="Algorithm 1 or Algorithm 2 defaults")
+    p.add_argument("--optimizer", choices=("adam", "sgdm", "bop", "iir", "switch"), help="weight optimiser")
+    p.add_argument("--batch-size", type=int, metavar="B", help="shortcut for --set train.batch_size=B")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+        help="override any configuration field, e.g. --set optimizer.bop.tau=1e-6 (repeatable)",
+    )
+
+
+def build_config(args: argparse.Namespace) -> Config:
+    cfg = load_config(args.config) if getattr(args, "config", None) else load_config(args.model or "mlp")
+    shortcuts = []
+    if getattr(args, "scheme", None):
+        shortcuts.append(f"approx.scheme={args.scheme}")
+    if getattr(args, "optimizer", None):
+        shortcuts.append(f"optimizer.name={args.optimizer}")
+    if getattr(args, "batch_size", None) is not None:
+        shortcuts.append(f"train.batch_size={args.batch_size}")
+    if getattr(args, "epochs", None) is not None:
+        shortcuts.append(f"train.epochs={args.epochs}")
+    if getattr(args, "seed", None) is not None:
+        shortcuts.append(f"train.seed={args.seed}")
+    if getattr(args, "max_steps", None) is not None:
+        shortcuts.append(f"train.max_steps={args.max_steps}")
+    return apply_overrides(cfg, shortcuts + list(args.overrides))
+
+
+def _write_json(path: str, data: dict) -> None:
+    out = Path(path)
+    if out.parent and not out.parent.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=2, default=_json_default) + "\n")
+
+
+def _json_default(o):
+    import numpy as np
+
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"cannot write {type(o).__name__} to JSON")
+
+
+# ---------------------------------------------------------------------------
+
+
+def cmd_config(args) -> int:
+    cfg = build_config(args)
+    print(cfg.to_toml(), end="")
+    return 0
+
+
+def cmd_train(args) -> int:
+    from sim.train_loop import run_training
+
+    cfg = build_config(args)
+    if args.arith == "hw":
+        from sim.hw.engine import HwEngine
+
+        engine = HwEngine(cfg)
+    else:
+        from sim.reference.engine import ReferenceEngine
+
+        engine = ReferenceEngine(cfg)
+    print(
+        f"xnortrain: training {cfg.name} ({args.arith} arithmetic, scheme {cfg.approx.scheme}, "
+        f"optimizer {cfg.optimizer.name}, B={cfg.train.batch_size}, {cfg.train.epochs} epochs, seed {cfg.train.seed})"
+    )
+    history = run_training(cfg, engine, progress=not args.no_progress, checkpoint=args.json)
+    if args.json:
+        history.to_json(args.json)
+        print(f"history written to {args.json}")
+    if args.plot:
+        history.plot(args.plot)
+        print(f"plot written to {args.plot}")
+    print(history.summary())
+    return 0
+
+
+def _report_cmd(module_name: str):
+    def run(args) -> int:
+        import importlib
+
+        module = importlib.import_module(module_name)
+        cfg = build_config(args)
+        text, data = module.report(cfg)
+        print(text)
+        if args.json:
+            _write_json(args.json, data)
+            print(f"written to {args.json}")
+        return 0
+
+    return run
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="xnortrain",
+        description="Generate, verify and drive FPGA accelerators that train binary neural networks on chip.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("train", help="train with the float reference or the bit-exact hardware model")
+    _add_config_args(p)
+    p.add_argument("--arith", choices=("float", "hw"), default="float", help="float reference or hardware arithmetic")
+    p.add_argument("--epochs", type=int, help="shortcut for --set train.epochs=N")
+    p.add_argument("--seed", type=int, help="shortcut for --set train.seed=N")
+    p.add_argument("--max-steps", type=int, help="stop after N training steps (short runs)")
+    p.add_argument("--json", metavar="OUT", help="write the training history as JSON (updated every epoch)")
+    p.add_argument("--plot", metavar="PNG", help="write accuracy/loss curves as a PNG")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_train)
+
+    for name, module, text in (
+        ("memory", "sim.memory_model", "per-variable training memory (the paper's Table 2 method)"),
+        ("energy", "sim.energy_model", "per-batch training energy from 45 nm operation and access energies"),
+    ):
+        p = sub.add_parser(name, help=text)
+        _add_config_args(p)
+        p.add_argument("--json", metavar="OUT", help="also write the table as JSON")
+        p.set_defaults(func=_report_cmd(module))
+
+    p = sub.add_parser("config", help="print the fully resolved configuration as TOML")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_config)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, UserError, FileNotFoundError, ValueError) as e:
+        # ValueError covers DatasetError and other input mistakes raised with a clear message.
+        print(f"xnortrain: error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("xnortrain: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

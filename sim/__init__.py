@@ -1,0 +1,1 @@
+"""Golden models: float reference, bit-exact hardware model, datasets, configuration."""
