@@ -70,7 +70,10 @@ def test_topology_errors_are_caught_at_load_time():
     cases = [
         ([{"type": "dense", "units": 5}], "num_classes"),
         ([{"type": "conv", "channels": 4, "kernel": 9}, {"type": "dense", "units": 10}], "does not fit"),
-        ([{"type": "dense", "units": 4}, {"type": "conv", "channels": 4}, {"type": "dense", "units": 10}], "cannot follow"),
+        (
+            [{"type": "dense", "units": 4}, {"type": "conv", "channels": 4}, {"type": "dense", "units": 10}],
+            "cannot follow",
+        ),
         ([{"type": "pool"}], "type"),
         ([{"type": "dense"}], "units is required"),
         ([{"type": "conv", "channels": 2, "padding": "full"}], "padding"),

