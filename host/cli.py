@@ -114,7 +114,8 @@ def _report_cmd(module_name: str):
 
         module = importlib.import_module(module_name)
         cfg = build_config(args)
-        text, data = module.report(cfg)
+        options = {k: getattr(args, k) for k in ("convention", "memory", "float_ops") if getattr(args, k, None)}
+        text, data = module.report(cfg, **options)
         print(text)
         if args.json:
             _write_json(args.json, data)
@@ -149,6 +150,19 @@ def make_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text)
         _add_config_args(p)
         p.add_argument("--json", metavar="OUT", help="also write the table as JSON")
+        if name == "memory":
+            p.add_argument(
+                "--convention", choices=("paper", "exact"), default="paper",
+                help="paper: the sizing that reproduces Tables 2/3; exact: what this network really holds",
+            )
+        else:
+            p.add_argument(
+                "--memory", choices=("dram", "dram_high", "sram"), default="dram", help="where every access goes"
+            )
+            p.add_argument(
+                "--float-ops", dest="float_ops", choices=("fp32", "storage"), default="fp32",
+                help="price float arithmetic as fp32 (the paper) or at the storage width",
+            )
         p.set_defaults(func=_report_cmd(module))
 
     p = sub.add_parser("config", help="print the fully resolved configuration as TOML")
