@@ -1,0 +1,149 @@
+"""FPGA device resource limits, declared once.
+
+Every fit check (synthesis reports, the memory planner, board flows) reads the numbers here rather than
+repeating them. A :class:`Device` names a die (``xc7z020``), not a package or speed grade: those do not
+change LUT/FF/BRAM/DSP counts. :func:`get_device` also accepts a full part string such as
+``xc7z020clg484-1`` or ``LFE5U-85F-6BG381C`` and finds the die in it.
+
+Resource names are the keys of :attr:`Device.limits`; ``rtl_gen.synth`` reports the same names, so a
+report and a device can be compared key by key.
+
+Sources: Xilinx DS190 (Zynq-7000 overview, product table) and UG474 (7-series CLBs: 4 LUT6 + 8 FF + 1
+CARRY4 + 2 MUXF7 + 1 MUXF8 per slice; only SLICEM LUTs can be distributed RAM or shift registers);
+Lattice ECP5 family data sheet (FPGA-DS-02012).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+__all__ = ["DEVICES", "Device", "UnknownDeviceError", "get_device"]
+
+
+class UnknownDeviceError(ValueError):
+    """A device or part name that is not in :data:`DEVICES`."""
+
+
+@dataclass(frozen=True)
+class Device:
+    """Resource limits of one FPGA die.
+
+    ``limits`` maps a resource name to how many the die has. For 7-series the names are ``LUT`` (LUT6
+    sites, logic and memory together), ``LUTRAM`` (SLICEM LUTs usable as distributed RAM or SRL), ``FF``,
+    ``BRAM36`` (36 kbit block RAMs; two RAMB18 make one), ``DSP`` (DSP48E1), ``CARRY4`` (one per slice),
+    ``MUXF7``, ``MUXF8`` and ``BUFG``.
+    """
+
+    name: str
+    """Die name, lower case for Xilinx (``xc7z020``), as the vendor writes it for Lattice (``LFE5U-85F``)."""
+    family: str
+    """Synthesis family: ``xc7`` (Yosys ``synth_xilinx -family xc7``) or ``ecp5`` (``synth_ecp5``)."""
+    vendor: str
+    description: str
+    lut_inputs: int
+    """6 for 7-series LUT6, 4 for ECP5 LUT4."""
+    bram_kbit: int
+    """Size of one block RAM in :attr:`limits` (36 for a BRAM36, 18 for an ECP5 EBR)."""
+    bram_resource: str
+    """The :attr:`limits` key counting block RAMs (``BRAM36`` or ``EBR``)."""
+    limits: Mapping[str, int] = field(default_factory=dict)
+    packages: Mapping[str, int] = field(default_factory=dict)
+    """Package name -> user I/O count (for reference; a PL block behind AXI uses no package pins)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "limits", MappingProxyType(dict(self.limits)))
+        object.__setattr__(self, "packages", MappingProxyType(dict(self.packages)))
+
+    @property
+    def bram_blocks(self) -> int:
+        return self.limits[self.bram_resource]
+
+    @property
+    def bram_bits(self) -> int:
+        """Total block-RAM bits (data plus parity bits, as the vendor counts them)."""
+        return self.bram_blocks * self.bram_kbit * 1024
+
+    @property
+    def bram_kib(self) -> float:
+        return self.bram_bits / 8 / 1024
+
+    def limit(self, resource: str) -> int:
+        try:
+            return self.limits[resource]
+        except KeyError:
+            known = ", ".join(self.limits)
+            raise KeyError(f"{self.name} has no resource {resource!r}; known: {known}") from None
+
+
+_XC7Z020_SLICES = 13_300
+
+XC7Z020 = Device(
+    name="xc7z020",
+    family="xc7",
+    vendor="Xilinx",
+    description="Zynq-7020 programmable logic (Artix-7 fabric), dual Cortex-A9 PS",
+    lut_inputs=6,
+    bram_kbit=36,
+    bram_resource="BRAM36",
+    limits={
+        "LUT": 53_200,
+        # 4,350 SLICEM x 4 LUTs: the "LUT as Memory" limit in Vivado's utilisation report.
+        "LUTRAM": 17_400,
+        "FF": 106_400,
+        # 140 x 36 kbit = 280 RAMB18 = 5,040 kbit ("4.9 Mb" in DS190) = 630 KiB.
+        "BRAM36": 140,
+        "DSP": 220,
+        "CARRY4": _XC7Z020_SLICES,
+        "MUXF7": 2 * _XC7Z020_SLICES,
+        "MUXF8": _XC7Z020_SLICES,
+        "BUFG": 32,
+    },
+    packages={"clg400": 125, "clg484": 200},
+)
+
+LFE5U_85F = Device(
+    name="LFE5U-85F",
+    family="ecp5",
+    vendor="Lattice",
+    description="ECP5 85k (ULX3S); fully open flow with Yosys + nextpnr-ecp5",
+    lut_inputs=4,
+    bram_kbit=18,
+    bram_resource="EBR",
+    limits={
+        "LUT4": 83_640,
+        "FF": 83_640,  # two LUT4 and two FF per slice
+        "EBR": 208,  # 208 x 18 kbit = 3,744 kbit
+        "MULT18": 156,  # 18x18 multipliers in the sysDSP slices
+        "SLICE": 41_820,
+    },
+    packages={"CABGA381": 205},
+)
+
+DEVICES: Mapping[str, Device] = MappingProxyType({d.name.lower(): d for d in (XC7Z020, LFE5U_85F)})
+"""Known dies by lower-case name."""
+
+
+def get_device(name: str | Device) -> Device:
+    """The :class:`Device` for a die name or a full part string (case-insensitive).
+
+    ``"xc7z020"``, ``"xc7z020clg484-1"`` and ``"XC7Z020-CLG400-1"`` all give the Zynq-7020;
+    ``"lfe5u-85f"`` and ``"LFE5U-85F-6BG381C"`` the ECP5-85.
+    """
+    if isinstance(name, Device):
+        return name
+    known = ", ".join(d.name for d in DEVICES.values())
+    if not isinstance(name, str) or not name.strip():
+        raise UnknownDeviceError(f"device must be a die or part name, not {name!r}; known: {known}")
+    key = name.strip().lower()
+    # Longest die name first, so a future "xc7z020" never loses to a shorter prefix like "xc7z02".
+    for die in sorted(DEVICES, key=len, reverse=True):
+        if key == die or (key.startswith(die) and not key[len(die)].isalnum()) or _xilinx_part(key, die):
+            return DEVICES[die]
+    raise UnknownDeviceError(f"unknown device {name!r}; known: {known}")
+
+
+def _xilinx_part(key: str, die: str) -> bool:
+    # Xilinx parts glue the package straight onto the die name: xc7z020clg484-1.
+    return die.startswith("xc") and key.startswith(die) and key[len(die)].isalpha()

