@@ -1,0 +1,60 @@
+"""Small stream building blocks shared by the datapath components."""
+
+from __future__ import annotations
+
+from amaranth import Module, Shape
+from amaranth.lib import stream, wiring
+from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.wiring import In, Out
+
+__all__ = ["StreamFIFO"]
+
+
+class StreamFIFO(wiring.Component):
+    """First-in first-out queue between two :mod:`amaranth.lib.stream` interfaces.
+
+    Parameters:
+        shape: payload shape (any shape-castable, e.g. a :class:`amaranth.lib.data.StructLayout`).
+        depth: entries, >= 1.
+
+    Ports:
+        i: ``In(stream.Signature(shape))``; ``i.ready`` is a registered function of the fill level
+            (it never depends on ``o.ready`` in the same cycle), so a producer may base its own stall
+            decision on it without creating a combinational path through the queue.
+        o: ``Out(stream.Signature(shape))``; a pushed entry is offered from the next cycle on (one
+            cycle of latency). ``depth >= 2`` sustains one transfer per cycle; with ``depth == 1``
+            ``i.ready`` is low whenever the entry is held, so at most every other cycle.
+        level: ``Out(range(depth + 1))`` entries held.
+    """
+
+    def __init__(self, *, shape, depth: int = 2):
+        if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
+            raise ValueError(f"depth must be an integer >= 1, not {depth!r}")
+        self._shape = shape
+        self._width = Shape.cast(shape).width
+        self._depth = depth
+        super().__init__(
+            {
+                "i": In(stream.Signature(shape)),
+                "o": Out(stream.Signature(shape)),
+                "level": Out(range(depth + 1)),
+            }
+        )
+
+    @property
+    def depth(self) -> int:
+        return self._depth
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.fifo = fifo = SyncFIFO(width=self._width, depth=self._depth)
+        m.d.comb += [
+            fifo.w_data.eq(self.i.payload),
+            fifo.w_en.eq(self.i.valid),
+            self.i.ready.eq(fifo.w_rdy),
+            self.o.payload.eq(fifo.r_data),
+            self.o.valid.eq(fifo.r_rdy),
+            fifo.r_en.eq(self.o.ready),
+            self.level.eq(fifo.level),
+        ]
+        return m

@@ -1,0 +1,444 @@
+"""Forward XNOR-popcount engine for dense layers: ``Y = X_hat * W_hat``.
+
+Encoding: a bit 1 stands for +1 and a bit 0 for -1, for activations and weights alike. For one input
+row ``x`` (``n_in`` bits) and one weight column ``w[:, j]`` the output is the exact integer
+
+    y[j] = sum_i (+-1)(x[i]) * (+-1)(w[i, j]) = 2 * popcount(xnor(x, w[:, j])) - n_in,
+
+in ``[-n_in, n_in]``, carried in ``ceil(log2(n_in + 1)) + 1`` signed bits.
+
+Geometry (:class:`XnorGeometry`): the engine has ``lanes_out`` output lanes (output neurons computed
+in parallel) and reads ``lanes_in`` input bits per word. A row of ``n_in`` bits arrives as
+``words = ceil(n_in / lanes_in)`` words, input ``i`` in bit ``i % lanes_in`` of word ``i // lanes_in``;
+the bits past ``n_in`` in the last word are padding and are masked out (their value does not matter).
+The outputs are computed in ``groups = ceil(n_out / lanes_out)`` groups; lane ``l`` of group ``g``
+is output neuron ``g * lanes_out + l``; lanes past ``n_out`` in the last group are padding and output 0.
+
+Weights: one bank (a :class:`amaranth.lib.memory.Memory` of ``depth = words * groups`` rows of
+``lanes_in`` bits, i.e. block-RAM shaped) per output lane. Row ``g * words + k`` of bank ``l`` holds
+the bits ``w[k * lanes_in : (k + 1) * lanes_in, g * lanes_out + l]`` (dense layout: rows of ``w`` are
+inputs), input ``k * lanes_in + b`` in bit ``b``. :meth:`XnorGeometry.pack_weights` builds the banks.
+
+Schedule: for every row, for every group, the ``words`` words of the row are combined with one weight
+row of every bank per cycle; the first group takes its words straight from the input stream (and keeps
+them in a one-row buffer), the other groups replay the buffer, with the input stream stalled. With no
+stalls the engine does one word x ``lanes_out`` lanes per cycle, every cycle; :func:`cycles` gives the
+exact count. Pipeline: weight read (1 cycle), popcount register (1), accumulate and push into a 2-entry
+output queue (1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from amaranth import Const, Module, Mux, Shape, Signal, signed
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from .streams import StreamFIFO
+
+__all__ = [
+    "LATENCY",
+    "WeightReadSignature",
+    "XnorEngine",
+    "XnorEngineCore",
+    "XnorGeometry",
+    "as_bits",
+    "cycles",
+    "popcount",
+]
+
+LATENCY = 3
+"""Cycles from the transfer of a row's last input word (last group) to the transfer of its last output
+beat, minus one: weight read, popcount register, output queue."""
+
+MAX_N = 1 << 20
+MAX_LANES = 4096
+
+
+def _check_int(name: str, value: object, lo: int, hi: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise ValueError(f"{name} must be an integer in {lo}..{hi}, not {value!r}")
+    return value
+
+
+def as_bits(a, what: str = "array") -> np.ndarray:
+    """``a`` as a 0/1 ``uint8`` array: accepts 0/1 bits or -1/+1 signs (1 means +1 in both)."""
+    a = np.asarray(a)
+    values = set(np.unique(a).tolist())
+    if values <= {0, 1}:
+        return a.astype(np.uint8)
+    if values <= {-1, 1}:
+        return (a > 0).astype(np.uint8)
+    raise ValueError(f"{what} must hold 0/1 bits or -1/+1 signs, found values {sorted(values)[:6]}")
+
+
+def _pack_last_axis(bits: np.ndarray) -> np.ndarray:
+    """Integers from the bits along the last axis (bit 0 = element 0), as a Python-int object array."""
+    packed = np.packbits(bits, axis=-1, bitorder="little")
+    flat = packed.reshape(-1, packed.shape[-1])
+    ints = np.array([int.from_bytes(row.tobytes(), "little") for row in flat], dtype=object)
+    return ints.reshape(bits.shape[:-1])
+
+
+@dataclass(frozen=True, kw_only=True)
+class XnorGeometry:
+    """Sizes of an engine for one dense layer; every derived width and the packing live here.
+
+    Parameters (keyword-only): ``n_in`` (fan-in N, 1..2**20), ``n_out`` (output neurons, 1..2**20),
+    ``lanes_in`` (bits per input word, 1..4096), ``lanes_out`` (parallel output lanes, 1..4096).
+    """
+
+    n_in: int
+    n_out: int
+    lanes_in: int
+    lanes_out: int
+
+    def __post_init__(self):
+        _check_int("n_in", self.n_in, 1, MAX_N)
+        _check_int("n_out", self.n_out, 1, MAX_N)
+        _check_int("lanes_in", self.lanes_in, 1, MAX_LANES)
+        _check_int("lanes_out", self.lanes_out, 1, MAX_LANES)
+
+    @property
+    def words(self) -> int:
+        """Input words per row, ``ceil(n_in / lanes_in)``."""
+        return -(-self.n_in // self.lanes_in)
+
+    @property
+    def groups(self) -> int:
+        """Output groups per row, ``ceil(n_out / lanes_out)``."""
+        return -(-self.n_out // self.lanes_out)
+
+    @property
+    def depth(self) -> int:
+        """Rows per weight bank, ``words * groups``."""
+        return self.words * self.groups
+
+    @property
+    def addr_width(self) -> int:
+        return Shape.cast(range(self.depth)).width
+
+    @property
+    def lane_width(self) -> int:
+        return Shape.cast(range(self.lanes_out)).width
+
+    @property
+    def y_width(self) -> int:
+        """Bits of a signed output, ``ceil(log2(n_in + 1)) + 1``."""
+        return self.n_in.bit_length() + 1
+
+    @property
+    def last_word_mask(self) -> int:
+        """Valid bits of the last word of a row."""
+        return (1 << (self.n_in - (self.words - 1) * self.lanes_in)) - 1
+
+    @property
+    def x_layout(self) -> data.StructLayout:
+        """Input stream payload: ``data`` (``lanes_in`` bits, bit 0 first) and ``last`` (last word of a row)."""
+        return data.StructLayout({"data": self.lanes_in, "last": 1})
+
+    @property
+    def y_layout(self) -> data.StructLayout:
+        """Output stream payload: ``y`` (``lanes_out`` signed values, lane 0 in the low bits) and ``last``
+        (last group of a row)."""
+        return data.StructLayout({"y": data.ArrayLayout(signed(self.y_width), self.lanes_out), "last": 1})
+
+    @property
+    def w_layout(self) -> data.StructLayout:
+        """Weight-load payload: ``data`` (one bank row), ``addr`` (row), ``lane`` (bank)."""
+        return data.StructLayout({"data": self.lanes_in, "addr": range(self.depth), "lane": range(self.lanes_out)})
+
+    def cycles(self, batch: int) -> int:
+        """See :func:`cycles`."""
+        _check_int("batch", batch, 0, 1 << 40)
+        return batch * self.depth + LATENCY if batch else 0
+
+    # --- packing (host and tests) ---
+
+    def pack_weights(self, w) -> list[list[int]]:
+        """Bank contents for weights ``w`` of shape ``(n_in, n_out)`` (bits or signs): ``banks[l][row]``."""
+        bits = as_bits(w, "weights")
+        if bits.shape != (self.n_in, self.n_out):
+            raise ValueError(f"weights must have shape (n_in, n_out) = {(self.n_in, self.n_out)}, not {bits.shape}")
+        padded = np.zeros((self.words * self.lanes_in, self.groups * self.lanes_out), np.uint8)
+        padded[: self.n_in, : self.n_out] = bits
+        # (k, b, g, l) -> (l, g, k, b): bank l, row g * words + k, bit b
+        by_bank = padded.reshape(self.words, self.lanes_in, self.groups, self.lanes_out).transpose(3, 2, 0, 1)
+        return _pack_last_axis(by_bank.reshape(self.lanes_out, self.depth, self.lanes_in)).tolist()
+
+    def weight_beats(self, w) -> list[tuple[int, int, int]]:
+        """``(lane, addr, data)`` for every bank row: what to send on ``w_load`` to load ``w``."""
+        banks = self.pack_weights(w)
+        return [(lane, addr, word) for lane, rows in enumerate(banks) for addr, word in enumerate(rows)]
+
+    def pack_rows(self, x) -> list[list[int]]:
+        """Input words of rows ``x`` of shape ``(batch, n_in)`` (bits or signs): ``words[row][k]``."""
+        bits = as_bits(x, "inputs")
+        if bits.ndim != 2 or bits.shape[1] != self.n_in:
+            raise ValueError(f"inputs must have shape (batch, n_in={self.n_in}), not {bits.shape}")
+        padded = np.zeros((bits.shape[0], self.words * self.lanes_in), np.uint8)
+        padded[:, : self.n_in] = bits
+        return _pack_last_axis(padded.reshape(bits.shape[0], self.words, self.lanes_in)).tolist()
+
+    def unpack_outputs(self, beats: list[list[int]]) -> np.ndarray:
+        """``(batch, n_out)`` outputs from output beats (each the ``lanes_out`` lane values), in order."""
+        if len(beats) % self.groups:
+            raise ValueError(f"{len(beats)} output beats is not a whole number of rows ({self.groups} per row)")
+        y = np.asarray(beats, dtype=np.int64).reshape(-1, self.groups * self.lanes_out)
+        return y[:, : self.n_out]
+
+
+def cycles(n_in: int, n_out: int, batch: int, lanes_in: int, lanes_out: int) -> int:
+    """Clock cycles for ``batch`` rows with no input stalls and no output backpressure, counted from the
+    cycle the first input word is transferred to the cycle the last output beat is transferred, both
+    included: ``batch * ceil(n_in / lanes_in) * ceil(n_out / lanes_out) + LATENCY``."""
+    return XnorGeometry(n_in=n_in, n_out=n_out, lanes_in=lanes_in, lanes_out=lanes_out).cycles(batch)
+
+
+def popcount(bits):
+    """Number of set bits of ``bits``, as a balanced adder tree (unsigned, ``len(bits).bit_length()``
+    bits wide). Pure combinational logic.
+
+    Pass a :class:`Signal`, not an expression: the tree slices ``bits`` once per bit, and Amaranth does
+    not share common subexpressions, so slicing an expression repeats its logic for every bit.
+    """
+    terms = [bits[i] for i in range(len(bits))]
+    if not terms:
+        return Const(0, 1)
+    while len(terms) > 1:
+        paired = [terms[i] + terms[i + 1] for i in range(0, len(terms) - 1, 2)]
+        if len(terms) % 2:
+            paired.append(terms[-1])
+        terms = paired
+    return terms[0]
+
+
+class WeightReadSignature(wiring.Signature):
+    """Read access to the weight banks of an :class:`XnorEngineCore`, seen from the engine.
+
+    Members: ``addr`` Out(range(depth)), ``en`` Out(1), ``data`` In(ArrayLayout(lanes_in, lanes_out)).
+    Contract: synchronous read of every bank at ``addr``; ``data`` shows the row addressed in the
+    previous cycle in which ``en`` was high, and holds while ``en`` is low (what
+    :meth:`amaranth.lib.memory.Memory.read_port` provides).
+    """
+
+    def __init__(self, geometry: XnorGeometry):
+        self._geometry = geometry
+        super().__init__(
+            {
+                "addr": Out(range(geometry.depth)),
+                "en": Out(1),
+                "data": In(data.ArrayLayout(geometry.lanes_in, geometry.lanes_out)),
+            }
+        )
+
+    @property
+    def geometry(self) -> XnorGeometry:
+        return self._geometry
+
+    def __eq__(self, other):
+        return type(other) is type(self) and other.geometry == self.geometry
+
+    def __repr__(self):
+        return f"WeightReadSignature({self._geometry!r})"
+
+
+class XnorEngineCore(wiring.Component):
+    """The engine's datapath without weight storage, for a weight memory that lives elsewhere (e.g. the
+    optimiser's banks). See the module docstring for the arithmetic and the schedule.
+
+    Parameters:
+        geometry: an :class:`XnorGeometry`.
+
+    Ports:
+        x: ``In(stream.Signature(geometry.x_layout))`` input words.
+        y: ``Out(stream.Signature(geometry.y_layout))`` one beat per output group.
+        weights: ``Out(WeightReadSignature(geometry))``.
+        framing_error: ``Out(1)`` high for one cycle after an input word whose ``last`` flag disagrees
+            with the word count (the engine goes by the count; the flag is only checked).
+    """
+
+    def __init__(self, *, geometry: XnorGeometry):
+        if not isinstance(geometry, XnorGeometry):
+            raise TypeError(f"geometry must be an XnorGeometry, not {geometry!r}")
+        self._geometry = geometry
+        super().__init__(
+            {
+                "x": In(stream.Signature(geometry.x_layout)),
+                "y": Out(stream.Signature(geometry.y_layout)),
+                "weights": Out(WeightReadSignature(geometry)),
+                "framing_error": Out(1),
+            }
+        )
+
+    @property
+    def geometry(self) -> XnorGeometry:
+        return self._geometry
+
+    def elaborate(self, platform):
+        geo = self._geometry
+        K, G, D = geo.words, geo.groups, geo.depth
+        m = Module()
+
+        # Stage 0: issue one (group, word) step per cycle; the weight row address is group * K + word.
+        adv = Signal()  # the whole pipeline moves (low only while the output queue refuses a result)
+        issue = Signal()
+        addr = Signal(range(D))
+        word = Signal(range(K))
+        first_group = Signal()
+        last_group = Signal()
+        last_word = Signal()
+        m.d.comb += [
+            first_group.eq(addr < K),
+            last_group.eq(addr >= (G - 1) * K),
+            last_word.eq(word == K - 1),
+            self.x.ready.eq(adv & first_group),
+            issue.eq(adv & (~first_group | self.x.valid)),
+            self.weights.addr.eq(addr),
+            self.weights.en.eq(adv),
+        ]
+        with m.If(issue):
+            m.d.sync += [
+                word.eq(Mux(last_word, 0, word + 1)),
+                addr.eq(Mux(addr == D - 1, 0, addr + 1)),
+            ]
+        m.d.sync += self.framing_error.eq(self.x.valid & self.x.ready & (self.x.payload.last != last_word))
+
+        # Stage 1: weight rows and the input word are here; XNOR, mask the padding bits, popcount.
+        s1_valid = Signal()
+        s1_from_x = Signal()  # the word is x1 (first group), not the row buffer's output
+        s1_first = Signal()
+        s1_last = Signal()
+        s1_last_group = Signal()
+        x1 = Signal(geo.lanes_in)
+        with m.If(adv):
+            m.d.sync += [
+                s1_valid.eq(issue),
+                s1_from_x.eq(first_group),
+                s1_first.eq(word == 0),
+                s1_last.eq(last_word),
+                s1_last_group.eq(last_group),
+            ]
+            with m.If(issue & first_group):
+                m.d.sync += x1.eq(self.x.payload.data)
+
+        x_word = Signal(geo.lanes_in)
+        if G > 1:  # later groups replay the row from a one-row buffer
+            m.submodules.row_buffer = row_buffer = Memory(shape=geo.lanes_in, depth=K, init=[])
+            keep = row_buffer.write_port()
+            replay = row_buffer.read_port()
+            m.d.comb += [
+                keep.addr.eq(word),
+                keep.data.eq(self.x.payload.data),
+                keep.en.eq(issue & first_group),
+                replay.addr.eq(word),
+                replay.en.eq(adv),
+                x_word.eq(Mux(s1_from_x, x1, replay.data)),
+            ]
+        else:
+            m.d.comb += x_word.eq(x1)
+        full = (1 << geo.lanes_in) - 1
+        mask = Signal(geo.lanes_in)
+        m.d.comb += mask.eq(Mux(s1_last, geo.last_word_mask, full))
+
+        # Stage 2: registered popcounts; accumulate y = -N + 2 * sum(popcounts); push the last word's sum.
+        s2_valid = Signal()
+        s2_first = Signal()
+        s2_last = Signal()
+        s2_last_group = Signal()
+        counts = [Signal(range(geo.lanes_in + 1), name=f"count{lane}") for lane in range(geo.lanes_out)]
+        agree = [Signal(geo.lanes_in, name=f"agree{lane}") for lane in range(geo.lanes_out)]  # signals, so
+        for lane in range(geo.lanes_out):  # that popcount's per-bit slices share one XNOR and mask
+            m.d.comb += agree[lane].eq(~(x_word ^ self.weights.data[lane]) & mask)
+        with m.If(adv):
+            m.d.sync += [
+                s2_valid.eq(s1_valid),
+                s2_first.eq(s1_first),
+                s2_last.eq(s1_last),
+                s2_last_group.eq(s1_last_group),
+            ]
+            m.d.sync += [counts[lane].eq(popcount(agree[lane])) for lane in range(geo.lanes_out)]
+
+        m.submodules.queue = queue = StreamFIFO(shape=geo.y_layout, depth=2)
+        push = Signal()
+        m.d.comb += [
+            push.eq(s2_valid & s2_last),
+            adv.eq(~push | queue.i.ready),  # i.ready is registered: no path from y.ready to x.ready
+            queue.i.valid.eq(push),
+            queue.i.payload.last.eq(s2_last_group),
+        ]
+        y_shape = signed(geo.y_width)
+        real_lanes_last = geo.n_out - (G - 1) * geo.lanes_out
+        for lane in range(geo.lanes_out):
+            acc = Signal(y_shape, name=f"acc{lane}")
+            total = Signal(y_shape, name=f"sum{lane}")
+            m.d.comb += total.eq(Mux(s2_first, Const(-geo.n_in, y_shape), acc) + (counts[lane] << 1))
+            with m.If(adv & s2_valid):
+                m.d.sync += acc.eq(total)
+            if lane < real_lanes_last:
+                m.d.comb += queue.i.payload.y[lane].eq(total)
+            else:  # padding lane in the last group
+                m.d.comb += queue.i.payload.y[lane].eq(Mux(s2_last_group, 0, total))
+        wiring.connect(m, queue.o, wiring.flipped(self.y))
+        return m
+
+
+class XnorEngine(wiring.Component):
+    """XNOR-popcount engine with its own weight banks.
+
+    Parameters (keyword-only): ``n_in``, ``n_out``, ``lanes_in``, ``lanes_out`` (see
+    :class:`XnorGeometry`); ``weights``: optional initial weights of shape ``(n_in, n_out)`` (bits or
+    signs), loaded into the banks at configuration (for tests, or a fixed start); default all zero.
+
+    Ports (Verilog names in brackets):
+        x: ``In(stream.Signature(x_layout))`` [``x__payload`` = data | last << lanes_in, ``x__valid``,
+            ``x__ready``].
+        y: ``Out(stream.Signature(y_layout))`` [``y__payload`` = lane values, lane 0 lowest, then
+            ``last``; ``y__valid``, ``y__ready``].
+        w_load: ``In(stream.Signature(w_layout))`` weight writes, always ready [``w_load__payload`` =
+            data | addr << lanes_in | lane << (lanes_in + addr_width)]. Writes do not wait for the
+            datapath: load while no rows are in flight.
+        framing_error: ``Out(1)`` (see :class:`XnorEngineCore`).
+    """
+
+    def __init__(self, *, n_in: int, n_out: int, lanes_in: int, lanes_out: int, weights=None):
+        self._geometry = geo = XnorGeometry(n_in=n_in, n_out=n_out, lanes_in=lanes_in, lanes_out=lanes_out)
+        self._init = geo.pack_weights(weights) if weights is not None else None
+        super().__init__(
+            {
+                "x": In(stream.Signature(geo.x_layout)),
+                "y": Out(stream.Signature(geo.y_layout)),
+                "w_load": In(stream.Signature(geo.w_layout)),
+                "framing_error": Out(1),
+            }
+        )
+
+    @property
+    def geometry(self) -> XnorGeometry:
+        return self._geometry
+
+    def elaborate(self, platform):
+        geo = self._geometry
+        m = Module()
+        m.submodules.core = core = XnorEngineCore(geometry=geo)
+        wiring.connect(m, wiring.flipped(self.x), core.x)
+        wiring.connect(m, core.y, wiring.flipped(self.y))
+        m.d.comb += [self.framing_error.eq(core.framing_error), self.w_load.ready.eq(1)]
+        load = self.w_load.payload
+        for lane in range(geo.lanes_out):
+            init = self._init[lane] if self._init is not None else []
+            bank = m.submodules[f"bank{lane}"] = Memory(shape=geo.lanes_in, depth=geo.depth, init=init)
+            read = bank.read_port()
+            write = bank.write_port()
+            m.d.comb += [
+                read.addr.eq(core.weights.addr),
+                read.en.eq(core.weights.en),
+                core.weights.data[lane].eq(read.data),
+                write.addr.eq(load.addr),
+                write.data.eq(load.data),
+                write.en.eq(self.w_load.valid & (load.lane == lane)),
+            ]
+        return m
