@@ -7,8 +7,8 @@ JOBS   ?= 2
 PYTEST  = $(PY) -m pytest -n $(JOBS)
 
 # Debian packages: g++/make/perl for Verilator builds, lz4/zlib headers for FST traces, Icarus as the second
-# simulator. Never Debian's `verilator` (5.006 breaks cocotb 2.x); the PyPI wheel in the venv is the one used.
-APT_PACKAGES = build-essential perl liblz4-dev zlib1g-dev iverilog
+# simulator, ccache so new Verilator build folders reuse the compiled runtime. Never Debian's `verilator` (5.006 breaks cocotb 2.x); the PyPI wheel in the venv is the one used.
+APT_PACKAGES = build-essential perl liblz4-dev zlib1g-dev iverilog ccache
 
 DEFAULT_MARKERS = not slow and not rtl_slow and not synth and not random_configs
 INSTALLED = $(VENV)/.xnortrain-installed

