@@ -2,19 +2,100 @@
 
 Owned by the bit-exact model (sim/hw) and the generator (rtl_gen); read through
 ``Config.hw``. Fields are declared with :func:`sim.schema.opt` so they are
-validated at load time like every other section.
+validated at load time like every other section. The meaning of every field,
+and the formats and widths derived from them, are written down in
+``docs/arithmetic.md`` (the hardware arithmetic contract).
+
+Naming: ``*_frac_bits`` are fractional bits of a fixed-point quantity,
+``*_shift`` are power-of-two rates (a rate of ``2**-shift``, applied by an
+arithmetic shift), ``switch_*`` / ``bop_*`` / ``iir_*`` / ``sgd_*`` belong to
+one hardware weight optimiser each.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .schema import opt
+from .schema import ConfigError, opt
+
+HW_OPTIMIZERS = ("switch", "bop", "iir", "sgd")
 
 
 @dataclass
 class HwConfig:
-    optimizer: str = opt("switch", choices=("switch", "bop", "iir", "sgd"), doc="hardware weight optimiser")
+    optimizer: str = opt("switch", choices=HW_OPTIMIZERS, doc="hardware weight optimiser")
+    input: str = opt(
+        "auto",
+        choices=("auto", "int8", "binary"),
+        doc="first-layer input: 8-bit pixels (x - 128) or +-1 by threshold; auto = binary when "
+        "model.input_format = 'binary', else int8",
+    )
+    # -- forward / BN -------------------------------------------------------------------------
+    beta_frac_bits: int = opt(16, lo=4, hi=24, doc="fractional bits of the BN bias beta")
+    beta_int_bits: int = opt(4, lo=2, hi=8, doc="integer bits of beta incl. sign: beta in [-2**(I-1), 2**(I-1))")
+    alpha_frac_bits: int = opt(10, lo=2, hi=16, doc="fractional bits of alpha = mean|x| (Q.F, unsigned)")
+    logit_frac_bits: int = opt(8, lo=2, hi=16, doc="fractional bits of the output-layer logits")
+    exp_frac_bits: int = opt(16, lo=4, hi=24, doc="cross-entropy: fractional bits of the 2^f table entries")
+    prob_frac_bits: int = opt(16, lo=4, hi=24, doc="cross-entropy: fractional bits of softmax / loss gradient")
+    recip_guard_bits: int = opt(8, lo=2, hi=24, doc="guard bits of the per-channel reciprocal used for logits")
+    running_frac_bits: int = opt(8, lo=0, hi=16, doc="fractional bits of the running BN mean / scale (units of Y)")
+    running_shift: int = opt(3, lo=1, hi=12, doc="running BN statistics: EMA rate 2**-shift")
+    # -- beta optimiser -------------------------------------------------------------------------
+    beta_momentum_shift: int = opt(3, lo=0, hi=12, doc="beta update: EMA rate 2**-shift of dbeta (0 = none)")
+    beta_scale_shift: int = opt(7, lo=0, hi=16, doc="beta update: EMA rate 2**-shift of |dbeta| (the normaliser)")
+    beta_state_bits: int = opt(24, lo=8, hi=48, doc="mantissa bits of the two block-floating-point beta EMAs")
+    # -- random numbers ---------------------------------------------------------------------------
+    rng_seed: int = opt(1, lo=0, hi=2**32 - 1, doc="seed of the xorshift32 generators (one per weight column block)")
+    rng_block: int = opt(256, lo=1, hi=65536, doc="rows of one weight column served by one generator")
+    # -- stochastic switch memory (seed 004, Network VII) ---------------------------------------
+    switch_cutoff: int = opt(63, lo=1, hi=32767, doc="saturation C of the per-weight gradient-sign accumulator")
+    switch_sigma: float = opt(0.5, lo=0.0, hi=1.0, hi_open=True, doc="switching starts at w*acc >= sigma*C")
+    switch_lambda: float = opt(0.5, lo=0.0, lo_open=True, hi=1.0, doc="switch probability at w*acc = C")
+    switch_reset: bool = opt(False, doc="clear the accumulator of a weight when it switches")
+    switch_undo: bool = opt(False, doc="re-run the batch after the update and revert it if the loss rose")
+    # -- Bop-style momentum threshold -------------------------------------------------------------
+    bop_shift: int = opt(6, lo=1, hi=14, doc="EMA rate gamma = 2**-shift of the gradient sign")
+    bop_frac_bits: int = opt(8, lo=2, hi=16, doc="fractional bits of the EMA m (in [-1, 1])")
+    bop_threshold: float = opt(0.25, lo=0.0, hi=1.0, hi_open=True, doc="flip when w*m > threshold")
+    # -- 2nd-order IIR filter (seed 002) ------------------------------------------------------------
+    iir_gamma_shift: int = opt(3, lo=1, hi=14, doc="first EMA rate gamma = 2**-shift (1 - momentum)")
+    iir_alpha_shift: int = opt(10, lo=1, hi=20, doc="second EMA rate alpha = 2**-shift at the start")
+    iir_m_frac_bits: int = opt(6, lo=2, hi=16, doc="fractional bits of the first EMA m")
+    iir_g_frac_bits: int = opt(8, lo=2, hi=24, doc="fractional bits of the filter output g")
+    iir_max_decay_shift: int = opt(8, lo=0, hi=16, doc="alpha decay stops at alpha * 2**-this")
+    # -- latent fixed-point weights (conventional baseline) --------------------------------------
+    sgd_latent_bits: int = opt(12, lo=3, hi=24, doc="latent weight bits incl. sign (Q0.(bits-1), in [-1, 1))")
+    sgd_momentum_shift: int = opt(3, lo=0, hi=12, doc="EMA rate 2**-shift of the gradient sign; 0 = no momentum")
+    sgd_momentum_frac_bits: int = opt(4, lo=1, hi=16, doc="fractional bits of the momentum (in [-1, 1])")
+    sgd_init_shift: int = opt(4, lo=0, hi=24, doc="initial |latent| uniform in [0, 2**-shift)")
+    # -- limits ---------------------------------------------------------------------------------------
+    max_acc_bits: int = opt(62, lo=16, hi=62, doc="widest per-element accumulator the datapath may need")
+    check_widths: bool = opt(
+        True, doc="reject configurations whose derived hardware widths exceed max_acc_bits (false: float-only runs)"
+    )
+
+    def _validate(self, path):
+        if self.switch_cutoff >= 2**15:
+            raise ConfigError(f"{path}.switch_cutoff = {self.switch_cutoff} is out of range; allowed: <= 32767")
+        if self.iir_g_frac_bits < self.iir_m_frac_bits:
+            raise ConfigError(
+                f"{path}.iir_g_frac_bits = {self.iir_g_frac_bits} must be >= iir_m_frac_bits = {self.iir_m_frac_bits}"
+            )
+        if self.sgd_init_shift >= self.sgd_latent_bits:
+            raise ConfigError(
+                f"{path}.sgd_init_shift = {self.sgd_init_shift} must be < sgd_latent_bits = {self.sgd_latent_bits}"
+            )
+
+    def input_kind(self, cfg) -> str:
+        """The resolved first-layer input format: ``"int8"`` or ``"binary"``."""
+        if self.input != "auto":
+            return self.input
+        return "binary" if cfg.model.input_format == "binary" else "int8"
 
     def check_against(self, cfg) -> None:
         """Cross-section checks (widths that could overflow, ...); raises ConfigError."""
+        if not self.check_widths:
+            return
+        from .hw.widths import check_widths
+
+        check_widths(cfg)

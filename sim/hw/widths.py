@@ -1,0 +1,164 @@
+"""Datapath widths derived from the configuration (docs/arithmetic.md, "Widths").
+
+Every bound is a worst case over all inputs, weights and biases the formats allow,
+so a register of the derived width can never overflow. ``derive_widths(cfg)``
+returns one :class:`LayerWidths` per weight layer; :func:`check_widths` raises a
+:class:`ConfigError` naming the quantity, the layer, the width and the limit when a
+per-element accumulator would exceed ``hw.max_acc_bits``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..schema import ConfigError
+from .arith import ArithParams
+
+__all__ = [
+    "hw_supported",
+    "LayerBounds",
+    "signed_bits",
+    "unsigned_bits",
+    "layer_bounds",
+    "derive_widths",
+    "check_widths",
+]
+
+
+def signed_bits(m: int) -> int:
+    """Bits of a two's-complement register holding every value in [-m, m]."""
+    return int(m).bit_length() + 1
+
+
+def unsigned_bits(m: int) -> int:
+    return max(int(m).bit_length(), 1)
+
+
+@dataclass
+class LayerBounds:
+    """Worst-case magnitudes of one weight layer's quantities (all integers)."""
+
+    layer: int  # index among weight layers
+    fan_in: int  # N
+    fan_out: int  # M (output channels)
+    n: int  # samples per channel in BN statistics (B, times spatial positions for conv)
+    x_max: int  # |input|: 1, or 128 for 8-bit input
+    y: int  # |Y| <= N x_max
+    sum_y: int  # per-channel sum of Y
+    S: int  # sum |B y - sum_y|
+    C: int  # per-channel threshold numerator (BN unit, sequential)
+    z: int  # |K y - C| (implicit; never stored per element)
+    A: int  # sum |z| (per channel)
+    alpha_q: int
+    theta: int  # thresholds are saturated to [-(y+1), y+1]
+    logit_q: int  # output layer only (0 elsewhere)
+    dx: int  # gradient reaching this layer's BN output (from above / loss)
+    P: int  # P1, P2 = sums of dx over the batch
+    Q: int  # BN-backward integer
+    po2_num: int  # |Q| B: the operand of the leading-one detector
+    dX: int  # dY_po2 W^T accumulator (0 for the first layer: not computed)
+    dW: int  # X^T dY_po2 accumulator
+    running: int  # running mean / scale in Q.running_frac
+
+    def widths(self) -> dict[str, int]:
+        """Register widths in bits (signed unless the quantity is non-negative)."""
+        d = asdict(self)
+        out = {}
+        for key, v in d.items():
+            if key in ("layer", "fan_in", "fan_out", "n", "x_max"):
+                continue
+            out[key] = unsigned_bits(v) if key in ("S", "A", "alpha_q", "po2_num") else signed_bits(v)
+        return out
+
+    def per_element(self) -> dict[str, int]:
+        """Widths of the per-element datapath (what max_acc_bits limits)."""
+        w = self.widths()
+        keys = ["y", "sum_y", "S", "theta", "dx", "P", "Q", "po2_num", "dX", "dW", "running"]
+        if self.logit_q:
+            keys.append("logit_q")
+        return {k: w[k] for k in keys}
+
+
+def layer_bounds(cfg) -> list[LayerBounds]:
+    """Worst-case bounds of every weight layer of ``cfg`` for the hardware model."""
+    p = ArithParams.from_config(cfg)
+    h = cfg.hw
+    wl = cfg.weight_layers()
+    B = cfg.train.batch_size
+    fb = p.beta_frac
+    beta_max = 1 << (p.beta_int - 1 + fb)  # |beta_q| <= 2^(I-1+Fb)
+    beta_real = 1 << (p.beta_int - 1)
+    out = []
+    # Gradient into the output layer's BN comes from the loss; into hidden layers from dX above.
+    for j, s in enumerate(wl):
+        first = j == 0
+        x_max = 128 if (first and h.input_kind(cfg) == "int8") else 1
+        n = B * s.spatial
+        m = s.out_channels
+        y = s.fan_in * x_max
+        sum_y = n * y
+        S = n * 2 * max(n - 1, 0) * y
+        s_eff = max(S, 1)
+        C = n * (1 << fb) * sum_y + beta_max * s_eff
+        K = n * n * (1 << fb)
+        z = K * y + C
+        A = n * z
+        alpha_q = ((1 + beta_real) << p.alpha_frac) + 1
+        last = j == len(wl) - 1
+        logit_q = (((n + 1) // 2 + beta_real) << p.logit_frac) + 1 if last else 0
+        if last:
+            dx = (1 << p.prob_frac) if p.loss == "cross_entropy" else (1 << p.logit_frac) + logit_q
+        else:
+            dx = wl[j + 1].out_channels * wl[j + 1].spatial * (1 << p.span)  # dX of the layer above
+        P = n * dx
+        Q = (1 << p.alpha_frac) * (n * dx + P) + alpha_q * P
+        po2_num = Q if last else Q * n  # output layer: the loss's 1/B cancels the B
+        dX = 0 if first else m * s.spatial * (1 << p.span)
+        dW = n * x_max * (1 << p.span)
+        running = (2 * y + 1) << p.running_frac
+        out.append(
+            LayerBounds(j, s.fan_in, m, n, x_max, y, sum_y, S, C, z, A, alpha_q, y + 1, logit_q, dx, P, Q,
+                        po2_num, dX, dW, running)
+        )
+    return out
+
+
+def derive_widths(cfg) -> list[dict[str, int]]:
+    """Per weight layer: the register width (bits) of every quantity."""
+    return [b.widths() for b in layer_bounds(cfg)]
+
+
+NAMES = {
+    "y": "Y (popcount) accumulator",
+    "sum_y": "BN sum of Y",
+    "S": "BN l1 scale accumulator S",
+    "theta": "BN threshold",
+    "dx": "BN input gradient dx",
+    "P": "BN backward sums P1/P2",
+    "Q": "BN backward value Q",
+    "po2_num": "po2 leading-one operand |Q| B",
+    "dX": "dX accumulator",
+    "dW": "dW accumulator",
+    "running": "running BN statistics",
+    "logit_q": "output logits",
+}
+
+
+def hw_supported(cfg) -> bool:
+    """Whether the hardware model covers this topology: dense layers only, each with batch norm."""
+    return all(s.spec.type == "dense" and s.spec.bn for s in cfg.layer_shapes())
+
+
+def check_widths(cfg) -> None:
+    """Raise ConfigError when a per-element register would need more than ``hw.max_acc_bits`` bits."""
+    if not hw_supported(cfg):
+        return  # conv / pooling / BN-free topologies: not modelled yet (HwModel rejects them)
+    limit = cfg.hw.max_acc_bits
+    for b in layer_bounds(cfg):
+        for key, bits in b.per_element().items():
+            if bits > limit:
+                raise ConfigError(
+                    f"hw: the {NAMES[key]} of weight layer {b.layer} (fan-in {b.fan_in}, batch {b.n}, "
+                    f"approx.dy_bits = {cfg.approx.dy_bits}) needs {bits} bits > hw.max_acc_bits = {limit}; "
+                    f"lower approx.dy_bits or train.batch_size, or set hw.check_widths = false for float-only runs"
+                )

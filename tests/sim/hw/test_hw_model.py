@@ -1,0 +1,159 @@
+"""The whole hardware training step: determinism, checkpoint/restore, engine protocol, float agreement."""
+
+import numpy as np
+import pytest
+
+from sim.config import ConfigError, apply_overrides, config_from_dict, load_config
+from sim.hw.engine import HwEngine
+from sim.hw.model import HwModel
+from sim.train_loop import TrainEngine, run_training
+
+SMALL = {
+    "name": "hw_small",
+    "model": {
+        "input_shape": [1, 8, 8],
+        "num_classes": 4,
+        "layers": [{"type": "dense", "units": 32}, {"type": "dense", "units": 16}, {"type": "dense", "units": 4}],
+    },
+    "train": {"batch_size": 20, "epochs": 1},
+}
+
+
+def _cfg(**over):
+    cfg = config_from_dict(SMALL)
+    return apply_overrides(cfg, over) if over else cfg
+
+
+def _data(n=20, seed=0, cfg=None):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 256, size=(n, 1, 8, 8), dtype=np.uint8)
+    y = rng.integers(0, 4, size=n)
+    return x, y
+
+
+def _run(cfg, steps, seed=0):
+    eng = HwEngine(cfg)
+    for i in range(steps):
+        x, y = _data(seed=seed + i)
+        eng.train_step(eng.prepare_inputs(x), y, lr=1e-3 * (0.5 ** (i // 3)), progress=i / steps)
+    return eng
+
+
+@pytest.mark.parametrize("opt", ["switch", "bop", "iir", "sgd"])
+def test_determinism_bit_for_bit(opt):
+    a = _run(_cfg(**{"hw.optimizer": opt}), 6).state_dict()
+    b = _run(_cfg(**{"hw.optimizer": opt}), 6).state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        assert np.array_equal(a[k], b[k]), k
+    c = _run(_cfg(**{"hw.optimizer": opt, "hw.rng_seed": 2}), 6).state_dict()
+    assert any(not np.array_equal(a[k], c[k]) for k in a if k.startswith("w"))
+
+
+@pytest.mark.parametrize("opt", ["switch", "sgd"])
+def test_checkpoint_restore_continues_identically(opt):
+    cfg = _cfg(**{"hw.optimizer": opt})
+    full = _run(cfg, 6)
+    part = _run(cfg, 3)
+    st = part.state_dict()
+    resumed = HwEngine(cfg)
+    resumed.load_state_dict(st)
+    for i in range(3, 6):
+        x, y = _data(seed=i)
+        resumed.train_step(resumed.prepare_inputs(x), y, lr=1e-3 * (0.5 ** (i // 3)), progress=i / 6)
+    a, b = full.state_dict(), resumed.state_dict()
+    for k in a:
+        assert np.array_equal(a[k], b[k]), k
+
+
+def test_state_dict_contents():
+    eng = _run(_cfg(), 2)
+    st = eng.state_dict()
+    for j in range(3):
+        w = st[f"w{j}"]
+        assert w.dtype == np.int8 and set(np.unique(w)) <= {-1, 1}
+        assert st[f"acc{j}"].shape == w.shape
+        assert np.abs(st[f"acc{j}"]).max() <= eng.cfg.hw.switch_cutoff
+    assert st["rng"].dtype == np.uint32 and int(st["steps"]) == 2
+
+
+def test_engine_protocol_and_run_training():
+    d = dict(SMALL, model={"input_shape": [1, 28, 28], "num_classes": 10,
+                           "layers": [{"type": "dense", "units": 16}, {"type": "dense", "units": 10}]},
+             data={"train_limit": 200, "test_limit": 100}, train={"batch_size": 20, "epochs": 1, "max_steps": 4})
+    cfg = config_from_dict(d)
+    eng = HwEngine(cfg)
+    assert isinstance(eng, TrainEngine)
+    hist = run_training(cfg, eng, progress=False, log=None)
+    assert hist.total_steps == 4 and 0.0 <= hist.test_acc[-1] <= 1.0
+    assert hist.meta["engine"] == "hw"
+
+
+def test_trace_matches_component_functions():
+    from sim.hw import arith as A
+
+    cfg = _cfg()
+    m = HwModel(cfg)
+    x, y = _data()
+    xin = HwEngine(cfg).prepare_inputs(x)
+    w0 = [w.copy() for w in m.w]
+    beta0 = [b.copy() for b in m.beta]
+    tr = m.train_step(xin, y, lr=1e-3)
+    # layer 0 forward from the component functions
+    y0 = A.xnor_popcount(xin, w0[0], 128)
+    assert np.array_equal(y0, tr.y[0])
+    f0 = A.bn_forward(y0, beta0[0], m.p, m.bounds[0].y)
+    assert np.array_equal(f0.x_hat, tr.bn[0].x_hat)
+    # the top layer's backward from the loss gradient
+    q, p1 = A.bn_backward(tr.grad_q, tr.bn[-1].x_hat, tr.bn[-1].alpha_q, m.p)
+    assert np.array_equal(q, tr.q[0])
+    codes = A.po2_quantise(q, tr.bn[-1].S_eff, A.loss_grad_scale(m.p), m.p, times_batch=False)
+    assert np.array_equal(codes.field, tr.codes[0].field) and codes.bias == tr.codes[0].bias
+
+
+def test_binary_input_and_undo():
+    cfg = _cfg(**{"hw.input": "binary", "hw.switch_undo": True})
+    eng = _run(cfg, 3)
+    assert eng.model.x_max[0] == 1
+    x, _ = _data()
+    assert set(np.unique(eng.prepare_inputs(x))) <= {-1, 1}
+
+
+def test_hw_model_rejects_unsupported_topologies():
+    with pytest.raises(ConfigError, match="dense layers only"):
+        HwModel(load_config("cnv"))
+    d = dict(SMALL, model=dict(SMALL["model"], layers=[{"type": "dense", "units": 8, "bn": False},
+                                                      {"type": "dense", "units": 4}]))
+    with pytest.raises(ConfigError, match="bn = false"):
+        HwModel(config_from_dict(d))
+
+
+def test_hw_tracks_float_reference_on_first_step():
+    """Same weights and batch: the hardware's forward signs and dW signs agree with the float reference."""
+    from sim.hw import arith as A
+    from sim.reference.model import BNNModel
+
+    cfg = apply_overrides(_cfg(), ["model.input_format=int8", "train.loss=squared_hinge", "approx.bn_eps=0",
+                                  "approx.storage=float32"])
+    hw = HwModel(cfg)
+    ref = BNNModel(cfg, np.random.default_rng(0))
+    x, y = _data(n=20)
+    xin = HwEngine(cfg).prepare_inputs(x)
+    wb = [w.astype(np.float32) for w in hw.w]
+    out = ref.forward(xin.astype(np.float32), train=True, wb=wb)
+    tr = hw.train_step(xin, y, lr=1e-3)
+    logits_f = out.logits
+    assert np.abs(tr.logits_q / 2**hw.p.logit_frac - logits_f).max() <= 2.0 / 2**hw.p.logit_frac
+    _, dlog, _ = ref.loss(logits_f, y)
+    grads, _ = ref.backward(dlog, out.saved, wb)
+    agree = [np.mean(np.sign(g) == s) for g, s in zip(grads, tr.dw_sign[::-1], strict=True)]
+    assert min(agree) > 0.97, agree
+    assert A.ArithParams.from_config(cfg).k == cfg.approx.dy_bits
+
+
+@pytest.mark.slow
+def test_default_switch_learns_mnist():
+    """Preset MLP with hardware arithmetic: 100 steps on the vendored MNIST reach > 80 % test accuracy."""
+    cfg = apply_overrides(load_config("mlp"), ["train.epochs=1", "train.max_steps=100", "data.test_limit=1000"])
+    hist = run_training(cfg, HwEngine(cfg), progress=False, log=None)
+    assert hist.test_acc[-1] > 0.80

@@ -1,0 +1,211 @@
+"""The float reference BNN (sim/reference/model.py) and its engine."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from sim.config import apply_overrides, load_config
+from sim.reference import ops
+from sim.reference.engine import ReferenceEngine
+from sim.reference.model import BNNModel
+
+DENSE = [{"type": "dense", "units": 12}, {"type": "dense", "units": 12}, {"type": "dense", "units": 10}]
+CONV = [
+    {"type": "conv", "channels": 4, "kernel": 3, "padding": "valid"},
+    {"type": "conv", "channels": 6, "kernel": 3, "padding": "same"},
+    {"type": "maxpool", "pool": 2},
+    {"type": "dense", "units": 16},
+    {"type": "dense", "units": 10},
+]
+
+
+def make_cfg(layers, input_shape=(1, 8, 8), **over):
+    d = {"model.input_shape": list(input_shape), "model.layers": layers}
+    d.update(over)
+    return apply_overrides(load_config("mlp"), d)
+
+
+def batch(cfg, n=20, seed=1):
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, size=(n, *cfg.model.input_shape)).astype(np.float32)
+    y = rng.integers(0, cfg.model.num_classes, size=n)
+    return x, y
+
+
+@pytest.mark.parametrize("layers", [DENSE, CONV], ids=["dense", "conv"])
+@pytest.mark.parametrize("scheme", ["standard", "proposed"])
+def test_forward_backward_shapes(layers, scheme):
+    cfg = make_cfg(layers, **{"approx.scheme": scheme})
+    m = BNNModel(cfg)
+    x, y = batch(cfg)
+    fw = m.forward(x, train=True)
+    assert fw.logits.shape == (20, 10)
+    loss, dlogits, _ = m.loss(fw.logits, y)
+    grads, dbetas = m.backward(dlogits, fw.saved)
+    assert [g.shape for g in grads] == [s.weight_shape for s in cfg.weight_layers()]
+    assert [b.shape for b in dbetas] == [(s.out_channels,) for s in cfg.weight_layers()]
+    assert all(np.all(np.isfinite(g)) for g in grads) and math.isfinite(loss)
+    if scheme == "proposed":  # bool dW: every entry is +-1/sqrt(fan_in)
+        for g, s in zip(grads, cfg.weight_layers(), strict=True):
+            np.testing.assert_allclose(np.abs(g), 1 / math.sqrt(s.fan_in), rtol=1e-6)
+    loss2, correct, flips = m.train_step(x, y, lr=1e-3, progress=0.0)
+    assert math.isfinite(loss2) and 0 <= correct <= 20 and flips >= 0
+    ev_loss, ev_correct = m.evaluate(x, y)
+    assert math.isfinite(ev_loss) and 0 <= ev_correct <= 20
+
+
+def _arrays(tree, path=""):
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from _arrays(v, f"{path}.{k}")
+    elif isinstance(tree, np.ndarray):
+        yield path, tree
+
+
+def test_l1_bnn_retains_no_float_activations():
+    cfg = make_cfg(CONV, **{"approx.scheme": "proposed"})
+    assert cfg.approx.bn == "l1_bnn"
+    m = BNNModel(cfg)
+    x, _ = batch(cfg)
+    saved = m.forward(x, train=True).saved
+    for rec in saved:
+        for path, a in _arrays(rec):
+            if rec.get("first") and path == ".x_in":
+                continue  # the real network input of the first layer (standard BNN practice)
+            if a.dtype.kind == "f":
+                assert a.ndim <= 1, f"layer {rec['index']}{path}: float array {a.shape} retained"
+            else:
+                assert a.dtype.itemsize == 1, f"layer {rec['index']}{path}: {a.dtype} is wider than a byte"
+    # Binary inputs and masks really are binary.
+    later = [r for r in saved if r["type"] != "maxpool" and not r["first"]]
+    assert all(set(np.unique(r["x_in"])) <= {-1, 0, 1} for r in later)
+    assert all(r["mask"].dtype == bool for r in later)
+    # The l2 path of Algorithm 1 keeps full-precision activations.
+    m2 = BNNModel(make_cfg(CONV, **{"approx.scheme": "standard"}))
+    saved2 = m2.forward(x, train=True).saved
+    assert any(
+        a.dtype.kind == "f" and a.ndim > 1 for r in saved2 if r["type"] != "maxpool" for _, a in _arrays(r["bn"])
+    )
+
+
+@pytest.mark.parametrize("bn", ["l2", "l1"])
+@pytest.mark.parametrize("loss", ["cross_entropy", "squared_hinge"])
+def test_one_layer_gradient_matches_finite_differences(bn, loss):
+    """Float input -> dense -> BN -> loss: dW equals the numerical derivative w.r.t. W taken as a real value.
+
+    The model runs in float32; the finite differences use the same forward pass written out in
+    float64 (the ops keep float64), so that round-off does not swamp the differences.
+    """
+    cfg = make_cfg(
+        [{"type": "dense", "units": 10}],
+        input_shape=(1, 3, 3),
+        **{"approx.scheme": "standard", "approx.bn": bn, "train.loss": loss},
+    )
+    m = BNNModel(cfg)
+    beta = np.linspace(-0.5, 0.5, 10, dtype=np.float32)
+    m.beta[0][:] = beta
+    x, y = batch(cfg, n=16, seed=3)
+    w = np.random.default_rng(4).normal(size=(9, 10)).astype(np.float32)
+    lossf = ops.squared_hinge if loss == "squared_hinge" else ops.softmax_cross_entropy
+    x64, b64 = x.reshape(16, -1).astype(np.float64), beta.astype(np.float64)
+
+    def f(wr, br=b64):
+        z, _ = ops.bn_forward(x64 @ wr, br, bn, cfg.approx.bn_eps)
+        return lossf(z, y)[0]
+
+    fw = m.forward(x, train=True, wb=[w])
+    np.testing.assert_allclose(fw.logits, ops.bn_forward(x64 @ w.astype(np.float64), b64, bn)[0], atol=1e-4)
+    _, dlogits, _ = m.loss(fw.logits, y)
+    grads, dbetas = m.backward(dlogits, fw.saved, wb=[w])
+    h = 1e-5
+    w64 = w.astype(np.float64)
+    num = np.zeros_like(w64)
+    for idx in np.ndindex(*w.shape):
+        e = np.zeros_like(w64)
+        e[idx] = h
+        num[idx] = (f(w64 + e) - f(w64 - e)) / (2 * h)
+    np.testing.assert_allclose(grads[0], num, atol=1e-3 * np.abs(num).max(), rtol=1e-3)
+    # The BN bias gradient too.
+    nb = np.array([(f(w64, b64 + h * np.eye(10)[j]) - f(w64, b64 - h * np.eye(10)[j])) / (2 * h) for j in range(10)])
+    np.testing.assert_allclose(dbetas[0], nb, atol=1e-3 * np.abs(nb).max(), rtol=1e-3)
+
+
+def test_bool_dw_is_sign_over_sqrt_fan_in():
+    cfg_f = make_cfg(DENSE, **{"approx.scheme": "standard"})
+    cfg_b = make_cfg(DENSE, **{"approx.scheme": "standard", "approx.dw": "bool"})
+    x, y = batch(cfg_f)
+    gs = []
+    for cfg in (cfg_f, cfg_b):
+        m = BNNModel(cfg, np.random.default_rng(7))
+        fw = m.forward(x)
+        gs.append(m.backward(m.loss(fw.logits, y)[1], fw.saved)[0])
+    for gf, gb, s in zip(gs[0], gs[1], cfg_f.weight_layers(), strict=True):
+        np.testing.assert_array_equal(gb, ops.sign(gf) / np.float32(math.sqrt(s.fan_in)))
+
+
+def test_dy_is_quantised_before_the_products():
+    """With po2 dY the weight gradient is X_hat^T po2(dY): check the last layer directly."""
+    cfg = make_cfg(DENSE, **{"approx.scheme": "standard", "approx.dy": "po2", "approx.dy_bits": 3})
+    m = BNNModel(cfg)
+    x, y = batch(cfg)
+    fw = m.forward(x)
+    _, dlogits, _ = m.loss(fw.logits, y)
+    grads, _ = m.backward(dlogits, fw.saved)
+    last = fw.saved[-1]
+    dy, _ = ops.bn_backward(dlogits, last["bn"], "l2")
+    expect = last["x_in"].astype(np.float32).T @ ops.quantise_dy(dy, "po2", 3)
+    np.testing.assert_allclose(grads[-1], expect, rtol=1e-5, atol=1e-7)
+
+
+def test_psg_and_per_image_switch_paths_run():
+    cfg = make_cfg(CONV, **{"approx.scheme": "proposed", "e2train.psg": True})
+    m = BNNModel(cfg)
+    x, y = batch(cfg)
+    m.train_step(x, y, lr=1e-3, progress=0.0)
+    assert 0.0 <= m.last_psg_fraction <= 1.0
+    cfg2 = make_cfg(
+        CONV, **{"approx.scheme": "proposed", "optimizer.name": "switch", "optimizer.switch.mode": "per_image"}
+    )
+    m2 = BNNModel(cfg2)
+    _, _, flips = m2.train_step(x, y, lr=1e-3, progress=0.0)
+    assert flips >= 0
+
+
+def test_binary_input_format_and_state_dict():
+    cfg = make_cfg(DENSE, **{"model.input_format": "binary", "approx.scheme": "proposed"})
+    eng = ReferenceEngine(cfg)
+    xu = np.random.default_rng(0).integers(0, 256, size=(20, 1, 8, 8), dtype=np.uint8)
+    xp = eng.prepare_inputs(xu)
+    assert set(np.unique(xp)) <= {-1.0, 1.0}
+    saved = eng.model.forward(xp).saved
+    assert saved[0]["x_in"].dtype == np.int8
+    sd = eng.state_dict()
+    assert sd["w0"].dtype == np.int8 and set(np.unique(sd["w0"])) <= {-1, 1}
+    assert sd["beta0"].shape == (12,) and "running_mu2" in sd and "opt_latent0" in sd
+
+
+@pytest.mark.parametrize("scheme", ["standard", "proposed"])
+def test_short_mnist_training_is_well_above_chance(scheme):
+    from sim.train_loop import run_training
+
+    over = {
+        "approx.scheme": scheme,
+        "model.layers": [
+            {"type": "dense", "units": 128},
+            {"type": "dense", "units": 128},
+            {"type": "dense", "units": 10},
+        ],
+        "data.train_limit": 8000,
+        "data.test_limit": 1000,
+        "train.epochs": 2,
+        "train.lr.schedule": "constant",
+    }
+    if scheme == "proposed":
+        over["optimizer.adam.eps"] = 1e-3  # float16 Adam state, see benchmarks/reference_accuracy.py
+    cfg = apply_overrides(load_config("mlp"), over)
+    hist = run_training(cfg, ReferenceEngine(cfg), progress=False, log=None)
+    assert hist.total_steps == 160
+    assert hist.best > 0.80, hist.test_acc
