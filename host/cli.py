@@ -93,9 +93,13 @@ def cmd_train(args) -> int:
         from sim.reference.engine import ReferenceEngine
 
         engine = ReferenceEngine(cfg)
+    if args.arith == "hw":
+        what = f"hardware arithmetic, hw optimizer {cfg.hw.optimizer}"
+    else:
+        what = f"float arithmetic, scheme {cfg.approx.scheme}, optimizer {cfg.optimizer.name}"
     print(
-        f"xnortrain: training {cfg.name} ({args.arith} arithmetic, scheme {cfg.approx.scheme}, "
-        f"optimizer {cfg.optimizer.name}, B={cfg.train.batch_size}, {cfg.train.epochs} epochs, seed {cfg.train.seed})"
+        f"xnortrain: training {cfg.name} ({what}, B={cfg.train.batch_size}, {cfg.train.epochs} epochs, "
+        f"seed {cfg.train.seed})"
     )
     history = run_training(cfg, engine, progress=not args.no_progress, checkpoint=args.json)
     if args.json:
@@ -104,7 +108,14 @@ def cmd_train(args) -> int:
     if args.plot:
         history.plot(args.plot)
         print(f"plot written to {args.plot}")
-    print(history.summary())
+    if history.epoch:
+        secs = sum(history.seconds) / len(history.seconds)
+        print(
+            f"best test accuracy {100 * history.best:.2f} % after {len(history.epoch)} epoch(s), "
+            f"{history.total_steps} steps, {secs:.1f} s/epoch ({history.meta.get('stopped', '')})"
+        )
+    else:
+        print("no epoch finished")
     return 0
 
 

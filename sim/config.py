@@ -240,7 +240,9 @@ class ApproxConfig:
 class AdamConfig:
     beta1: float = opt(0.9, lo=0.0, hi=1.0, hi_open=True)
     beta2: float = opt(0.999, lo=0.0, hi=1.0, hi_open=True)
-    eps: float = opt(1e-8, lo=0.0, lo_open=True)
+    eps: float = opt(
+        0.0, lo=0.0, doc="0 = auto: 1e-8 with float32 storage, 1e-3 with 16-bit storage (see Config.adam_eps)"
+    )
 
 
 @dataclass
@@ -332,6 +334,16 @@ class Config:
             raise ConfigError("e2train.psg = true needs approx.dw = 'bool' (PSG produces sign gradients)")
 
     # -- derived quantities -------------------------------------------------
+    @property
+    def adam_eps(self) -> float:
+        """Adam's epsilon. In 16-bit storage the second moment of a BN-bias gradient sits near float16's
+        smallest normals, and with eps = 1e-8 the step m / (sqrt(v) + eps) explodes (the MLP's loss jumps
+        to ~300 in the first steps); 1e-3 bounds it and stays small next to the bool weight gradients
+        (1/sqrt(fan_in) >= 0.036). float32 keeps the usual 1e-8."""
+        if self.optimizer.adam.eps > 0:
+            return self.optimizer.adam.eps
+        return 1e-8 if self.approx.storage == "float32" else 1e-3
+
     @property
     def lr(self) -> float:
         return self.optimizer.lr if self.optimizer.lr > 0 else self.train.lr.initial

@@ -312,7 +312,7 @@ class AdamWeights(_LatentWeights):
         for i, g in enumerate(grads):
             m = st["m"][i] = self._store(a.beta1 * st["m"][i] + (1.0 - a.beta1) * g)
             v = st["v"][i] = self._store(a.beta2 * st["v"][i] + (1.0 - a.beta2) * (g * g))
-            step = (m / np.float32(c1)) / (np.sqrt(v / np.float32(c2)) + np.float32(a.eps))
+            step = (m / np.float32(c1)) / (np.sqrt(v / np.float32(c2)) + np.float32(self.cfg.adam_eps))
             st["latent"][i] = self._finish(st["latent"][i] - np.float32(lr) * step)
 
 
@@ -562,7 +562,7 @@ class ParamOptimizer:
                 v = st["v"][i] = to_storage(a.beta2 * st["v"][i] + (1.0 - a.beta2) * (g * g), self.storage)
                 c1 = np.float32(1.0 - a.beta1**self.steps)
                 c2 = np.float32(1.0 - a.beta2**self.steps)
-                upd = (m / c1) / (np.sqrt(v / c2) + np.float32(a.eps))
+                upd = (m / c1) / (np.sqrt(v / c2) + np.float32(self.cfg.adam_eps))
             else:
                 mu = self.cfg.optimizer.sgdm.momentum
                 upd = st["momentum"][i] = to_storage(mu * st["momentum"][i] + g, self.storage)
