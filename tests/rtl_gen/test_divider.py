@@ -1,0 +1,109 @@
+# amaranth: UnusedElaboratable=no
+"""rtl_gen.divider: parameters, cycle model, a quick Amaranth-simulator check, and the cocotb/Verilator runs
+against Python integer division."""
+
+import json
+import os
+import random
+import re
+
+import pytest
+from amaranth.sim import Simulator
+
+from rtl_gen.divider import Divider, divide
+from rtl_gen.toolchain import run_cocotb, to_verilog
+
+
+def test_reference_division():
+    assert divide(17, 5, 2) == (3, 2, False)
+    assert divide(20, 5, 2) == (0, 0, True)  # quotient 4 needs 3 bits
+    assert divide(19, 5, 2) == (3, 4, False)
+    assert divide(3, 0, 8) == (0, 0, True)
+
+
+def test_parameters_and_cycle_model():
+    d = Divider(dividend_width=40, divisor_width=24, quotient_width=18, steps=4)
+    assert (d.iterations, d.latency) == (5, 5)
+    assert d.cycles(0) == 0 and d.cycles(10) == 51
+    assert d.req_layout.size == 64 and d.resp_layout.size == 18 + 24 + 1
+    with pytest.raises(ValueError, match=re.escape("steps must be an integer in 1..18, not 19")):
+        Divider(dividend_width=40, divisor_width=24, quotient_width=18, steps=19)
+    with pytest.raises(ValueError, match=re.escape("divisor_width must be an integer in 1..256, not 0")):
+        Divider(dividend_width=4, divisor_width=0, quotient_width=2)
+    with pytest.raises(TypeError):
+        Divider(40, 24, 18)
+
+
+def _pysim(widths, steps, count, *, seed, p_idle, p_stall):
+    wn, wd, wq = widths
+    dut = Divider(dividend_width=wn, divisor_width=wd, quotient_width=wq, steps=steps)
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(count):
+        d = rng.randrange(0, 1 << wd)
+        fits = max(min(d << wq, 1 << wn), 1)  # dividends whose quotient fits (mostly)
+        cases.append((rng.randrange(1 << wn) if rng.random() < 0.1 else rng.randrange(fits), d))
+    got, stamps = [], []
+
+    async def bench(ctx):
+        sent, cycle = 0, 0
+        while len(got) < count:
+            offer = sent < count and rng.random() >= p_idle
+            ctx.set(dut.req.valid, offer)
+            if offer:
+                ctx.set(dut.req.payload, {"dividend": cases[sent][0], "divisor": cases[sent][1]})
+            take = rng.random() >= p_stall
+            ctx.set(dut.resp.ready, take)
+            if offer and ctx.get(dut.req.ready):
+                stamps.append(cycle)
+                sent += 1
+            if take and ctx.get(dut.resp.valid):
+                p = ctx.get(dut.resp.payload)
+                got.append((p.quotient, p.remainder, bool(p.overflow)))
+                stamps.append(cycle)
+            await ctx.tick()
+            cycle += 1
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    for (n, d), (q, r, over) in zip(cases, got, strict=True):
+        want = divide(n, d, wq)
+        assert over == want[2] and (over or (q, r) == want[:2]), (n, d, (q, r, over), want)
+    return stamps[-1] - stamps[0] + 1, dut.cycles(count)
+
+
+@pytest.mark.parametrize("widths, steps", [((12, 5, 8), 1), ((12, 5, 8), 3), ((6, 8, 1), 1)])
+def test_divider_in_amaranth_simulator(widths, steps):
+    measured, model = _pysim(widths, steps, 60, seed=1, p_idle=0.0, p_stall=0.0)
+    assert measured == model
+    _pysim(widths, steps, 60, seed=2, p_idle=0.4, p_stall=0.4)
+
+
+SWEEP = [
+    # (dividend_width, divisor_width, quotient_width, steps, count)
+    pytest.param((21, 13, 8, 1, 3000), id="n21-d13-q8-s1"),
+    pytest.param((56, 38, 18, 3, 3000), id="n56-d38-q18-s3"),  # the MLP layer-0 BN divider, 3 bits per cycle
+    pytest.param((160, 96, 64, 4, 2000), id="n160-d96-q64-s4"),  # wide operands (VlWide in Verilator)
+]
+
+
+@pytest.mark.rtl
+@pytest.mark.parametrize("case", SWEEP)
+def test_divider_rtl(case):
+    """Rerun one case with waveforms: ``XNT_WAVES=1 pytest -k n21 ...``; repeat a random run with
+    ``COCOTB_RANDOM_SEED=<seed from the log>``."""
+    wn, wd, wq, steps, count = case
+    params = {"dividend_width": wn, "divisor_width": wd, "quotient_width": wq, "steps": steps}
+    run = run_cocotb(
+        verilog=to_verilog(Divider(**params), "divider"),
+        toplevel="divider",
+        test_module="divider_tb",
+        name=f"divider_n{wn}_d{wd}_q{wq}_s{steps}",
+        extra_env={"XNT_TB_PARAMS": json.dumps({**params, "count": count})},
+        waves=bool(os.environ.get("XNT_WAVES")),
+    )
+    assert run.tests == 5
+    measured = json.loads((run.build_dir / "cycles.json").read_text())
+    assert measured["measured"] == measured["model"] == Divider(**params).cycles(count)
