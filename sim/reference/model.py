@@ -95,7 +95,6 @@ class BNNModel:
         self.running_scale = [np.ones(s, dtype=np.float32) for s in beta_shapes]
         self._bn_index = {k: i for i, k in enumerate(self.bn_layers)}
         self.last_psg_fraction: float | None = None
-        self.last_saved: list[dict] | None = None
         # Akesson's Network VIII needs per-image gradients: keep (input, dY) of the step for them.
         self._per_image = cfg.optimizer.name == "switch" and cfg.optimizer.switch.mode == "per_image"
         self._pi_data: dict[int, tuple] = {}
@@ -181,8 +180,6 @@ class BNNModel:
             at_input = False
             k += 1
         logits = cur.reshape(B, -1)
-        if train:
-            self.last_saved = saved
         return ForwardResult(logits, saved if train else None)
 
     def _retain_input(self, a: np.ndarray, first: bool) -> np.ndarray:
