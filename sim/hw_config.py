@@ -73,6 +73,15 @@ class HwConfig:
     check_widths: bool = opt(
         True, doc="reject configurations whose derived hardware widths exceed max_acc_bits (false: float-only runs)"
     )
+    # -- RTL parallelism (rtl_gen.top; docs/architecture.md) ------------------------------------------
+    lanes_in: int = opt(
+        64, lo=1, hi=4096, doc="XNOR / po2 engines: input bits per word (divides or is a multiple of 32)"
+    )
+    lanes_out: int = opt(16, lo=1, hi=4096, doc="XNOR engine, BN, po2 and dX units: output channels per beat")
+    lanes_b: int = opt(4, lo=1, hi=256, doc="dW engine: samples per beat")
+    update_lanes: int = opt(16, lo=1, hi=4096, doc="weight update sweep: weights per cycle (divides lanes_in)")
+    div_steps: int = opt(2, lo=1, hi=64, doc="quotient bits per cycle of the per-channel sequential dividers")
+    mul_steps: int = opt(4, lo=1, hi=64, doc="po2 unit: bits per cycle of the per-channel sqrt2 multiplier")
 
     def _validate(self, path):
         if self.switch_cutoff >= 2**15:
