@@ -1,0 +1,932 @@
+"""Batch-norm units of one layer: training-mode forward (:class:`BnForwardUnit`) and the BNN-specific l1
+backward (:class:`BnBackwardUnit`), bit-exact to :func:`sim.hw.arith.bn_forward` and
+:func:`sim.hw.arith.bn_backward` (docs/arithmetic.md sections 3.3-3.5 and 5.1).
+
+Geometry (:class:`BnLayer`): one weight layer's bounds from :func:`sim.hw.widths.layer_bounds` (batch B,
+channels M, fan-in N, x_max and every derived width), the :class:`sim.hw.arith.ArithParams` and ``lanes``,
+the channels carried per beat. :meth:`BnLayer.from_config` derives all of it from a configuration, so no
+constant is written down twice.
+
+Element order (all per-element streams, in and out): **batch-major**, exactly as the XNOR engine emits ``Y``.
+For every sample row ``b = 0 .. B-1`` the ``G = ceil(M / lanes)`` groups follow in order; lane ``l`` of group
+``g`` is channel ``g * lanes + l``; lanes past ``M`` in the last group are padding (ignored on input, 0 on
+output); ``last`` marks the last group of a row (it is not checked: the units go by their counts).
+
+Per-channel streams carry one channel per beat in channel order, ``last`` on channel ``M - 1``.
+
+Schedule of :class:`BnForwardUnit` (one batch; then it starts over):
+
+====== =====================================================================================================
+PASS1  ``y`` (B*G beats): ``sum_y`` per channel
+EPI1   per channel ``t_mu = ceil(sum_y / B)`` (divider)
+PASS2  ``y_replay`` (B*G beats): ``Ys``, ``Ns`` (split at ``t_mu``)
+EPI2   per channel (``beta`` consumed): ``S``, ``S' = max(S, 1)``, ``C``, ``theta``, ``theta_lo``,
+       ``theta_hi`` (three divider runs)
+PASS3  ``y_replay`` again (B*G beats): ``x_hat`` and mask out; ``sum x_hat y``, ``sum x_hat``
+EPI3   per channel ``A`` and ``alpha_q`` (divider); one ``stats`` beat per channel
+====== =====================================================================================================
+
+The divisions by the configuration constants are done on the shared sequential divider with narrow
+quotients: each dividend is first saturated and offset so that the quotient is a small non-negative number
+(thresholds saturate at ``+-(Ymax + 1)`` anyway), and the ``2^Fb`` factor of ``K = B^2 2^Fb`` is removed by a
+shift (``floor(u / (d 2^f)) = floor(floor(u / 2^f) / d)``).
+
+Schedule of :class:`BnBackwardUnit`: PASS1 ``dx`` (B*G beats): ``P1``, ``P2``; EPI per channel (``alpha``
+consumed): ``alpha_q P2`` and one ``p1`` beat; PASS2 ``dx_replay`` (B*G beats): ``Q`` out.
+
+Cycle models (no input stalls, no output backpressure, replay and per-channel inputs offered whenever the
+unit is ready): :meth:`BnForwardUnit.cycles`, :meth:`BnBackwardUnit.cycles`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from functools import cached_property
+
+from amaranth import Const, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from sim.hw.arith import ArithParams
+from sim.hw.widths import LayerBounds, hw_supported, layer_bounds, signed_bits
+
+from .divider import Divider
+from .streams import StreamFIFO
+
+__all__ = ["BnBackwardUnit", "BnForwardCore", "BnForwardUnit", "BnLayer", "Phase", "forward_cycles"]
+
+MAX_LANES = 4096
+
+
+def _check_int(name: str, value: object, lo: int, hi: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise ValueError(f"{name} must be an integer in {lo}..{hi}, not {value!r}")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class BnLayer:
+    """One weight layer as the BN and po2 units see it.
+
+    Parameters (keyword-only):
+        bounds: the layer's :class:`sim.hw.widths.LayerBounds` (batch ``n``, ``fan_out`` channels, ``fan_in``,
+            ``x_max`` and the worst-case magnitudes every width is derived from).
+        params: :class:`sim.hw.arith.ArithParams` (``beta_frac``, ``alpha_frac``, ``k`` ...).
+        lanes: channels per beat, 1..4096.
+        top: the output layer (its po2 operand is ``|Q|``, not ``|Q| B``).
+    """
+
+    bounds: LayerBounds
+    params: ArithParams
+    lanes: int
+    top: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.bounds, LayerBounds):
+            raise TypeError(f"bounds must be a sim.hw.widths.LayerBounds, not {self.bounds!r}")
+        if not isinstance(self.params, ArithParams):
+            raise TypeError(f"params must be a sim.hw.arith.ArithParams, not {self.params!r}")
+        _check_int("lanes", self.lanes, 1, MAX_LANES)
+        _check_int("bounds.n (batch)", self.bounds.n, 1, 1 << 20)
+        _check_int("bounds.fan_out (channels)", self.bounds.fan_out, 1, 1 << 20)
+        if not isinstance(self.top, bool):
+            raise ValueError(f"top must be a bool, not {self.top!r}")
+
+    @classmethod
+    def from_config(cls, cfg, layer_index: int, *, lanes: int) -> BnLayer:
+        """Layer ``layer_index`` (among weight layers) of ``cfg``: bounds from :func:`layer_bounds`, params from
+        :meth:`ArithParams.from_config`."""
+        if not hw_supported(cfg):
+            raise ValueError("the configuration's topology is not covered by the hardware model (dense + BN only)")
+        bounds = layer_bounds(cfg)
+        _check_int("layer_index", layer_index, 0, len(bounds) - 1)
+        return cls(
+            bounds=bounds[layer_index],
+            params=ArithParams.from_config(cfg),
+            lanes=lanes,
+            top=layer_index == len(bounds) - 1,
+        )
+
+    def as_dict(self) -> dict:
+        """JSON-ready description (e.g. for a testbench in another process); :meth:`from_dict` inverts it."""
+        return {"bounds": asdict(self.bounds), "params": asdict(self.params), "lanes": self.lanes, "top": self.top}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> BnLayer:
+        return cls(bounds=LayerBounds(**d["bounds"]), params=ArithParams(**d["params"]), lanes=d["lanes"], top=d["top"])
+
+    # --- geometry ---
+    @property
+    def batch(self) -> int:
+        return self.bounds.n
+
+    @property
+    def channels(self) -> int:
+        return self.bounds.fan_out
+
+    @property
+    def fan_in(self) -> int:
+        return self.bounds.fan_in
+
+    @property
+    def x_max(self) -> int:
+        return self.bounds.x_max
+
+    @property
+    def y_bound(self) -> int:
+        """``Ymax = N x_max``: the ``y_bound`` argument of :func:`sim.hw.arith.bn_forward`."""
+        return self.bounds.y
+
+    @property
+    def groups(self) -> int:
+        return -(-self.channels // self.lanes)
+
+    @property
+    def lanes_last(self) -> int:
+        """Real lanes of the last group."""
+        return self.channels - (self.groups - 1) * self.lanes
+
+    def lanes_of(self, group: int) -> int:
+        return self.lanes_last if group == self.groups - 1 else self.lanes
+
+    @property
+    def beats(self) -> int:
+        """Beats of one pass over the batch, ``B * G``."""
+        return self.batch * self.groups
+
+    # --- widths (sim.hw.widths) ---
+    @cached_property
+    def widths(self) -> dict[str, int]:
+        return self.bounds.widths()
+
+    @property
+    def K(self) -> int:
+        """``B^2 2^Fb``."""
+        return self.batch * self.batch << self.params.beta_frac
+
+    @property
+    def s_width(self) -> int:
+        """Bits of ``S`` and ``S' = max(S, 1)``."""
+        return max(self.widths["S"], 1)
+
+    @property
+    def s_eff_max(self) -> int:
+        return max(self.bounds.S, 1)
+
+    @property
+    def count_width(self) -> int:
+        """Bits of the signed counts ``Ns`` and ``sum x_hat`` (in ``[-B, B]``)."""
+        return signed_bits(self.batch)
+
+    @property
+    def beta_width(self) -> int:
+        return self.params.beta_int + self.params.beta_frac
+
+    @property
+    def k2_width(self) -> int:
+        """Bits of the per-channel product ``alpha_q P2`` of the backward pass."""
+        return signed_bits(self.bounds.alpha_q * self.bounds.P)
+
+    # --- stream payloads ---
+    @property
+    def y_layout(self) -> data.StructLayout:
+        """``y``: ``lanes`` signed ``Y`` (lane 0 in the low bits), then ``last`` (the XNOR engine's ``y_layout``)."""
+        return data.StructLayout({"y": data.ArrayLayout(signed(self.widths["y"]), self.lanes), "last": 1})
+
+    @property
+    def x_layout(self) -> data.StructLayout:
+        """``x_hat`` (bit ``l`` = lane ``l``, 1 means +1), ``mask`` (1: ``|x| <= 1``), ``last``."""
+        return data.StructLayout({"x_hat": self.lanes, "mask": self.lanes, "last": 1})
+
+    @property
+    def thr_layout(self) -> data.StructLayout:
+        t = signed(self.widths["theta"])
+        return data.StructLayout({"theta": t, "lo": t, "hi": t})
+
+    @property
+    def stats_layout(self) -> data.StructLayout:
+        """One channel's :class:`sim.hw.arith.BnForward` fields, in this order from bit 0."""
+        w = self.widths
+        t = signed(w["theta"])
+        return data.StructLayout(
+            {
+                "sum_y": signed(w["sum_y"]),
+                "S": unsigned(self.s_width),
+                "S_eff": unsigned(self.s_width),
+                "theta": t,
+                "theta_lo": t,
+                "theta_hi": t,
+                "alpha_q": unsigned(w["alpha_q"]),
+                "C": signed(w["C"]),
+                "last": 1,
+            }
+        )
+
+    @property
+    def dx_layout(self) -> data.StructLayout:
+        """``dx`` (``lanes`` signed), ``x_hat`` (bit per lane, 1 means +1), ``last``."""
+        return data.StructLayout(
+            {"dx": data.ArrayLayout(signed(self.widths["dx"]), self.lanes), "x_hat": self.lanes, "last": 1}
+        )
+
+    @property
+    def q_layout(self) -> data.StructLayout:
+        """``q`` (``lanes`` signed ``Q``), ``last``."""
+        return data.StructLayout({"q": data.ArrayLayout(signed(self.widths["Q"]), self.lanes), "last": 1})
+
+    @property
+    def p1_layout(self) -> data.StructLayout:
+        return data.StructLayout({"p1": signed(self.widths["P"]), "last": 1})
+
+
+class Phase:
+    """Values of :attr:`BnForwardCore.phase`."""
+
+    PASS1, EPI1, PASS2, EPI2, PASS3, EPI3 = range(6)
+
+
+class _BeatCounter:
+    """Group and row counters of a batch-major pass; advance on ``step``."""
+
+    def __init__(self, m: Module, layer: BnLayer, step, name: str):
+        G, B = layer.groups, layer.batch
+        self.g = Signal(range(G), name=f"{name}_g")
+        self.b = Signal(range(B), name=f"{name}_b")
+        self.first_row = Signal(name=f"{name}_first_row")
+        self.last_group = Signal(name=f"{name}_last_group")
+        self.last = Signal(name=f"{name}_last")
+        m.d.comb += [
+            self.first_row.eq(self.b == 0),
+            self.last_group.eq(self.g == G - 1),
+            self.last.eq(self.last_group & (self.b == B - 1)),
+        ]
+        with m.If(step):
+            with m.If(self.last_group):
+                m.d.sync += [self.g.eq(0), self.b.eq(Mux(self.b == B - 1, 0, self.b + 1))]
+            with m.Else():
+                m.d.sync += self.g.eq(self.g + 1)
+
+
+class _LaneWalker:
+    """Group / lane / channel counters of a per-channel sequencer over the real channels."""
+
+    def __init__(self, m: Module, layer: BnLayer, name: str):
+        self.layer = layer
+        self.g = Signal(range(layer.groups), name=f"{name}_g")
+        self.l = Signal(range(layer.lanes), name=f"{name}_l")
+        self.ch = Signal(range(layer.channels), name=f"{name}_ch")
+        self.last_lane = Signal(name=f"{name}_last_lane")
+        self.last_group = Signal(name=f"{name}_last_group")
+        m.d.comb += [
+            self.last_group.eq(self.g == layer.groups - 1),
+            self.last_lane.eq(self.l == Mux(self.last_group, layer.lanes_last - 1, layer.lanes - 1)),
+        ]
+
+    def next_channel(self, m: Module):
+        """Sync statements moving to the next channel (wrapping to channel 0 after the last)."""
+        with m.If(self.last_lane):
+            m.d.sync += self.l.eq(0)
+            with m.If(self.last_group):
+                m.d.sync += [self.g.eq(0), self.ch.eq(0)]
+            with m.Else():
+                m.d.sync += [self.g.eq(self.g + 1), self.ch.eq(self.ch + 1)]
+        with m.Else():
+            m.d.sync += [self.l.eq(self.l + 1), self.ch.eq(self.ch + 1)]
+
+
+def _lane(m: Module, view, index, shape, name: str) -> Signal:
+    """``view[index]`` (dynamic lane select) bound to a Signal, so the multiplexer is built once."""
+    sig = Signal(shape, name=name)
+    m.d.comb += sig.eq(view[index])
+    return sig
+
+
+def _divider_widths(layer: BnLayer) -> tuple[int, int, int]:
+    """``(dividend, divisor, quotient)`` widths of the forward unit's divider (see :class:`BnForwardCore`)."""
+    B, ymax = layer.batch, layer.y_bound
+    t = ymax + 1
+    wd = max((B * layer.s_eff_max).bit_length(), (B * B).bit_length())
+    wq = max((2 * ymax).bit_length(), (2 * t).bit_length(), layer.widths["alpha_q"])
+    return wd + wq, wd, wq
+
+
+def forward_cycles(layer: BnLayer, div_steps: int = 1) -> dict[str, int]:
+    """Cycles of every phase of :class:`BnForwardUnit` and their ``total`` for one batch with no stalls (see
+    there), for a divider resolving ``div_steps`` quotient bits per cycle."""
+    wq = _divider_widths(layer)[2]
+    it = -(-wq // _check_int("div_steps", div_steps, 1, wq))
+    M, G, BG = layer.channels, layer.groups, layer.beats
+    out = {
+        "pass1": BG + 1,
+        "epi1": G + M * (it + 1),
+        "pass2": BG + 1,
+        "epi2": G + M * (3 * it + 4),
+        "pass3": BG + 1,
+        "epi3": G + M * (it + 4),
+    }
+    out["total"] = sum(out.values())
+    return out
+
+
+class BnForwardCore(wiring.Component):
+    """:func:`sim.hw.arith.bn_forward` for one layer, without its divider (see the module docstring).
+
+    Parameters (keyword-only): ``layer`` (:class:`BnLayer`), ``div_steps`` (quotient bits per cycle of the
+    divider it is meant for; only used by :meth:`cycles`).
+
+    Ports:
+        y: ``In(stream.Signature(layer.y_layout))`` pass 1 (from the XNOR engine).
+        y_replay: ``In(stream.Signature(layer.y_layout))`` passes 2 and 3 (the same ``Y``, twice, from the
+            controller's buffer).
+        beta: ``In(stream.Signature(signed(Ib + Fb)))`` ``beta_q`` per channel, consumed in EPI2.
+        x: ``Out(stream.Signature(layer.x_layout))`` pass 3.
+        stats: ``Out(stream.Signature(layer.stats_layout))`` per channel, in EPI3.
+        div_req / div_resp: to and from a :class:`rtl_gen.divider.Divider` with :attr:`div_widths`.
+        phase: ``Out(3)`` the current :class:`Phase`.
+    """
+
+    def __init__(self, *, layer: BnLayer, div_steps: int = 1):
+        if not isinstance(layer, BnLayer):
+            raise TypeError(f"layer must be a BnLayer, not {layer!r}")
+        self._layer = layer
+        wn, wd, wq = _divider_widths(layer)
+        self._div_widths = (wn, wd, wq)
+        self._div_steps = _check_int("div_steps", div_steps, 1, wq)
+        req = data.StructLayout({"dividend": wn, "divisor": wd})
+        resp = data.StructLayout({"quotient": wq, "remainder": wd, "overflow": 1})
+        super().__init__(
+            {
+                "y": In(stream.Signature(layer.y_layout)),
+                "y_replay": In(stream.Signature(layer.y_layout)),
+                "beta": In(stream.Signature(signed(layer.beta_width))),
+                "x": Out(stream.Signature(layer.x_layout)),
+                "stats": Out(stream.Signature(layer.stats_layout)),
+                "div_req": Out(stream.Signature(req)),
+                "div_resp": In(stream.Signature(resp)),
+                "phase": Out(3),
+            }
+        )
+
+    @property
+    def layer(self) -> BnLayer:
+        return self._layer
+
+    @property
+    def div_widths(self) -> tuple[int, int, int]:
+        """``(dividend_width, divisor_width, quotient_width)`` of the divider this core needs."""
+        return self._div_widths
+
+    @property
+    def div_steps(self) -> int:
+        return self._div_steps
+
+    @property
+    def div_iterations(self) -> int:
+        """Cycles per division of the divider (``ceil(quotient_width / div_steps)``)."""
+        return -(-self._div_widths[2] // self._div_steps)
+
+    def make_divider(self) -> Divider:
+        """A :class:`Divider` matching :attr:`div_widths` and :attr:`div_steps`."""
+        wn, wd, wq = self._div_widths
+        return Divider(dividend_width=wn, divisor_width=wd, quotient_width=wq, steps=self._div_steps)
+
+    def cycles(self) -> dict[str, int]:
+        """Cycles of every phase and their ``total`` for one batch with no stalls (:func:`forward_cycles`)."""
+        return forward_cycles(self._layer, self._div_steps)
+
+    def elaborate(self, platform):
+        lay = self._layer
+        p = lay.params
+        w = lay.widths
+        m = Module()
+        B, G, L, M = lay.batch, lay.groups, lay.lanes, lay.channels
+        fb, fa = p.beta_frac, p.alpha_frac
+        ymax = lay.y_bound
+        T = ymax + 1
+        K = lay.K
+        TK = T * K
+        wn, wd, wq = self._div_widths
+
+        phase = Signal(range(6), name="phase_r")
+        m.d.comb += self.phase.eq(phase)
+        in_pass = Signal()
+        m.d.comb += in_pass.eq((phase == Phase.PASS1) | (phase == Phase.PASS2) | (phase == Phase.PASS3))
+
+        # ---- per-channel state ---------------------------------------------------------------------------
+        sum_shape = signed(w["sum_y"])
+        cnt_shape = signed(lay.count_width)
+        m.submodules.sum_mem = sum_mem = Memory(shape=data.ArrayLayout(sum_shape, L), depth=G, init=[])
+        m.submodules.ys_mem = ys_mem = Memory(shape=data.ArrayLayout(sum_shape, L), depth=G, init=[])
+        m.submodules.ns_mem = ns_mem = Memory(shape=data.ArrayLayout(cnt_shape, L), depth=G, init=[])
+        m.submodules.thr_mem = thr_mem = Memory(shape=data.ArrayLayout(lay.thr_layout, L), depth=G, init=[])
+        chan_layout = data.StructLayout({"S_eff": unsigned(lay.s_width), "zero": 1, "C": signed(w["C"])})
+        m.submodules.chan_mem = chan_mem = Memory(shape=chan_layout, depth=M, init=[])
+        sum_rd, sum_wr = sum_mem.read_port(), sum_mem.write_port()
+        ys_rd, ys_wr = ys_mem.read_port(), ys_mem.write_port()
+        ns_rd, ns_wr = ns_mem.read_port(), ns_mem.write_port()
+        thr_rd, thr_wr = thr_mem.read_port(), thr_mem.write_port(granularity=1)
+        chan_rd, chan_wr = chan_mem.read_port(), chan_mem.write_port()
+
+        # ---- element passes --------------------------------------------------------------------------------
+        # Stage 0 accepts a beat and reads the group's words; stage 1 compares, accumulates (read-modify-write)
+        # and, in pass 3, pushes x_hat / mask into the output queue.
+        m.submodules.x_queue = x_queue = StreamFIFO(shape=lay.x_layout, depth=2)
+        adv = Signal()
+        in_done = Signal()  # every beat of this pass accepted
+        accept = Signal()
+        s1_valid = Signal()
+        s1_y = Signal(data.ArrayLayout(signed(w["y"]), L))
+        s1_first = Signal()
+        s1_last = Signal()
+        s1_last_group = Signal()
+        s1_g = Signal(range(G))
+        in_payload = Signal(lay.y_layout)
+        cnt = _BeatCounter(m, lay, accept, "in")
+        p1 = phase == Phase.PASS1
+        m.d.comb += [
+            adv.eq(~(s1_valid & (phase == Phase.PASS3)) | x_queue.i.ready),
+            self.y.ready.eq(p1 & ~in_done & adv),
+            self.y_replay.ready.eq(((phase == Phase.PASS2) | (phase == Phase.PASS3)) & ~in_done & adv),
+            accept.eq((self.y.valid & self.y.ready) | (self.y_replay.valid & self.y_replay.ready)),
+            in_payload.eq(Mux(p1, self.y.payload, self.y_replay.payload)),
+        ]
+        with m.If(accept & cnt.last):
+            m.d.sync += in_done.eq(1)
+        with m.If(adv):
+            m.d.sync += [
+                s1_valid.eq(accept),
+                s1_y.eq(in_payload.y),
+                s1_first.eq(cnt.first_row),
+                s1_last.eq(cnt.last),
+                s1_last_group.eq(cnt.last_group),
+                s1_g.eq(cnt.g),
+            ]
+
+        # Stage 1: old accumulator words (forwarded from the previous write when every beat hits one word).
+        writes = Signal()
+        m.d.comb += writes.eq(s1_valid & adv)
+        sum_new = Signal(data.ArrayLayout(sum_shape, L))
+        ys_new = Signal(data.ArrayLayout(sum_shape, L))
+        ns_new = Signal(data.ArrayLayout(cnt_shape, L))
+        if G == 1:
+            sum_fw = Signal(data.ArrayLayout(sum_shape, L))
+            ys_fw = Signal(data.ArrayLayout(sum_shape, L))
+            ns_fw = Signal(data.ArrayLayout(cnt_shape, L))
+            with m.If(writes):
+                m.d.sync += [sum_fw.eq(sum_new), ys_fw.eq(ys_new), ns_fw.eq(ns_new)]
+            sum_old, ys_old, ns_old = sum_fw, ys_fw, ns_fw
+        else:
+            sum_old, ys_old, ns_old = sum_rd.data, ys_rd.data, ns_rd.data
+        x_hat = Signal(L)
+        mask = Signal(L)
+        for lane in range(L):
+            y = s1_y[lane]
+            thr = thr_rd.data[lane]
+            sel = Signal(name=f"sel{lane}")  # y >= t_mu (pass 2), y >= theta (pass 3): t_mu lives in slot theta
+            m.d.comb += [
+                sel.eq(y >= thr.theta),
+                sum_new[lane].eq(Mux(s1_first, 0, sum_old[lane]) + y),
+                ys_new[lane].eq(Mux(s1_first, 0, ys_old[lane]) + Mux(sel, y, -y)),
+                ns_new[lane].eq(Mux(s1_first, 0, ns_old[lane]) + Mux(sel, 1, -1)),
+            ]
+            if lane < lay.lanes_last or G > 1:
+                real = Const(1) if lane < lay.lanes_last else ~s1_last_group
+                m.d.comb += [
+                    x_hat[lane].eq(sel & real),
+                    mask[lane].eq((y >= thr.lo) & (y <= thr.hi) & real),
+                ]
+        m.d.comb += [
+            x_queue.i.valid.eq(s1_valid & (phase == Phase.PASS3)),
+            x_queue.i.payload.x_hat.eq(x_hat),
+            x_queue.i.payload.mask.eq(mask),
+            x_queue.i.payload.last.eq(s1_last_group),
+            sum_wr.addr.eq(s1_g),
+            sum_wr.data.eq(sum_new),
+            sum_wr.en.eq(writes & (phase == Phase.PASS1)),
+            ys_wr.addr.eq(s1_g),
+            ys_wr.data.eq(ys_new),
+            ys_wr.en.eq(writes & ((phase == Phase.PASS2) | (phase == Phase.PASS3))),
+            ns_wr.addr.eq(s1_g),
+            ns_wr.data.eq(ns_new),
+            ns_wr.en.eq(writes & ((phase == Phase.PASS2) | (phase == Phase.PASS3))),
+        ]
+        wiring.connect(m, x_queue.o, wiring.flipped(self.x))
+
+        # ---- per-channel sequencer (epilogues) ------------------------------------------------------------
+        walk = _LaneWalker(m, lay, "epi")
+        est = Signal(range(8), name="est")  # step within the epilogue, see below
+        RD, CH0, CH1, CH2, CH3, CH4 = range(6)
+        epi_rd = Signal()
+        m.d.comb += epi_rd.eq(~in_pass & (est == RD))
+        for port in (sum_rd, ys_rd, ns_rd, thr_rd):
+            m.d.comb += [port.addr.eq(Mux(in_pass, cnt.g, walk.g)), port.en.eq(Mux(in_pass, adv, epi_rd))]
+        sum_l = _lane(m, sum_rd.data, walk.l, sum_shape, "sum_l")
+        ys_l = _lane(m, ys_rd.data, walk.l, sum_shape, "ys_l")
+        ns_l = _lane(m, ns_rd.data, walk.l, cnt_shape, "ns_l")
+        thr_l = _lane(m, thr_rd.data, walk.l, lay.thr_layout, "thr_l")
+
+        # Pass end: the last beat is in stage 1 and being written.
+        with m.If(in_pass & s1_valid & s1_last & adv):
+            m.d.sync += [phase.eq(phase + 1), est.eq(RD), in_done.eq(0)]
+
+        def channel_done(next_phase):
+            walk.next_channel(m)
+            m.d.sync += [nreq.eq(0), nresp.eq(0)]
+            with m.If(walk.last_lane):
+                m.d.sync += est.eq(RD)
+                with m.If(walk.last_group):
+                    m.d.sync += phase.eq(next_phase)
+            with m.Else():
+                m.d.sync += est.eq(CH0)
+
+        # Divider requests: up to three per channel, issued back to back; responses come back in order.
+        nreq = Signal(range(4))
+        nresp = Signal(range(4))
+        quot = [Signal(wq, name=f"quot{i}") for i in range(2)]
+        dividends = [Signal(wn, name=f"dividend{i}") for i in range(3)]
+        divisor = Signal(wd, name="divisor_r")
+        m.d.comb += [
+            self.div_req.payload.dividend.eq(Mux(nreq == 0, dividends[0], Mux(nreq == 1, dividends[1], dividends[2]))),
+            self.div_req.payload.divisor.eq(divisor),
+        ]
+        req_fire = Signal()
+        resp_fire = Signal()
+        m.d.comb += [
+            req_fire.eq(self.div_req.valid & self.div_req.ready),
+            resp_fire.eq(self.div_resp.valid & self.div_resp.ready),
+        ]
+        with m.If(req_fire):
+            m.d.sync += nreq.eq(nreq + 1)
+        with m.If(resp_fire):
+            m.d.sync += nresp.eq(nresp + 1)
+            with m.If(nresp < 2):
+                m.d.sync += quot[0].eq(Mux(nresp == 0, self.div_resp.payload.quotient, quot[0]))
+                m.d.sync += quot[1].eq(Mux(nresp == 1, self.div_resp.payload.quotient, quot[1]))
+        q_now = self.div_resp.payload.quotient
+
+        def start_division(divisor_value):
+            m.d.sync += [nreq.eq(0), nresp.eq(0), divisor.eq(divisor_value)]
+
+        thr_word = Signal(lay.thr_layout)
+        m.d.comb += thr_wr.addr.eq(walk.g)
+        for lane in range(L):
+            m.d.comb += thr_wr.data[lane].eq(thr_word)
+
+        # Registers of the per-channel arithmetic.
+        beta_r = Signal(signed(lay.beta_width))
+        S_r = Signal(unsigned(lay.s_width))
+        s_eff = Signal(unsigned(lay.s_width))
+        c_r = Signal(signed(w["C"]))
+        a_r = Signal(unsigned(w["A"]))
+        bs_r = Signal(unsigned(wd))
+        m.d.comb += s_eff.eq(Mux(S_r == 0, 1, S_r))
+
+        def clamp(v):
+            return Mux(v < -TK, -TK, Mux(v > TK, TK, v))
+
+        chan_l = chan_rd.data
+        m.d.comb += [
+            chan_rd.addr.eq(walk.ch),
+            chan_rd.en.eq((phase == Phase.EPI3) & (est == CH0)),
+            chan_wr.addr.eq(walk.ch),
+            chan_wr.data.S_eff.eq(s_eff),
+            chan_wr.data.zero.eq(S_r == 0),
+            chan_wr.data.C.eq(c_r),
+        ]
+        stats = self.stats.payload
+        m.d.comb += [
+            stats.sum_y.eq(sum_l),
+            stats.S.eq(Mux(chan_l.zero, 0, chan_l.S_eff)),
+            stats.S_eff.eq(chan_l.S_eff),
+            stats.theta.eq(thr_l.theta),
+            stats.theta_lo.eq(thr_l.lo),
+            stats.theta_hi.eq(thr_l.hi),
+            stats.alpha_q.eq(q_now),
+            stats.C.eq(chan_l.C),
+            stats.last.eq(walk.ch == M - 1),
+        ]
+
+        with m.If(~in_pass):
+            with m.If(est == RD):
+                m.d.sync += est.eq(CH0)
+            with m.Switch(phase):
+                with m.Case(Phase.EPI1):
+                    # t_mu + Ymax = floor((sum_y + B Ymax + B - 1) / B), in [0, 2 Ymax].
+                    with m.If(est == CH0):
+                        m.d.comb += [
+                            self.div_req.valid.eq(nreq == 0),
+                            self.div_req.payload.dividend.eq(sum_l + (B * ymax + B - 1)),
+                            self.div_req.payload.divisor.eq(B),
+                            self.div_resp.ready.eq(1),
+                            thr_word.theta.eq(q_now - ymax),
+                            thr_wr.en.eq(Mux(resp_fire, 1 << walk.l, 0)),
+                        ]
+                        with m.If(resp_fire):
+                            channel_done(Phase.PASS2)
+                with m.Case(Phase.EPI2):
+                    with m.Switch(est):
+                        with m.Case(CH0):  # beta in; S = B Ys - sum_y Ns
+                            m.d.comb += self.beta.ready.eq(1)
+                            with m.If(self.beta.valid):
+                                m.d.sync += [
+                                    beta_r.eq(self.beta.payload),
+                                    S_r.eq(B * ys_l - sum_l * ns_l),
+                                    est.eq(CH1),
+                                ]
+                        with m.Case(CH1):  # C = B 2^Fb sum_y - beta_q S'
+                            m.d.sync += [c_r.eq((sum_l * (B << fb)) - beta_r * s_eff), est.eq(CH2)]
+                        with m.Case(CH2):  # saturated, offset dividends of the three thresholds; divisor B^2
+                            e = Signal(signed(lay.s_width + fb + 1))
+                            v_lo = Signal(signed(w["C"] + 1))
+                            v_hi = Signal(signed(w["C"] + 1))
+                            m.d.comb += [e.eq(s_eff << fb), v_lo.eq(c_r - e), v_hi.eq(c_r + e)]
+                            m.d.sync += [
+                                dividends[0].eq((clamp(c_r) + (TK + K - 1)) >> fb),  # ceil(C / K)
+                                dividends[1].eq((clamp(v_lo) + (TK + K - 1)) >> fb),  # ceil((C - S' 2^Fb) / K)
+                                dividends[2].eq((clamp(v_hi) + TK) >> fb),  # floor((C + S' 2^Fb) / K)
+                                est.eq(CH3),
+                            ]
+                            start_division(B * B)
+                        with m.Case(CH3):
+                            m.d.comb += [
+                                self.div_req.valid.eq(nreq < 3),
+                                self.div_resp.ready.eq(1),
+                                thr_word.theta.eq(quot[0] - T),
+                                thr_word.lo.eq(quot[1] - T),
+                                thr_word.hi.eq(q_now - T),
+                            ]
+                            with m.If(resp_fire & (nresp == 2)):
+                                m.d.comb += [thr_wr.en.eq(1 << walk.l), chan_wr.en.eq(1)]
+                                channel_done(Phase.PASS3)
+                with m.Case(Phase.EPI3):
+                    with m.Switch(est):
+                        with m.Case(CH0):  # chan_mem read
+                            m.d.sync += est.eq(CH1)
+                        with m.Case(CH1):  # A = K sum(x_hat y) - C sum(x_hat); B S'
+                            m.d.sync += [a_r.eq(K * ys_l - chan_l.C * ns_l), bs_r.eq(chan_l.S_eff * B), est.eq(CH2)]
+                        with m.Case(CH2):  # alpha_q = floor(floor((A 2^(Fa+1) + B S' 2^Fb) / 2^(Fb+1)) / (B S'))
+                            m.d.sync += [
+                                dividends[0].eq(((a_r << (fa + 1)) + (bs_r << fb)) >> (fb + 1)),
+                                est.eq(CH3),
+                            ]
+                            start_division(bs_r)
+                        with m.Case(CH3):
+                            m.d.comb += [
+                                self.div_req.valid.eq(nreq == 0),
+                                self.stats.valid.eq(self.div_resp.valid),
+                                self.div_resp.ready.eq(self.stats.ready),
+                            ]
+                            with m.If(resp_fire):
+                                channel_done(Phase.PASS1)
+        return m
+
+
+class BnForwardUnit(wiring.Component):
+    """:class:`BnForwardCore` with its own :class:`rtl_gen.divider.Divider`.
+
+    Parameters (keyword-only): ``layer`` (:class:`BnLayer`), ``div_steps`` (divider quotient bits per cycle).
+    Ports: as :class:`BnForwardCore` without the divider ports.
+
+    Cycle model (:meth:`cycles`), counted from the first ``y`` transfer to the last ``stats`` transfer, both
+    included, with ``I = ceil(Wq / div_steps)`` divider cycles per division::
+
+        3 (B G + 1) + 3 G + M (5 I + 9)
+
+    (pass ``B G + 1`` each; EPI1 ``G + M (I + 1)``; EPI2 ``G + M (3 I + 4)``; EPI3 ``G + M (I + 4)``).
+    """
+
+    def __init__(self, *, layer: BnLayer, div_steps: int = 1):
+        if not isinstance(layer, BnLayer):
+            raise TypeError(f"layer must be a BnLayer, not {layer!r}")
+        self._layer = layer
+        self._div_steps = _check_int("div_steps", div_steps, 1, _divider_widths(layer)[2])
+        super().__init__(
+            {
+                "y": In(stream.Signature(layer.y_layout)),
+                "y_replay": In(stream.Signature(layer.y_layout)),
+                "beta": In(stream.Signature(signed(layer.beta_width))),
+                "x": Out(stream.Signature(layer.x_layout)),
+                "stats": Out(stream.Signature(layer.stats_layout)),
+                "phase": Out(3),
+            }
+        )
+
+    @classmethod
+    def from_config(cls, cfg, layer_index: int, *, lanes: int, div_steps: int = 1) -> BnForwardUnit:
+        return cls(layer=BnLayer.from_config(cfg, layer_index, lanes=lanes), div_steps=div_steps)
+
+    @property
+    def layer(self) -> BnLayer:
+        return self._layer
+
+    @property
+    def div_steps(self) -> int:
+        return self._div_steps
+
+    @property
+    def div_widths(self) -> tuple[int, int, int]:
+        """``(dividend_width, divisor_width, quotient_width)`` of the unit's divider."""
+        return _divider_widths(self._layer)
+
+    @property
+    def div_iterations(self) -> int:
+        return -(-self.div_widths[2] // self._div_steps)
+
+    def cycles(self) -> dict[str, int]:
+        return forward_cycles(self._layer, self._div_steps)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.core = core = BnForwardCore(layer=self._layer, div_steps=self._div_steps)
+        m.submodules.divider = div = core.make_divider()
+        wiring.connect(m, core.div_req, div.req)
+        wiring.connect(m, div.resp, core.div_resp)
+        for name in ("y", "y_replay", "beta"):
+            wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(core, name))
+        for name in ("x", "stats"):
+            wiring.connect(m, getattr(core, name), wiring.flipped(getattr(self, name)))
+        m.d.comb += self.phase.eq(core.phase)
+        return m
+
+
+class BnBackwardUnit(wiring.Component):
+    """:func:`sim.hw.arith.bn_backward` for one layer: ``P1 = sum dx``, ``P2 = sum dx x_hat`` per channel and
+    ``Q_b = 2^Fa (B dx_b - P1) - alpha_q P2 x_hat_b`` per element.
+
+    Parameters (keyword-only): ``layer`` (:class:`BnLayer`; the ``dx`` width is the layer's
+    ``sim.hw.widths`` bound: the loss gradient for the output layer, ``dX`` above times the mask otherwise).
+
+    Ports:
+        dx: ``In(stream.Signature(layer.dx_layout))`` pass 1: ``dx`` and the retained ``x_hat`` bits.
+        dx_replay: ``In(stream.Signature(layer.dx_layout))`` pass 2: the same beats again.
+        alpha: ``In(stream.Signature(unsigned(alpha_q width)))`` ``alpha_q`` per channel, consumed in EPI.
+        p1: ``Out(stream.Signature(layer.p1_layout))`` ``P1`` (= dbeta) per channel, in EPI.
+        q: ``Out(stream.Signature(layer.q_layout))`` pass 2 (padding lanes 0).
+        phase: ``Out(2)``: 0 PASS1, 1 EPI, 2 PASS2.
+
+    Cycle model (:meth:`cycles`), from the first ``dx`` transfer to the last ``q`` transfer, both included::
+
+        (B G + 1) + (G + M) + (B G + 2)
+
+    (pass 1; per group one read cycle and per channel one cycle; pass 2 with its two-cycle drain).
+    """
+
+    PASS1, EPI, PASS2 = range(3)
+
+    def __init__(self, *, layer: BnLayer):
+        if not isinstance(layer, BnLayer):
+            raise TypeError(f"layer must be a BnLayer, not {layer!r}")
+        self._layer = layer
+        super().__init__(
+            {
+                "dx": In(stream.Signature(layer.dx_layout)),
+                "dx_replay": In(stream.Signature(layer.dx_layout)),
+                "alpha": In(stream.Signature(unsigned(layer.widths["alpha_q"]))),
+                "p1": Out(stream.Signature(layer.p1_layout)),
+                "q": Out(stream.Signature(layer.q_layout)),
+                "phase": Out(2),
+            }
+        )
+
+    @classmethod
+    def from_config(cls, cfg, layer_index: int, *, lanes: int) -> BnBackwardUnit:
+        return cls(layer=BnLayer.from_config(cfg, layer_index, lanes=lanes))
+
+    @property
+    def layer(self) -> BnLayer:
+        return self._layer
+
+    def cycles(self) -> dict[str, int]:
+        lay = self._layer
+        out = {"pass1": lay.beats + 1, "epi": lay.groups + lay.channels, "pass2": lay.beats + 2}
+        out["total"] = sum(out.values())
+        return out
+
+    def elaborate(self, platform):
+        lay = self._layer
+        w = lay.widths
+        m = Module()
+        B, G, L = lay.batch, lay.groups, lay.lanes
+        fa = lay.params.alpha_frac
+        PASS1, EPI, PASS2 = self.PASS1, self.EPI, self.PASS2
+
+        phase = Signal(range(3), name="phase_r")
+        m.d.comb += self.phase.eq(phase)
+        in_pass = Signal()
+        m.d.comb += in_pass.eq(phase != EPI)
+
+        p_shape = signed(w["P"])
+        k_shape = signed(lay.k2_width)
+        m.submodules.p1_mem = p1_mem = Memory(shape=data.ArrayLayout(p_shape, L), depth=G, init=[])
+        m.submodules.p2_mem = p2_mem = Memory(shape=data.ArrayLayout(p_shape, L), depth=G, init=[])
+        m.submodules.k_mem = k_mem = Memory(shape=data.ArrayLayout(k_shape, L), depth=G, init=[])
+        p1_rd, p1_wr = p1_mem.read_port(), p1_mem.write_port()
+        p2_rd, p2_wr = p2_mem.read_port(), p2_mem.write_port()
+        k_rd, k_wr = k_mem.read_port(), k_mem.write_port(granularity=1)
+
+        m.submodules.q_queue = q_queue = StreamFIFO(shape=lay.q_layout, depth=2)
+        adv = Signal()
+        in_done = Signal()
+        accept = Signal()
+        s1_valid = Signal()
+        s1 = Signal(lay.dx_layout)
+        s1_first = Signal()
+        s1_last = Signal()
+        s1_last_group = Signal()
+        s1_g = Signal(range(G))
+        in_payload = Signal(lay.dx_layout)
+        cnt = _BeatCounter(m, lay, accept, "in")
+        m.d.comb += [
+            adv.eq(~(s1_valid & (phase == PASS2)) | q_queue.i.ready),
+            self.dx.ready.eq((phase == PASS1) & ~in_done & adv),
+            self.dx_replay.ready.eq((phase == PASS2) & ~in_done & adv),
+            accept.eq((self.dx.valid & self.dx.ready) | (self.dx_replay.valid & self.dx_replay.ready)),
+            in_payload.eq(Mux(phase == PASS1, self.dx.payload, self.dx_replay.payload)),
+        ]
+        with m.If(accept & cnt.last):
+            m.d.sync += in_done.eq(1)
+        with m.If(adv):
+            m.d.sync += [
+                s1_valid.eq(accept),
+                s1.eq(in_payload),
+                s1_first.eq(cnt.first_row),
+                s1_last.eq(cnt.last),
+                s1_last_group.eq(cnt.last_group),
+                s1_g.eq(cnt.g),
+            ]
+        writes = Signal()
+        m.d.comb += writes.eq(s1_valid & adv & (phase == PASS1))
+        p1_new = Signal(data.ArrayLayout(p_shape, L))
+        p2_new = Signal(data.ArrayLayout(p_shape, L))
+        if G == 1:
+            p1_fw = Signal(data.ArrayLayout(p_shape, L))
+            p2_fw = Signal(data.ArrayLayout(p_shape, L))
+            with m.If(writes):
+                m.d.sync += [p1_fw.eq(p1_new), p2_fw.eq(p2_new)]
+            p1_old, p2_old = p1_fw, p2_fw
+        else:
+            p1_old, p2_old = p1_rd.data, p2_rd.data
+        q_out = Signal(data.ArrayLayout(signed(w["Q"]), L))
+        for lane in range(L):
+            dx = s1.dx[lane]
+            xh = s1.x_hat[lane]
+            k2 = k_rd.data[lane]
+            q = Signal(signed(w["Q"]), name=f"q{lane}")
+            m.d.comb += [
+                p1_new[lane].eq(Mux(s1_first, 0, p1_old[lane]) + dx),
+                p2_new[lane].eq(Mux(s1_first, 0, p2_old[lane]) + Mux(xh, dx, -dx)),
+                q.eq(((dx * B - p1_rd.data[lane]) << fa) - Mux(xh, k2, -k2)),
+            ]
+            if lane < lay.lanes_last:
+                m.d.comb += q_out[lane].eq(q)
+            elif G > 1:
+                m.d.comb += q_out[lane].eq(Mux(s1_last_group, 0, q))
+        m.d.comb += [
+            q_queue.i.valid.eq(s1_valid & (phase == PASS2)),
+            q_queue.i.payload.q.eq(q_out),
+            q_queue.i.payload.last.eq(s1_last_group),
+            p1_wr.addr.eq(s1_g),
+            p1_wr.data.eq(p1_new),
+            p1_wr.en.eq(writes),
+            p2_wr.addr.eq(s1_g),
+            p2_wr.data.eq(p2_new),
+            p2_wr.en.eq(writes),
+        ]
+        wiring.connect(m, q_queue.o, wiring.flipped(self.q))
+        with m.If(in_pass & s1_valid & s1_last & adv):
+            m.d.sync += [phase.eq(Mux(phase == PASS1, EPI, PASS1)), in_done.eq(0)]
+
+        # Per-channel sequencer: one read cycle per group, then one cycle per channel (alpha in, P1 out).
+        walk = _LaneWalker(m, lay, "epi")
+        rd_cycle = Signal()  # the group's words have been read
+        epi_rd = Signal()
+        m.d.comb += epi_rd.eq((phase == EPI) & ~rd_cycle)
+        for port in (p1_rd, p2_rd, k_rd):
+            m.d.comb += [port.addr.eq(Mux(in_pass, cnt.g, walk.g)), port.en.eq(Mux(in_pass, adv, epi_rd))]
+        p1_l = _lane(m, p1_rd.data, walk.l, p_shape, "p1_l")
+        p2_l = _lane(m, p2_rd.data, walk.l, p_shape, "p2_l")
+        fire = Signal()
+        m.d.comb += [
+            self.p1.payload.p1.eq(p1_l),
+            self.p1.payload.last.eq(walk.ch == lay.channels - 1),
+            k_wr.addr.eq(walk.g),
+        ]
+        for lane in range(L):
+            m.d.comb += k_wr.data[lane].eq(self.alpha.payload * p2_l)
+        with m.If((phase == EPI) & ~epi_rd):
+            m.d.comb += [
+                self.p1.valid.eq(self.alpha.valid),
+                self.alpha.ready.eq(self.p1.ready),
+                fire.eq(self.alpha.valid & self.p1.ready),
+                k_wr.en.eq(Mux(fire, 1 << walk.l, 0)),
+            ]
+        with m.If(epi_rd):
+            m.d.sync += rd_cycle.eq(1)
+        with m.If(fire):
+            walk.next_channel(m)
+            with m.If(walk.last_lane):
+                m.d.sync += rd_cycle.eq(0)
+                with m.If(walk.last_group):
+                    m.d.sync += phase.eq(PASS2)
+        return m

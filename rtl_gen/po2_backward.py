@@ -1,0 +1,638 @@
+"""po2 backward engine of one dense layer: ``dX = dY_po2 W_hat^T`` and ``sgn(dW)``, ``dW = X^T dY_po2``
+(docs/arithmetic.md 5.4; golden functions :func:`sim.hw.arith.po2_backward_dx` / ``po2_backward_dw``).
+
+Operands: a po2 code (:attr:`Po2Geometry.code_layout`) is an exponent ``field`` (``k - 1`` bits, 0 = zero)
+and a sign bit ``neg``; its value is ``(-1)^neg 2^(field - 1)`` in the layer's unit. Weights and binary
+activations are bits (1 = +1); the first layer's activations are signed 8-bit values (``x_max = 128``).
+
+Arithmetic, no multipliers. With binary operands every addend is ``+-2^(f-1)``, grouped by exponent plane
+``f = 1 .. 2^(k-1) - 1``: a popcount per plane, then one shift-add over the planes. The sign is folded in
+once: with ``P`` the plane-sum of the *positive* addends (the bits where ``operand XOR neg`` is 1) and ``T``
+the plane-sum of all nonzero addends (shared by every output of a cycle), the signed sum is ``2 P - T``.
+The per-plane popcounts are computed for all planes at once (:func:`plane_counts`): each addend is a
+one-hot plane vector, and full/half adders act bitwise on these vectors (a carry-save counter per plane,
+``C[j][f]`` = bit ``j`` of plane ``f``'s count); the shift-add is ``sum_j C[j] 2^j``. For the first layer's
+8-bit activations each addend is the sign-flipped 8-bit value shifted by ``f - 1`` (one shifter per sample
+and weight), and the ``lanes_b`` addends of a beat are added.
+
+dX unit (layers above the first): the weight banks of :class:`~rtl_gen.xnor_engine.XnorEngine`'s layout are
+read through ``weights`` (:class:`~rtl_gen.xnor_engine.WeightReadSignature`, e.g. from
+:class:`rtl_gen.weight_memory.WeightMemory`). Per row ``b`` of ``dY``: for each input word ``k``, for each
+output group ``g``, bank row ``g * words + k`` (a ``lanes_in x lanes_out`` tile of ``W``) meets the group's
+``lanes_out`` codes; each of the ``lanes_in`` inputs sums ``lanes_out`` addends, accumulated over the
+groups, and word ``k`` of ``dX[b]`` leaves as one beat. The codes arrive on ``dy`` (``groups`` beats per
+row) during the first word and are replayed from a one-row buffer for the others. ``rows * depth`` cycles.
+
+dW unit: a ``lanes_in x lanes_out`` tile of accumulators (bank row ``g * words + k``, in increasing row
+order) takes ``lanes_b`` samples per cycle from ``xdy`` (for those samples: input word ``k`` of ``X`` and
+group ``g`` of ``dY``), ``ceil(batch / lanes_b)`` beats per tile; after the tile's last beat
+``sgn(dW)`` of the tile leaves as one :func:`rtl_gen.weight_memory.grad_layout` beat, the weight memory's
+gradient input. ``depth * ceil(batch / lanes_b)`` cycles.
+
+Padding (bits past ``n_in``, lanes past ``n_out``, samples past ``batch`` in a tile's last beat) is masked;
+its input values do not matter and padded outputs are 0. The units go by their counters; ``last`` flags on
+the inputs are not checked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from amaranth import Cat, Const, Module, Mux, Shape, Signal, signed, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from sim.hw.arith import ArithParams
+from sim.hw.widths import layer_bounds
+
+from .streams import StreamFIFO
+from .weight_memory import grad_layout
+from .xnor_engine import WeightReadSignature, XnorGeometry, _check_int
+
+__all__ = ["DW_LATENCY", "DX_LATENCY", "Po2Backward", "Po2Geometry", "plane_counts", "plane_sum"]
+
+DX_LATENCY = 3
+"""dX: cycles beyond one per tile read, from the first ``dy`` transfer to the last ``dx`` transfer (both
+included): weight read, plane sums, accumulate and queue."""
+
+DW_LATENCY = 3
+"""dW: cycles beyond one per input beat, from the first ``xdy`` transfer to the last ``dw`` transfer."""
+
+
+def _tree_sum(values):
+    values = list(values)
+    if not values:
+        return Const(0, 1)
+    while len(values) > 1:
+        values = [values[i] + values[i + 1] for i in range(0, len(values) - 1, 2)] + (
+            [values[-1]] if len(values) % 2 else []
+        )
+    return values[0]
+
+
+def plane_counts(m: Module, vectors, name: str) -> list[Signal]:
+    """Per-plane popcounts of ``vectors`` (each a plane bit vector: bit ``f`` set when that addend lies in
+    plane ``f + 1``), all planes at once: a carry-save reduction of full and half adders acting bitwise on
+    the plane vectors. Returns ``C`` with ``C[j]`` the vector of bit ``j`` of every plane's count."""
+    width = max(len(v) for v in vectors)
+    columns = [list(vectors)]
+    j = 0
+    n = 0
+
+    def sig(value):
+        nonlocal n
+        s = Signal(width, name=f"{name}_{n}")
+        n += 1
+        m.d.comb += s.eq(value)
+        return s
+
+    out = []
+    while j < len(columns):
+        col = [sig(v) if not isinstance(v, Signal) else v for v in columns[j]]
+        while len(col) > 1:
+            if len(columns) == j + 1:
+                columns.append([])
+            if len(col) >= 3:
+                a, b, c = col.pop(), col.pop(), col.pop()
+                col.insert(0, sig(a ^ b ^ c))
+                columns[j + 1].append(sig((a & b) | (a & c) | (b & c)))
+            else:
+                a, b = col.pop(), col.pop()
+                col.insert(0, sig(a ^ b))
+                columns[j + 1].append(sig(a & b))
+        out.append(col[0])
+        j += 1
+    return out
+
+
+def plane_sum(m: Module, vectors, name: str):
+    """``sum_f count_f 2^f`` over the planes of :func:`plane_counts`: the per-plane popcounts combined by one
+    shift-add per count bit (``sum_j C[j] 2^j``)."""
+    return _tree_sum(c << j for j, c in enumerate(plane_counts(m, vectors, name)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Po2Geometry:
+    """Sizes of the po2 backward engine of one dense layer.
+
+    ``bank``: :class:`XnorGeometry` (``n_in``, ``n_out``, ``lanes_in``, ``lanes_out``: the weight-bank layout
+    and the dX/dW tile); ``batch``; ``dy_bits`` (k); ``x_max`` (1 binary, 128 int8 activations);
+    ``lanes_b`` (samples per dW beat); ``dx_width`` (dX register bits, 0 = no dX unit, the first layer);
+    ``dw_width`` (dW accumulator bits). :meth:`Po2Backward.from_config` takes the widths from
+    :mod:`sim.hw.widths`.
+    """
+
+    bank: XnorGeometry
+    batch: int
+    dy_bits: int
+    x_max: int
+    lanes_b: int
+    dx_width: int
+    dw_width: int
+
+    def __post_init__(self):
+        if not isinstance(self.bank, XnorGeometry):
+            raise TypeError(f"bank must be an XnorGeometry, not {self.bank!r}")
+        _check_int("batch", self.batch, 1, 1 << 20)
+        _check_int("dy_bits", self.dy_bits, 2, 8)
+        if self.x_max not in (1, 128):
+            raise ValueError(f"x_max must be 1 (binary input) or 128 (int8 input), not {self.x_max!r}")
+        _check_int("lanes_b", self.lanes_b, 1, 4096)
+        _check_int("dx_width", self.dx_width, 0, 64)
+        _check_int("dw_width", self.dw_width, 2, 64)
+
+    @classmethod
+    def from_config(cls, cfg, layer_index: int, *, lanes_in: int, lanes_out: int, lanes_b: int) -> Po2Geometry:
+        """Weight layer ``layer_index`` of ``cfg``: shape, batch, ``x_max`` and the dX / dW register widths from
+        :func:`sim.hw.widths.layer_bounds`, ``k`` from ``approx.dy_bits``. The first layer has no dX unit (its
+        dX is not computed)."""
+        bounds = layer_bounds(cfg)
+        _check_int("layer_index", layer_index, 0, len(bounds) - 1)
+        b = bounds[layer_index]
+        widths = b.widths()
+        return cls(
+            bank=XnorGeometry(n_in=b.fan_in, n_out=b.fan_out, lanes_in=lanes_in, lanes_out=lanes_out),
+            batch=b.n,
+            dy_bits=ArithParams.from_config(cfg).k,
+            x_max=b.x_max,
+            lanes_b=lanes_b,
+            dx_width=widths["dX"] if layer_index > 0 else 0,
+            dw_width=widths["dW"],
+        )
+
+    @property
+    def planes(self) -> int:
+        """Exponent planes: fields ``1 .. 2^(k-1) - 1``."""
+        return (1 << (self.dy_bits - 1)) - 1
+
+    @property
+    def span(self) -> int:
+        """Largest shift of an addend, ``planes - 1`` (= ``ArithParams.span``)."""
+        return self.planes - 1
+
+    @property
+    def code_layout(self) -> data.StructLayout:
+        return data.StructLayout({"field": self.dy_bits - 1, "neg": 1})
+
+    @property
+    def x_shape(self) -> Shape:
+        return unsigned(1) if self.x_max == 1 else signed(8)
+
+    @property
+    def dy_layout(self) -> data.StructLayout:
+        """dX input, one beat per output group: ``codes`` (``lanes_out`` codes of row ``b``), ``last``."""
+        return data.StructLayout({"codes": data.ArrayLayout(self.code_layout, self.bank.lanes_out), "last": 1})
+
+    @property
+    def dx_layout(self) -> data.StructLayout:
+        """dX output, one beat per input word: ``dx`` (``lanes_in`` signed values), ``last`` (last word)."""
+        return data.StructLayout({"dx": data.ArrayLayout(signed(max(self.dx_width, 1)), self.bank.lanes_in), "last": 1})
+
+    @property
+    def xdy_layout(self) -> data.StructLayout:
+        """dW input, ``lanes_b`` samples of one tile: ``x[s][i]`` and ``dy[s][l]``, ``last`` (tile's last beat)."""
+        b = self.bank
+        return data.StructLayout(
+            {
+                "x": data.ArrayLayout(data.ArrayLayout(self.x_shape, b.lanes_in), self.lanes_b),
+                "dy": data.ArrayLayout(data.ArrayLayout(self.code_layout, b.lanes_out), self.lanes_b),
+                "last": 1,
+            }
+        )
+
+    @property
+    def beats_per_tile(self) -> int:
+        return -(-self.batch // self.lanes_b)
+
+    def dx_cycles(self, rows: int) -> int:
+        """dX cycles for ``rows`` rows with no stalls (see :data:`DX_LATENCY`)."""
+        return rows * self.bank.depth + DX_LATENCY if rows else 0
+
+    def dw_cycles(self) -> int:
+        """dW cycles for one batch with no stalls (see :data:`DW_LATENCY`)."""
+        return self.bank.depth * self.beats_per_tile + DW_LATENCY
+
+    # --- host-side packing (controller model and tests) ---
+
+    def _codes(self, neg, field) -> np.ndarray:
+        field = np.asarray(field, dtype=np.int64)
+        if field.min(initial=0) < 0 or field.max(initial=0) > self.planes:
+            raise ValueError(f"po2 fields must be in 0..{self.planes}")
+        return field | (np.asarray(neg, dtype=np.int64) << (self.dy_bits - 1))
+
+    def dy_beats(self, neg, field) -> list[int]:
+        """``dy`` payloads for codes ``[rows, n_out]``: per row, ``groups`` beats."""
+        b = self.bank
+        codes = self._codes(neg, field)
+        rows = codes.shape[0]
+        padded = np.zeros((rows, b.groups * b.lanes_out), dtype=np.int64)
+        padded[:, : b.n_out] = codes
+        beats = padded.reshape(rows * b.groups, b.lanes_out)
+        last = np.tile(np.arange(b.groups) == b.groups - 1, rows).astype(np.int64)
+        return _pack(np.concatenate([beats, last[:, None]], axis=1), [self.dy_bits] * b.lanes_out + [1])
+
+    def unpack_dx(self, beats: list[int]) -> np.ndarray:
+        """``dX [rows, n_in]`` from ``dx`` payloads (checks ``last``)."""
+        b = self.bank
+        vals = _unpack(beats, [self.dx_width] * b.lanes_in + [1], signed_fields=b.lanes_in)
+        if len(vals) % b.words:
+            raise ValueError(f"{len(vals)} dx beats is not a whole number of rows of {b.words}")
+        last = vals[:, -1].reshape(-1, b.words)
+        if not (last == (np.arange(b.words) == b.words - 1)).all():
+            raise AssertionError("dx last flags do not mark each row's last word")
+        return vals[:, :-1].reshape(-1, b.words * b.lanes_in)[:, : b.n_in]
+
+    def xdy_beats(self, x, neg, field) -> list[int]:
+        """``xdy`` payloads for activations ``x [batch, n_in]`` (bits or int8) and codes ``[batch, n_out]``:
+        tiles in bank-row order, ``beats_per_tile`` beats each, padding samples zero."""
+        b = self.bank
+        B, S, nb = self.batch, self.lanes_b, self.beats_per_tile
+        x = np.asarray(x, dtype=np.int64)
+        if x.shape != (B, b.n_in):
+            raise ValueError(f"x must have shape {(B, b.n_in)}, not {x.shape}")
+        codes = self._codes(neg, field)
+        xw = 1 if self.x_max == 1 else 8
+        xp = np.zeros((nb * S, b.words * b.lanes_in), dtype=np.int64)
+        xp[:B, : b.n_in] = x & ((1 << xw) - 1)
+        cp = np.zeros((nb * S, b.groups * b.lanes_out), dtype=np.int64)
+        cp[:B, : b.n_out] = codes
+        xs = xp.reshape(nb, S, b.words, b.lanes_in)  # beat, sample, word, bit
+        cs = cp.reshape(nb, S, b.groups, b.lanes_out)
+        rows = []
+        for g in range(b.groups):
+            for k in range(b.words):
+                xt = xs[:, :, k, :].reshape(nb, S * b.lanes_in)
+                ct = cs[:, :, g, :].reshape(nb, S * b.lanes_out)
+                last = (np.arange(nb) == nb - 1).astype(np.int64)[:, None]
+                rows.append(np.concatenate([xt, ct, last], axis=1))
+        widths = [xw] * (S * b.lanes_in) + [self.dy_bits] * (S * b.lanes_out) + [1]
+        return _pack(np.concatenate(rows, axis=0), widths)
+
+    def unpack_dw(self, beats: list[int]) -> np.ndarray:
+        """``sgn(dW) [n_in, n_out]`` (int8) from ``dw`` payloads (checks ``last`` and that padding is 0)."""
+        b = self.bank
+        n = b.lanes_in * b.lanes_out
+        vals = _unpack(beats, [2] * n + [1], signed_fields=n)
+        if len(vals) != b.depth:
+            raise ValueError(f"{len(vals)} dw beats; expected {b.depth}")
+        if not (vals[:, -1] == (np.arange(b.depth) == b.depth - 1)).all():
+            raise AssertionError("dw last flag does not mark the last tile")
+        t = vals[:, :-1].reshape(b.groups, b.words, b.lanes_out, b.lanes_in)  # g, k, lane, bit
+        full = t.transpose(1, 3, 0, 2).reshape(b.words * b.lanes_in, b.groups * b.lanes_out)
+        if full[b.n_in :, :].any() or full[:, b.n_out :].any():
+            raise AssertionError("dw padding positions are not 0")
+        return full[: b.n_in, : b.n_out].astype(np.int8)
+
+
+def _pack(vals: np.ndarray, widths: list[int]) -> list[int]:
+    out = np.zeros(vals.shape[0], dtype=object)
+    shift = 0
+    for j, w in enumerate(widths):
+        out += (vals[:, j] & ((1 << w) - 1)).astype(object) << shift
+        shift += w
+    return out.tolist()
+
+
+def _unpack(words: list[int], widths: list[int], signed_fields: int) -> np.ndarray:
+    out = np.zeros((len(words), len(widths)), dtype=np.int64)
+    for i, word in enumerate(words):
+        word = int(word)
+        for j, w in enumerate(widths):
+            v = word & ((1 << w) - 1)
+            word >>= w
+            if j < signed_fields and w and v >> (w - 1):
+                v -= 1 << w
+            out[i, j] = v
+    return out
+
+
+class _Dx(wiring.Component):
+    def __init__(self, geo: Po2Geometry):
+        self._geo = geo
+        super().__init__(
+            {
+                "dy": In(stream.Signature(geo.dy_layout)),
+                "dx": Out(stream.Signature(geo.dx_layout)),
+                "weights": Out(WeightReadSignature(geo.bank)),
+            }
+        )
+
+    def elaborate(self, platform):
+        geo = self._geo
+        bank = geo.bank
+        K, G, D, LI, LO = bank.words, bank.groups, bank.depth, bank.lanes_in, bank.lanes_out
+        lanes_last = bank.n_out - (G - 1) * LO
+        m = Module()
+
+        # Stage 0: for each word k, for each group g: weight row g * K + k; codes from the stream at k = 0.
+        adv = Signal()
+        issue = Signal()
+        k = Signal(range(K))
+        g = Signal(range(G))
+        waddr = Signal(range(D))
+        first_word = Signal()
+        last_g = Signal()
+        m.d.comb += [
+            first_word.eq(k == 0),
+            last_g.eq(g == G - 1),
+            self.dy.ready.eq(adv & first_word),
+            issue.eq(adv & (~first_word | self.dy.valid)),
+            self.weights.addr.eq(waddr),
+            self.weights.en.eq(adv),
+        ]
+        with m.If(issue):
+            with m.If(last_g):
+                m.d.sync += g.eq(0)
+                with m.If(k == K - 1):
+                    m.d.sync += [k.eq(0), waddr.eq(0)]
+                with m.Else():
+                    m.d.sync += [k.eq(k + 1), waddr.eq(k + 1)]
+            with m.Else():
+                m.d.sync += [g.eq(g + 1), waddr.eq(waddr + K)]
+
+        # Stage 1: tile and codes; plane sums per input.
+        codes_layout = data.ArrayLayout(geo.code_layout, LO)
+        s1_valid = Signal()
+        s1_from_stream = Signal()
+        s1_first_g = Signal()
+        s1_last_g = Signal()
+        s1_last_word = Signal()
+        c1 = Signal(codes_layout)
+        with m.If(adv):
+            m.d.sync += [
+                s1_valid.eq(issue),
+                s1_from_stream.eq(first_word),
+                s1_first_g.eq(g == 0),
+                s1_last_g.eq(last_g),
+                s1_last_word.eq(k == K - 1),
+            ]
+            with m.If(issue & first_word):
+                m.d.sync += c1.eq(self.dy.payload.codes)
+        codes = Signal(codes_layout)
+        if K > 1:
+            m.submodules.row_buffer = buf = Memory(shape=codes_layout, depth=G, init=[])
+            keep = buf.write_port()
+            replay = buf.read_port()
+            m.d.comb += [
+                keep.addr.eq(g),
+                keep.data.eq(self.dy.payload.codes),
+                keep.en.eq(issue & first_word),
+                replay.addr.eq(g),
+                replay.en.eq(adv),
+                codes.eq(Mux(s1_from_stream, c1, replay.data)),
+            ]
+        else:
+            m.d.comb += codes.eq(c1)
+
+        planes = geo.planes
+        onehot = []  # per lane: plane bits (lane masked to 0 past n_out)
+        for lane in range(LO):
+            oh = Signal(planes, name=f"plane{lane}")
+            real = 1 if lane < lanes_last else ~s1_last_g
+            m.d.comb += oh.eq(Mux(real, Const(1, planes + 1) << codes[lane].field >> 1, 0))
+            onehot.append(oh)
+        total = Signal((LO << planes).bit_length(), name="total")
+        m.d.comb += total.eq(plane_sum(m, onehot, "t"))
+        c_width = (LO << geo.span).bit_length() + 2
+        contrib = [Signal(signed(c_width), name=f"contrib{i}") for i in range(LI)]
+        for i in range(LI):
+            pos = Signal(LO, name=f"pos{i}")  # addend positive: weight bit XOR sign bit
+            m.d.comb += pos.eq(Cat(self.weights.data[lane][i] ^ codes[lane].neg for lane in range(LO)))
+            vectors = [onehot[lane] & pos[lane].replicate(planes) for lane in range(LO)]
+            m.d.comb += contrib[i].eq((plane_sum(m, vectors, f"p{i}") << 1) - total)
+
+        # Stage 2: registered contributions; accumulate over the groups; push word k after the last group.
+        s2_valid = Signal()
+        s2_first_g = Signal()
+        s2_last_g = Signal()
+        s2_last_word = Signal()
+        c2 = [Signal(signed(c_width), name=f"c2_{i}") for i in range(LI)]
+        with m.If(adv):
+            m.d.sync += [
+                s2_valid.eq(s1_valid),
+                s2_first_g.eq(s1_first_g),
+                s2_last_g.eq(s1_last_g),
+                s2_last_word.eq(s1_last_word),
+            ]
+            m.d.sync += [c2[i].eq(contrib[i]) for i in range(LI)]
+
+        m.submodules.queue = queue = StreamFIFO(shape=geo.dx_layout, depth=2)
+        push = Signal()
+        m.d.comb += [
+            push.eq(s2_valid & s2_last_g),
+            adv.eq(~push | queue.i.ready),
+            queue.i.valid.eq(push),
+            queue.i.payload.last.eq(s2_last_word),
+        ]
+        real_bits_last = bank.n_in - (K - 1) * LI
+        shape = signed(geo.dx_width)
+        for i in range(LI):
+            acc = Signal(shape, name=f"acc{i}")
+            tot = Signal(shape, name=f"sum{i}")
+            m.d.comb += tot.eq(Mux(s2_first_g, 0, acc) + c2[i])
+            with m.If(adv & s2_valid):
+                m.d.sync += acc.eq(tot)
+            if i < real_bits_last:
+                m.d.comb += queue.i.payload.dx[i].eq(tot)
+            else:
+                m.d.comb += queue.i.payload.dx[i].eq(Mux(s2_last_word, 0, tot))
+        wiring.connect(m, queue.o, wiring.flipped(self.dx))
+        return m
+
+
+class _Dw(wiring.Component):
+    def __init__(self, geo: Po2Geometry):
+        self._geo = geo
+        super().__init__(
+            {
+                "xdy": In(stream.Signature(geo.xdy_layout)),
+                "dw": Out(stream.Signature(grad_layout(geo.bank))),
+            }
+        )
+
+    def elaborate(self, platform):
+        geo = self._geo
+        bank = geo.bank
+        K, G, LI, LO, S = bank.words, bank.groups, bank.lanes_in, bank.lanes_out, geo.lanes_b
+        NB = geo.beats_per_tile
+        lanes_last = bank.n_out - (G - 1) * LO
+        bits_last = bank.n_in - (K - 1) * LI
+        samples_last = geo.batch - (NB - 1) * S
+        m = Module()
+
+        # Stage 0: beat and tile counters.
+        adv = Signal()
+        beat = Signal(range(NB))
+        k = Signal(range(K))
+        g = Signal(range(G))
+        last_beat = Signal()
+        m.d.comb += [last_beat.eq(beat == NB - 1), self.xdy.ready.eq(adv)]
+        take = self.xdy.valid & adv
+        with m.If(take):
+            with m.If(last_beat):
+                m.d.sync += beat.eq(0)
+                with m.If(k == K - 1):
+                    m.d.sync += [k.eq(0), g.eq(Mux(g == G - 1, 0, g + 1))]
+                with m.Else():
+                    m.d.sync += k.eq(k + 1)
+            with m.Else():
+                m.d.sync += beat.eq(beat + 1)
+
+        # Stage 1: the beat; per-weight plane sums.
+        s1_valid = Signal()
+        s1_first = Signal()
+        s1_last = Signal()
+        s1_last_g = Signal()
+        s1_last_k = Signal()
+        s1_last_tile = Signal()
+        x1 = Signal(self.xdy.payload.x.shape())
+        d1 = Signal(self.xdy.payload.dy.shape())
+        with m.If(adv):
+            m.d.sync += [
+                s1_valid.eq(take),
+                s1_first.eq(beat == 0),
+                s1_last.eq(last_beat),
+                s1_last_g.eq(g == G - 1),
+                s1_last_k.eq(k == K - 1),
+                s1_last_tile.eq((g == G - 1) & (k == K - 1)),
+                x1.eq(self.xdy.payload.x),
+                d1.eq(self.xdy.payload.dy),
+            ]
+        planes = geo.planes
+        onehot = {}  # (sample, lane) -> plane bits; padding samples of the last beat masked
+        for s in range(S):
+            real = 1 if s < samples_last else ~s1_last
+            for lane in range(LO):
+                oh = Signal(planes, name=f"plane{s}_{lane}")
+                m.d.comb += oh.eq(Mux(real, Const(1, planes + 1) << d1[s][lane].field >> 1, 0))
+                onehot[s, lane] = oh
+        binary = geo.x_max == 1
+        bound = (S * geo.x_max) << geo.span
+        c_width = bound.bit_length() + 2
+        contrib = {}
+        for lane in range(LO):
+            if binary:
+                total = Signal((S << planes).bit_length(), name=f"total{lane}")
+                m.d.comb += total.eq(plane_sum(m, [onehot[s, lane] for s in range(S)], f"t{lane}"))
+            else:
+                shifts = [Signal(range(planes), name=f"sh{s}_{lane}") for s in range(S)]
+                m.d.comb += [shifts[s].eq(d1[s][lane].field - 1) for s in range(S)]
+            for i in range(LI):
+                c = Signal(signed(c_width), name=f"contrib{i}_{lane}")
+                if binary:
+                    pos = Signal(S, name=f"pos{i}_{lane}")
+                    m.d.comb += pos.eq(Cat(x1[s][i] ^ d1[s][lane].neg for s in range(S)))
+                    vectors = [onehot[s, lane] & pos[s].replicate(planes) for s in range(S)]
+                    m.d.comb += c.eq((plane_sum(m, vectors, f"p{i}_{lane}") << 1) - total)
+                else:  # one addend per sample: the sign-flipped 8-bit value shifted by field - 1
+                    terms = []
+                    for s in range(S):
+                        sx = Signal(signed(9), name=f"sx{s}_{i}_{lane}")
+                        m.d.comb += sx.eq(Mux(d1[s][lane].neg, -x1[s][i], x1[s][i]))
+                        nz = onehot[s, lane].any()
+                        terms.append(Mux(nz, sx << shifts[s], 0))
+                    m.d.comb += c.eq(_tree_sum(terms))
+                contrib[i, lane] = c
+
+        # Stage 2: registered contributions; accumulate over the batch; push the tile's signs.
+        s2_valid = Signal()
+        s2_first = Signal()
+        s2_last = Signal()
+        s2_last_g = Signal()
+        s2_last_k = Signal()
+        s2_last_tile = Signal()
+        c2 = {key: Signal(signed(c_width), name=f"c2_{key[0]}_{key[1]}") for key in contrib}
+        with m.If(adv):
+            m.d.sync += [
+                s2_valid.eq(s1_valid),
+                s2_first.eq(s1_first),
+                s2_last.eq(s1_last),
+                s2_last_g.eq(s1_last_g),
+                s2_last_k.eq(s1_last_k),
+                s2_last_tile.eq(s1_last_tile),
+            ]
+            m.d.sync += [c2[key].eq(contrib[key]) for key in contrib]
+
+        m.submodules.queue = queue = StreamFIFO(shape=grad_layout(bank), depth=2)
+        push = Signal()
+        m.d.comb += [
+            push.eq(s2_valid & s2_last),
+            adv.eq(~push | queue.i.ready),
+            queue.i.valid.eq(push),
+            queue.i.payload.last.eq(s2_last_tile),
+        ]
+        shape = signed(geo.dw_width)
+        for (i, lane), c in c2.items():
+            acc = Signal(shape, name=f"acc{i}_{lane}")
+            tot = Signal(shape, name=f"sum{i}_{lane}")
+            m.d.comb += tot.eq(Mux(s2_first, 0, acc) + c)
+            with m.If(adv & s2_valid):
+                m.d.sync += acc.eq(tot)
+            sign = Mux(tot < 0, -1, Mux(tot == 0, 0, 1))
+            pad = []
+            if lane >= lanes_last:
+                pad.append(s2_last_g)
+            if i >= bits_last:
+                pad.append(s2_last_k)
+            if pad:
+                padded = pad[0] if len(pad) == 1 else (pad[0] | pad[1])
+                sign = Mux(padded, 0, sign)
+            m.d.comb += queue.i.payload.g[lane][i].eq(sign)
+        wiring.connect(m, queue.o, wiring.flipped(self.dw))
+        return m
+
+
+class Po2Backward(wiring.Component):
+    """dX and sgn(dW) of one dense layer by exponent planes (see the module docstring).
+
+    Parameters (keyword-only): ``geometry`` (:class:`Po2Geometry`); :meth:`from_config` derives it from a
+    configuration and a layer index.
+
+    Ports (the dX ones only with ``dx_width > 0``):
+        dy: ``In(stream.Signature(dy_layout))`` codes of one output group per beat, rows in order.
+        dx: ``Out(stream.Signature(dx_layout))`` one input word of ``dX`` per beat, rows in order.
+        weights: ``Out(WeightReadSignature(bank))`` read access to the layer's weight banks.
+        xdy: ``In(stream.Signature(xdy_layout))`` dW operands, tiles in bank-row order.
+        dw: ``Out(stream.Signature(grad_layout(bank)))`` ``sgn(dW)`` of one tile per beat.
+    The two units are independent and may run at the same time.
+    """
+
+    def __init__(self, *, geometry: Po2Geometry):
+        if not isinstance(geometry, Po2Geometry):
+            raise TypeError(f"geometry must be a Po2Geometry, not {geometry!r}")
+        self._geometry = geo = geometry
+        ports = {}
+        if geo.dx_width:
+            ports.update(
+                dy=In(stream.Signature(geo.dy_layout)),
+                dx=Out(stream.Signature(geo.dx_layout)),
+                weights=Out(WeightReadSignature(geo.bank)),
+            )
+        ports.update(xdy=In(stream.Signature(geo.xdy_layout)), dw=Out(stream.Signature(grad_layout(geo.bank))))
+        super().__init__(ports)
+
+    @classmethod
+    def from_config(cls, cfg, layer_index: int, *, lanes_in: int, lanes_out: int, lanes_b: int) -> Po2Backward:
+        """The engine of weight layer ``layer_index`` of ``cfg`` (see :meth:`Po2Geometry.from_config`)."""
+        return cls(
+            geometry=Po2Geometry.from_config(cfg, layer_index, lanes_in=lanes_in, lanes_out=lanes_out, lanes_b=lanes_b)
+        )
+
+    @property
+    def geometry(self) -> Po2Geometry:
+        return self._geometry
+
+    def elaborate(self, platform):
+        m = Module()
+        geo = self._geometry
+        if geo.dx_width:
+            m.submodules.dx_unit = dxu = _Dx(geo)
+            wiring.connect(m, wiring.flipped(self.dy), dxu.dy)
+            wiring.connect(m, dxu.dx, wiring.flipped(self.dx))
+            wiring.connect(m, dxu.weights, wiring.flipped(self.weights))
+        m.submodules.dw_unit = dwu = _Dw(geo)
+        wiring.connect(m, wiring.flipped(self.xdy), dwu.xdy)
+        wiring.connect(m, dwu.dw, wiring.flipped(self.dw))
+        return m

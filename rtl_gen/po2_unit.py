@@ -1,0 +1,378 @@
+"""po2_k quantisation of one layer's ``dY`` (:func:`sim.hw.arith.po2_quantise`, docs/arithmetic.md 5.2).
+
+Per element, from ``Q`` and the channel's ``D = S'``, with the operand ``U = |Q| B`` (``|Q|`` for the output
+layer) and the common mantissa width ``W`` (the ``sim.hw.widths`` width of ``U``, at least that of ``S'``):
+
+* leading-one positions ``n = bitlen(U) - 1``, ``d = bitlen(D) - 1`` and mantissas ``M_U = U << (W-1-n)``;
+* per channel, once: ``t = floor(sqrt2 M_D) = isqrt(2 M_D^2)`` with ``M_D = D << (W-1-d)``, so that
+  ``T_hi = t + 1`` and ``T_lo = floor(t / 2) + 1`` (``sqrt2_thresholds``); ``t = floor(M_D c / 2^(2W+2))``
+  with ``c = floor(sqrt2 2^(2W+2))``, computed by a right-shifting shift-add multiplier over the bits of
+  ``D``'s normalised mantissa (``mul_steps`` bits per cycle);
+* ``e0 = n - d + [M_U >= T_hi] - [M_U < T_lo]``, which is ``round(log2(U / D))`` (``round_log2_ratio``).
+
+The scale of the layer's gradient only shifts every exponent by ``scale - Fa``, so pass 1 works with the
+scale-free ``e0`` and the layer maximum ``top0 = max e0`` over the nonzero elements; the bias register is
+``b = e_max - (top0 + scale - Fa)`` (``0`` for an all-zero layer) and every code follows from ``e0 - top0``:
+field ``= max(e0 - top0 + e_max - e_min, 0) + 1`` (``0`` when ``Q = 0``), sign bit ``= Q < 0``.
+
+Schedule (one layer, then it starts over):
+
+======= =================================================================================================
+PRO     ``s_eff``: one ``S'`` per channel in channel order -> ``t``, ``d`` per channel (``1 + ceil(Wd /
+        mul_steps)`` cycles per channel, ``Wd`` the width of ``S'``; can overlap the BN backward pass)
+PASS1   ``q`` in (batch-major, the BN backward unit's ``q`` layout) -> ``scratch`` out: per element ``e0``,
+        sign and nonzero flag (the controller keeps them in the exponent scratch), layer maximum ``top0``
+BIAS    one ``bias`` beat: ``bias`` and ``unit_exp = e_min - bias`` (``scale`` sampled here)
+PASS2   ``scratch_in`` (the scratch, in the same order) -> ``codes`` out
+======= =================================================================================================
+
+Cycle model (:meth:`Po2Unit.cycles`), from the first ``s_eff`` transfer to the last ``codes`` transfer,
+inputs always offered and outputs always taken::
+
+    M (1 + ceil(Wd / mul_steps)) + (B G + 3) + 2 + (B G + 2)
+"""
+
+from __future__ import annotations
+
+import math
+
+from amaranth import Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from sim.hw.widths import signed_bits
+
+from .bn_unit import BnLayer, _BeatCounter, _check_int, _LaneWalker
+from .streams import StreamFIFO
+
+__all__ = ["SCALE_WIDTH", "Po2Unit", "normalise", "sqrt2_constant"]
+
+SCALE_WIDTH = 16
+"""Bits of the signed ``scale`` input and of the ``bias`` / ``unit_exp`` outputs."""
+
+
+def sqrt2_constant(width: int) -> int:
+    """``c = floor(sqrt2 2^(2 width + 2))``, the multiplier of the per-channel thresholds."""
+    return math.isqrt(1 << (4 * width + 5))
+
+
+def normalise(m: Module, value, width: int, name: str) -> tuple[Signal, Signal]:
+    """Leading-zero count and left-aligned mantissa of the ``width``-bit ``value`` (combinational).
+
+    Returns ``(lz, mant)`` with ``mant = value << lz`` having its top bit set (both meaningless for 0). A
+    logarithmic shifter: at each level ``2^j`` (largest first) the value moves up by ``2^j`` when its top
+    ``2^j`` bits are zero, and that decision is bit ``j`` of ``lz``."""
+    levels = (width - 1).bit_length()
+    v = Signal(width, name=f"{name}_in")
+    m.d.comb += v.eq(value)
+    lz = Signal(max(levels, 1), name=f"{name}_lz")
+    for j in reversed(range(levels)):
+        sh = 1 << j
+        zero = Signal(name=f"{name}_z{j}")
+        nxt = Signal(width, name=f"{name}_s{j}")
+        m.d.comb += [zero.eq(v[width - sh :] == 0), nxt.eq(Mux(zero, v << sh, v)), lz[j].eq(zero)]
+        v = nxt
+    return lz, v
+
+
+class Po2Unit(wiring.Component):
+    """po2_k codes of one layer (see the module docstring).
+
+    Parameters (keyword-only): ``layer`` (:class:`rtl_gen.bn_unit.BnLayer`; ``layer.top`` selects the
+    operand ``|Q|``), ``mul_steps`` (bits of the per-channel threshold multiplier per cycle).
+
+    Ports:
+        s_eff: ``In(stream.Signature(unsigned(Wd)))`` ``S'`` per channel (PRO).
+        q: ``In(stream.Signature(layer.q_layout))`` PASS1.
+        scratch: ``Out(stream.Signature(scratch_layout))`` PASS1: per lane ``e0`` (signed), ``neg``, ``nz``.
+        scratch_in: ``In(stream.Signature(scratch_layout))`` PASS2: the scratch beats, in order.
+        bias: ``Out(stream.Signature(bias_layout))`` one beat after PASS1: ``bias``, ``unit_exp``.
+        codes: ``Out(stream.Signature(codes_layout))`` PASS2: per lane ``field`` (k-1 bits, 0 = zero) then
+            ``neg``; padding lanes 0.
+        scale: ``In(signed(SCALE_WIDTH))`` the layer's gradient scale exponent (``scale_exp`` of the model),
+            sampled in BIAS.
+        phase: ``Out(3)``: 0 PRO, 1 PASS1, 2 FIN, 3 BIAS, 4 PASS2.
+    """
+
+    PRO, PASS1, FIN, BIAS, PASS2 = range(5)
+
+    def __init__(self, *, layer: BnLayer, mul_steps: int = 1):
+        if not isinstance(layer, BnLayer):
+            raise TypeError(f"layer must be a BnLayer, not {layer!r}")
+        self._layer = layer
+        self._dw = layer.s_width
+        self._mul_steps = _check_int("mul_steps", mul_steps, 1, self._dw)
+        super().__init__(
+            {
+                "s_eff": In(stream.Signature(unsigned(self._dw))),
+                "q": In(stream.Signature(layer.q_layout)),
+                "scratch": Out(stream.Signature(self.scratch_layout)),
+                "scratch_in": In(stream.Signature(self.scratch_layout)),
+                "bias": Out(stream.Signature(self.bias_layout)),
+                "codes": Out(stream.Signature(self.codes_layout)),
+                "scale": In(signed(SCALE_WIDTH)),
+                "phase": Out(3),
+            }
+        )
+
+    @classmethod
+    def from_config(cls, cfg, layer_index: int, *, lanes: int, mul_steps: int = 1) -> Po2Unit:
+        return cls(layer=BnLayer.from_config(cfg, layer_index, lanes=lanes), mul_steps=mul_steps)
+
+    @property
+    def layer(self) -> BnLayer:
+        return self._layer
+
+    @property
+    def times_batch(self) -> bool:
+        """Whether the operand is ``|Q| B`` (hidden layers) rather than ``|Q|`` (output layer)."""
+        return not self._layer.top
+
+    @property
+    def width(self) -> int:
+        """``W``: the common mantissa width (the width of the operand ``U``, at least that of ``S'``)."""
+        return max(self._layer.widths["po2_num"], self._dw)
+
+    @property
+    def e_width(self) -> int:
+        """Bits of the signed scratch exponent ``e0`` (in ``[-Wd, W]``)."""
+        return signed_bits(max(self.width, self._dw))
+
+    @property
+    def mul_iterations(self) -> int:
+        return -(-self._dw // self._mul_steps)
+
+    @property
+    def scratch_layout(self) -> data.StructLayout:
+        lane = data.StructLayout({"e0": signed(self.e_width), "neg": 1, "nz": 1})
+        return data.StructLayout({"e": data.ArrayLayout(lane, self._layer.lanes), "last": 1})
+
+    @property
+    def codes_layout(self) -> data.StructLayout:
+        lane = data.StructLayout({"field": unsigned(self._layer.params.k - 1), "neg": 1})
+        return data.StructLayout({"code": data.ArrayLayout(lane, self._layer.lanes), "last": 1})
+
+    @property
+    def bias_layout(self) -> data.StructLayout:
+        return data.StructLayout({"bias": signed(SCALE_WIDTH), "unit_exp": signed(SCALE_WIDTH)})
+
+    def cycles(self) -> dict[str, int]:
+        lay = self._layer
+        out = {
+            "pro": lay.channels * (1 + self.mul_iterations),
+            "pass1": lay.beats + 3,
+            "bias": 2,
+            "pass2": lay.beats + 2,
+        }
+        out["total"] = sum(out.values())
+        return out
+
+    def elaborate(self, platform):
+        lay = self._layer
+        p = lay.params
+        m = Module()
+        B, G, L = lay.batch, lay.groups, lay.lanes
+        W, Wd, ew = self.width, self._dw, self.e_width
+        PRO, PASS1, FIN, BIAS, PASS2 = self.PRO, self.PASS1, self.FIN, self.BIAS, self.PASS2
+
+        phase = Signal(range(5), name="phase_r")
+        m.d.comb += self.phase.eq(phase)
+
+        t_layout = data.StructLayout({"t": unsigned(W + 1), "d": unsigned(max((Wd - 1).bit_length(), 1))})
+        m.submodules.t_mem = t_mem = Memory(shape=data.ArrayLayout(t_layout, L), depth=G, init=[])
+        t_rd, t_wr = t_mem.read_port(), t_mem.write_port(granularity=1)
+
+        # ---- PRO: t = floor(sqrt2 M_D) per channel ----------------------------------------------------------
+        walk = _LaneWalker(m, lay, "pro")
+        ms, iters = self._mul_steps, self.mul_iterations
+        pad = iters * ms - Wd
+        c = sqrt2_constant(W)
+        lz_s, mant_s = normalise(m, self.s_eff.payload, Wd, "norm_s")
+        bits = Signal(iters * ms, name="mul_bits")  # S' mantissa (LSB first), consumed ms bits per cycle
+        acc = Signal(c.bit_length() + 1, name="mul_acc")
+        d_r = Signal(t_layout["d"].shape, name="d_r")
+        left = Signal(range(iters + 1), name="mul_left")
+        acc_next = acc
+        for j in range(ms):
+            step = Signal(c.bit_length() + 1, name=f"mul_step{j}")
+            m.d.comb += step.eq((acc_next + Mux(bits[j], c, 0)) >> 1)
+            acc_next = step
+        t_word = Signal(t_layout)
+        m.d.comb += [
+            t_word.t.eq(acc_next >> (W + 2)),
+            t_word.d.eq(d_r),
+            t_wr.addr.eq(walk.g),
+        ]
+        for lane in range(L):
+            m.d.comb += t_wr.data[lane].eq(t_word)
+        top0 = Signal(signed(ew), name="top0")
+        any_nz = Signal(name="any_nz")
+        with m.If(phase == PRO):
+            with m.If(left == 0):
+                m.d.comb += self.s_eff.ready.eq(1)
+                with m.If(self.s_eff.valid):
+                    m.d.sync += [bits.eq(mant_s << pad), acc.eq(0), d_r.eq(Wd - 1 - lz_s), left.eq(iters)]
+            with m.Else():
+                m.d.sync += [acc.eq(acc_next), bits.eq(bits >> ms), left.eq(left - 1)]
+                with m.If(left == 1):
+                    m.d.comb += t_wr.en.eq(1 << walk.l)
+                    walk.next_channel(m)
+                    with m.If(walk.last_lane & walk.last_group):
+                        m.d.sync += [phase.eq(PASS1), top0.eq(-(1 << (ew - 1))), any_nz.eq(0)]
+
+        # ---- element passes ---------------------------------------------------------------------------------
+        in_done = Signal()
+        accept = Signal()
+        cnt = _BeatCounter(m, lay, accept, "in")
+        with m.If(accept & cnt.last):
+            m.d.sync += in_done.eq(1)
+
+        # PASS1: s1 |Q| (x B) -> s2 normalise -> s3 compare with t, e0, push; then the running maximum.
+        m.submodules.scratch_queue = sq = StreamFIFO(shape=self.scratch_layout, depth=2)
+        adv1 = Signal()
+        s_valid = [Signal(name=f"s{i}_valid") for i in (1, 2, 3)]
+        s_last = [Signal(name=f"s{i}_last") for i in (1, 2, 3)]
+        s_lg = [Signal(name=f"s{i}_last_group") for i in (1, 2, 3)]
+        s_g = [Signal(range(G), name=f"s{i}_g") for i in (1, 2, 3)]
+        m.d.comb += [
+            adv1.eq(~s_valid[2] | sq.i.ready),
+            self.q.ready.eq((phase == PASS1) & ~in_done & adv1),
+        ]
+        q_shape = signed(lay.widths["Q"])
+        s1_q = Signal(data.ArrayLayout(q_shape, L))
+        s2_u = Signal(data.ArrayLayout(unsigned(W), L))
+        s2_neg = Signal(L)
+        s2_nz = Signal(L)
+        s3_n = Signal(data.ArrayLayout(unsigned(max((W - 1).bit_length(), 1)), L))
+        s3_mant = Signal(data.ArrayLayout(unsigned(W), L))
+        s3_neg = Signal(L)
+        s3_nz = Signal(L)
+        with m.If(adv1):
+            m.d.sync += [
+                s_valid[0].eq(self.q.valid & self.q.ready),
+                s_valid[1].eq(s_valid[0]),
+                s_valid[2].eq(s_valid[1]),
+                s_last[0].eq(cnt.last),
+                s_last[1].eq(s_last[0]),
+                s_last[2].eq(s_last[1]),
+                s_lg[0].eq(cnt.last_group),
+                s_lg[1].eq(s_lg[0]),
+                s_lg[2].eq(s_lg[1]),
+                s_g[0].eq(cnt.g),
+                s_g[1].eq(s_g[0]),
+                s_g[2].eq(s_g[1]),
+                s1_q.eq(self.q.payload.q),
+            ]
+        scratch = sq.i.payload
+        mx_valid = Signal()
+        mx_e = Signal(data.ArrayLayout(signed(ew), L))
+        mx_nz = Signal(L)
+        for lane in range(L):
+            q = s1_q[lane]
+            a = Signal(unsigned(lay.widths["Q"]), name=f"abs{lane}")
+            m.d.comb += a.eq(Mux(q < 0, -q, q))
+            lz, mant = normalise(m, s2_u[lane], W, f"norm{lane}")
+            t = t_rd.data[lane]
+            rho = Signal(signed(2), name=f"rho{lane}")
+            e0 = Signal(signed(ew), name=f"e0_{lane}")
+            m.d.comb += [
+                rho.eq(Mux(s3_mant[lane] > t.t, 1, Mux(s3_mant[lane] <= (t.t >> 1), -1, 0))),
+                e0.eq(s3_n[lane] - t.d + rho),
+                scratch.e[lane].e0.eq(e0),
+                scratch.e[lane].neg.eq(s3_neg[lane]),
+                scratch.e[lane].nz.eq(s3_nz[lane]),
+            ]
+            real = 1 if lane < lay.lanes_last else (~s_lg[0] if G > 1 else 0)
+            with m.If(adv1):
+                m.d.sync += [
+                    s2_u[lane].eq(a * B if self.times_batch else a),
+                    s2_neg[lane].eq(q < 0),
+                    s2_nz[lane].eq((q != 0) & real),
+                    s3_n[lane].eq(W - 1 - lz),
+                    s3_mant[lane].eq(mant),
+                    s3_neg[lane].eq(s2_neg[lane]),
+                    s3_nz[lane].eq(s2_nz[lane]),
+                ]
+        m.d.comb += [
+            t_rd.addr.eq(s_g[1]),
+            t_rd.en.eq(adv1),
+            sq.i.valid.eq(s_valid[2]),
+            scratch.last.eq(s_lg[2]),
+        ]
+        wiring.connect(m, sq.o, wiring.flipped(self.scratch))
+        m.d.sync += mx_valid.eq(s_valid[2] & adv1)
+        for lane in range(L):
+            m.d.sync += [mx_e[lane].eq(scratch.e[lane].e0), mx_nz[lane].eq(scratch.e[lane].nz)]
+        # Maximum over the beat's nonzero lanes (a tree), then into the running maximum.
+        terms = [Mux(mx_nz[lane], mx_e[lane], -(1 << (ew - 1))) for lane in range(L)]
+        while len(terms) > 1:
+            nxt = []
+            for i in range(0, len(terms) - 1, 2):
+                v = Signal(signed(ew), name=f"max_t{len(terms)}_{i}")
+                m.d.comb += v.eq(Mux(terms[i] >= terms[i + 1], terms[i], terms[i + 1]))
+                nxt.append(v)
+            if len(terms) % 2:
+                nxt.append(terms[-1])
+            terms = nxt
+        beat_max = Signal(signed(ew))
+        m.d.comb += beat_max.eq(terms[0])
+        with m.If(mx_valid):
+            m.d.sync += any_nz.eq(any_nz | mx_nz.any())
+            with m.If(beat_max > top0):
+                m.d.sync += top0.eq(beat_max)
+        with m.If((phase == PASS1) & s_valid[2] & s_last[2] & adv1):
+            m.d.sync += [phase.eq(FIN), in_done.eq(0)]
+        with m.If(phase == FIN):
+            m.d.sync += phase.eq(BIAS)
+
+        # BIAS: b = e_max - (top0 + scale - Fa); unit_exp = e_min - b.
+        bias = Signal(signed(SCALE_WIDTH + 2))
+        m.d.comb += [
+            bias.eq(Mux(any_nz, p.e_max + p.alpha_frac - top0 - self.scale, 0)),
+            self.bias.payload.bias.eq(bias),
+            self.bias.payload.unit_exp.eq(p.e_min - bias),
+            self.bias.valid.eq(phase == BIAS),
+        ]
+        with m.If(self.bias.valid & self.bias.ready):
+            m.d.sync += phase.eq(PASS2)
+
+        # PASS2: field = max(e0 - top0 + span, 0) + 1 for nonzero elements.
+        m.submodules.codes_queue = cq = StreamFIFO(shape=self.codes_layout, depth=2)
+        adv2 = Signal()
+        r_valid = Signal()
+        r = Signal(self.scratch_layout)
+        r_last = Signal()
+        m.d.comb += [
+            adv2.eq(~r_valid | cq.i.ready),
+            self.scratch_in.ready.eq((phase == PASS2) & ~in_done & adv2),
+            accept.eq((self.q.valid & self.q.ready) | (self.scratch_in.valid & self.scratch_in.ready)),
+        ]
+        with m.If(adv2):
+            m.d.sync += [
+                r_valid.eq(self.scratch_in.valid & self.scratch_in.ready),
+                r.eq(self.scratch_in.payload),
+                r_last.eq(cnt.last),
+            ]
+        r_lastg = Signal()
+        with m.If(adv2):
+            m.d.sync += r_lastg.eq(cnt.last_group)
+        for lane in range(L):
+            rel = Signal(signed(ew + 1), name=f"rel{lane}")
+            f = Signal(unsigned(p.k - 1), name=f"field{lane}")
+            m.d.comb += [
+                rel.eq(r.e[lane].e0 - top0 + p.span),
+                f.eq(Mux(r.e[lane].nz, Mux(rel < 0, 0, rel) + 1, 0)),
+            ]
+            if lane < lay.lanes_last:
+                m.d.comb += [cq.i.payload.code[lane].field.eq(f), cq.i.payload.code[lane].neg.eq(r.e[lane].neg)]
+            elif G > 1:
+                m.d.comb += [
+                    cq.i.payload.code[lane].field.eq(Mux(r_lastg, 0, f)),
+                    cq.i.payload.code[lane].neg.eq(r.e[lane].neg & ~r_lastg),
+                ]
+        m.d.comb += [cq.i.valid.eq(r_valid), cq.i.payload.last.eq(r_lastg)]
+        wiring.connect(m, cq.o, wiring.flipped(self.codes))
+        with m.If((phase == PASS2) & r_valid & r_last & adv2):
+            m.d.sync += [phase.eq(PRO), in_done.eq(0)]
+        return m

@@ -1,0 +1,320 @@
+"""xorshift32 random numbers for one weight layer's update sweep (docs/arithmetic.md section 8).
+
+Generators: weight column ``c`` is cut into blocks of ``block`` (``hw.rng_block``) consecutive rows, each
+with its own xorshift32 generator; within the layer, generator ``b * n_out + c`` serves block ``b`` of column
+``c`` (the contract's numbering minus the layer's offset, :func:`layer_offset`). Their states live in one
+``32 x n_blocks * n_out`` :class:`~amaranth.lib.memory.Memory` (block RAM), written and read back by the
+host through ``host`` (seeding: ``state = sim.hw.rng.seed_state(hw.rng_seed, offset + g)``).
+
+Order: one ``start`` produces one sweep's numbers in the order of the weight memory's update sweep
+(:class:`rtl_gen.weight_memory.SweepGeometry`): one beat per visit with ``update_lanes`` numbers, number
+``j`` for row ``row + j`` of the visit's column, each the next output of that row's generator (0 for
+padding rows past ``n_in``, which do not advance any generator). Each column's rows come in increasing
+order, so every generator advances once per weight it serves in increasing row order, as
+:meth:`sim.hw.rng.RngBank.sweep` does.
+
+Datapath: a visit takes its column's state from the state RAM when it starts a block (first chunk of the
+block's first word), otherwise from a ``lanes_out``-entry lane file (distributed RAM) that holds each
+lane's state between the words of a block; ``update_lanes`` numbers per cycle come from one state through
+the jump matrices ``A^1 .. A^U`` of xorshift32 over GF(2) (each output bit an XOR of state bits, no
+chained steps). The state after the visit goes back to the lane file, or to the state RAM at the block's
+last word. Requires ``block % lanes_in == 0``, so a bank word never straddles two blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache, reduce
+from operator import xor
+
+import numpy as np
+from amaranth import Cat, Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from sim.hw.rng import xorshift32_next
+
+from .streams import StreamFIFO
+from .weight_memory import SweepGeometry, rng_layout
+from .xnor_engine import XnorGeometry, _check_int
+
+__all__ = ["LATENCY", "RngEngine", "RngGeometry", "jump_rows", "layer_offset"]
+
+LATENCY = 3
+"""Cycles of a sweep beyond one per visit with no backpressure, counted from the cycle ``start`` is high
+(accepted) to the cycle the last beat is transferred, both included: ``visits + LATENCY``."""
+
+
+def layer_offset(cfg, layer_index: int) -> int:
+    """Index of weight layer ``layer_index``'s first generator in the contract's numbering."""
+    block = cfg.hw.rng_block
+    return sum(-(-s.fan_in // block) * s.out_channels for s in cfg.weight_layers()[:layer_index])
+
+
+@cache
+def jump_rows(n: int) -> tuple[tuple[int, ...], ...]:
+    """Rows of ``A^n`` (``A`` = one xorshift32 step over GF(2)): bit ``i`` of the ``n``-th next state is the
+    XOR of the state bits listed in row ``i``. Built from :func:`sim.hw.rng.xorshift32_next` on basis vectors."""
+    cols = []
+    for j in range(32):
+        x = 1 << j
+        for _ in range(n):
+            x = xorshift32_next(x)
+        cols.append(x)
+    return tuple(tuple(j for j in range(32) if cols[j] >> i & 1) for i in range(32))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RngGeometry:
+    """``sweep`` (:class:`SweepGeometry`) and ``block`` (rows per generator, a multiple of ``lanes_in``)."""
+
+    sweep: SweepGeometry
+    block: int
+
+    def __post_init__(self):
+        if not isinstance(self.sweep, SweepGeometry):
+            raise TypeError(f"sweep must be a SweepGeometry, not {self.sweep!r}")
+        _check_int("block", self.block, 1, 1 << 20)
+        if self.block % self.sweep.bank.lanes_in:
+            raise ValueError(
+                f"block (hw.rng_block) must be a multiple of lanes_in = {self.sweep.bank.lanes_in}, not {self.block}"
+            )
+
+    @classmethod
+    def from_config(cls, cfg, layer_index: int, *, lanes_in: int, lanes_out: int, update_lanes: int) -> RngGeometry:
+        """The generators of weight layer ``layer_index`` of ``cfg`` (``hw.rng_block`` rows each)."""
+        layers = cfg.weight_layers()
+        _check_int("layer_index", layer_index, 0, len(layers) - 1)
+        n_in, n_out = layers[layer_index].weight_shape
+        bank = XnorGeometry(n_in=n_in, n_out=n_out, lanes_in=lanes_in, lanes_out=lanes_out)
+        return cls(sweep=SweepGeometry(bank=bank, update_lanes=update_lanes), block=cfg.hw.rng_block)
+
+    @property
+    def host_layout(self) -> data.StructLayout:
+        """Host port payload: ``write``, ``addr`` (generator), ``data`` (state)."""
+        return data.StructLayout({"write": 1, "addr": range(self.generators), "data": 32})
+
+    @property
+    def n_blocks(self) -> int:
+        return -(-self.sweep.bank.n_in // self.block)
+
+    @property
+    def generators(self) -> int:
+        """Generators of the layer (rows of the state RAM): ``n_blocks * n_out``."""
+        return self.n_blocks * self.sweep.bank.n_out
+
+    @property
+    def words_per_block(self) -> int:
+        return self.block // self.sweep.bank.lanes_in
+
+    def cycles(self) -> int:
+        """Cycles of one sweep without backpressure (see :data:`LATENCY`)."""
+        return self.sweep.visits + LATENCY
+
+    def numbers(self, u) -> np.ndarray:
+        """Per-weight numbers ``u`` (``(n_in, n_out)``, one sweep of :meth:`sim.hw.rng.RngBank.sweep`) as the
+        engine's beats: ``(visits, update_lanes)`` uint32, 0 for padding."""
+        return self.sweep.gather(np.asarray(u, dtype=np.uint32), pad=0)
+
+
+class RngEngine(wiring.Component):
+    """The xorshift32 generators of one layer, producing one sweep of numbers per ``start``.
+
+    Parameters (keyword-only): ``geometry`` (:class:`RngGeometry`); :meth:`from_config` derives it.
+
+    Ports:
+        start: ``In(1)`` start a sweep (sampled while idle).
+        busy: ``Out(1)`` a sweep is in progress (until its last beat is transferred).
+        u: ``Out(stream.Signature(rng_layout(update_lanes)))`` one beat per visit, ``last`` on the last.
+        host: ``In(stream.Signature(host_layout))`` ``write``, ``addr`` (generator), ``data`` (state);
+            ready while idle and no read response is pending.
+        host_rdata: ``Out(stream.Signature(32))`` the state, one per host read.
+    """
+
+    def __init__(self, *, geometry: RngGeometry):
+        if not isinstance(geometry, RngGeometry):
+            raise TypeError(f"geometry must be an RngGeometry, not {geometry!r}")
+        self._geometry = geometry
+        super().__init__(
+            {
+                "start": In(1),
+                "busy": Out(1),
+                "u": Out(stream.Signature(rng_layout(geometry.sweep.update_lanes))),
+                "host": In(stream.Signature(geometry.host_layout)),
+                "host_rdata": Out(stream.Signature(32)),
+            }
+        )
+
+    @classmethod
+    def from_config(cls, cfg, layer_index: int, *, lanes_in: int, lanes_out: int, update_lanes: int) -> RngEngine:
+        """The generators of weight layer ``layer_index`` of ``cfg`` (see :meth:`RngGeometry.from_config`)."""
+        geo = RngGeometry.from_config(
+            cfg, layer_index, lanes_in=lanes_in, lanes_out=lanes_out, update_lanes=update_lanes
+        )
+        return cls(geometry=geo)
+
+    @property
+    def geometry(self) -> RngGeometry:
+        return self._geometry
+
+    def elaborate(self, platform):
+        geo = self._geometry
+        sw = geo.sweep
+        bank = sw.bank
+        U, K, G, D, L, M = sw.update_lanes, bank.words, bank.groups, bank.depth, bank.lanes_out, bank.n_out
+        chunks, wpb, n_gen = sw.chunks, geo.words_per_block, geo.generators
+        m = Module()
+
+        m.submodules.queue = queue = StreamFIFO(shape=rng_layout(U), depth=2)
+        adv = Signal()
+
+        # --- stage 0: the visit counters and the state-RAM read ---
+        running = Signal()
+        addr = Signal(range(D))
+        k = Signal(range(K))
+        g = Signal(range(G))
+        lane = Signal(range(L))
+        chunk = Signal(range(chunks))
+        wib = Signal(range(wpb))  # word in block
+        block_base = Signal(range(n_gen + M))  # b * n_out
+        group_base = Signal(range(G * L))  # g * lanes_out
+        gen = Signal(range(n_gen + G * L))
+        last_chunk = Signal()
+        last_lane = Signal()
+        last_word = Signal()
+        last_visit = Signal()
+        first_of_block = Signal()
+        last_of_block = Signal()
+        m.d.comb += [
+            last_chunk.eq((chunk == chunks - 1) | ((k == K - 1) & (chunk == sw.chunks_last - 1))),
+            last_lane.eq((lane == L - 1) | ((g == G - 1) & (lane == sw.lanes_last - 1))),
+            last_word.eq(k == K - 1),
+            last_visit.eq(last_chunk & last_lane & (addr == D - 1)),
+            first_of_block.eq(wib == 0),
+            last_of_block.eq((wib == wpb - 1) | last_word),
+            gen.eq(block_base + group_base + lane),
+        ]
+        issue = Signal()
+        m.d.comb += issue.eq(adv & running)
+        with m.If(issue):
+            with m.If(last_chunk):
+                m.d.sync += chunk.eq(0)
+                with m.If(last_lane):
+                    m.d.sync += [lane.eq(0), addr.eq(addr + 1)]
+                    with m.If(last_word):
+                        m.d.sync += [k.eq(0), wib.eq(0), block_base.eq(0), g.eq(g + 1), group_base.eq(group_base + L)]
+                    with m.Else():
+                        m.d.sync += k.eq(k + 1)
+                        with m.If(wib == wpb - 1):
+                            m.d.sync += [wib.eq(0), block_base.eq(block_base + M)]
+                        with m.Else():
+                            m.d.sync += wib.eq(wib + 1)
+                with m.Else():
+                    m.d.sync += lane.eq(lane + 1)
+            with m.Else():
+                m.d.sync += chunk.eq(chunk + 1)
+            with m.If(last_visit):
+                m.d.sync += running.eq(0)
+
+        m.submodules.states = states = Memory(shape=32, depth=n_gen, init=[])
+        ram_rd = states.read_port()
+        ram_wr = states.write_port()
+        m.submodules.lane_file = lane_file = Memory(shape=32, depth=L, init=[])
+        lf_rd = lane_file.read_port(domain="comb")
+        lf_wr = lane_file.write_port()
+
+        # --- stage 1: the state, the numbers, the write-back ---
+        s1_valid = Signal()
+        s1_lane = Signal(range(L))
+        s1_gen = Signal.like(gen)
+        s1_first_chunk = Signal()
+        s1_last_chunk = Signal()
+        s1_first_of_block = Signal()
+        s1_last_of_block = Signal()
+        s1_partial = Signal()
+        s1_last = Signal()
+        with m.If(adv):
+            m.d.sync += s1_valid.eq(issue)
+            with m.If(issue):
+                m.d.sync += [
+                    s1_lane.eq(lane),
+                    s1_gen.eq(gen),
+                    s1_first_chunk.eq(chunk == 0),
+                    s1_last_chunk.eq(last_chunk),
+                    s1_first_of_block.eq(first_of_block),
+                    s1_last_of_block.eq(last_of_block),
+                    s1_partial.eq(last_word & (chunk == sw.chunks_last - 1)),
+                    s1_last.eq(last_visit),
+                ]
+        cur = Signal(32)  # the state after the previous chunk of this visit
+        state = Signal(32)
+        m.d.comb += [
+            lf_rd.addr.eq(s1_lane),
+            state.eq(Mux(s1_first_chunk, Mux(s1_first_of_block, ram_rd.data, lf_rd.data), cur)),
+        ]
+        outs = []
+        for n in range(1, U + 1):
+            out = Signal(32, name=f"x{n}")
+            m.d.comb += out.eq(Cat(*(reduce(xor, (state[j] for j in row)) for row in jump_rows(n))))
+            outs.append(out)
+        nxt = Signal(32)
+        m.d.comb += nxt.eq(Mux(s1_partial, outs[sw.valid_last - 1], outs[U - 1]))
+        step = s1_valid & adv
+        with m.If(step):
+            m.d.sync += cur.eq(nxt)
+        m.d.comb += [
+            lf_wr.addr.eq(s1_lane),
+            lf_wr.data.eq(nxt),
+            lf_wr.en.eq(step & s1_last_chunk & ~s1_last_of_block),
+        ]
+        beat = queue.i.payload
+        for j in range(U):
+            pad = j >= sw.valid_last
+            m.d.comb += beat.u[j].eq(Mux(s1_partial, 0, outs[j]) if pad else outs[j])
+        m.d.comb += [
+            beat.last.eq(s1_last),
+            queue.i.valid.eq(s1_valid),
+            adv.eq(~s1_valid | queue.i.ready),
+        ]
+        wiring.connect(m, queue.o, wiring.flipped(self.u))
+
+        # --- start, busy and the host port ---
+        busy = Signal()
+        rd_issued = Signal()
+        resp_valid = Signal()
+        resp_data = Signal(32)
+        h = self.host.payload
+        m.d.comb += [
+            busy.eq(running | s1_valid | queue.o.valid),
+            self.busy.eq(busy),
+            self.host.ready.eq(~busy & ~rd_issued & ~resp_valid & ~self.start),
+            self.host_rdata.valid.eq(resp_valid),
+            self.host_rdata.payload.eq(resp_data),
+        ]
+        host_go = self.host.valid & self.host.ready
+        m.d.comb += [
+            ram_rd.addr.eq(Mux(busy, gen, h.addr)),
+            ram_rd.en.eq(Mux(busy, issue, host_go & ~h.write)),
+            ram_wr.addr.eq(Mux(busy, s1_gen, h.addr)),
+            ram_wr.data.eq(Mux(busy, nxt, h.data)),
+            ram_wr.en.eq(Mux(busy, step & s1_last_chunk & s1_last_of_block, host_go & h.write)),
+        ]
+        m.d.sync += rd_issued.eq(host_go & ~h.write)
+        with m.If(self.host_rdata.ready):
+            m.d.sync += resp_valid.eq(0)
+        with m.If(rd_issued):
+            m.d.sync += [resp_valid.eq(1), resp_data.eq(ram_rd.data)]
+        with m.If(self.start & ~busy & ~rd_issued & ~resp_valid):
+            m.d.sync += [
+                running.eq(1),
+                addr.eq(0),
+                k.eq(0),
+                g.eq(0),
+                lane.eq(0),
+                chunk.eq(0),
+                wib.eq(0),
+                block_base.eq(0),
+                group_base.eq(0),
+            ]
+        return m

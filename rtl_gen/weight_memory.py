@@ -1,0 +1,754 @@
+"""Binary weights with per-weight optimiser state and the hardware weight optimisers (docs/arithmetic.md 7, 10).
+
+Storage (all :class:`amaranth.lib.memory.Memory`, synchronous non-transparent read ports):
+
+* weight banks: exactly the :class:`~rtl_gen.xnor_engine.XnorEngine` layout, one bank per output lane of
+  ``depth = words * groups`` rows of ``lanes_in`` bits; row ``g * words + k`` of bank ``l`` holds inputs
+  ``k * lanes_in ...`` of output ``g * lanes_out + l`` (bit 1 = +1). One read port (shared by the forward
+  read port, the sweep and the host, never at the same time) and one write port with a write enable per
+  ``update_lanes`` bits: a simple-dual-port block RAM per bank.
+* optimiser state: one memory per state field (``acc``; ``m``; ``m`` and ``g``; ``latent`` and ``m``; plus
+  ``undo`` with ``hw.switch_undo``), each ``update_lanes * bits`` wide and ``visits`` deep (below): row ``v``
+  holds the state of the weights of visit ``v``. Widths come from :func:`sim.hw.optim.state_bits`.
+* switch table (switch only): ``C + 1`` entries of 17 bits, host-written, with one asynchronous read port
+  per update lane (distributed RAM).
+
+Sweep order (:class:`SweepGeometry`, shared with :mod:`rtl_gen.rng`): one *visit* per cycle updates
+``U = update_lanes`` weights of one bank row::
+
+    for addr in range(depth):            # g, k = divmod(addr, words)
+        for lane in range(lanes_out):    # column c = g * lanes_out + lane, skipped when c >= n_out
+            for chunk in range(lanes_in // U):   # rows k * lanes_in + chunk * U + (0 .. U-1), skipped past n_in
+                visit v (v = 0, 1, ...)
+
+Every column's rows are visited in increasing order, which is the order in which each column's
+generators advance (docs/arithmetic.md 8). Rows past ``n_in`` inside the last chunk are padding: the
+optimiser runs on them but they are not counted and their contents are unspecified.
+
+Commands (``cmd`` stream, accepted while idle): ``UPDATE`` consumes one gradient tile per bank row (the
+:func:`grad_layout` beat of :class:`rtl_gen.po2_backward.Po2Backward`, consumed at the row's last visit) and
+one random-number beat per visit (:class:`rtl_gen.rng.RngEngine`), and applies the configured optimiser
+exactly as :mod:`sim.hw.optim`; ``INIT`` is the power-on sweep of :meth:`sim.hw.model.HwModel.reset`
+(``w = +1`` iff the number's top bit is 0, sgd latent from its low bits, every other state 0; numbers only);
+``UNDO`` (switch with ``hw.switch_undo``) copies the ``undo`` field, written with each weight's value before
+the last ``UPDATE``, back into the weight banks (no streams; accumulators are kept, as the contract says).
+The controller issues ``UNDO`` when the re-run batch's integer loss rose. ``flips`` counts the weights the
+last sweep changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+from amaranth import Array, Cat, Const, Module, Mux, Shape, Signal, signed, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from sim.hw.optim import PROB_BITS, state_bits
+
+from .xnor_engine import WeightReadSignature, XnorGeometry, _check_int, popcount
+
+__all__ = [
+    "INIT",
+    "LATENCY",
+    "OP_NAMES",
+    "SPACE_STATE",
+    "SPACE_TABLE",
+    "SPACE_WEIGHTS",
+    "UNDO",
+    "UPDATE",
+    "OptimizerSpec",
+    "SweepGeometry",
+    "WeightMemory",
+    "WeightMemoryGeometry",
+    "grad_layout",
+    "rng_layout",
+]
+
+INIT, UPDATE, UNDO = 0, 1, 2
+OP_NAMES = {INIT: "init", UPDATE: "update", UNDO: "undo"}
+SPACE_WEIGHTS, SPACE_STATE, SPACE_TABLE = 0, 1, 2  # host port address spaces
+
+LATENCY = 2
+"""Cycles of a sweep beyond one per visit, counted from the cycle the command is transferred to the last
+cycle ``busy`` is high (both included): ``visits + LATENCY`` with no stalls (command cycle, read stage)."""
+
+MAX_CUTOFF = 1023  # the switch table lives in distributed RAM, one copy per update lane
+
+
+def grad_layout(bank: XnorGeometry) -> data.StructLayout:
+    """Gradient tile of one bank row: ``g[lane][bit]`` is ``sgn(dW)`` of input ``k * lanes_in + bit``,
+    output ``g * lanes_out + lane`` (signed 2 bits: -1, 0, +1), and ``last`` (last row)."""
+    return data.StructLayout(
+        {"g": data.ArrayLayout(data.ArrayLayout(signed(2), bank.lanes_in), bank.lanes_out), "last": 1}
+    )
+
+
+def rng_layout(update_lanes: int) -> data.StructLayout:
+    """Random numbers of one visit: ``u[j]`` (32 bits) for the visit's row ``j``, 0 for padding rows;
+    ``last`` marks the sweep's last visit."""
+    return data.StructLayout({"u": data.ArrayLayout(32, update_lanes), "last": 1})
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepGeometry:
+    """The update sweep over one layer's weight banks: :class:`XnorGeometry` ``bank`` and ``update_lanes``
+    (weights per visit, a divisor of ``bank.lanes_in``). See the module docstring for the order."""
+
+    bank: XnorGeometry
+    update_lanes: int
+
+    def __post_init__(self):
+        if not isinstance(self.bank, XnorGeometry):
+            raise TypeError(f"bank must be an XnorGeometry, not {self.bank!r}")
+        _check_int("update_lanes", self.update_lanes, 1, self.bank.lanes_in)
+        if self.bank.lanes_in % self.update_lanes:
+            raise ValueError(f"update_lanes must divide lanes_in = {self.bank.lanes_in}, not {self.update_lanes}")
+
+    @property
+    def chunks(self) -> int:
+        """Visits per bank row and lane, ``lanes_in // update_lanes``."""
+        return self.bank.lanes_in // self.update_lanes
+
+    @property
+    def chunks_last(self) -> int:
+        """Visits per lane of a last-word row (rows past ``n_in`` are skipped)."""
+        b = self.bank
+        return -(-(b.n_in - (b.words - 1) * b.lanes_in) // self.update_lanes)
+
+    @property
+    def valid_last(self) -> int:
+        """Real rows in the last chunk of the last word."""
+        b = self.bank
+        return b.n_in - (b.words - 1) * b.lanes_in - (self.chunks_last - 1) * self.update_lanes
+
+    @property
+    def lanes_last(self) -> int:
+        """Real lanes of the last group."""
+        b = self.bank
+        return b.n_out - (b.groups - 1) * b.lanes_out
+
+    @property
+    def visits(self) -> int:
+        """Visits per sweep: ``n_out * ceil(n_in / update_lanes)``."""
+        return self.bank.n_out * -(-self.bank.n_in // self.update_lanes)
+
+    def cycles(self) -> int:
+        """Cycles of one sweep without stalls (see :data:`LATENCY`)."""
+        return self.visits + LATENCY
+
+    @cached_property
+    def table(self) -> dict[str, np.ndarray]:
+        """The visits in order: arrays ``addr``, ``lane``, ``chunk``, ``row`` (first row), ``col``."""
+        b, U = self.bank, self.update_lanes
+        out = {key: [] for key in ("addr", "lane", "chunk", "row", "col")}
+        for addr in range(b.depth):
+            g, k = divmod(addr, b.words)
+            for lane in range(b.lanes_out):
+                col = g * b.lanes_out + lane
+                if col >= b.n_out:
+                    continue
+                for chunk in range(self.chunks):
+                    row = k * b.lanes_in + chunk * U
+                    if row >= b.n_in:
+                        continue
+                    for key, v in zip(out, (addr, lane, chunk, row, col), strict=True):
+                        out[key].append(v)
+        return {key: np.asarray(v, dtype=np.int64) for key, v in out.items()}
+
+    def gather(self, a, pad: int = 0) -> np.ndarray:
+        """Per-weight array ``a`` of shape ``(n_in, n_out)`` in sweep order: ``(visits, update_lanes)``."""
+        a = np.asarray(a)
+        if a.shape != (self.bank.n_in, self.bank.n_out):
+            raise ValueError(f"expected shape {(self.bank.n_in, self.bank.n_out)}, not {a.shape}")
+        t = self.table
+        rows = t["row"][:, None] + np.arange(self.update_lanes)[None, :]
+        ok = rows < self.bank.n_in
+        out = np.full(rows.shape, pad, dtype=a.dtype)
+        out[ok] = a[rows[ok], np.broadcast_to(t["col"][:, None], rows.shape)[ok]]
+        return out
+
+    def scatter(self, v) -> np.ndarray:
+        """Inverse of :meth:`gather` (padding dropped)."""
+        v = np.asarray(v)
+        t = self.table
+        rows = t["row"][:, None] + np.arange(self.update_lanes)[None, :]
+        ok = rows < self.bank.n_in
+        out = np.zeros((self.bank.n_in, self.bank.n_out), dtype=v.dtype)
+        out[rows[ok], np.broadcast_to(t["col"][:, None], rows.shape)[ok]] = v[ok]
+        return out
+
+    def valid_mask(self) -> np.ndarray:
+        """``(visits, update_lanes)`` bool: which positions are real weights."""
+        rows = self.table["row"][:, None] + np.arange(self.update_lanes)[None, :]
+        return rows < self.bank.n_in
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerSpec:
+    """The configured hardware optimiser's constants (from ``cfg.hw``; see :meth:`from_hw`).
+
+    ``fields``: per-weight state fields ``(name, bits)`` in memory order (all signed except ``undo``).
+    The per-sweep values that follow the learning-rate schedule are not here: the switch table is written
+    through the host port, and the ``shift`` of the ``UPDATE`` command is ``bop``: the EMA shift
+    ``min(hw.bop_shift + ratio_shift(ratio), 16)``; ``iir``: the alpha shift
+    ``hw.iir_alpha_shift + decay``; ``sgd``: ``lr_shift(lr)`` clamped to 63 (what
+    :meth:`sim.hw.model.HwModel._update_weights` passes to :mod:`sim.hw.optim`).
+    """
+
+    kind: str
+    fields: tuple[tuple[str, int], ...]
+    cutoff: int = 0
+    reset: bool = False
+    undo: bool = False
+    frac: int = 0  # bop F, iir Fm, sgd momentum Fm
+    tau: int = 0  # bop threshold in Q.F
+    gamma_shift: int = 0  # iir first EMA
+    g_frac: int = 0  # iir FG
+    latent_frac: int = 0  # sgd L - 1
+    mom_shift: int = 0  # sgd momentum shift (0 = none)
+    init_shift: int = 0  # sgd initial latent magnitude
+
+    @classmethod
+    def from_hw(cls, h) -> OptimizerSpec:
+        """From the ``[hw]`` section (:class:`sim.hw_config.HwConfig`); field widths from
+        :func:`sim.hw.optim.state_bits`."""
+        bits = state_bits(h)
+
+        def pick(word: str) -> int:
+            found = [v for key, v in bits.items() if word in key]
+            if len(found) != 1:
+                raise RuntimeError(f"sim.hw.optim.state_bits has no single field containing {word!r}: {bits}")
+            return int(found[0])
+
+        kind = h.optimizer
+        if kind == "switch":
+            if h.switch_cutoff > MAX_CUTOFF:
+                raise ValueError(
+                    f"hw.switch_cutoff = {h.switch_cutoff} is too large for the RTL table; limit {MAX_CUTOFF}"
+                )
+            fields = [("acc", pick("accumulator"))] + ([("undo", pick("undo"))] if h.switch_undo else [])
+            return cls(
+                kind=kind, fields=tuple(fields), cutoff=h.switch_cutoff, reset=h.switch_reset, undo=h.switch_undo
+            )
+        if kind == "bop":
+            return cls(
+                kind=kind,
+                fields=(("m", pick("ema m")),),
+                frac=h.bop_frac_bits,
+                tau=int(round(h.bop_threshold * (1 << h.bop_frac_bits))),
+            )
+        if kind == "iir":
+            return cls(
+                kind=kind,
+                fields=(("m", pick("ema m")), ("g", pick("filter g"))),
+                frac=h.iir_m_frac_bits,
+                gamma_shift=h.iir_gamma_shift,
+                g_frac=h.iir_g_frac_bits,
+            )
+        if kind == "sgd":
+            fields = [("latent", pick("latent"))] + ([("m", pick("momentum"))] if h.sgd_momentum_shift > 0 else [])
+            return cls(
+                kind=kind,
+                fields=tuple(fields),
+                frac=h.sgd_momentum_frac_bits,
+                latent_frac=h.sgd_latent_bits - 1,
+                mom_shift=h.sgd_momentum_shift,
+                init_shift=h.sgd_init_shift,
+            )
+        raise ValueError(f"hw.optimizer = {kind!r} has no RTL update unit")
+
+    @property
+    def field_bits(self) -> dict[str, int]:
+        return dict(self.fields)
+
+    def field_shape(self, name: str) -> Shape:
+        return unsigned(1) if name == "undo" else signed(self.field_bits[name])
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightMemoryGeometry:
+    """Everything the host and the hardware need to agree on: ``sweep`` (:class:`SweepGeometry`) and
+    ``optimizer`` (:class:`OptimizerSpec`), the port layouts derived from them, and the packing of state rows."""
+
+    sweep: SweepGeometry
+    optimizer: OptimizerSpec
+
+    def __post_init__(self):
+        if not isinstance(self.sweep, SweepGeometry):
+            raise TypeError(f"sweep must be a SweepGeometry, not {self.sweep!r}")
+        if not isinstance(self.optimizer, OptimizerSpec):
+            raise TypeError(f"optimizer must be an OptimizerSpec, not {self.optimizer!r}")
+
+    @classmethod
+    def from_config(
+        cls, cfg, layer_index: int, *, lanes_in: int, lanes_out: int, update_lanes: int
+    ) -> WeightMemoryGeometry:
+        """Weight layer ``layer_index`` of ``cfg``: shape from ``cfg.weight_layers()``, optimiser from ``cfg.hw``."""
+        layers = cfg.weight_layers()
+        _check_int("layer_index", layer_index, 0, len(layers) - 1)
+        n_in, n_out = layers[layer_index].weight_shape
+        bank = XnorGeometry(n_in=n_in, n_out=n_out, lanes_in=lanes_in, lanes_out=lanes_out)
+        return cls(sweep=SweepGeometry(bank=bank, update_lanes=update_lanes), optimizer=OptimizerSpec.from_hw(cfg.hw))
+
+    @property
+    def bank(self) -> XnorGeometry:
+        return self.sweep.bank
+
+    cmd_layout = data.StructLayout({"op": 2, "shift": 6})
+
+    @property
+    def state_layout(self) -> data.StructLayout:
+        """One state row: per field (in :attr:`OptimizerSpec.fields` order) ``update_lanes`` values."""
+        U, opt = self.sweep.update_lanes, self.optimizer
+        return data.StructLayout({name: data.ArrayLayout(opt.field_shape(name), U) for name, _ in opt.fields})
+
+    @property
+    def data_width(self) -> int:
+        table = PROB_BITS + 1 if self.optimizer.kind == "switch" else 0
+        return max(self.bank.lanes_in, Shape.cast(self.state_layout).width, table)
+
+    @property
+    def host_layout(self) -> data.StructLayout:
+        """Host port payload: ``write``, ``space``, ``lane``, ``addr``, ``data``."""
+        n_addr = max(self.bank.depth, self.sweep.visits, self.optimizer.cutoff + 1)
+        return data.StructLayout(
+            {"write": 1, "space": 2, "lane": range(self.bank.lanes_out), "addr": range(n_addr), "data": self.data_width}
+        )
+
+    def pack_state(self, state: dict[str, np.ndarray]) -> list[int]:
+        """State rows (one int per visit) from per-weight arrays ``{field: (n_in, n_out)}``."""
+        words = np.zeros(self.sweep.visits, dtype=object)
+        U = self.sweep.update_lanes
+        for name, field in self.state_layout:
+            width = field.width // U
+            v = self.sweep.gather(np.asarray(state[name], dtype=np.int64)) & ((1 << width) - 1)
+            for j in range(U):
+                words += v[:, j].astype(object) << (field.offset + j * width)
+        return words.tolist()
+
+    def unpack_state(self, words) -> dict[str, np.ndarray]:
+        """Inverse of :meth:`pack_state` (padding positions dropped)."""
+        out = {}
+        U = self.sweep.update_lanes
+        for name, field in self.state_layout:
+            width = field.width // U
+            v = np.zeros((len(words), U), dtype=np.int64)
+            for i, w in enumerate(words):
+                for j in range(U):
+                    x = (int(w) >> (field.offset + j * width)) & ((1 << width) - 1)
+                    if name != "undo" and x >> (width - 1):
+                        x -= 1 << width
+                    v[i, j] = x
+            out[name] = self.sweep.scatter(v)
+        return out
+
+
+class WeightMemory(wiring.Component):
+    """Weight banks + optimiser state + the update sweep of one dense layer (see the module docstring).
+
+    Parameters (keyword-only): ``geometry`` (:class:`WeightMemoryGeometry`); :meth:`from_config` derives it.
+
+    Ports:
+        cmd: ``In(stream.Signature(cmd_layout))`` ``op`` (INIT / UPDATE / UNDO), ``shift`` (6 bits, the
+            per-sweep value of :class:`OptimizerSpec`); accepted only while idle.
+        grad: ``In(stream.Signature(grad_layout(bank)))`` one tile per bank row (UPDATE).
+        rng: ``In(stream.Signature(rng_layout(update_lanes)))`` one beat per visit (UPDATE, INIT).
+        read: ``In(WeightReadSignature(bank))`` forward read port for an
+            :class:`~rtl_gen.xnor_engine.XnorEngineCore` (or the po2 backward engine); valid while idle
+            and no host read is in progress.
+        host: ``In(stream.Signature(host_layout))`` ``write``, ``space`` (0 weights: ``lane``, ``addr`` = bank
+            row, ``data`` = the row; 1 state: ``addr`` = visit, ``data`` = :attr:`~WeightMemoryGeometry.state_layout`;
+            2 switch table: ``addr`` = p, ``data`` = T[p], write only), ``lane``, ``addr``, ``data``. Ready while
+            idle; one read outstanding.
+        host_rdata: ``Out(stream.Signature(data_width))`` one word per host read (table reads return 0).
+        busy: ``Out(1)`` a sweep is running. flips: ``Out(range(n_in * n_out + 1))`` weights changed by
+            the last sweep (valid once ``busy`` is low).
+    """
+
+    def __init__(self, *, geometry: WeightMemoryGeometry):
+        if not isinstance(geometry, WeightMemoryGeometry):
+            raise TypeError(f"geometry must be a WeightMemoryGeometry, not {geometry!r}")
+        self._geometry = geo = geometry
+        bank = geo.bank
+        super().__init__(
+            {
+                "cmd": In(stream.Signature(geo.cmd_layout)),
+                "grad": In(stream.Signature(grad_layout(bank))),
+                "rng": In(stream.Signature(rng_layout(geo.sweep.update_lanes))),
+                "read": In(WeightReadSignature(bank)),
+                "host": In(stream.Signature(geo.host_layout)),
+                "host_rdata": Out(stream.Signature(geo.data_width)),
+                "busy": Out(1),
+                "flips": Out(range(bank.n_in * bank.n_out + 1)),
+            }
+        )
+
+    @classmethod
+    def from_config(cls, cfg, layer_index: int, *, lanes_in: int, lanes_out: int, update_lanes: int) -> WeightMemory:
+        """The weight memory of weight layer ``layer_index`` of ``cfg`` (:meth:`WeightMemoryGeometry.from_config`)."""
+        return cls(
+            geometry=WeightMemoryGeometry.from_config(
+                cfg, layer_index, lanes_in=lanes_in, lanes_out=lanes_out, update_lanes=update_lanes
+            )
+        )
+
+    @property
+    def geometry(self) -> WeightMemoryGeometry:
+        return self._geometry
+
+    # --- hardware -----------------------------------------------------------------------------------------
+
+    def elaborate(self, platform):
+        geo = self._geometry
+        sw, opt = geo.sweep, geo.optimizer
+        bank = sw.bank
+        U, K, G, D, L = sw.update_lanes, bank.words, bank.groups, bank.depth, bank.lanes_out
+        chunks = sw.chunks
+        m = Module()
+
+        # --- sweep counters (stage 0) ---
+        running = Signal()
+        op = Signal(2)
+        shift = Signal(6)
+        addr = Signal(range(D))
+        k = Signal(range(K))
+        g = Signal(range(G))
+        lane = Signal(range(L))
+        chunk = Signal(range(chunks))
+        vidx = Signal(range(max(sw.visits, 2)))
+        last_chunk = Signal()
+        last_lane = Signal()
+        last_visit = Signal()
+        partial = Signal()  # the last chunk of a last-word row (may hold padding rows)
+        m.d.comb += [
+            last_chunk.eq((chunk == chunks - 1) | ((k == K - 1) & (chunk == sw.chunks_last - 1))),
+            last_lane.eq((lane == L - 1) | ((g == G - 1) & (lane == sw.lanes_last - 1))),
+            last_visit.eq(last_chunk & last_lane & (addr == D - 1)),
+            partial.eq((k == K - 1) & (chunk == sw.chunks_last - 1)),
+        ]
+        need_rng = running & ((op == UPDATE) | (op == INIT))
+        need_grad = running & (op == UPDATE)
+        issue = Signal()
+        m.d.comb += [
+            issue.eq(running & (~need_rng | self.rng.valid) & (~need_grad | self.grad.valid)),
+            self.rng.ready.eq(issue & need_rng),
+            self.grad.ready.eq(issue & need_grad & last_chunk & last_lane),
+        ]
+        with m.If(issue):
+            m.d.sync += vidx.eq(vidx + 1)
+            with m.If(last_chunk):
+                m.d.sync += chunk.eq(0)
+                with m.If(last_lane):
+                    m.d.sync += [lane.eq(0), addr.eq(addr + 1)]
+                    with m.If(k == K - 1):
+                        m.d.sync += [k.eq(0), g.eq(g + 1)]
+                    with m.Else():
+                        m.d.sync += k.eq(k + 1)
+                with m.Else():
+                    m.d.sync += lane.eq(lane + 1)
+            with m.Else():
+                m.d.sync += chunk.eq(chunk + 1)
+            with m.If(last_visit):
+                m.d.sync += running.eq(0)
+
+        # --- stage 1 registers ---
+        s1_valid = Signal()
+        s1_op = Signal(2)
+        s1_lane = Signal(range(L))
+        s1_chunk = Signal(range(chunks))
+        s1_addr = Signal(range(D))
+        s1_vidx = Signal.like(vidx)
+        s1_partial = Signal()
+        s1_g = Signal(data.ArrayLayout(signed(2), U))
+        s1_u = Signal(data.ArrayLayout(32, U))
+        grad_lane = Signal(data.ArrayLayout(signed(2), bank.lanes_in))
+        m.d.comb += grad_lane.eq(self.grad.payload.g[lane])
+        m.d.sync += s1_valid.eq(issue)
+        with m.If(issue):
+            m.d.sync += [
+                s1_op.eq(op),
+                s1_lane.eq(lane),
+                s1_chunk.eq(chunk),
+                s1_addr.eq(addr),
+                s1_vidx.eq(vidx),
+                s1_partial.eq(partial),
+                s1_g.eq(grad_lane.as_value().word_select(chunk, 2 * U)),
+                s1_u.eq(self.rng.payload.u),
+            ]
+
+        # --- host port and command ---
+        busy = Signal()
+        rd_issued = Signal()
+        rd_space = Signal(2)
+        rd_lane = Signal(range(L))
+        resp_valid = Signal()
+        resp_data = Signal(geo.data_width)
+        h = self.host.payload
+        idle = ~busy & ~rd_issued & ~resp_valid
+        m.d.comb += [
+            busy.eq(running | s1_valid),
+            self.busy.eq(busy),
+            self.cmd.ready.eq(idle),
+            self.host.ready.eq(idle & ~self.cmd.valid),
+            self.host_rdata.valid.eq(resp_valid),
+            self.host_rdata.payload.eq(resp_data),
+        ]
+        host_go = self.host.valid & self.host.ready
+        host_rd = host_go & ~h.write
+        host_wr = host_go & h.write
+        m.d.sync += rd_issued.eq(host_rd)
+        with m.If(host_rd):
+            m.d.sync += [rd_space.eq(h.space), rd_lane.eq(h.lane)]
+        with m.If(self.host_rdata.ready):
+            m.d.sync += resp_valid.eq(0)
+        flips = Signal.like(self.flips)
+        m.d.comb += self.flips.eq(flips)
+        with m.If(self.cmd.valid & self.cmd.ready):
+            m.d.sync += [
+                running.eq(1),
+                op.eq(self.cmd.payload.op),
+                shift.eq(self.cmd.payload.shift),
+                addr.eq(0),
+                k.eq(0),
+                g.eq(0),
+                lane.eq(0),
+                chunk.eq(0),
+                vidx.eq(0),
+                flips.eq(0),
+            ]
+
+        # --- weight banks ---
+        bank_rd = []
+        bank_wr = []
+        for lane_i in range(L):
+            mem = m.submodules[f"wbank{lane_i}"] = Memory(shape=bank.lanes_in, depth=D, init=[])
+            rd = mem.read_port()
+            wr = mem.write_port(granularity=U)
+            host_here = host_rd & (h.space == SPACE_WEIGHTS) & (h.lane == lane_i)
+            m.d.comb += [
+                rd.addr.eq(Mux(busy, addr, Mux(host_here, h.addr, self.read.addr))),
+                rd.en.eq(Mux(busy, issue, host_here | self.read.en)),
+                self.read.data[lane_i].eq(rd.data),
+            ]
+            bank_rd.append(rd)
+            bank_wr.append(wr)
+        w_word = Signal(bank.lanes_in)
+        m.d.comb += w_word.eq(Array(rd.data for rd in bank_rd)[s1_lane])
+        w_old = Signal(U)
+        m.d.comb += w_old.eq(w_word.word_select(s1_chunk, U))
+
+        # --- state memories ---
+        st_rd, st_wr = {}, {}
+        host_state_rd = host_rd & (h.space == SPACE_STATE)
+        for name, _ in opt.fields:
+            layout = data.ArrayLayout(opt.field_shape(name), U)
+            mem = m.submodules[f"state_{name}"] = Memory(shape=layout, depth=sw.visits, init=[])
+            rd = mem.read_port()
+            wr = mem.write_port()
+            m.d.comb += [
+                rd.addr.eq(Mux(busy, vidx, h.addr)),
+                rd.en.eq(Mux(busy, issue, host_state_rd)),
+            ]
+            st_rd[name], st_wr[name] = rd, wr
+        table_ports = []
+        if opt.kind == "switch":
+            table = m.submodules.switch_table = Memory(shape=PROB_BITS + 1, depth=opt.cutoff + 1, init=[])
+            table_ports = [table.read_port(domain="comb") for _ in range(U)]
+            twr = table.write_port()
+            m.d.comb += [
+                twr.addr.eq(h.addr),
+                twr.data.eq(h.data),
+                twr.en.eq(host_wr & (h.space == SPACE_TABLE)),
+            ]
+
+        # --- the optimiser (stage 1) ---
+        new_w = Signal(U)
+        new_state = {
+            name: Signal(data.ArrayLayout(opt.field_shape(name), U), name=f"new_{name}") for name, _ in opt.fields
+        }
+        self._datapath(m, s1_op, shift, w_old, s1_g, s1_u, st_rd, new_w, new_state, table_ports)
+
+        # --- write-back (stage 1) ---
+        s1_write = s1_valid & (s1_op != UNDO)
+        s1_wbits = Signal(U)
+        if "undo" in st_rd:
+            m.d.comb += s1_wbits.eq(Mux(s1_op == UNDO, st_rd["undo"].data.as_value(), new_w))
+        else:
+            m.d.comb += s1_wbits.eq(Mux(s1_op == UNDO, w_old, new_w))
+        for lane_i, wr in enumerate(bank_wr):
+            host_here = host_wr & (h.space == SPACE_WEIGHTS) & (h.lane == lane_i)
+            m.d.comb += [
+                wr.addr.eq(Mux(busy, s1_addr, h.addr)),
+                wr.data.eq(Mux(busy, Cat(*([s1_wbits] * chunks)), h.data[: bank.lanes_in])),
+                wr.en.eq(
+                    Mux(
+                        busy,
+                        Mux(s1_valid & (s1_lane == lane_i), Const(1, chunks) << s1_chunk, 0),
+                        Mux(host_here, (1 << chunks) - 1, 0),
+                    )
+                ),
+            ]
+        state_offset = 0
+        for name, _ in opt.fields:
+            wr = st_wr[name]
+            width = Shape.cast(data.ArrayLayout(opt.field_shape(name), U)).width
+            m.d.comb += [
+                wr.addr.eq(Mux(busy, s1_vidx, h.addr)),
+                wr.data.eq(Mux(busy, new_state[name].as_value(), h.data[state_offset : state_offset + width])),
+                wr.en.eq(Mux(busy, s1_write, host_wr & (h.space == SPACE_STATE))),
+            ]
+            state_offset += width
+
+        # --- flip counter ---
+        changed = Signal(U)
+        valid_mask = Mux(s1_partial, (1 << sw.valid_last) - 1, (1 << U) - 1)
+        m.d.comb += changed.eq((s1_wbits ^ w_old) & valid_mask)
+        with m.If(s1_valid):
+            m.d.sync += flips.eq(flips + popcount(changed))
+
+        # --- host read responses (one cycle after the read) ---
+        with m.If(rd_issued):
+            m.d.sync += resp_valid.eq(1)
+            with m.Switch(rd_space):
+                with m.Case(SPACE_WEIGHTS):
+                    m.d.sync += resp_data.eq(Array(rd.data for rd in bank_rd)[rd_lane])
+                with m.Case(SPACE_STATE):
+                    m.d.sync += resp_data.eq(Cat(*(st_rd[name].data.as_value() for name, _ in opt.fields)))
+                with m.Default():
+                    m.d.sync += resp_data.eq(0)
+        return m
+
+    # --- the four optimisers, per update lane ------------------------------------------------------------
+
+    def _datapath(self, m, op, shift, w_old, g, u, st_rd, new_w, new_state, table_ports):
+        opt = self._geometry.optimizer
+        U = self._geometry.sweep.update_lanes
+        kind = opt.kind
+        # Per-sweep constants derived from the command's shift, registered (shift is stable during a sweep).
+        if kind == "bop":
+            mask = Signal(16)
+            m.d.sync += mask.eq((Const(1, 17) << shift) - 1)
+        elif kind == "iir":
+            a_mask = Signal(64)
+            r_lsh = Signal(6)
+            m.d.sync += [a_mask.eq((Const(1, 65) << shift) - 1), r_lsh.eq(Mux(shift > 16, shift - 16, 0))]
+        elif kind == "sgd":
+            d_shift = opt.latent_frac - opt.frac  # step << D in the latent's fraction
+            sh = Signal(signed(8))
+            lsh = Signal(range(64))
+            rsh = Signal(range(33))
+            ush = Signal(range(33))  # 32 - rsh: the random bits used are u >> ush
+            zero = Signal()
+            m.d.comb += sh.eq(shift - d_shift)
+            m.d.sync += [
+                lsh.eq(Mux(sh < 0, -sh, 0)),
+                rsh.eq(Mux(sh > 32, 32, Mux(sh > 0, sh, 0))),
+                ush.eq(Mux(sh > 32, 0, Mux(sh > 0, 32 - sh, 32))),
+                zero.eq(sh > 32),
+            ]
+
+        for j in range(U):
+            w = w_old[j]
+            gj = g[j]
+            uj = Signal(32, name=f"u{j}")
+            m.d.comb += uj.eq(u[j])
+            r_lo = uj[:16]
+            r_hi = uj[16:]
+            init_w = ~uj[31]
+            nw = Signal(name=f"nw{j}")
+            m.d.comb += new_w[j].eq(Mux(op == INIT, init_w, nw))
+
+            def state_in(name, j=j):
+                return st_rd[name].data[j]
+
+            def state_out(name, value_upd, value_init=0, j=j):
+                m.d.comb += new_state[name][j].eq(Mux(op == INIT, value_init, value_upd))
+
+            if kind == "switch":
+                C = opt.cutoff
+                acc = state_in("acc")
+                s = Signal(signed(len(acc) + 1), name=f"sum{j}")
+                acc1 = Signal(signed(len(acc)), name=f"acc{j}")
+                p = Signal(signed(len(acc) + 1), name=f"p{j}")
+                m.d.comb += [
+                    s.eq(acc + gj),
+                    acc1.eq(Mux(s > C, C, Mux(s < -C, -C, s))),
+                    p.eq(Mux(w, acc1, -acc1)),
+                    table_ports[j].addr.eq(p.as_unsigned()),
+                ]
+                switch = Signal(name=f"sw{j}")
+                m.d.comb += [switch.eq((p > 0) & (r_hi < table_ports[j].data)), nw.eq(w ^ switch)]
+                state_out("acc", Mux(switch, 0, acc1) if opt.reset else acc1)
+                if opt.undo:
+                    state_out("undo", w, init_w)
+            elif kind == "bop":
+                F = opt.frac
+                mm = state_in("m")
+                d = Signal(signed(F + 4), name=f"d{j}")
+                t = Signal(signed(max(F + 4, 17) + 1), name=f"t{j}")
+                m1 = Signal(signed(len(mm)), name=f"m{j}")
+                m.d.comb += [
+                    d.eq((gj << F) - mm),
+                    t.eq(d + (r_lo & mask)),
+                    m1.eq(mm + (t >> shift)),
+                    nw.eq(w ^ Mux(w, m1 > opt.tau, m1 < -opt.tau)),
+                ]
+                state_out("m", m1)
+            elif kind == "iir":
+                Fm, FG = opt.frac, opt.g_frac
+                mm, gg = state_in("m"), state_in("g")
+                d = Signal(signed(Fm + 4), name=f"dm{j}")
+                m1 = Signal(signed(len(mm)), name=f"m{j}")
+                m.d.comb += [
+                    d.eq((gj << Fm) - mm),
+                    m1.eq(mm + ((d + (r_lo & ((1 << opt.gamma_shift) - 1))) >> opt.gamma_shift)),
+                ]
+                e = Signal(signed(FG + 3), name=f"dg{j}")
+                t = Signal(signed(70), name=f"tg{j}")
+                g1 = Signal(signed(len(gg)), name=f"g{j}")
+                m.d.comb += [
+                    e.eq((m1 << (FG - Fm)) - gg),
+                    t.eq(e + ((r_hi << r_lsh) & a_mask)),
+                    g1.eq(gg + (t >> shift)),
+                    nw.eq(Mux(g1 > 0, 0, Mux(g1 < 0, 1, w))),
+                ]
+                state_out("m", m1)
+                state_out("g", g1)
+            else:  # sgd
+                Fm, Fc = opt.frac, opt.latent_frac
+                c = state_in("latent")
+                if opt.mom_shift > 0:
+                    mm = state_in("m")
+                    d = Signal(signed(Fm + 4), name=f"dm{j}")
+                    m1 = Signal(signed(len(mm)), name=f"m{j}")
+                    m.d.comb += [
+                        d.eq((gj << Fm) - mm),
+                        m1.eq(mm + ((d + (r_lo & ((1 << opt.mom_shift) - 1))) >> opt.mom_shift)),
+                    ]
+                    step = m1
+                    state_out("m", m1)
+                else:
+                    step = Signal(signed(Fm + 2), name=f"step{j}")
+                    m.d.comb += step.eq(gj << Fm)
+                big = Signal(signed(len(step) + 64 + 2), name=f"x{j}")
+                delta = Signal(signed(len(step) + 64 + 2), name=f"delta{j}")
+                m.d.comb += [
+                    big.eq((step << lsh) + (uj >> ush)),
+                    delta.eq(Mux(zero, 0, big >> rsh)),
+                ]
+                c1 = Signal(signed(len(delta) + 1), name=f"c{j}")
+                lim = 1 << Fc
+                c2 = Signal(signed(Fc + 1), name=f"latent{j}")
+                m.d.comb += [c1.eq(c - delta), c2.eq(Mux(c1 < -lim, -lim, Mux(c1 > lim - 1, lim - 1, c1)))]
+                m.d.comb += nw.eq(c2 >= 0)
+                # Initial latent: magnitude from the number's low 16 bits, sign from the initial weight.
+                mag_bits = Fc - opt.init_shift
+                lo = uj[:16]
+                mag = (lo >> (16 - mag_bits)) if mag_bits <= 16 else (lo << (mag_bits - 16))
+                mag_s = Signal(signed(max(mag_bits, 1) + 2), name=f"mag{j}")
+                m.d.comb += mag_s.eq(mag)
+                state_out("latent", c2, Mux(init_w, mag_s, -1 - mag_s))

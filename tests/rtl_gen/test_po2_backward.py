@@ -1,0 +1,208 @@
+# amaranth: UnusedElaboratable=no
+"""rtl_gen.po2_backward: geometry and widths from the configuration, the plane-count formulation, packing, and
+the cocotb/Verilator check against sim.hw.arith.po2_backward_dx / po2_backward_dw (random, worst case, stress,
+exact cycle counts)."""
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from amaranth import Module, Signal
+from amaranth.lib import stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In
+from amaranth.sim import Simulator
+
+from rtl_gen.po2_backward import DW_LATENCY, DX_LATENCY, Po2Backward, Po2Geometry, plane_counts
+from rtl_gen.toolchain import REPO_ROOT, build_root, run_cocotb, to_verilog
+from rtl_gen.xnor_engine import XnorGeometry
+from sim.config import apply_overrides, load_config
+from sim.hw.widths import layer_bounds, signed_bits
+
+
+def small_config(**overrides):
+    """A two-layer dense network 37 -> 10 -> 7 with batch 13 (and any further overrides)."""
+    d = {
+        "model.input_shape": [1, 1, 37],
+        "model.layers": [{"type": "dense", "units": 10}, {"type": "dense", "units": 7}],
+        "model.num_classes": 7,
+        "train.batch_size": 13,
+    }
+    d.update(overrides)
+    return d
+
+
+VERILOG_SOURCES = [  # what the generated Verilog depends on (with sim/hw, configs and this file)
+    "rtl_gen/po2_backward.py",
+    "rtl_gen/weight_memory.py",
+    "rtl_gen/rng.py",
+    "rtl_gen/xnor_engine.py",
+    "rtl_gen/streams.py",
+    "sim/config.py",
+    "sim/hw_config.py",
+    "sim/schema.py",
+]
+
+
+def cached_verilog(name: str, make, key: dict) -> str:
+    """Verilog of ``make()``, cached under the build folder by the sources it depends on and ``key``."""
+    h = hashlib.sha256(json.dumps(key, sort_keys=True).encode())
+    h.update(importlib.metadata.version("amaranth").encode())
+    sources = [REPO_ROOT / name for name in VERILOG_SOURCES] + [Path(__file__)]
+    sources += sorted((REPO_ROOT / "sim" / "hw").glob("*.py")) + sorted((REPO_ROOT / "configs").glob("*.toml"))
+    for path in sources:
+        h.update(path.read_bytes())
+    path = build_root() / "verilog" / f"{name}-{h.hexdigest()[:16]}.v"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(make())
+    return path.read_text()
+
+
+class Po2WithBanks(wiring.Component):
+    """Test top: the engine, plus (with a dX unit) weight banks in the XnorEngine layout on its ``weights``
+    port, written through ``w_load`` (always ready)."""
+
+    def __init__(self, geometry: Po2Geometry):
+        self._engine = Po2Backward(geometry=geometry)
+        members = {name: mem for name, mem in self._engine.signature.members.items() if name != "weights"}
+        if geometry.dx_width:
+            members["w_load"] = In(stream.Signature(geometry.bank.w_layout))
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.engine = eng = self._engine
+        geo = eng.geometry
+        for name in ("xdy", "dy"):
+            if name in self.signature.members:
+                wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(eng, name))
+        for name in ("dw", "dx"):
+            if name in self.signature.members:
+                wiring.connect(m, getattr(eng, name), wiring.flipped(getattr(self, name)))
+        if geo.dx_width:
+            bank, load = geo.bank, self.w_load.payload
+            m.d.comb += self.w_load.ready.eq(1)
+            for lane in range(bank.lanes_out):
+                mem = m.submodules[f"bank{lane}"] = Memory(shape=bank.lanes_in, depth=bank.depth, init=[])
+                rd, wr = mem.read_port(), mem.write_port()
+                m.d.comb += [
+                    rd.addr.eq(eng.weights.addr),
+                    rd.en.eq(eng.weights.en),
+                    eng.weights.data[lane].eq(rd.data),
+                    wr.addr.eq(load.addr),
+                    wr.data.eq(load.data),
+                    wr.en.eq(self.w_load.valid & (load.lane == lane)),
+                ]
+        return m
+
+
+# --- pure Python / Amaranth simulator ---------------------------------------------------------------------
+
+
+def test_geometry_and_widths_come_from_the_configuration():
+    mlp = load_config("mlp")
+    bounds = layer_bounds(mlp)
+    g0 = Po2Geometry.from_config(mlp, 0, lanes_in=64, lanes_out=16, lanes_b=1)
+    g1 = Po2Geometry.from_config(mlp, 1, lanes_in=32, lanes_out=8, lanes_b=4)
+    assert (g0.x_max, g0.dx_width, g0.dw_width) == (128, 0, 29) and g0.dw_width == signed_bits(bounds[0].dW)
+    assert (g1.x_max, g1.dx_width, g1.dw_width) == (1, 24, 22)
+    assert (g1.planes, g1.span, g1.batch, g1.beats_per_tile) == (15, 14, 100, 25)
+    assert g1.dx_cycles(100) == 100 * 8 * 32 + DX_LATENCY and g1.dw_cycles() == 256 * 25 + DW_LATENCY
+    with pytest.raises(ValueError, match=re.escape("x_max must be 1 (binary input) or 128 (int8 input), not 3")):
+        Po2Geometry(bank=g1.bank, batch=4, dy_bits=5, x_max=3, lanes_b=1, dx_width=8, dw_width=8)
+    with pytest.raises(ValueError, match=re.escape("lanes_b must be an integer in 1..4096, not 0")):
+        Po2Geometry(bank=g1.bank, batch=4, dy_bits=5, x_max=1, lanes_b=0, dx_width=8, dw_width=8)
+    with pytest.raises(TypeError):
+        Po2Backward(g1)
+
+
+def test_packing_round_trips():
+    geo = Po2Geometry(
+        bank=XnorGeometry(n_in=10, n_out=7, lanes_in=4, lanes_out=3),
+        batch=5,
+        dy_bits=5,
+        x_max=1,
+        lanes_b=2,
+        dx_width=12,
+        dw_width=10,
+    )
+    rng = np.random.default_rng(2)
+    field = rng.integers(0, 16, (5, 7))
+    neg = rng.integers(0, 2, (5, 7))
+    beats = geo.dy_beats(neg, field)
+    assert len(beats) == 5 * 3 and beats[2] >> (3 * 5) == 1  # last group of a row
+    assert (beats[0] & 0x1F) == field[0, 0] | neg[0, 0] << 4
+    xdy = geo.xdy_beats(rng.integers(0, 2, (5, 10)), neg, field)
+    assert len(xdy) == geo.bank.depth * 3 and geo.xdy_layout.size == 2 * 4 + 2 * 3 * 5 + 1
+    with pytest.raises(ValueError, match="po2 fields must be in 0..15"):
+        geo.dy_beats(neg, field + 16)
+
+
+def test_plane_counts_are_per_plane_popcounts():
+    """The carry-save plane counter: bit j of plane f's count in C[j][f], for random plane vectors."""
+    rng = np.random.default_rng(3)
+    vecs = [Signal(6, name=f"v{i}") for i in range(7)]
+    m = Module()
+    counts = plane_counts(m, vecs, "c")
+    outs = [Signal(6, name=f"o{j}") for j in range(len(counts))]
+    m.d.comb += [o.eq(c) for o, c in zip(outs, counts, strict=True)]
+    cases = rng.integers(0, 64, (200, 7))
+
+    async def bench(ctx):
+        for row in cases:
+            for v, x in zip(vecs, row, strict=True):
+                ctx.set(v, int(x))
+            got = [ctx.get(o) for o in outs]
+            for f in range(6):
+                want = sum((int(x) >> f) & 1 for x in row)
+                assert sum(((g >> f) & 1) << j for j, g in enumerate(got)) == want
+
+    sim = Simulator(m)
+    sim.add_testbench(bench)
+    sim.run()
+
+
+# --- cocotb on Verilator ----------------------------------------------------------------------------------
+
+SWEEP = [
+    # (overrides, layer, lanes_in, lanes_out, lanes_b, rows, batches)
+    # binary layer 10 -> 7, B = 13, k = 6 (31 planes, dX 34 bits): partial last word, group and sample beat
+    pytest.param((small_config(**{"approx.dy_bits": 6}), 1, 4, 3, 3, 120, 4), id="l1-n10x7-k6-li4-lo3-b3"),
+    # one word and one group per row (no replay buffer), one sample per beat
+    pytest.param((small_config(), 1, 16, 8, 1, 120, 4), id="l1-n10x7-li16-lo8-b1"),
+    # first layer: 8-bit activations (x_max 128), no dX unit
+    pytest.param((small_config(), 0, 8, 4, 2, 0, 4), id="l0-int8-n37x10-li8-lo4-b2"),
+    # the MLP's hidden layer 256 x 256, B = 100
+    pytest.param(({}, 1, 32, 8, 4, 100, 1), id="mlp-l1-n256x256-li32-lo8-b4"),
+]
+
+
+@pytest.mark.rtl
+@pytest.mark.parametrize("case", SWEEP)
+def test_po2_backward_rtl(case, request):
+    """Rerun one case with waveforms: ``XNT_WAVES=1 pytest -k l0-int8 ...``."""
+    overrides, layer, lanes_in, lanes_out, lanes_b, rows, batches = case
+    cfg = apply_overrides(load_config("mlp"), overrides)
+    geo = Po2Geometry.from_config(cfg, layer, lanes_in=lanes_in, lanes_out=lanes_out, lanes_b=lanes_b)
+    params = {"overrides": overrides, "layer": layer, "lanes_in": lanes_in, "lanes_out": lanes_out, "lanes_b": lanes_b}
+    name = "po2_backward_" + request.node.callspec.id.replace("-", "_")
+    run = run_cocotb(
+        verilog=cached_verilog(name, lambda: to_verilog(Po2WithBanks(geo), "po2_backward", emit_src=False), params),
+        toplevel="po2_backward",
+        test_module="po2_backward_tb",
+        name=name,
+        extra_env={"XNT_TB_PARAMS": json.dumps({**params, "rows": rows, "batches": batches})},
+        waves=bool(os.environ.get("XNT_WAVES")),
+    )
+    assert run.tests == 6
+    dw = json.loads((run.build_dir / "cycles-dw.json").read_text())
+    assert dw["measured"] == dw["model"] == geo.dw_cycles() == geo.bank.depth * geo.beats_per_tile + DW_LATENCY
+    if geo.dx_width:
+        dx = json.loads((run.build_dir / "cycles-dx.json").read_text())
+        assert dx["measured"] == dx["model"] == geo.dx_cycles(rows) == rows * geo.bank.depth + DX_LATENCY

@@ -1,0 +1,173 @@
+# amaranth: UnusedElaboratable=no
+"""rtl_gen.rng: jump matrices, geometry and order, and the cocotb/Verilator check of RngEngine against
+sim.hw.rng.RngBank (sequence, host seeding and read-back, exact cycle count)."""
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rtl_gen.rng import RngEngine, RngGeometry, jump_rows, layer_offset
+from rtl_gen.toolchain import REPO_ROOT, build_root, run_cocotb, to_verilog
+from rtl_gen.weight_memory import SweepGeometry
+from rtl_gen.xnor_engine import XnorGeometry
+from sim.config import apply_overrides, load_config
+from sim.hw.rng import RngBank, xorshift32_next
+
+
+def small_config(**overrides):
+    """A two-layer dense network 37 -> 10 -> 7 with batch 13 (and any further overrides)."""
+    d = {
+        "model.input_shape": [1, 1, 37],
+        "model.layers": [{"type": "dense", "units": 10}, {"type": "dense", "units": 7}],
+        "model.num_classes": 7,
+        "train.batch_size": 13,
+    }
+    d.update(overrides)
+    return d
+
+
+VERILOG_SOURCES = [  # what the generated Verilog depends on (with sim/hw, configs and this file)
+    "rtl_gen/po2_backward.py",
+    "rtl_gen/weight_memory.py",
+    "rtl_gen/rng.py",
+    "rtl_gen/xnor_engine.py",
+    "rtl_gen/streams.py",
+    "sim/config.py",
+    "sim/hw_config.py",
+    "sim/schema.py",
+]
+
+
+def cached_verilog(name: str, make, key: dict) -> str:
+    """Verilog of ``make()``, cached under the build folder by the sources it depends on and ``key``."""
+    h = hashlib.sha256(json.dumps(key, sort_keys=True).encode())
+    h.update(importlib.metadata.version("amaranth").encode())
+    sources = [REPO_ROOT / name for name in VERILOG_SOURCES] + [Path(__file__)]
+    sources += sorted((REPO_ROOT / "sim" / "hw").glob("*.py")) + sorted((REPO_ROOT / "configs").glob("*.toml"))
+    for path in sources:
+        h.update(path.read_bytes())
+    path = build_root() / "verilog" / f"{name}-{h.hexdigest()[:16]}.v"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(make())
+    return path.read_text()
+
+
+# --- pure Python ------------------------------------------------------------------------------------------
+
+
+def test_jump_rows_are_the_n_step_map():
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 5, 16):
+        rows = jump_rows(n)
+        for x in rng.integers(1, 1 << 32, 20, dtype=np.uint64).tolist():
+            want = x
+            for _ in range(n):
+                want = xorshift32_next(want)
+            got = sum((sum((x >> j) & 1 for j in row) & 1) << i for i, row in enumerate(rows))
+            assert got == want
+
+
+def test_geometry_and_offsets_follow_the_contract():
+    cfg = apply_overrides(load_config("mlp"), small_config(**{"hw.rng_block": 16}))
+    g = RngGeometry.from_config(cfg, 1, lanes_in=8, lanes_out=4, update_lanes=4)
+    assert (g.n_blocks, g.generators, g.words_per_block) == (1, 7, 2)
+    assert layer_offset(cfg, 1) == 3 * 10 == RngBank([(37, 10), (10, 7)], 1, 16).offsets[1]
+    mlp = load_config("mlp")
+    assert (
+        sum(RngGeometry.from_config(mlp, j, lanes_in=64, lanes_out=16, update_lanes=8).generators for j in range(5))
+        == RngBank([tuple(s.weight_shape) for s in mlp.weight_layers()], 1, 256).n_generators
+    )
+
+
+def test_numbers_follow_each_generators_row_order():
+    """In sweep order, each generator's numbers are consecutive xorshift32 outputs (scalar re-derivation)."""
+    cfg = apply_overrides(load_config("mlp"), small_config(**{"hw.rng_block": 16}))
+    geo = RngGeometry.from_config(cfg, 0, lanes_in=8, lanes_out=4, update_lanes=4)
+    bank = RngBank([(37, 10), (10, 7)], 5, 16)
+    start = bank.get_state()
+    nums = geo.numbers(bank.sweep()[0])
+    t = geo.sweep.table
+    state = {g: int(start[g]) for g in range(geo.generators)}
+    for v in range(geo.sweep.visits):
+        for j in range(4):
+            row = int(t["row"][v]) + j
+            if row >= 37:
+                assert nums[v, j] == 0
+                continue
+            gen = (row // 16) * 10 + int(t["col"][v])
+            state[gen] = xorshift32_next(state[gen])
+            assert int(nums[v, j]) == state[gen]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"block": 12}, "block (hw.rng_block) must be a multiple of lanes_in = 8, not 12"),
+        ({"block": 0}, "block must be an integer in 1..1048576, not 0"),
+    ],
+)
+def test_bad_parameters_are_rejected(kwargs, message):
+    sweep = SweepGeometry(bank=XnorGeometry(n_in=20, n_out=5, lanes_in=8, lanes_out=2), update_lanes=4)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        RngGeometry(sweep=sweep, **kwargs)
+    with pytest.raises(ValueError, match="update_lanes must divide lanes_in = 8, not 3"):
+        SweepGeometry(bank=XnorGeometry(n_in=20, n_out=5, lanes_in=8, lanes_out=2), update_lanes=3)
+
+
+def test_parameters_are_keyword_only():
+    with pytest.raises(TypeError):
+        RngEngine(None)
+
+
+# --- cocotb on Verilator ----------------------------------------------------------------------------------
+
+SWEEP = [
+    # (overrides, layer, lanes_in, lanes_out, update_lanes, sweeps)
+    # 37 rows in 3 blocks of 16 (last 5), partial last word and chunk, partial last group: 100 visits
+    pytest.param((small_config(**{"hw.rng_block": 16, "hw.rng_seed": 7}), 0, 8, 4, 4, 30), id="n37x10-b16-li8-lo4-u4"),
+    # one lane, one chunk per word, one word per block: a generator read and written back in the same visit,
+    # the same lane every cycle; layer 1 (offset 100)
+    pytest.param((small_config(**{"hw.rng_block": 4}), 1, 4, 1, 4, 30), id="n10x7-b4-li4-lo1-u4"),
+    # the MLP's first layer with the default block of 256 rows (25,088 visits per sweep)
+    pytest.param(({}, 0, 64, 16, 8, 2), id="mlp-l0-li64-lo16-u8", marks=pytest.mark.rtl_slow),
+]
+
+
+@pytest.mark.rtl
+@pytest.mark.parametrize("case", SWEEP)
+def test_rng_engine_rtl(case, request):
+    """Rerun one case with waveforms: ``XNT_WAVES=1 pytest -k n37 ...``."""
+    overrides, layer, lanes_in, lanes_out, update_lanes, sweeps = case
+    cfg = apply_overrides(load_config("mlp"), overrides)
+    params = {
+        "overrides": overrides,
+        "layer": layer,
+        "lanes_in": lanes_in,
+        "lanes_out": lanes_out,
+        "update_lanes": update_lanes,
+    }
+    name = "rng_" + request.node.callspec.id.replace("-", "_")
+
+    def make():
+        eng = RngEngine.from_config(cfg, layer, lanes_in=lanes_in, lanes_out=lanes_out, update_lanes=update_lanes)
+        return to_verilog(eng, "rng_engine", emit_src=False)
+
+    run = run_cocotb(
+        verilog=cached_verilog(name, make, params),
+        toplevel="rng_engine",
+        test_module="rng_tb",
+        name=name,
+        extra_env={"XNT_TB_PARAMS": json.dumps({**params, "sweeps": sweeps})},
+        waves=bool(os.environ.get("XNT_WAVES")),
+    )
+    assert run.tests == 2
+    measured = json.loads((run.build_dir / "cycles-full_rate.json").read_text())
+    geo = RngGeometry.from_config(cfg, layer, lanes_in=lanes_in, lanes_out=lanes_out, update_lanes=update_lanes)
+    assert measured["measured"] == measured["model"] == geo.cycles() == geo.sweep.visits + 3

@@ -1,0 +1,235 @@
+# amaranth: UnusedElaboratable=no
+"""rtl_gen.weight_memory: sweep order, optimiser constants and state packing, and the cocotb/Verilator check of
+WeightMemory (with an XnorEngineCore on its read port) against sim.hw.optim and HwModel.reset."""
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from amaranth import Module
+from amaranth.lib import wiring
+
+from rtl_gen.toolchain import REPO_ROOT, build_root, run_cocotb, to_verilog
+from rtl_gen.weight_memory import (
+    LATENCY,
+    OptimizerSpec,
+    SweepGeometry,
+    WeightMemory,
+    WeightMemoryGeometry,
+    grad_layout,
+)
+from rtl_gen.xnor_engine import XnorEngineCore, XnorGeometry
+from sim.config import apply_overrides, load_config
+from sim.hw.optim import state_bits
+from sim.hw_config import HwConfig
+
+
+def small_config(**overrides):
+    """A two-layer dense network 37 -> 10 -> 7 with batch 13 (and any further overrides)."""
+    d = {
+        "model.input_shape": [1, 1, 37],
+        "model.layers": [{"type": "dense", "units": 10}, {"type": "dense", "units": 7}],
+        "model.num_classes": 7,
+        "train.batch_size": 13,
+    }
+    d.update(overrides)
+    return d
+
+
+VERILOG_SOURCES = [  # what the generated Verilog depends on (with sim/hw, configs and this file)
+    "rtl_gen/po2_backward.py",
+    "rtl_gen/weight_memory.py",
+    "rtl_gen/rng.py",
+    "rtl_gen/xnor_engine.py",
+    "rtl_gen/streams.py",
+    "sim/config.py",
+    "sim/hw_config.py",
+    "sim/schema.py",
+]
+
+
+def cached_verilog(name: str, make, key: dict) -> str:
+    """Verilog of ``make()``, cached under the build folder by the sources it depends on and ``key``."""
+    h = hashlib.sha256(json.dumps(key, sort_keys=True).encode())
+    h.update(importlib.metadata.version("amaranth").encode())
+    sources = [REPO_ROOT / name for name in VERILOG_SOURCES] + [Path(__file__)]
+    sources += sorted((REPO_ROOT / "sim" / "hw").glob("*.py")) + sorted((REPO_ROOT / "configs").glob("*.toml"))
+    for path in sources:
+        h.update(path.read_bytes())
+    path = build_root() / "verilog" / f"{name}-{h.hexdigest()[:16]}.v"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(make())
+    return path.read_text()
+
+
+class WeightMemoryWithEngine(wiring.Component):
+    """Test top: the weight memory with an XnorEngineCore reading its banks (ports: the memory's minus
+    ``read``, plus the engine's ``x`` and ``y``)."""
+
+    def __init__(self, geometry: WeightMemoryGeometry):
+        self._memory = WeightMemory(geometry=geometry)
+        self._core = XnorEngineCore(geometry=geometry.bank)
+        members = {name: mem for name, mem in self._memory.signature.members.items() if name != "read"}
+        members.update(x=self._core.signature.members["x"], y=self._core.signature.members["y"])
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.memory = mem = self._memory
+        m.submodules.core = core = self._core
+        wiring.connect(m, core.weights, mem.read)
+        for name in ("cmd", "grad", "rng", "host"):
+            wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(mem, name))
+        wiring.connect(m, mem.host_rdata, wiring.flipped(self.host_rdata))
+        wiring.connect(m, wiring.flipped(self.x), core.x)
+        wiring.connect(m, core.y, wiring.flipped(self.y))
+        m.d.comb += [self.busy.eq(mem.busy), self.flips.eq(mem.flips)]
+        return m
+
+
+# --- pure Python ------------------------------------------------------------------------------------------
+
+
+def test_sweep_order_visits_every_weight_once_in_row_order_per_column():
+    sw = SweepGeometry(bank=XnorGeometry(n_in=37, n_out=10, lanes_in=8, lanes_out=4), update_lanes=4)
+    assert (sw.chunks, sw.chunks_last, sw.valid_last, sw.lanes_last, sw.visits) == (2, 2, 1, 2, 100)
+    t = sw.table
+    assert len(t["addr"]) == sw.visits and sw.cycles() == sw.visits + LATENCY
+    ids = np.arange(37 * 10).reshape(37, 10)
+    v = sw.gather(ids, pad=-1)
+    assert sorted(v[sw.valid_mask()].tolist()) == ids.ravel().tolist()
+    assert (v[~sw.valid_mask()] == -1).all()
+    assert (sw.scatter(v) == ids).all()
+    for c in range(10):  # rows of a column come in increasing order
+        rows = [r for r in v[t["col"] == c].ravel().tolist() if r >= 0]
+        assert rows == sorted(rows)
+    assert (np.diff(t["addr"]) >= 0).all()
+
+
+def test_optimizer_fields_come_from_state_bits():
+    for kind, extra in [
+        ("switch", {}),
+        ("switch", {"switch_undo": True}),
+        ("bop", {}),
+        ("iir", {}),
+        ("sgd", {}),
+        ("sgd", {"sgd_momentum_shift": 0}),
+    ]:
+        h = HwConfig(optimizer=kind, **extra)
+        spec = OptimizerSpec.from_hw(h)
+        assert sum(bits for _, bits in spec.fields) + (0 if kind == "sgd" else 1) == sum(state_bits(h).values())
+    assert OptimizerSpec.from_hw(HwConfig()).fields == (("acc", 7),)
+    assert OptimizerSpec.from_hw(HwConfig(optimizer="bop")).tau == 64
+    with pytest.raises(ValueError, match="hw.switch_cutoff = 2000 is too large for the RTL table; limit 1023"):
+        OptimizerSpec.from_hw(HwConfig(switch_cutoff=2000))
+
+
+def test_state_rows_pack_and_unpack():
+    cfg = apply_overrides(load_config("mlp"), small_config(**{"hw.optimizer": "iir"}))
+    geo = WeightMemoryGeometry.from_config(cfg, 0, lanes_in=8, lanes_out=4, update_lanes=4)
+    rng = np.random.default_rng(0)
+    state = {"m": rng.integers(-64, 65, (37, 10)), "g": rng.integers(-256, 257, (37, 10))}
+    back = geo.unpack_state(geo.pack_state(state))
+    assert all((back[k] == state[k]).all() for k in state)
+    assert geo.data_width == 4 * (8 + 10) and len(geo.pack_state(state)) == geo.sweep.visits
+    assert grad_layout(geo.bank).size == 2 * 8 * 4 + 1
+
+
+def test_mlp_memory_shapes():
+    """The MLP's hidden layer: bank and state memories are block-RAM shaped (deep, moderately wide)."""
+    geo = WeightMemoryGeometry.from_config(load_config("mlp"), 1, lanes_in=64, lanes_out=16, update_lanes=8)
+    assert (geo.bank.depth, geo.bank.lanes_in, geo.bank.lanes_out) == (64, 64, 16)
+    assert geo.sweep.visits == 256 * 256 // 8 == 8192
+    assert geo.state_layout.size == 8 * 7  # switch accumulators: 56-bit rows, 8192 deep
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"update_lanes": 3}, "update_lanes must divide lanes_in = 8, not 3"),
+        ({"update_lanes": 0}, "update_lanes must be an integer in 1..8, not 0"),
+    ],
+)
+def test_bad_parameters_are_rejected(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        SweepGeometry(bank=XnorGeometry(n_in=20, n_out=5, lanes_in=8, lanes_out=2), **kwargs)
+    with pytest.raises(TypeError):
+        WeightMemory(geometry=None)
+    with pytest.raises(TypeError):
+        WeightMemory(None)
+
+
+# --- cocotb on Verilator ----------------------------------------------------------------------------------
+
+SWEEP = [
+    # (overrides, layer, lanes_in, lanes_out, update_lanes); the small network unless noted
+    # switch with reset and undo, C = 15: 37 x 10, two chunks per row, partial last chunk and group
+    pytest.param(
+        (small_config(**{"hw.switch_cutoff": 15, "hw.switch_reset": True, "hw.switch_undo": True}), 0, 8, 4, 4),
+        id="switch-reset-undo-n37x10-li8-lo4-u4",
+    ),
+    # switch with the defaults (C = 63): 10 x 7, one chunk per row, three lanes
+    pytest.param((small_config(), 1, 4, 3, 4), id="switch-n10x7-li4-lo3-u4"),
+    pytest.param((small_config(**{"hw.optimizer": "bop"}), 0, 8, 2, 8), id="bop-n37x10-li8-lo2-u8"),
+    pytest.param((small_config(**{"hw.optimizer": "iir"}), 1, 4, 3, 2), id="iir-n10x7-li4-lo3-u2"),
+    pytest.param((small_config(**{"hw.optimizer": "sgd"}), 0, 8, 4, 2), id="sgd-n37x10-li8-lo4-u2"),
+    # sgd without momentum, latent 8 bits and momentum fraction 6 (shift offset D = 1); bit-serial
+    pytest.param(
+        (
+            small_config(
+                **{
+                    "hw.optimizer": "sgd",
+                    "hw.sgd_momentum_shift": 0,
+                    "hw.sgd_latent_bits": 8,
+                    "hw.sgd_momentum_frac_bits": 6,
+                }
+            ),
+            1,
+            4,
+            1,
+            1,
+        ),
+        id="sgd-nomom-n10x7-li4-lo1-u1",
+    ),
+    # the MLP's hidden layer with the default switch memory
+    pytest.param(({}, 1, 64, 16, 8), id="switch-mlp-l1-li64-lo16-u8", marks=pytest.mark.rtl_slow),
+]
+
+
+@pytest.mark.rtl
+@pytest.mark.parametrize("case", SWEEP)
+def test_weight_memory_rtl(case, request):
+    """Rerun one case with waveforms: ``XNT_WAVES=1 pytest -k bop ...``."""
+    overrides, layer, lanes_in, lanes_out, update_lanes = case
+    cfg = apply_overrides(load_config("mlp"), overrides)
+    geo = WeightMemoryGeometry.from_config(
+        cfg, layer, lanes_in=lanes_in, lanes_out=lanes_out, update_lanes=update_lanes
+    )
+    params = {
+        "overrides": overrides,
+        "layer": layer,
+        "lanes_in": lanes_in,
+        "lanes_out": lanes_out,
+        "update_lanes": update_lanes,
+    }
+    name = "weight_memory_" + request.node.callspec.id.replace("-", "_")
+    slow = geo.sweep.visits > 1000
+    run = run_cocotb(
+        verilog=cached_verilog(
+            name, lambda: to_verilog(WeightMemoryWithEngine(geo), "weight_memory", emit_src=False), params
+        ),
+        toplevel="weight_memory",
+        test_module="weight_memory_tb",
+        name=name,
+        extra_env={"XNT_TB_PARAMS": json.dumps({**params, "sweeps": 2 if slow else 6})},
+        waves=bool(os.environ.get("XNT_WAVES")),
+    )
+    assert run.tests == 5
+    measured = json.loads((run.build_dir / "cycles-update.json").read_text())
+    assert set(measured["measured"]) == {measured["model"]} == {geo.sweep.visits + LATENCY}
