@@ -54,7 +54,16 @@ from sim.hw.widths import LayerBounds, hw_supported, layer_bounds, signed_bits
 from .divider import Divider
 from .streams import StreamFIFO
 
-__all__ = ["BnBackwardUnit", "BnForwardCore", "BnForwardUnit", "BnLayer", "Phase", "forward_cycles"]
+__all__ = [
+    "BnBackwardUnit",
+    "BnForwardCore",
+    "BnForwardUnit",
+    "BnLayer",
+    "Phase",
+    "backward_cycles",
+    "forward_cycles",
+    "mul_const",
+]
 
 MAX_LANES = 4096
 
@@ -302,6 +311,31 @@ def _lane(m: Module, view, index, shape, name: str) -> Signal:
     return sig
 
 
+def mul_const(value, c: int):
+    """``value * c`` for a constant ``c >= 0`` as shifts and adds of its canonical signed digits (e.g. ``100 = 128
+    - 32 + 4``), so that synthesis builds adders rather than a multiplier for the configuration constants ``B``,
+    ``B 2^Fb`` and ``K``. Pass a Signal (or a slice of one): ``value`` appears once per digit."""
+    if c < 0:
+        raise ValueError(f"mul_const needs a non-negative constant, not {c}")
+    pos, neg = [], []
+    i, n = 0, c
+    while n:
+        if n & 1:
+            digit = 2 - (n & 3)  # +1 when n = 1 (mod 4), -1 when n = 3 (mod 4): no two adjacent nonzero digits
+            (pos if digit > 0 else neg).append(value << i)
+            n -= digit
+        n >>= 1
+        i += 1
+    if not pos:
+        return Const(0)
+    total = pos[0]
+    for term in pos[1:]:
+        total = total + term
+    for term in neg:
+        total = total - term
+    return total
+
+
 def _divider_widths(layer: BnLayer) -> tuple[int, int, int]:
     """``(dividend, divisor, quotient)`` widths of the forward unit's divider (see :class:`BnForwardCore`)."""
     B, ymax = layer.batch, layer.y_bound
@@ -515,8 +549,8 @@ class BnForwardCore(wiring.Component):
 
         # ---- per-channel sequencer (epilogues) ------------------------------------------------------------
         walk = _LaneWalker(m, lay, "epi")
-        est = Signal(range(8), name="est")  # step within the epilogue, see below
-        RD, CH0, CH1, CH2, CH3, CH4 = range(6)
+        est = Signal(range(5), name="est")  # step within the epilogue: a group's read, then a channel's steps
+        RD, CH0, CH1, CH2, CH3 = range(5)
         epi_rd = Signal()
         m.d.comb += epi_rd.eq(~in_pass & (est == RD))
         for port in (sum_rd, ys_rd, ns_rd, thr_rd):
@@ -558,12 +592,12 @@ class BnForwardCore(wiring.Component):
         ]
         with m.If(req_fire):
             m.d.sync += nreq.eq(nreq + 1)
+        q_now = self.div_resp.payload.quotient
         with m.If(resp_fire):
             m.d.sync += nresp.eq(nresp + 1)
-            with m.If(nresp < 2):
-                m.d.sync += quot[0].eq(Mux(nresp == 0, self.div_resp.payload.quotient, quot[0]))
-                m.d.sync += quot[1].eq(Mux(nresp == 1, self.div_resp.payload.quotient, quot[1]))
-        q_now = self.div_resp.payload.quotient
+            for i, reg in enumerate(quot):
+                with m.If(nresp == i):
+                    m.d.sync += reg.eq(q_now)
 
         def start_division(divisor_value):
             m.d.sync += [nreq.eq(0), nresp.eq(0), divisor.eq(divisor_value)]
@@ -631,11 +665,11 @@ class BnForwardCore(wiring.Component):
                             with m.If(self.beta.valid):
                                 m.d.sync += [
                                     beta_r.eq(self.beta.payload),
-                                    S_r.eq(B * ys_l - sum_l * ns_l),
+                                    S_r.eq(mul_const(ys_l, B) - sum_l * ns_l),
                                     est.eq(CH1),
                                 ]
                         with m.Case(CH1):  # C = B 2^Fb sum_y - beta_q S'
-                            m.d.sync += [c_r.eq((sum_l * (B << fb)) - beta_r * s_eff), est.eq(CH2)]
+                            m.d.sync += [c_r.eq(mul_const(sum_l, B << fb) - beta_r * s_eff), est.eq(CH2)]
                         with m.Case(CH2):  # saturated, offset dividends of the three thresholds; divisor B^2
                             e = Signal(signed(lay.s_width + fb + 1))
                             v_lo = Signal(signed(w["C"] + 1))
@@ -664,7 +698,11 @@ class BnForwardCore(wiring.Component):
                         with m.Case(CH0):  # chan_mem read
                             m.d.sync += est.eq(CH1)
                         with m.Case(CH1):  # A = K sum(x_hat y) - C sum(x_hat); B S'
-                            m.d.sync += [a_r.eq(K * ys_l - chan_l.C * ns_l), bs_r.eq(chan_l.S_eff * B), est.eq(CH2)]
+                            m.d.sync += [
+                                a_r.eq(mul_const(ys_l, K) - chan_l.C * ns_l),
+                                bs_r.eq(mul_const(chan_l.S_eff, B)),
+                                est.eq(CH2),
+                            ]
                         with m.Case(CH2):  # alpha_q = floor(floor((A 2^(Fa+1) + B S' 2^Fb) / 2^(Fb+1)) / (B S'))
                             m.d.sync += [
                                 dividends[0].eq(((a_r << (fa + 1)) + (bs_r << fb)) >> (fb + 1)),
@@ -750,6 +788,13 @@ class BnForwardUnit(wiring.Component):
         return m
 
 
+def backward_cycles(layer: BnLayer) -> dict[str, int]:
+    """Cycles of every phase of :class:`BnBackwardUnit` and their ``total`` for one batch with no stalls."""
+    out = {"pass1": layer.beats + 1, "epi": layer.groups + layer.channels, "pass2": layer.beats + 2}
+    out["total"] = sum(out.values())
+    return out
+
+
 class BnBackwardUnit(wiring.Component):
     """:func:`sim.hw.arith.bn_backward` for one layer: ``P1 = sum dx``, ``P2 = sum dx x_hat`` per channel and
     ``Q_b = 2^Fa (B dx_b - P1) - alpha_q P2 x_hat_b`` per element.
@@ -798,10 +843,7 @@ class BnBackwardUnit(wiring.Component):
         return self._layer
 
     def cycles(self) -> dict[str, int]:
-        lay = self._layer
-        out = {"pass1": lay.beats + 1, "epi": lay.groups + lay.channels, "pass2": lay.beats + 2}
-        out["total"] = sum(out.values())
-        return out
+        return backward_cycles(self._layer)
 
     def elaborate(self, platform):
         lay = self._layer
@@ -817,12 +859,10 @@ class BnBackwardUnit(wiring.Component):
         m.d.comb += in_pass.eq(phase != EPI)
 
         p_shape = signed(w["P"])
-        k_shape = signed(lay.k2_width)
+        k_shape = signed(max(lay.k2_width, w["P"]))  # P2 (pass 1), then alpha_q P2 in its place (EPI, pass 2)
         m.submodules.p1_mem = p1_mem = Memory(shape=data.ArrayLayout(p_shape, L), depth=G, init=[])
-        m.submodules.p2_mem = p2_mem = Memory(shape=data.ArrayLayout(p_shape, L), depth=G, init=[])
         m.submodules.k_mem = k_mem = Memory(shape=data.ArrayLayout(k_shape, L), depth=G, init=[])
         p1_rd, p1_wr = p1_mem.read_port(), p1_mem.write_port()
-        p2_rd, p2_wr = p2_mem.read_port(), p2_mem.write_port()
         k_rd, k_wr = k_mem.read_port(), k_mem.write_port(granularity=1)
 
         m.submodules.q_queue = q_queue = StreamFIFO(shape=lay.q_layout, depth=2)
@@ -858,15 +898,15 @@ class BnBackwardUnit(wiring.Component):
         writes = Signal()
         m.d.comb += writes.eq(s1_valid & adv & (phase == PASS1))
         p1_new = Signal(data.ArrayLayout(p_shape, L))
-        p2_new = Signal(data.ArrayLayout(p_shape, L))
+        p2_new = Signal(data.ArrayLayout(k_shape, L))
         if G == 1:
             p1_fw = Signal(data.ArrayLayout(p_shape, L))
-            p2_fw = Signal(data.ArrayLayout(p_shape, L))
+            p2_fw = Signal(data.ArrayLayout(k_shape, L))
             with m.If(writes):
                 m.d.sync += [p1_fw.eq(p1_new), p2_fw.eq(p2_new)]
             p1_old, p2_old = p1_fw, p2_fw
         else:
-            p1_old, p2_old = p1_rd.data, p2_rd.data
+            p1_old, p2_old = p1_rd.data, k_rd.data
         q_out = Signal(data.ArrayLayout(signed(w["Q"]), L))
         for lane in range(L):
             dx = s1.dx[lane]
@@ -876,7 +916,7 @@ class BnBackwardUnit(wiring.Component):
             m.d.comb += [
                 p1_new[lane].eq(Mux(s1_first, 0, p1_old[lane]) + dx),
                 p2_new[lane].eq(Mux(s1_first, 0, p2_old[lane]) + Mux(xh, dx, -dx)),
-                q.eq(((dx * B - p1_rd.data[lane]) << fa) - Mux(xh, k2, -k2)),
+                q.eq(((mul_const(dx, B) - p1_rd.data[lane]) << fa) - Mux(xh, k2, -k2)),
             ]
             if lane < lay.lanes_last:
                 m.d.comb += q_out[lane].eq(q)
@@ -889,9 +929,6 @@ class BnBackwardUnit(wiring.Component):
             p1_wr.addr.eq(s1_g),
             p1_wr.data.eq(p1_new),
             p1_wr.en.eq(writes),
-            p2_wr.addr.eq(s1_g),
-            p2_wr.data.eq(p2_new),
-            p2_wr.en.eq(writes),
         ]
         wiring.connect(m, q_queue.o, wiring.flipped(self.q))
         with m.If(in_pass & s1_valid & s1_last & adv):
@@ -902,18 +939,22 @@ class BnBackwardUnit(wiring.Component):
         rd_cycle = Signal()  # the group's words have been read
         epi_rd = Signal()
         m.d.comb += epi_rd.eq((phase == EPI) & ~rd_cycle)
-        for port in (p1_rd, p2_rd, k_rd):
+        for port in (p1_rd, k_rd):
             m.d.comb += [port.addr.eq(Mux(in_pass, cnt.g, walk.g)), port.en.eq(Mux(in_pass, adv, epi_rd))]
         p1_l = _lane(m, p1_rd.data, walk.l, p_shape, "p1_l")
-        p2_l = _lane(m, p2_rd.data, walk.l, p_shape, "p2_l")
+        p2_l = _lane(m, k_rd.data, walk.l, k_shape, "p2_l")
         fire = Signal()
         m.d.comb += [
             self.p1.payload.p1.eq(p1_l),
             self.p1.payload.last.eq(walk.ch == lay.channels - 1),
-            k_wr.addr.eq(walk.g),
+            k_wr.addr.eq(Mux(phase == PASS1, s1_g, walk.g)),
         ]
+        k2 = Signal(k_shape)
+        m.d.comb += k2.eq(self.alpha.payload * p2_l)
         for lane in range(L):
-            m.d.comb += k_wr.data[lane].eq(self.alpha.payload * p2_l)
+            m.d.comb += k_wr.data[lane].eq(Mux(phase == PASS1, p2_new[lane], k2))
+        with m.If(writes):
+            m.d.comb += k_wr.en.eq((1 << L) - 1)
         with m.If((phase == EPI) & ~epi_rd):
             m.d.comb += [
                 self.p1.valid.eq(self.alpha.valid),

@@ -43,10 +43,10 @@ from amaranth.lib.wiring import In, Out
 
 from sim.hw.widths import signed_bits
 
-from .bn_unit import BnLayer, _BeatCounter, _check_int, _LaneWalker
+from .bn_unit import BnLayer, _BeatCounter, _check_int, _LaneWalker, mul_const
 from .streams import StreamFIFO
 
-__all__ = ["SCALE_WIDTH", "Po2Unit", "normalise", "sqrt2_constant"]
+__all__ = ["SCALE_WIDTH", "Po2Unit", "normalise", "po2_cycles", "sqrt2_constant"]
 
 SCALE_WIDTH = 16
 """Bits of the signed ``scale`` input and of the ``bias`` / ``unit_exp`` outputs."""
@@ -74,6 +74,17 @@ def normalise(m: Module, value, width: int, name: str) -> tuple[Signal, Signal]:
         m.d.comb += [zero.eq(v[width - sh :] == 0), nxt.eq(Mux(zero, v << sh, v)), lz[j].eq(zero)]
         v = nxt
     return lz, v
+
+
+def po2_cycles(layer: BnLayer, mul_steps: int = 1) -> dict[str, int]:
+    """Cycles of every phase of :class:`Po2Unit` and their ``total`` for one layer with no stalls: ``pro`` (from
+    the first ``s_eff`` transfer), ``pass1`` (to the push of the last scratch beat), ``bias`` (FIN and BIAS),
+    ``pass2`` (to the last ``codes`` transfer)."""
+    dw = layer.s_width
+    iters = -(-dw // _check_int("mul_steps", mul_steps, 1, dw))
+    out = {"pro": layer.channels * (1 + iters), "pass1": layer.beats + 3, "bias": 2, "pass2": layer.beats + 2}
+    out["total"] = sum(out.values())
+    return out
 
 
 class Po2Unit(wiring.Component):
@@ -158,15 +169,7 @@ class Po2Unit(wiring.Component):
         return data.StructLayout({"bias": signed(SCALE_WIDTH), "unit_exp": signed(SCALE_WIDTH)})
 
     def cycles(self) -> dict[str, int]:
-        lay = self._layer
-        out = {
-            "pro": lay.channels * (1 + self.mul_iterations),
-            "pass1": lay.beats + 3,
-            "bias": 2,
-            "pass2": lay.beats + 2,
-        }
-        out["total"] = sum(out.values())
-        return out
+        return po2_cycles(self._layer, self._mul_steps)
 
     def elaborate(self, platform):
         lay = self._layer
@@ -286,7 +289,7 @@ class Po2Unit(wiring.Component):
             real = 1 if lane < lay.lanes_last else (~s_lg[0] if G > 1 else 0)
             with m.If(adv1):
                 m.d.sync += [
-                    s2_u[lane].eq(a * B if self.times_batch else a),
+                    s2_u[lane].eq(mul_const(a, B) if self.times_batch else a),
                     s2_neg[lane].eq(q < 0),
                     s2_nz[lane].eq((q != 0) & real),
                     s3_n[lane].eq(W - 1 - lz),
@@ -305,7 +308,11 @@ class Po2Unit(wiring.Component):
         for lane in range(L):
             m.d.sync += [mx_e[lane].eq(scratch.e[lane].e0), mx_nz[lane].eq(scratch.e[lane].nz)]
         # Maximum over the beat's nonzero lanes (a tree), then into the running maximum.
-        terms = [Mux(mx_nz[lane], mx_e[lane], -(1 << (ew - 1))) for lane in range(L)]
+        terms = []
+        for lane in range(L):
+            v = Signal(signed(ew), name=f"max_in{lane}")
+            m.d.comb += v.eq(Mux(mx_nz[lane], mx_e[lane], -(1 << (ew - 1))))
+            terms.append(v)
         while len(terms) > 1:
             nxt = []
             for i in range(0, len(terms) - 1, 2):

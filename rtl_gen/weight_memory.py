@@ -6,7 +6,8 @@ Storage (all :class:`amaranth.lib.memory.Memory`, synchronous non-transparent re
   ``depth = words * groups`` rows of ``lanes_in`` bits; row ``g * words + k`` of bank ``l`` holds inputs
   ``k * lanes_in ...`` of output ``g * lanes_out + l`` (bit 1 = +1). One read port (shared by the forward
   read port, the sweep and the host, never at the same time) and one write port with a write enable per
-  ``update_lanes`` bits: a simple-dual-port block RAM per bank.
+  ``update_lanes`` bits: a simple-dual-port RAM per bank (Yosys keeps shallow banks, e.g. the 64 rows of a
+  256 x 256 layer at 64 x 16 lanes, in distributed RAM; deeper ones go to block RAM).
 * optimiser state: one memory per state field (``acc``; ``m``; ``m`` and ``g``; ``latent`` and ``m``; plus
   ``undo`` with ``hw.switch_undo``), each ``update_lanes * bits`` wide and ``visits`` deep (below): row ``v``
   holds the state of the weights of visit ``v``. Widths come from :func:`sim.hw.optim.state_bits`.

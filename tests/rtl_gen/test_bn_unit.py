@@ -9,9 +9,10 @@ import re
 
 import numpy as np
 import pytest
+from amaranth import Module, Signal, signed
 from amaranth.sim import Simulator
 
-from rtl_gen.bn_unit import BnBackwardUnit, BnForwardUnit, BnLayer, forward_cycles
+from rtl_gen.bn_unit import BnBackwardUnit, BnForwardUnit, BnLayer, forward_cycles, mul_const
 from rtl_gen.toolchain import run_cocotb, to_verilog
 from sim.config import load_config
 from sim.hw.arith import ArithParams, bn_backward, bn_forward
@@ -72,6 +73,26 @@ def test_cycle_models():
     assert BnForwardUnit(layer=l1).div_iterations == 14  # alpha's 14 bits dominate
     bwd = BnBackwardUnit(layer=l1)
     assert bwd.cycles()["total"] == 2 * 1600 + 16 + 256 + 3
+
+
+def test_mul_const_is_exact():
+    """Shift-and-add products by the configuration constants (canonical signed digits)."""
+    m = Module()
+    value = Signal(signed(12))
+    consts = [0, 1, 3, 7, 100, 100 << 16, 10000 << 16, 0b1011_0111]
+    outs = [Signal(signed(48), name=f"p{i}") for i in range(len(consts))]
+    m.d.comb += [o.eq(mul_const(value, c)) for o, c in zip(outs, consts, strict=True)]
+    sim = Simulator(m)
+
+    async def bench(ctx):
+        for v in (-2048, -1001, -1, 0, 1, 5, 2047):
+            ctx.set(value, v)
+            assert [ctx.get(o) for o in outs] == [v * c for c in consts]
+
+    sim.add_testbench(bench)
+    sim.run()
+    with pytest.raises(ValueError, match="non-negative constant, not -3"):
+        mul_const(value, -3)
 
 
 def test_verilog_ports():

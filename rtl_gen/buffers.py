@@ -1,0 +1,647 @@
+"""Data movement of the accelerator: 32-bit stream beats <-> memory words, and memories streamed out.
+
+The host path (:mod:`rtl_gen.top`) moves every quantity as *memory words*: a quantity lives in one
+memory, or in several banks read at the same address whose outputs concatenate into one word, and a
+word of ``W`` bits travels as ``ceil(W / 32)`` 32-bit beats, least significant first (the format
+``host.driver.QuantityLayout`` decodes). Three blocks do all of it:
+
+- :class:`BeatWriter`: stream beats in, whole words out as sequential memory writes, with the TLAST
+  checks of the ``framing`` error (upload and restore);
+- :class:`MemoryReader`: sequential reads of a memory as a stream of words at one word per cycle,
+  with backpressure (feeds the XNOR engines and the read-back path);
+- :class:`WordSerializer`: words -> beats, TLAST on the last beat of the last word (read-back).
+
+Beats per word are a run-time input (``beats``), so one instance serves quantities of different widths
+(the narrower ones use the low bits).
+"""
+
+from __future__ import annotations
+
+from amaranth import Const, Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .streams import StreamFIFO
+
+__all__ = ["BEAT_BITS", "BeatWriter", "MemoryReader", "WordSerializer", "beat_layout", "beats_for"]
+
+BEAT_BITS = 32
+
+
+def beats_for(width: int) -> int:
+    """Stream beats of one ``width``-bit memory word."""
+    return max(1, -(-int(width) // BEAT_BITS))
+
+
+def beat_layout() -> data.StructLayout:
+    """Payload of the 32-bit host streams: ``data`` and ``last`` (TLAST)."""
+    return data.StructLayout({"data": BEAT_BITS, "last": 1})
+
+
+def _check(name, value, lo, hi=1 << 40):
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise ValueError(f"{name} must be an integer in {lo}..{hi}, not {value!r}")
+    return value
+
+
+class BeatWriter(wiring.Component):
+    """Assembles words of ``beats`` beats from the stream ``i`` and writes them to ``count`` consecutive
+    addresses from 0 (``w_addr``/``w_data``/``w_en``, one cycle each; a word's last beat waits for
+    ``w_ready``, so a target that is momentarily busy holds the stream back; memories keep ``w_ready``
+    high and the DMA runs at full rate).
+
+    Parameters: ``width`` (widest word, bits), ``depth`` (largest ``count``).
+
+    Ports: ``start`` (pulse: begin, with ``count``, ``beats`` and ``final`` valid), ``count``, ``beats``,
+    ``final`` (1: the transfer must end with TLAST on its last beat; 0: a TLAST anywhere in this segment
+    is early, e.g. the images part of an upload), ``i`` (beats), ``w_addr``, ``w_data``, ``w_en``,
+    ``busy``, ``done`` (pulse: finished; ``error`` valid with it), ``error`` (framing), ``abort``
+    (pulse: stop at once, nothing more is written).
+
+    Framing: a TLAST before the last beat ends the command with ``error`` (the transfer is over; what was
+    written stays). A last beat without TLAST when ``final`` is set also sets ``error``, and the writer
+    then accepts and drops beats until TLAST, so the sender never stalls.
+    """
+
+    def __init__(self, *, width: int, depth: int):
+        self._width = _check("width", width, 1)
+        self._depth = _check("depth", depth, 1)
+        self._max_beats = beats_for(width)
+        super().__init__({
+            "start": In(1),
+            "abort": In(1),
+            "count": In(range(depth + 1)),
+            "beats": In(range(1, self._max_beats + 1)),
+            "final": In(1),
+            "i": In(stream.Signature(beat_layout())),
+            "w_addr": Out(range(max(depth, 2))),
+            "w_data": Out(width),
+            "w_en": Out(1),
+            "w_ready": In(1, init=1),
+            "busy": Out(1),
+            "done": Out(1),
+            "error": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        nb = self._max_beats
+        acc = Signal(nb * BEAT_BITS)
+        beat = Signal(range(nb))
+        addr = Signal(range(self._depth + 1))
+        count = Signal(range(self._depth + 1))
+        beats = Signal(range(1, nb + 1))
+        final = Signal()
+        word = Signal(nb * BEAT_BITS)
+        take = Signal()
+        last_beat = Signal()
+        last_word = Signal()
+        m.d.comb += [
+            take.eq(self.i.valid & self.i.ready),
+            last_beat.eq(beat == beats - 1),
+            last_word.eq(addr == count - 1),
+            self.w_addr.eq(addr),
+            self.w_data.eq(word[: self._width]),
+        ]
+        # the word being completed: earlier beats from acc, this beat in its slot
+        for k in range(nb):
+            sl = slice(k * BEAT_BITS, (k + 1) * BEAT_BITS)
+            m.d.comb += word[sl].eq(Mux(beat == k, self.i.payload.data, acc[sl]))
+        m.d.comb += [self.done.eq(0)]
+        with m.FSM():
+            with m.State("idle"):
+                with m.If(self.start):
+                    m.d.sync += [addr.eq(0), beat.eq(0), count.eq(self.count), beats.eq(self.beats),
+                                 final.eq(self.final), self.error.eq(0)]
+                    with m.If(self.count == 0):
+                        m.next = "finish"
+                    with m.Else():
+                        m.next = "run"
+            with m.State("run"):
+                m.d.comb += [self.busy.eq(1), self.i.ready.eq(~last_beat | self.w_ready)]
+                with m.If(self.abort):
+                    m.next = "idle"
+                with m.Elif(take):
+                    m.d.sync += acc.eq(word)
+                    m.d.comb += self.w_en.eq(last_beat)
+                    with m.If(last_beat):
+                        m.d.sync += [beat.eq(0), addr.eq(addr + 1)]
+                    with m.Else():
+                        m.d.sync += beat.eq(beat + 1)
+                    end = Signal()
+                    m.d.comb += end.eq(last_beat & last_word)
+                    with m.If(end):
+                        with m.If(final & ~self.i.payload.last):
+                            m.d.sync += self.error.eq(1)  # no TLAST on the last beat: drop beats until it
+                            m.next = "drain"
+                        with m.Else():
+                            m.d.sync += self.error.eq(~final & self.i.payload.last)  # TLAST in a non-final part
+                            m.next = "finish"
+                    with m.Elif(self.i.payload.last):
+                        m.d.sync += self.error.eq(1)  # early TLAST: the transfer is over
+                        m.next = "finish"
+            with m.State("drain"):
+                m.d.comb += [self.busy.eq(1), self.i.ready.eq(1)]
+                with m.If(self.abort | (take & self.i.payload.last)):
+                    m.next = "finish"
+            with m.State("finish"):
+                m.d.comb += self.done.eq(1)
+                m.next = "idle"
+        return m
+
+
+class MemoryReader(wiring.Component):
+    """Reads ``count`` consecutive addresses from ``base`` through a synchronous read port (``r_addr``,
+    ``r_en``, ``r_data`` one cycle later) and offers the words on ``o`` (``last`` on the final word), one
+    per cycle while ``o.ready`` is high.
+
+    Parameters: ``width`` (word bits), ``depth`` (address range), ``fifo_depth`` (output queue, >= 3
+    for full rate), ``repeat`` (largest ``count`` in units of ``depth``).
+
+    Ports: ``start`` (pulse, with ``base``, ``count`` and ``wrap``), ``abort`` (pulse: stop issuing and empty
+    the queue), ``base``, ``count``, ``wrap`` (nonzero: the address returns to 0 after ``wrap - 1``, to read
+    a buffer several times), ``r_addr``, ``r_en``, ``r_data``, ``o`` (payload ``data``, ``last``), ``busy``
+    (until the last word is taken).
+    """
+
+    def __init__(self, *, width: int, depth: int, fifo_depth: int = 4, repeat: int = 1):
+        self._width = _check("width", width, 1)
+        self._depth = _check("depth", depth, 1)
+        self._fifo_depth = _check("fifo_depth", fifo_depth, 3, 64)
+        self._repeat = _check("repeat", repeat, 1, 16)
+        self._layout = data.StructLayout({"data": width, "last": 1})
+        super().__init__({
+            "start": In(1),
+            "abort": In(1),
+            "base": In(range(max(depth, 2))),
+            "count": In(range(repeat * depth + 1)),
+            "wrap": In(range(depth + 1)),
+            "r_addr": Out(range(max(depth, 2))),
+            "r_en": Out(1),
+            "r_data": In(width),
+            "o": Out(stream.Signature(self._layout)),
+            "busy": Out(1),
+        })
+
+    @property
+    def layout(self):
+        return self._layout
+
+    def elaborate(self, platform):
+        m = Module()
+        D = self._fifo_depth
+        m.submodules.fifo = fifo = StreamFIFO(shape=self._layout, depth=D)
+        addr = Signal(range(max(self._depth, 2)))
+        left = Signal(range(self._repeat * self._depth + 1))  # reads still to issue
+        wrap = Signal(range(self._depth + 1))
+        inflight = Signal()
+        inflight_last = Signal()
+        flushing = Signal()
+        issue = Signal()
+        m.d.comb += [
+            issue.eq((left != 0) & (fifo.level + inflight + 1 <= D) & ~self.abort),
+            self.r_addr.eq(addr),
+            self.r_en.eq(issue),
+            fifo.i.valid.eq(inflight & ~flushing),
+            fifo.i.payload.data.eq(self.r_data),
+            fifo.i.payload.last.eq(inflight_last),
+            self.busy.eq((left != 0) | inflight | fifo.o.valid),
+        ]
+        m.d.sync += [inflight.eq(issue), inflight_last.eq(issue & (left == 1))]
+        with m.If(issue):
+            m.d.sync += [addr.eq(Mux((wrap != 0) & (addr == wrap - 1), 0, addr + 1)), left.eq(left - 1)]
+        with m.If(self.start):
+            m.d.sync += [addr.eq(self.base), left.eq(self.count), wrap.eq(self.wrap)]
+        # abort: stop issuing, drop what is queued
+        with m.If(self.abort):
+            m.d.sync += [left.eq(0), flushing.eq(1)]
+        with m.Elif(flushing & ~fifo.o.valid & ~inflight):
+            m.d.sync += flushing.eq(0)
+        m.d.comb += [
+            self.o.valid.eq(fifo.o.valid & ~flushing),
+            self.o.payload.eq(fifo.o.payload),
+            fifo.o.ready.eq(self.o.ready | flushing),
+        ]
+        return m
+
+
+class WordSerializer(wiring.Component):
+    """Words of up to ``width`` bits in (``i``: ``data``, ``last``), 32-bit beats out (``o``), ``beats``
+    beats per word (run-time), least significant first; TLAST on the last beat of a word marked ``last``.
+    Full rate: a one-beat word per cycle."""
+
+    def __init__(self, *, width: int):
+        self._width = _check("width", width, 1)
+        self._max_beats = beats_for(width)
+        super().__init__({
+            "beats": In(range(1, self._max_beats + 1)),
+            "i": In(stream.Signature(data.StructLayout({"data": width, "last": 1}))),
+            "o": Out(stream.Signature(beat_layout())),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        nb = self._max_beats
+        shreg = Signal(nb * BEAT_BITS)
+        full = Signal()
+        last = Signal()
+        beat = Signal(range(nb))
+        final_beat = Signal()
+        load = Signal()
+        m.d.comb += [
+            final_beat.eq(beat == self.beats - 1),
+            self.o.valid.eq(full),
+            self.o.payload.data.eq(shreg[:BEAT_BITS]),
+            self.o.payload.last.eq(last & final_beat),
+            self.i.ready.eq(~full | (self.o.ready & final_beat)),
+            load.eq(self.i.valid & self.i.ready),
+        ]
+        with m.If(full & self.o.ready):
+            m.d.sync += [shreg.eq(shreg >> BEAT_BITS), beat.eq(beat + 1)]
+            with m.If(final_beat):
+                m.d.sync += full.eq(0)
+        with m.If(load):
+            m.d.sync += [shreg.eq(self.i.payload.data), full.eq(1), beat.eq(0), last.eq(self.i.payload.last)]
+        return m
+
+
+def zero_extend(value, width: int):
+    """``value`` as exactly ``width`` bits (truncated or zero-extended)."""
+    v = value.as_value() if hasattr(value, "as_value") else value
+    if len(v) >= width:
+        return v[:width]
+    return v | Const(0, width)
+
+
+class RowReader(wiring.Component):
+    """Rows of a sample-banked buffer, in sample order: ``rows`` rows of ``words`` words each, row ``s`` in
+    bank ``s % banks`` at addresses ``(s // banks) * words + k``. All banks get the same ``r_addr``/``r_en``;
+    the word is taken from bank ``s % banks`` (``r_data`` is the banks' outputs, bank 0 lowest). Output ``o``:
+    ``data``, ``row_last`` (word ``words - 1``), ``last`` (the final word); one word per cycle.
+
+    Ports: ``start``, ``abort`` (pulses), ``r_addr``, ``r_en``, ``r_data``, ``o``, ``busy``.
+    """
+
+    def __init__(self, *, width: int, banks: int, words: int, rows: int, fifo_depth: int = 4):
+        self._width = _check("width", width, 1)
+        self._banks = _check("banks", banks, 1, 4096)
+        self._words = _check("words", words, 1)
+        self._rows = _check("rows", rows, 1)
+        self._depth = -(-rows // banks) * words
+        self._fifo_depth = fifo_depth
+        self._layout = data.StructLayout({"data": width, "row_last": 1, "last": 1})
+        super().__init__({
+            "start": In(1),
+            "abort": In(1),
+            "r_addr": Out(range(max(self._depth, 2))),
+            "r_en": Out(1),
+            "r_data": In(data.ArrayLayout(width, banks)),
+            "o": Out(stream.Signature(self._layout)),
+            "busy": Out(1),
+        })
+
+    @property
+    def depth(self) -> int:
+        """Words per bank."""
+        return self._depth
+
+    def elaborate(self, platform):
+        m = Module()
+        D = self._fifo_depth
+        W, NB, R = self._words, self._banks, self._rows
+        m.submodules.fifo = fifo = StreamFIFO(shape=self._layout, depth=D)
+        running = Signal()
+        k = Signal(range(W))
+        bank = Signal(range(NB))
+        row = Signal(range(R))
+        base = Signal(range(max(self._depth, 2)))  # (row // banks) * words
+        inflight = Signal()
+        s1_bank = Signal(range(NB))
+        s1_row_last = Signal()
+        s1_last = Signal()
+        flushing = Signal()
+        issue = Signal()
+        m.d.comb += [
+            issue.eq(running & (fifo.level + inflight + 1 <= D) & ~self.abort),
+            self.r_addr.eq(base + k),
+            self.r_en.eq(issue),
+            fifo.i.valid.eq(inflight & ~flushing),
+            fifo.i.payload.data.eq(self.r_data[s1_bank]),
+            fifo.i.payload.row_last.eq(s1_row_last),
+            fifo.i.payload.last.eq(s1_last),
+            self.busy.eq(running | inflight | fifo.o.valid),
+            self.o.valid.eq(fifo.o.valid & ~flushing),
+            self.o.payload.eq(fifo.o.payload),
+            fifo.o.ready.eq(self.o.ready | flushing),
+        ]
+        last_word = Signal()
+        m.d.comb += last_word.eq((k == W - 1) & (row == R - 1))
+        m.d.sync += [inflight.eq(issue), s1_bank.eq(bank), s1_row_last.eq(k == W - 1), s1_last.eq(last_word)]
+        with m.If(issue):
+            with m.If(k == W - 1):
+                m.d.sync += [k.eq(0), row.eq(row + 1)]
+                with m.If(bank == NB - 1):
+                    m.d.sync += [bank.eq(0), base.eq(base + W)]
+                with m.Else():
+                    m.d.sync += bank.eq(bank + 1)
+                with m.If(row == R - 1):
+                    m.d.sync += running.eq(0)
+            with m.Else():
+                m.d.sync += k.eq(k + 1)
+        with m.If(self.start):
+            m.d.sync += [running.eq(1), k.eq(0), bank.eq(0), row.eq(0), base.eq(0)]
+        with m.If(self.abort):
+            m.d.sync += [running.eq(0), flushing.eq(1)]
+        with m.Elif(flushing & ~fifo.o.valid & ~inflight):
+            m.d.sync += flushing.eq(0)
+        return m
+
+
+class RowWriter(wiring.Component):
+    """Sequential writes into a sample-banked buffer (the layout :class:`RowReader` reads): word ``k`` of row
+    ``s`` goes to bank ``s % banks``, address ``(s // banks) * words + k``. ``start`` resets the position;
+    each ``valid`` cycle writes ``data`` (``w_en`` is one-hot over the banks)."""
+
+    def __init__(self, *, width: int, banks: int, words: int, rows: int):
+        self._width = _check("width", width, 1)
+        self._banks = _check("banks", banks, 1, 4096)
+        self._words = _check("words", words, 1)
+        self._rows = _check("rows", rows, 1)
+        self._depth = -(-rows // banks) * words
+        super().__init__({
+            "start": In(1),
+            "valid": In(1),
+            "data": In(width),
+            "w_addr": Out(range(max(self._depth, 2))),
+            "w_data": Out(width),
+            "w_en": Out(banks),
+            "count": Out(range(rows * words + 1)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        W, NB = self._words, self._banks
+        k = Signal(range(W))
+        bank = Signal(range(NB))
+        base = Signal(range(max(self._depth, 2)))
+        m.d.comb += [
+            self.w_addr.eq(base + k),
+            self.w_data.eq(self.data),
+            self.w_en.eq(Mux(self.valid, 1 << bank, 0)),
+        ]
+        with m.If(self.valid):
+            m.d.sync += self.count.eq(self.count + 1)
+            with m.If(k == W - 1):
+                m.d.sync += k.eq(0)
+                with m.If(bank == NB - 1):
+                    m.d.sync += [bank.eq(0), base.eq(base + W)]
+                with m.Else():
+                    m.d.sync += bank.eq(bank + 1)
+            with m.Else():
+                m.d.sync += k.eq(k + 1)
+        with m.If(self.start):
+            m.d.sync += [k.eq(0), bank.eq(0), base.eq(0), self.count.eq(0)]
+        return m
+
+
+class TileReader(wiring.Component):
+    """The dW operand stream: for every bank row ``g * words + k`` (``g`` outer), ``tiles`` beats ``t``; beat
+    ``t`` reads address ``t * words + k`` of every bank of the activation buffer ``a`` and address
+    ``t * groups + g`` of every bank of the code buffer ``c`` (both sample-banked: bank ``i`` of beat ``t``
+    holds sample ``t * banks + i``). Output ``o``: ``a`` (all banks), ``c`` (all banks), ``last`` (the tile's
+    last beat); one beat per cycle."""
+
+    def __init__(self, *, a_width: int, c_width: int, banks: int, words: int, groups: int, tiles: int,
+                 fifo_depth: int = 4):
+        self._aw, self._cw = _check("a_width", a_width, 1), _check("c_width", c_width, 1)
+        self._banks = _check("banks", banks, 1, 4096)
+        self._words, self._groups, self._tiles = words, groups, tiles
+        self._fifo_depth = fifo_depth
+        self._layout = data.StructLayout({
+            "a": data.ArrayLayout(a_width, banks), "c": data.ArrayLayout(c_width, banks), "last": 1})
+        super().__init__({
+            "start": In(1),
+            "abort": In(1),
+            "a_addr": Out(range(max(tiles * words, 2))),
+            "c_addr": Out(range(max(tiles * groups, 2))),
+            "r_en": Out(1),
+            "a_data": In(data.ArrayLayout(a_width, banks)),
+            "c_data": In(data.ArrayLayout(c_width, banks)),
+            "o": Out(stream.Signature(self._layout)),
+            "busy": Out(1),
+        })
+
+    @property
+    def beats(self) -> int:
+        return self._words * self._groups * self._tiles
+
+    def elaborate(self, platform):
+        m = Module()
+        D = self._fifo_depth
+        W, G, T = self._words, self._groups, self._tiles
+        m.submodules.fifo = fifo = StreamFIFO(shape=self._layout, depth=D)
+        running = Signal()
+        g = Signal(range(G))
+        k = Signal(range(W))
+        t = Signal(range(T))
+        a_addr = Signal(range(max(T * W, 2)))
+        c_addr = Signal(range(max(T * G, 2)))
+        inflight = Signal()
+        s1_last = Signal()
+        flushing = Signal()
+        issue = Signal()
+        m.d.comb += [
+            issue.eq(running & (fifo.level + inflight + 1 <= D) & ~self.abort),
+            self.a_addr.eq(a_addr),
+            self.c_addr.eq(c_addr),
+            self.r_en.eq(issue),
+            fifo.i.valid.eq(inflight & ~flushing),
+            fifo.i.payload.a.eq(self.a_data),
+            fifo.i.payload.c.eq(self.c_data),
+            fifo.i.payload.last.eq(s1_last),
+            self.busy.eq(running | inflight | fifo.o.valid),
+            self.o.valid.eq(fifo.o.valid & ~flushing),
+            self.o.payload.eq(fifo.o.payload),
+            fifo.o.ready.eq(self.o.ready | flushing),
+        ]
+        m.d.sync += [inflight.eq(issue), s1_last.eq(t == T - 1)]
+        with m.If(issue):
+            with m.If(t == T - 1):
+                m.d.sync += t.eq(0)
+                with m.If(k == W - 1):
+                    m.d.sync += [k.eq(0), g.eq(g + 1), a_addr.eq(0), c_addr.eq(g + 1)]
+                    with m.If(g == G - 1):
+                        m.d.sync += running.eq(0)
+                with m.Else():
+                    m.d.sync += [k.eq(k + 1), a_addr.eq(k + 1), c_addr.eq(g)]
+            with m.Else():
+                m.d.sync += [t.eq(t + 1), a_addr.eq(a_addr + W), c_addr.eq(c_addr + G)]
+        with m.If(self.start):
+            m.d.sync += [running.eq(1), g.eq(0), k.eq(0), t.eq(0), a_addr.eq(0), c_addr.eq(0)]
+        with m.If(self.abort):
+            m.d.sync += [running.eq(0), flushing.eq(1)]
+        with m.Elif(flushing & ~fifo.o.valid & ~inflight):
+            m.d.sync += flushing.eq(0)
+        return m
+
+
+def host_request_layout(outer: int, inner: int, width: int) -> data.StructLayout:
+    """A host access to a unit's storage: ``write``, ``space`` (which array), ``outer`` and ``inner``
+    (address parts, e.g. bank row and lane), ``data``."""
+    return data.StructLayout({"write": 1, "space": 3, "outer": range(max(outer, 2)), "inner": range(max(inner, 2)),
+                              "data": width})
+
+
+class HostSequencer(wiring.Component):
+    """Walks ``count`` addresses of the selected quantity for the host path, ``inner_n`` inner positions
+    per outer step (e.g. lanes per bank row), as requests on ``req``.
+
+    Read mode (``write = 0``): one request outstanding; each response (``resp``) leaves on ``o`` with
+    ``last`` on the final word. Write mode: the requests carry the words of ``w_data`` (``w_valid`` /
+    ``w_ready``, from a :class:`BeatWriter`).
+    """
+
+    def __init__(self, *, outer: int, inner: int, width: int, count: int):
+        self._outer, self._inner, self._width, self._count = outer, inner, width, count
+        self._req = host_request_layout(outer, inner, width)
+        super().__init__({
+            "start": In(1),
+            "abort": In(1),
+            "write": In(1),
+            "space": In(3),
+            "count": In(range(count + 1)),
+            "inner_n": In(range(1, max(inner, 1) + 1)),
+            "req": Out(stream.Signature(self._req)),
+            "resp": In(stream.Signature(width)),
+            "o": Out(stream.Signature(data.StructLayout({"data": width, "last": 1}))),
+            "w_valid": In(1),
+            "w_data": In(width),
+            "w_ready": Out(1),
+            "busy": Out(1),
+        })
+
+    @property
+    def request_layout(self):
+        return self._req
+
+    def elaborate(self, platform):
+        m = Module()
+        running = Signal()
+        write = Signal()
+        space = Signal(3)
+        left = Signal(range(self._count + 1))
+        inner_n = Signal(range(1, max(self._inner, 1) + 1))
+        outer = Signal(range(max(self._outer, 2)))
+        inner = Signal(range(max(self._inner, 2)))
+        waiting = Signal()  # a read is outstanding
+        out_full = Signal()
+        out_data = Signal(self._width)
+        out_last = Signal()
+        m.d.comb += [
+            self.req.payload.write.eq(write),
+            self.req.payload.space.eq(space),
+            self.req.payload.outer.eq(outer),
+            self.req.payload.inner.eq(inner),
+            self.req.payload.data.eq(self.w_data),
+            self.o.valid.eq(out_full),
+            self.o.payload.data.eq(out_data),
+            self.o.payload.last.eq(out_last),
+            self.busy.eq(running | waiting | out_full),
+        ]
+        go = Signal()
+        with m.If(running & ~self.abort):
+            with m.If(write):
+                m.d.comb += [self.req.valid.eq(self.w_valid), self.w_ready.eq(self.req.ready)]
+            with m.Else():
+                m.d.comb += self.req.valid.eq(~waiting & ~out_full)
+        m.d.comb += go.eq(self.req.valid & self.req.ready)
+        with m.If(go):
+            m.d.sync += left.eq(left - 1)
+            with m.If(inner == inner_n - 1):
+                m.d.sync += [inner.eq(0), outer.eq(outer + 1)]
+            with m.Else():
+                m.d.sync += inner.eq(inner + 1)
+            with m.If(left == 1):
+                m.d.sync += running.eq(0)
+            with m.If(~write):
+                m.d.sync += [waiting.eq(1), out_last.eq(left == 1)]
+        m.d.comb += self.resp.ready.eq(waiting & ~out_full)
+        with m.If(self.resp.valid & self.resp.ready):
+            m.d.sync += [waiting.eq(0), out_full.eq(1), out_data.eq(self.resp.payload)]
+        with m.If(self.o.valid & self.o.ready):
+            m.d.sync += out_full.eq(0)
+        with m.If(self.start):
+            m.d.sync += [running.eq(self.count != 0), write.eq(self.write), space.eq(self.space), left.eq(self.count),
+                         inner_n.eq(self.inner_n), outer.eq(0), inner.eq(0)]
+        with m.If(self.abort):
+            m.d.sync += [running.eq(0), waiting.eq(0), out_full.eq(0)]
+        return m
+
+
+class MemoryTarget(wiring.Component):
+    """A plain memory (or a register) behind the host request/response protocol of :class:`HostSequencer`:
+    requests are taken when no response is pending; a read answers one cycle later (synchronous read
+    port: ``r_addr``/``r_en``/``r_data``); a write drives ``w_addr``/``w_data``/``w_en`` for one cycle."""
+
+    def __init__(self, *, outer: int, inner: int, width: int):
+        self._req = host_request_layout(outer, inner, width)
+        super().__init__({
+            "req": In(stream.Signature(self._req)),
+            "resp": Out(stream.Signature(width)),
+            "r_addr": Out(range(max(outer, 2))),
+            "r_en": Out(1),
+            "r_data": In(width),
+            "w_addr": Out(range(max(outer, 2))),
+            "w_data": Out(width),
+            "w_en": Out(1),
+            "space": Out(3),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        pending = Signal()
+        space = Signal(3)
+        m.d.comb += [
+            self.req.ready.eq(~pending & ~self.resp.valid),
+            self.r_addr.eq(self.req.payload.outer),
+            self.r_en.eq(self.req.valid & self.req.ready & ~self.req.payload.write),
+            self.w_addr.eq(self.req.payload.outer),
+            self.w_data.eq(self.req.payload.data),
+            self.w_en.eq(self.req.valid & self.req.ready & self.req.payload.write),
+            self.space.eq(Mux(self.req.valid & self.req.ready, self.req.payload.space, space)),
+        ]
+        resp_full = Signal()
+        resp_data = Signal(len(self.resp.payload))
+        with m.If(self.r_en):
+            m.d.sync += [pending.eq(1), space.eq(self.req.payload.space)]
+        with m.If(pending):
+            m.d.sync += [pending.eq(0), resp_full.eq(1), resp_data.eq(self.r_data)]
+        with m.If(self.resp.valid & self.resp.ready):
+            m.d.sync += resp_full.eq(0)
+        m.d.comb += [self.resp.valid.eq(resp_full), self.resp.payload.eq(resp_data)]
+        return m
+
+
+def fork(m: Module, src, dsts: list, name: str = "fork"):
+    """Connect the handshake of stream ``src`` to every stream in ``dsts`` (an eager fork: each destination
+    takes the beat when it is ready, ``src`` moves on once all have taken it; no ``valid`` depends on a
+    ``ready``). Payloads are assigned by the caller. Returns the ``src`` transfer signal."""
+    taken = [Signal(name=f"{name}_taken{i}") for i in range(len(dsts))]
+    done = [Signal(name=f"{name}_done{i}") for i in range(len(dsts))]
+    move = Signal(name=f"{name}_move")
+    for d, t, dn in zip(dsts, taken, done, strict=True):
+        m.d.comb += [d.valid.eq(src.valid & ~t), dn.eq(t | d.ready)]
+    m.d.comb += [move.eq(src.valid & _and(done)), src.ready.eq(_and(done))]
+    for d, t in zip(dsts, taken, strict=True):
+        with m.If(move):
+            m.d.sync += t.eq(0)
+        with m.Elif(d.valid & d.ready):
+            m.d.sync += t.eq(1)
+    return move
+
+
+def _and(values):
+    out = Const(1)
+    for v in values:
+        out = out & v
+    return out

@@ -1,0 +1,552 @@
+"""The accelerator's control registers (declared once) and the command controller.
+
+:func:`build_regmap` declares every register the host sees; the map is exported as JSON with the
+accelerator description (``host.driver.AcceleratorDescription``) and implemented by
+:class:`rtl_gen.axil.AXI4LiteCSR` in :mod:`rtl_gen.top`.
+
+Commands (``cmd``, one pulse field each; write exactly one bit):
+
+``upload``   accept one batch on the stream input: ``arg.batch`` samples, then their labels.
+``train``    run one training step (forward, loss, backward, update) on the uploaded batch.
+``readback`` send quantity ``arg.quantity`` of layer ``arg.layer`` on the stream output.
+``restore``  accept quantity ``arg.quantity`` of layer ``arg.layer`` on the stream input.
+``abort``    stop the running command (streams are drained and refilled with nothing); always accepted.
+
+A command that makes no sense is refused: nothing starts, an ``error`` bit is set, ``status.busy`` does
+not change. The ``error`` bits (sticky, write 1 to clear):
+
+``busy``      a command (other than abort) while another one runs, e.g. start while training or a
+              read-back during training;
+``multiple``  more than one command bit in one write;
+``batch``     ``arg.batch`` is not a batch size the hardware was built for (``info.batch``);
+``layer``     ``arg.layer`` >= ``info.layers``;
+``quantity``  ``arg.quantity`` is not a quantity of that layer, or a restore of a read-only one;
+``no_batch``  ``train`` without a complete batch uploaded since the last step;
+``framing``   an input stream transfer whose TLAST came early or not on the last beat (the command ends,
+              the rest of the transfer is accepted and dropped, so the DMA never stalls);
+``label``     an uploaded label >= ``info.classes`` (the batch is not marked complete).
+
+``done`` bits (sticky, write 1 to clear) report each command's completion; ``status.busy`` is high
+while a command runs. ``cycles`` holds the clock cycles of the last ``train`` command (from the cycle
+after the command to the cycle it completes), ``steps`` counts completed training steps and
+``correct`` is the last step's number of correctly classified samples.
+"""
+
+from __future__ import annotations
+
+import math
+
+from amaranth import Const, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from rtl_gen.regmap import Field, Register, RegisterMap
+
+__all__ = [
+    "BnParamUnit",
+    "COMMANDS",
+    "bn_param_cycles",
+    "bn_param_sizes",
+    "ERRORS",
+    "MAGIC",
+    "OPTIMIZER_CODES",
+    "REGMAP_VERSION",
+    "build_regmap",
+]
+
+MAGIC = 0x584E  # "XN"
+REGMAP_VERSION = 1
+COMMANDS = ("upload", "train", "readback", "restore", "abort")
+DONE = ("upload", "train", "readback", "restore")
+ERRORS = ("busy", "multiple", "batch", "layer", "quantity", "no_batch", "framing", "label")
+OPTIMIZER_CODES = {"switch": 0, "bop": 1, "iir": 2, "sgd": 3}
+
+#: Controller states as shown in ``status.state`` (for debugging from the host).
+STATES = ("idle", "upload", "forward", "loss", "backward", "update", "readback", "restore", "drain", "finish")
+
+
+def build_regmap(*, name: str, layers: int, batch: int, classes: int, input_int8: bool, optimizer: str,
+                 quantity_kinds: int, layer_bits: int = 4) -> RegisterMap:
+    """The accelerator's register map (12-bit address space: one 4 KiB AXI window)."""
+    if not 1 <= layers < (1 << layer_bits):
+        raise ValueError(f"layers = {layers} does not fit the {layer_bits}-bit layer field")
+    if optimizer not in OPTIMIZER_CODES:
+        raise ValueError(f"optimizer {optimizer!r} is not one of {sorted(OPTIMIZER_CODES)}")
+    qbits = max(1, (quantity_kinds - 1).bit_length())
+    regs = [
+        Register("id", "ro", desc="identification", fields=[
+            Field("magic", 16, reset=MAGIC, desc='0x584E ("XN")'),
+            Field("version", 8, reset=REGMAP_VERSION, desc="register map version"),
+        ]),
+        Register("info", "ro", desc="build-time geometry", fields=[
+            Field("layers", layer_bits, reset=layers, desc="weight layers"),
+            Field("classes", 12, reset=classes, desc="output classes"),
+            Field("input_int8", 1, reset=int(input_int8), desc="first-layer input: 1 = int8 pixels, 0 = +-1 bits"),
+            Field("optimizer", 2, reset=OPTIMIZER_CODES[optimizer], desc="0 switch, 1 bop, 2 iir, 3 sgd"),
+        ]),
+        Register("info_batch", "ro", desc="batch size the datapath is built for", fields=[
+            Field("batch", 16, reset=batch),
+        ]),
+        Register("cmd", "pulse", desc="commands: write exactly one bit", fields=[
+            Field(c, 1, desc=f"start {c}") for c in COMMANDS
+        ]),
+        Register("arg", "rw", desc="command arguments", fields=[
+            Field("batch", 16, desc="upload: samples in the batch (must equal info_batch.batch)"),
+            Field("layer", layer_bits, desc="readback/restore: weight layer"),
+            Field("quantity", qbits, desc="readback/restore: quantity code (accelerator.json 'kinds')"),
+        ]),
+        Register("sched", "rw", desc="per-step optimiser constants (host: Driver.schedule_words)", fields=[
+            Field("lr_shift", 6, desc="round(-log2 lr): beta update (and sgd)"),
+            Field("opt_shift", 6, desc="bop EMA shift / iir alpha shift at this point of the schedule"),
+        ]),
+        Register("status", "ro", desc="controller state", fields=[
+            Field("busy", 1, desc="a command is running"),
+            Field("state", 4, desc="controller state: " + ", ".join(f"{i} {s}" for i, s in enumerate(STATES))),
+            Field("layer", layer_bits, desc="layer being processed"),
+            Field("batch_loaded", 1, desc="a complete batch is waiting for train"),
+            Field("phase", 6, desc="train: index of the running phase (SystemPlan.phases())"),
+        ]),
+        Register("done", "w1c", desc="command completion flags", fields=[Field(d, 1) for d in DONE]),
+        Register("error", "w1c", desc="refused or failed commands", fields=[Field(e, 1) for e in ERRORS]),
+        Register("cycles", "ro", width=32, desc="clock cycles of the last train command"),
+        Register("steps", "ro", width=32, desc="training steps completed since reset"),
+        Register("correct", "ro", width=16, desc="correctly classified samples of the last step"),
+    ]  # fmt: skip
+    return RegisterMap(regs, name=name, addr_width=12)
+
+
+# --- per-layer BN parameters: running statistics and the beta optimiser ---------------------------------
+
+SPACE_BETA, SPACE_M, SPACE_A, SPACE_MU, SPACE_S, SPACE_E = range(6)
+E_WIDTH = 16
+
+
+def bitlen_signal(m, value, width: int, name: str):
+    """``int.bit_length`` of the unsigned ``value`` (a priority encoder), as a Signal."""
+    out = Signal(range(width + 1), name=name)
+    for i in range(width):
+        with m.If(value[i]):
+            m.d.comb += out.eq(i + 1)
+    return out
+
+
+def m_extra_bits(sm: int, sa: int) -> int:
+    """Headroom of the beta momentum ``m`` over the scale EMA ``a`` (docs/architecture.md, "beta update"):
+    ``|m| <= F a`` with ``F = 2^(sa-sm) / (1 - (1-2^-sm)/(1-2^-sa))`` when ``sa > sm`` (old large gradients
+    decay faster in ``m`` than in ``a``), plus rounding; returns ``bitlen(ceil(F)) + 1``."""
+    if sm <= 0 or sa <= sm:
+        return 2
+    ratio = (1 - 2.0**-sm) / (1 - 2.0**-sa)
+    f = 2.0 ** (sa - sm) / (1 - ratio)
+    return int(math.ceil(f)).bit_length() + 1
+
+
+def bn_param_sizes(layer, hw) -> dict:
+    """Widths of :class:`BnParamUnit`'s storage and divider for a :class:`rtl_gen.bn_unit.BnLayer` and the
+    ``[hw]`` section: ``beta``, ``m``, ``a``, ``running``, ``p1``, ``host`` (bits) and ``divider``
+    (dividend, divisor, quotient widths)."""
+    p = layer.params
+    w = layer.widths
+    bits = hw.beta_state_bits
+    out = {
+        "beta": p.beta_int + p.beta_frac,
+        "m": bits + m_extra_bits(hw.beta_momentum_shift, hw.beta_scale_shift),
+        "a": bits,
+        "running": w["running"],
+        "p1": w["P"],
+    }
+    out["host"] = max(out["beta"], out["m"], out["a"], out["running"], E_WIDTH)
+    B, fr = layer.batch, p.running_frac
+    ymax = layer.y_bound
+    smax = layer.bounds.S
+    run_q = max((ymax << fr) + 2, (2 * ymax << fr) + 2).bit_length() + 1
+    run_n = max(2 * B * (ymax << fr) + 2 * B, 2 * (smax << fr) + B * B).bit_length() + 1
+    out["run_n"] = run_n
+    out["divider"] = (max(run_n, out["m"] + 11), max((2 * B * B).bit_length() + 1, out["a"] + 2), max(run_q, 10))
+    return out
+
+
+def bn_param_cycles(layer, hw, div_steps: int) -> dict:
+    """Cycles of :class:`BnParamUnit`: ``running`` per channel (two divisions) and the beta ``update`` of
+    the layer (maxima pass, then per channel read, align, EMAs, ratio division, write)."""
+    wq = bn_param_sizes(layer, hw)["divider"][2]
+    it = -(-wq // min(div_steps, wq))
+    M = layer.channels
+    # running, per channel: idle, request, it + 1 waiting for the quotient, request, it + 1
+    # update: maxima pass (M + 2), exponent (1), per channel read, align, ema, request, it + 1, apply
+    return {"running": 2 * it + 5, "update": M + 3 + M * (it + 6)}
+
+
+class BnParamUnit(wiring.Component):
+    """The BN parameters of one layer and their per-step updates, bit-exact to
+    :func:`sim.hw.arith.running_update` and :func:`sim.hw.optim.beta_update`.
+
+    Storage (one entry per channel): ``beta`` (Q.Fb), the beta EMAs ``m`` and ``a`` (block floating point
+    with the layer exponent ``e``), the running mean ``mu`` and scale ``s`` (Q.Fr), and this step's ``P1``.
+
+    Ports:
+        stats: ``In(stream {sum_y, S})`` per channel from the BN forward unit: running update, one channel
+            at a time (two divisions by the constants ``2B`` and ``2B^2`` on the unit's divider).
+        p1: ``In(stream P)`` per channel from the BN backward unit (kept for the update).
+        beta_start: pulse: stream ``beta`` out on ``beta`` (channel order) for the BN forward unit.
+        update: pulse: run the beta update with ``scale`` (the layer's gradient scale exponent) and
+            ``lr_shift`` (round(-log2 lr)), both sampled with the pulse; it starts once the running
+            statistics in flight are done; ``busy`` until it is done.
+        host / host_rdata: host access (:func:`rtl_gen.buffers.host_request_layout`), ``space`` 0 beta,
+            1 m, 2 a, 3 mu, 4 s, 5 e (one value), ``outer`` = channel.
+    """
+
+    def __init__(self, *, layer, hw, div_steps: int = 2):
+        from .bn_unit import BnLayer
+
+        if not isinstance(layer, BnLayer):
+            raise TypeError(f"layer must be a BnLayer, not {layer!r}")
+        self._layer = layer
+        self._p = p = layer.params
+        self._sm, self._sa, self._bits = hw.beta_momentum_shift, hw.beta_scale_shift, hw.beta_state_bits
+        self._rshift = p.running_shift
+        sizes = bn_param_sizes(layer, hw)
+        w = layer.widths
+        self.beta_width = sizes["beta"]
+        self.m_width = sizes["m"]
+        self.a_width = sizes["a"]
+        self.run_width = sizes["running"]
+        self.p_width = sizes["p1"]
+        self.host_width = sizes["host"]
+        self._div = sizes["divider"]
+        self._run_n = sizes["run_n"]
+        self._div_steps = div_steps
+        M = layer.channels
+        from .buffers import host_request_layout
+
+        super().__init__({
+            "stats": In(stream.Signature(data.StructLayout({"sum_y": signed(w["sum_y"]),
+                                                            "S": unsigned(layer.s_width)}))),
+            "p1": In(stream.Signature(signed(self.p_width))),
+            "beta_start": In(1),
+            "beta": Out(stream.Signature(signed(self.beta_width))),
+            "update": In(1),
+            "scale": In(signed(E_WIDTH)),
+            "lr_shift": In(6),
+            "busy": Out(1),
+            "host": In(stream.Signature(host_request_layout(M, 1, self.host_width))),
+            "host_rdata": Out(stream.Signature(self.host_width)),
+        })
+
+    def cycles(self) -> dict:
+        """See :func:`bn_param_cycles`."""
+        return bn_param_cycles(self._layer, _HwView(self._sm, self._sa, self._bits), self._div_steps)
+
+    def elaborate(self, platform):
+        from .divider import Divider
+
+        lay, p = self._layer, self._p
+        M, B = lay.channels, lay.batch
+        fr, fb = p.running_frac, p.beta_frac
+        sm, sa, bits = self._sm, self._sa, self._bits
+        m = Module()
+        wn, wd, wq = self._div
+        m.submodules.div = div = Divider(dividend_width=wn, divisor_width=wd, quotient_width=wq,
+                                         steps=min(self._div_steps, wq))
+        mems = {}
+        for name, shape in (("beta", signed(self.beta_width)), ("m", signed(self.m_width)),
+                            ("a", unsigned(self.a_width)), ("mu", signed(self.run_width)),
+                            ("s", signed(self.run_width)), ("p1", signed(self.p_width))):
+            init = [1 << fr] * M if name == "s" else []
+            mem = m.submodules[f"{name}_mem"] = Memory(shape=shape, depth=M, init=init)
+            mems[name] = (mem.read_port(), mem.write_port())
+        e_reg = Signal(signed(E_WIDTH))
+        rd = {k: v[0] for k, v in mems.items()}
+        wr = {k: v[1] for k, v in mems.items()}
+
+        # ---- host access (only while idle) ----------------------------------------------------------------
+        h = self.host.payload
+        busy = Signal()
+        host_pending = Signal()
+        host_space = Signal(3)
+        resp_full = Signal()
+        resp_data = Signal(self.host_width)
+        m.d.comb += [
+            self.host.ready.eq(~busy & ~host_pending & ~resp_full),
+            self.host_rdata.valid.eq(resp_full),
+            self.host_rdata.payload.eq(resp_data),
+        ]
+        host_go = self.host.valid & self.host.ready
+        host_rd = Signal()
+        host_wr = Signal()
+        m.d.comb += [host_rd.eq(host_go & ~h.write), host_wr.eq(host_go & h.write)]
+        spaces = {"beta": SPACE_BETA, "m": SPACE_M, "a": SPACE_A, "mu": SPACE_MU, "s": SPACE_S}
+        with m.If(host_rd):
+            m.d.sync += [host_pending.eq(1), host_space.eq(h.space)]
+        with m.If(host_pending):
+            m.d.sync += [host_pending.eq(0), resp_full.eq(1)]
+            with m.Switch(host_space):
+                for name, sp in spaces.items():
+                    with m.Case(sp):
+                        m.d.sync += resp_data.eq(rd[name].data)
+                with m.Case(SPACE_E):
+                    m.d.sync += resp_data.eq(e_reg.as_unsigned())
+        with m.If(self.host_rdata.valid & self.host_rdata.ready):
+            m.d.sync += resp_full.eq(0)
+        with m.If(host_wr & (h.space == SPACE_E)):
+            m.d.sync += e_reg.eq(h.data[:E_WIDTH])
+
+        # default port drive: the host
+        for name, sp in spaces.items():
+            m.d.comb += [
+                rd[name].addr.eq(h.outer),
+                rd[name].en.eq(host_rd & (h.space == sp)),
+                wr[name].addr.eq(h.outer),
+                wr[name].data.eq(h.data),
+                wr[name].en.eq(host_wr & (h.space == sp)),
+            ]
+
+        # ---- beta stream for the forward unit -----------------------------------------------------------------
+        b_left = Signal(range(M + 1))
+        b_addr = Signal(range(M))
+        b_inflight = Signal()
+        b_full = Signal()
+        b_data = Signal(signed(self.beta_width))
+        b_issue = Signal()
+        m.d.comb += [
+            b_issue.eq((b_left != 0) & ~b_inflight & ~b_full),
+            self.beta.valid.eq(b_full),
+            self.beta.payload.eq(b_data),
+        ]
+        with m.If(b_issue):
+            m.d.comb += [rd["beta"].addr.eq(b_addr), rd["beta"].en.eq(1)]
+            m.d.sync += [b_addr.eq(b_addr + 1), b_left.eq(b_left - 1), b_inflight.eq(1)]
+        with m.If(b_inflight):
+            m.d.sync += [b_inflight.eq(0), b_full.eq(1), b_data.eq(rd["beta"].data)]
+        with m.If(self.beta.valid & self.beta.ready):
+            m.d.sync += b_full.eq(0)
+        with m.If(self.beta_start):
+            m.d.sync += [b_left.eq(M), b_addr.eq(0)]
+
+        # ---- P1 capture ----------------------------------------------------------------------------------------
+        p1_addr = Signal(range(M))
+        m.d.comb += self.p1.ready.eq(1)
+        with m.If(self.p1.valid):
+            m.d.comb += [wr["p1"].addr.eq(p1_addr), wr["p1"].data.eq(self.p1.payload), wr["p1"].en.eq(1)]
+            m.d.sync += p1_addr.eq(Mux(p1_addr == M - 1, 0, p1_addr + 1))
+
+        # ---- running statistics -----------------------------------------------------------------------------
+        ch = Signal(range(M))
+        sum_y = Signal(signed(len(self.stats.payload.sum_y)))
+        s_val = Signal(unsigned(len(self.stats.payload.S)))
+        neg = Signal()
+        mu_b = Signal(signed(wq + 1))
+        sh = p.running_shift
+        half = 1 << (sh - 1)
+        req, resp = div.req.payload, div.resp.payload
+
+        # ---- beta update state ------------------------------------------------------------------------------------
+        scale = Signal(signed(E_WIDTH))
+        lr_sh = Signal(6)
+        gmax = Signal(self.p_width)
+        amax = Signal(self.a_width)
+        e_new = Signal(signed(E_WIDTH))
+        dm = Signal(signed(E_WIDTH + 1))
+        dg = Signal(signed(E_WIDTH + 1))
+        c_issue = Signal(range(M + 1))
+        c_seen = Signal(range(M + 1))
+        rd_valid = Signal()
+
+        mv = Signal(signed(self.m_width))
+        av = Signal(signed(self.a_width + 1))
+        gv = Signal(signed(self.m_width))
+        m2 = Signal(signed(self.m_width + 1))
+        a2 = Signal(unsigned(self.a_width))
+        r = Signal(signed(11))
+        beta_new = Signal(signed(self.beta_width))
+        m_abs_r = Signal(self.m_width + 1)
+        m.d.comb += m_abs_r.eq(Mux(m2 < 0, -m2, m2))
+
+        # an update request waits (``pending``) until the running-statistics work in flight is done
+        pending = Signal()
+        with m.If(self.update):
+            m.d.sync += [pending.eq(1), scale.eq(self.scale), lr_sh.eq(self.lr_shift)]
+        with m.FSM() as fsm:
+            with m.State("idle"):
+                with m.If(self.stats.valid):
+                    m.d.sync += [sum_y.eq(self.stats.payload.sum_y), s_val.eq(self.stats.payload.S)]
+                    m.d.comb += [rd["mu"].addr.eq(ch), rd["mu"].en.eq(1), rd["s"].addr.eq(ch), rd["s"].en.eq(1)]
+                    m.next = "run_mu"
+                with m.Elif(pending):
+                    m.d.sync += [pending.eq(0), gmax.eq(0), amax.eq(0), c_issue.eq(0), c_seen.eq(0), rd_valid.eq(0)]
+                    m.next = "max"
+            # running: mu_b = floor((2 sum_y 2^Fr + B) / 2B) (signed floor), s_b = floor((2 S 2^Fr + B^2) / 2B^2)
+            with m.State("run_mu"):
+                n1 = Signal(signed(self._run_n + 1))
+                m.d.comb += n1.eq((sum_y << (fr + 1)) + B)
+                m.d.comb += [div.req.valid.eq(1), req.divisor.eq(2 * B),
+                             req.dividend.eq(Mux(n1 < 0, -n1 + 2 * B - 1, n1))]
+                with m.If(div.req.ready):
+                    m.d.sync += neg.eq(n1 < 0)
+                    m.next = "run_mu_wait"
+            with m.State("run_mu_wait"):
+                m.d.comb += div.resp.ready.eq(1)
+                with m.If(div.resp.valid):
+                    m.d.sync += mu_b.eq(Mux(neg, -resp.quotient, resp.quotient))
+                    m.next = "run_s"
+            with m.State("run_s"):
+                m.d.comb += [div.req.valid.eq(1), req.divisor.eq(2 * B * B),
+                             req.dividend.eq((s_val << (fr + 1)) + B * B)]
+                with m.If(div.req.ready):
+                    m.next = "run_s_wait"
+            with m.State("run_s_wait"):
+                m.d.comb += div.resp.ready.eq(1)
+                with m.If(div.resp.valid):
+                    mu_old = rd["mu"].data
+                    s_old = rd["s"].data
+                    mu_new = Signal(signed(self.run_width + 2))
+                    s_new = Signal(signed(self.run_width + 2))
+                    m.d.comb += [
+                        mu_new.eq(mu_old + ((mu_b - mu_old + half) >> sh)),
+                        s_new.eq(s_old + ((resp.quotient - s_old + half) >> sh)),
+                        wr["mu"].addr.eq(ch), wr["mu"].data.eq(mu_new), wr["mu"].en.eq(1),
+                        wr["s"].addr.eq(ch), wr["s"].data.eq(s_new), wr["s"].en.eq(1),
+                        self.stats.ready.eq(1),
+                    ]
+                    m.d.sync += ch.eq(Mux(ch == M - 1, 0, ch + 1))
+                    m.next = "idle"
+            # beta update pass 0: maxima of |P1| and a
+            with m.State("max"):
+                with m.If(c_issue != M):
+                    m.d.comb += [rd["a"].addr.eq(c_issue), rd["a"].en.eq(1),
+                                 rd["p1"].addr.eq(c_issue), rd["p1"].en.eq(1)]
+                    m.d.sync += c_issue.eq(c_issue + 1)
+                m.d.sync += rd_valid.eq(c_issue != M)
+                with m.If(rd_valid):
+                    g_abs = Signal(self.p_width)
+                    pv = rd["p1"].data
+                    m.d.comb += g_abs.eq(Mux(pv < 0, -pv, pv))
+                    with m.If(g_abs > gmax):
+                        m.d.sync += gmax.eq(g_abs)
+                    with m.If(rd["a"].data > amax):
+                        m.d.sync += amax.eq(rd["a"].data)
+                with m.If((c_issue == M) & ~rd_valid):
+                    m.next = "exponent"
+            with m.State("exponent"):
+                tg = bitlen_signal(m, gmax, self.p_width, "tg")
+                ta = bitlen_signal(m, amax, self.a_width, "ta")
+                top_g = Signal(signed(E_WIDTH + 2))
+                top_a = Signal(signed(E_WIDTH + 2))
+                top = Signal(signed(E_WIDTH + 2))
+                m.d.comb += [
+                    top_g.eq(tg + scale),
+                    top_a.eq(ta + e_reg),
+                    top.eq(Mux(gmax == 0, top_a, Mux((amax == 0) | (top_g > top_a), top_g, top_a))),
+                ]
+                with m.If((gmax == 0) & (amax == 0)):
+                    m.next = "idle"  # nothing moves (the model returns its inputs)
+                with m.Else():
+                    m.d.sync += [e_new.eq(top - (bits - 2)), dm.eq(e_reg - (top - (bits - 2))),
+                                 dg.eq(scale - (top - (bits - 2))), ch.eq(0)]
+                    m.next = "read"
+            with m.State("read"):
+                for name in ("m", "a", "beta", "p1"):
+                    m.d.comb += [rd[name].addr.eq(ch), rd[name].en.eq(1)]
+                m.next = "align"
+            with m.State("align"):
+                am = _align(m, rd["m"].data, dm, self.m_width, "al_m")
+                aa = _align(m, rd["a"].data, dm, self.a_width + 1, "al_a")
+                ag = _align(m, rd["p1"].data, dg, self.m_width, "al_g")
+                m.d.sync += [mv.eq(am), av.eq(aa), gv.eq(ag)]
+                m.next = "ema"
+            with m.State("ema"):
+                g_abs2 = Signal(signed(self.m_width + 1))
+                m.d.comb += g_abs2.eq(Mux(gv < 0, -gv, gv))
+                if sm > 0:
+                    m.d.sync += m2.eq(mv + ((gv - mv + (1 << (sm - 1))) >> sm))
+                else:
+                    m.d.sync += m2.eq(gv)
+                if sa > 0:
+                    m.d.sync += a2.eq(av + ((g_abs2 - av + (1 << (sa - 1))) >> sa))
+                else:
+                    m.d.sync += a2.eq(g_abs2)
+                m.next = "ratio"
+            # the division always runs (its result is replaced when a = 0 or |m| >= 2a), so every
+            # channel takes the same time and the cycle model is exact
+            with m.State("ratio"):
+                m_abs = Signal(self.m_width + 1)
+                zero_a = Signal()
+                big = Signal()
+                m.d.comb += [m_abs.eq(Mux(m2 < 0, -m2, m2)), zero_a.eq(a2 == 0), big.eq(m_abs >= (a2 << 1))]
+                m.d.comb += [div.req.valid.eq(1),
+                             req.dividend.eq(Mux(zero_a | big, 0, (m_abs << 9) + a2)),
+                             req.divisor.eq(Mux(zero_a, 1, a2 << 1))]
+                with m.If(div.req.ready):
+                    m.next = "ratio_wait"
+            with m.State("ratio_wait"):
+                m.d.comb += div.resp.ready.eq(1)
+                with m.If(div.resp.valid):
+                    q = Signal(11)
+                    m.d.comb += q.eq(Mux(resp.quotient > 256, 256, resp.quotient))
+                    with m.If(a2 == 0):
+                        m.d.sync += r.eq(0)
+                    with m.Elif(m_abs_r >= (a2 << 1)):
+                        m.d.sync += r.eq(Mux(m2 < 0, -256, 256))
+                    with m.Else():
+                        m.d.sync += r.eq(Mux(m2 < 0, -q, q))
+                    m.next = "apply"
+            with m.State("apply"):
+                # delta = r << -sh (sh <= 0), (r + 2^(sh-1)) >> sh (0 < sh < 62), else 0; sh = lr_sh + 8 - Fb
+                shv = Signal(signed(8))
+                m.d.comb += shv.eq(lr_sh + 8 - fb)
+                delta = Signal(signed(self.beta_width + 12))
+                with m.If(shv <= 0):
+                    m.d.comb += delta.eq(r << (-shv).as_unsigned()[:5])
+                with m.Elif(shv < 12):
+                    m.d.comb += delta.eq((r + (Const(1, 12) << (shv - 1).as_unsigned()[:4])) >> shv.as_unsigned()[:4])
+                with m.Else():
+                    m.d.comb += delta.eq(0)  # |r| <= 256: (r + 2^(sh-1)) >> sh = 0 for sh >= 10
+                diff = Signal(signed(self.beta_width + 13))
+                m.d.comb += diff.eq(rd["beta"].data - delta)
+                m.d.comb += beta_new.eq(Mux(diff < p.beta_lo, p.beta_lo, Mux(diff > p.beta_hi, p.beta_hi, diff)))
+                m.d.comb += [
+                    wr["m"].addr.eq(ch), wr["m"].data.eq(m2), wr["m"].en.eq(1),
+                    wr["a"].addr.eq(ch), wr["a"].data.eq(a2), wr["a"].en.eq(1),
+                    wr["beta"].addr.eq(ch), wr["beta"].data.eq(beta_new), wr["beta"].en.eq(1),
+                ]
+                with m.If(ch == M - 1):
+                    m.d.sync += [e_reg.eq(e_new), ch.eq(0)]
+                    m.next = "idle"
+                with m.Else():
+                    m.d.sync += ch.eq(ch + 1)
+                    m.next = "read"
+            m.d.comb += busy.eq(~fsm.ongoing("idle") | pending | (b_left != 0) | b_inflight | b_full)
+        m.d.comb += self.busy.eq(busy)
+        return m
+
+
+class _HwView:
+    def __init__(self, sm, sa, bits):
+        self.beta_momentum_shift, self.beta_scale_shift, self.beta_state_bits = sm, sa, bits
+
+
+def _align(m, x, d, out_width: int, name: str):
+    """``x 2^d`` of :func:`sim.hw.optim._align`: ``x << d`` for ``d >= 0``, else ``(x + 2^(-d-1)) >> -d``
+    (round half up), as a ``signed(out_width)`` Signal. Right shifts past the operand give 0 or -1 exactly
+    as the model (the shift is clamped where the result no longer changes)."""
+    xs = Signal(signed(len(x) + 1), name=f"{name}_x")
+    m.d.comb += xs.eq(x)
+    wx = len(xs)
+    out = Signal(signed(out_width), name=name)
+    lmax = max(out_width - 1, 1)
+    rmax = wx + 1
+    left = Signal(range(lmax + 1), name=f"{name}_l")
+    right = Signal(range(rmax + 1), name=f"{name}_r")
+    m.d.comb += [
+        left.eq(Mux(d > lmax, lmax, d.as_unsigned()[: len(left)])),
+        right.eq(Mux(-d > rmax, rmax, (-d).as_unsigned()[: len(right)])),
+    ]
+    with m.If(d >= 0):
+        m.d.comb += out.eq(xs << left)
+    with m.Else():
+        rnd = Signal(signed(wx + 2), name=f"{name}_rnd")
+        rm1 = Signal(range(rmax + 1), name=f"{name}_rm1")
+        m.d.comb += [rm1.eq(right - 1), rnd.eq(xs + (Const(1, wx + 1) << rm1))]
+        m.d.comb += out.eq(rnd >> right)
+    return out

@@ -1,0 +1,123 @@
+"""Cycle model of one training step of the generated accelerator (rtl_gen.top).
+
+The step is the controller's sequence of phases (:meth:`rtl_gen.top.SystemPlan.phases`); each phase's
+cycles follow from the cycle models of the units that run in it (their ``cycles`` methods) and the
+rates of the buffers that feed them. Overlaps inside a phase are modelled (the BN forward unit's pass 1
+runs at the XNOR engine's rate, the po2 unit's prologue overlaps the BN backward pass, the weight update
+sweep consumes dW tiles as they come); phases never overlap. The model is checked against the cycle
+count the RTL reports (``cycles`` register, and the per-phase log) in tests/rtl_gen/test_system.py.
+
+:func:`step_cycles` returns a :class:`CycleReport` with the cycles per phase, per step and per training
+image (the step amortised over the batch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["CycleReport", "step_cycles"]
+
+#: Controller cycles per phase besides the units' own (start pulse, done detection, phase advance).
+PHASE_OVERHEAD = 3
+
+
+@dataclass
+class CycleReport:
+    phases: dict = field(default_factory=dict)  # "fwd0" -> cycles
+    step: int = 0
+    batch: int = 1
+
+    @property
+    def per_image(self) -> float:
+        return self.step / self.batch
+
+    def to_dict(self) -> dict:
+        return {"phases": dict(self.phases), "step": self.step, "per_image": round(self.per_image, 1),
+                "batch": self.batch}
+
+    def format_text(self) -> str:
+        lines = [f"cycles per training step: {self.step:,} ({self.per_image:,.0f} per image, batch {self.batch})"]
+        for k, v in self.phases.items():
+            lines.append(f"  {k:<8} {v:>10,}  ({100 * v / max(self.step, 1):4.1f} %)")
+        return "\n".join(lines)
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def forward_cycles(plan, j: int) -> int:
+    """``fwd j``: engine (its rate paces BN pass 1), the rest of BN forward, the running-statistics unit's
+    rate on the per-channel stats (and the logit unit's for the output layer), then logits and loss."""
+    from .bn_unit import BnForwardUnit
+    from .loss_unit import OutputGeometry
+
+    lp = plan.layers[j]
+    cfg = plan.cfg
+    B, G, M = plan.batch, lp.groups, lp.n_out
+    engine = lp.geometry.cycles(B)
+    bn = BnForwardUnit.from_config(cfg, j, lanes=lp.lanes_out, div_steps=cfg.hw.div_steps).cycles()
+    from .controller import bn_param_cycles
+
+    run_per_ch = bn_param_cycles(plan.bn_layer(j), cfg.hw, cfg.hw.div_steps)["running"]
+    epi3_per_ch = (bn["epi3"] - G) / M
+    stats_per_ch = max(epi3_per_ch, run_per_ch)
+    out = engine + 1 + bn["epi1"] + bn["pass2"] + bn["epi2"] + bn["pass3"] + G
+    if lp.top:
+        geo = OutputGeometry.from_config(cfg, lanes=lp.lanes_out, div_steps=cfg.hw.div_steps)
+        stats_per_ch = max(stats_per_ch, geo.channel_cycles())
+        out += int(M * stats_per_ch)
+        # third Y replay -> logits -> loss; the loss unit's per-sample period paces it for cross-entropy
+        out += max(geo.logit_cycles() - M * geo.channel_cycles(), geo.loss_cycles(B)) + 4
+    else:
+        out += int(M * stats_per_ch)
+    return out + PHASE_OVERHEAD
+
+
+def backward_cycles(plan, j: int) -> int:
+    """``bwd j``: BN backward pass 1 and its per-channel epilogue (the po2 prologue runs alongside), pass 2
+    feeding po2 pass 1, the bias, po2 pass 2 writing the codes."""
+    from .bn_unit import BnBackwardUnit
+    from .po2_unit import Po2Unit
+
+    lp = plan.layers[j]
+    cfg = plan.cfg
+    bnb = BnBackwardUnit.from_config(cfg, j, lanes=lp.lanes_out).cycles()
+    po2 = Po2Unit.from_config(cfg, j, lanes=lp.lanes_out, mul_steps=cfg.hw.mul_steps).cycles()
+    first = max(bnb["pass1"] + bnb["epi"], po2["pro"])
+    return first + max(bnb["pass2"], po2["pass1"]) + po2["bias"] + po2["pass2"] + 4 + PHASE_OVERHEAD
+
+
+def dx_cycles(plan, j: int) -> int:
+    """``dx j``: the dX engine (``rows * depth``), unless splitting each dX word into the BN beats of layer
+    ``j-1`` (``li / lo'`` cycles per word) is slower."""
+    lp = plan.layers[j]
+    below = plan.layers[j - 1]
+    B, W, G = plan.batch, lp.words, lp.groups
+    r = lp.lanes_in // below.lanes_out
+    per_word = max(G, r)
+    return B * W * per_word + 3 + 2 + PHASE_OVERHEAD
+
+
+def update_cycles(plan, j: int) -> int:
+    """``upd j``: the dW tiles and the update sweep run together (the sweep takes one tile per bank row);
+    the beta update runs alongside."""
+    lp = plan.layers[j]
+    sweep = lp.sweep
+    g = lp.geometry
+    per_row_sweep = sweep.visits / g.depth
+    per_row = max(lp.tiles, per_row_sweep)
+    tiles = int(g.depth * per_row) + lp.tiles + 4
+    from .controller import bn_param_cycles
+
+    beta = bn_param_cycles(plan.bn_layer(j), plan.cfg.hw, plan.cfg.hw.div_steps)["update"]
+    return max(tiles, beta) + 2 + PHASE_OVERHEAD
+
+
+def step_cycles(plan) -> CycleReport:
+    rep = CycleReport(batch=plan.batch)
+    fn = {"fwd": forward_cycles, "bwd": backward_cycles, "dx": dx_cycles, "upd": update_cycles}
+    for kind, j in plan.phases():
+        rep.phases[f"{kind}{j}"] = int(fn[kind](plan, j))
+    rep.step = sum(rep.phases.values()) + 2
+    return rep

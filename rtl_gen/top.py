@@ -1,0 +1,1233 @@
+"""The top-level accelerator: host interface, controller, buffers and one datapath per weight layer.
+
+See docs/architecture.md for the block diagram and the reasons behind it. In short:
+
+- host interface: AXI4-Lite registers (:func:`rtl_gen.controller.build_regmap`, exported as JSON) and
+  one 32-bit AXI-Stream in each direction (``s_axis``: batches and restores, ``m_axis``: read-backs),
+  meant for one Xilinx AXI DMA on a Zynq HP port;
+- :class:`SystemPlan`: everything the configuration decides (layer geometries, lanes, widths, the
+  quantities the host can read back / restore and their stream layouts), in plain Python; the host
+  description (``accelerator.json``) is derived from it;
+- :class:`Accelerator`: the Amaranth component built from a plan. One set of units per weight layer
+  (XNOR engine, weight memory + optimiser, generators, BN forward/backward, BN parameters, po2 unit, po2
+  backward engine), the output layer's logit and loss units, and the buffers between them. The
+  controller runs the phases of a training step one after the other::
+
+      fwd 0 .. fwd L-1 (the last one with logits and loss), then for j = L-1 .. 0:
+      bwd j (BN backward + po2 codes), dx j (j > 0: dX into the buffer of layer j-1),
+      upd j (dW, the weight update sweep, the beta update)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from amaranth import Cat, Module, Mux, ResetInserter, Signal, signed
+from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from host.driver import AcceleratorDescription, QuantityLayout
+from sim.hw.arith import ArithParams, loss_grad_scale
+from sim.hw.optim import PROB_BITS, state_bits
+from sim.hw.widths import derive_widths, hw_supported
+from sim.schema import ConfigError
+
+from .axil import AXI4LiteCSR, AXI4LiteSignature, vivado_ports
+from .bn_unit import BnBackwardUnit, BnForwardUnit, BnLayer
+from .buffers import (
+    BEAT_BITS,
+    BeatWriter,
+    HostSequencer,
+    MemoryReader,
+    MemoryTarget,
+    RowReader,
+    RowWriter,
+    TileReader,
+    WordSerializer,
+    beats_for,
+    fork,
+)
+from .controller import (
+    SPACE_A,
+    SPACE_BETA,
+    SPACE_E,
+    SPACE_M,
+    SPACE_MU,
+    SPACE_S,
+    BnParamUnit,
+    bn_param_sizes,
+    build_regmap,
+)
+from .loss_unit import LossGradUnit, OutputLogitUnit
+from .po2_backward import Po2Backward
+from .po2_unit import Po2Unit
+from .rng import RngEngine, RngGeometry
+from .weight_memory import UPDATE, OptimizerSpec, SweepGeometry, WeightMemory
+from .xnor_engine import XnorEngineCore, XnorGeometry
+
+__all__ = ["Accelerator", "LayerPlan", "SystemPlan", "TOP_NAME", "top_ports"]
+
+TOP_NAME = "xnortrain_top"
+E_WIDTH = 16
+
+
+def _pow2_or_mult32(name: str, v: int) -> int:
+    if v < 1 or (v < BEAT_BITS and BEAT_BITS % v) or (v > BEAT_BITS and v % BEAT_BITS):
+        raise ConfigError(f"hw.{name} = {v}: must divide 32 or be a multiple of 32 (1, 2, 4, 8, 16, 32, 64, ...)")
+    return v
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (n.bit_length() - 1)
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """One weight layer's hardware: sizes, lanes and the geometries of its units."""
+
+    index: int
+    n_in: int
+    n_out: int
+    lanes_in: int  # li: input bits per engine word
+    lanes_out: int  # lo: channels per beat (engine, BN, po2, dX)
+    lanes_b: int  # samples per dW beat
+    update_lanes: int  # weights per update visit
+    batch: int
+    top: bool
+    widths: dict = field(default_factory=dict)
+
+    @property
+    def geometry(self) -> XnorGeometry:
+        return XnorGeometry(n_in=self.n_in, n_out=self.n_out, lanes_in=self.lanes_in, lanes_out=self.lanes_out)
+
+    @property
+    def sweep(self) -> SweepGeometry:
+        return SweepGeometry(bank=self.geometry, update_lanes=self.update_lanes)
+
+    @property
+    def words(self) -> int:
+        return self.geometry.words
+
+    @property
+    def groups(self) -> int:
+        return self.geometry.groups
+
+    @property
+    def tiles(self) -> int:
+        """dW beats per bank row: ``ceil(batch / lanes_b)``."""
+        return -(-self.batch // self.lanes_b)
+
+    @property
+    def beats(self) -> int:
+        """Beats of one batch pass in BN order: ``batch * groups``."""
+        return self.batch * self.groups
+
+
+@dataclass
+class HostQuantity:
+    """A quantity on the host path: its stream layout, the unit that holds it (``target``: ``("wm", j)``,
+    ``("rng", j)``, ``("bnp", j)``, ``("logits",)``), the unit's storage ``space``, the number of accesses
+    (``count``), ``inner`` positions per outer address, and the word width."""
+
+    layout: QuantityLayout
+    target: tuple
+    space: int
+    count: int
+    inner: int
+    width: int
+
+
+class SystemPlan:
+    """What a configuration asks the hardware to be (pure Python; no Amaranth objects)."""
+
+    def __init__(self, cfg, *, name: str = TOP_NAME):
+        self.cfg = cfg
+        self.name = name
+        h = cfg.hw
+        if not hw_supported(cfg):
+            bad = next(s for s in cfg.layer_shapes() if not (s.spec.type == "dense" and s.spec.bn))
+            raise ConfigError(f"model.layers[{bad.index}]: the RTL generator supports dense layers with bn = true "
+                              f"only (got {bad.spec.type!r})")
+        self.input_kind = h.input_kind(cfg)
+        if self.input_kind != "binary":
+            raise ConfigError("hw.input = 'int8': the generated RTL has no 8-bit first-layer engine yet; "
+                              "set hw.input = 'binary' (or model.input_format = 'binary')")
+        if h.optimizer == "switch" and h.switch_undo:
+            raise ConfigError("hw.switch_undo = true: the RTL controller does not re-run the batch yet; set it false")
+        fields = state_bits(h)
+        if len(fields) != 2:  # the weight plus one state field
+            raise ConfigError(f"hw.optimizer = {h.optimizer!r} with state {sorted(fields)}: the RTL host path reads "
+                              f"back one optimiser field per weight; use switch, bop, or sgd with "
+                              f"sgd_momentum_shift = 0")
+        self.opt = OptimizerSpec.from_hw(h)
+        self.opt_field, self.opt_bits = self.opt.fields[0]
+        self.batch = B = int(cfg.train.batch_size)
+        self.classes = int(cfg.model.num_classes)
+        self.p = ArithParams.from_config(cfg)
+        wl = cfg.weight_layers()
+        widths = derive_widths(cfg)
+        _pow2_or_mult32("lanes_in", h.lanes_in)
+        L = len(wl)
+        lis = []
+        for s in wl:
+            n_in = s.weight_shape[0]
+            li = h.lanes_in if n_in >= h.lanes_in else min(h.lanes_in, _pow2_ceil(n_in))
+            lis.append(_pow2_or_mult32("lanes_in", li))
+        self.layers: list[LayerPlan] = []
+        for j, s in enumerate(wl):
+            n_in, n_out = s.weight_shape
+            li = lis[j]
+            if j == L - 1:
+                lo = min(h.lanes_out, n_out)
+            else:
+                lo = min(h.lanes_out, _pow2_floor(n_out))
+                if lis[j + 1] % lo:
+                    raise ConfigError(f"hw.lanes_out = {h.lanes_out}: layer {j} packs {lo} channels per beat into "
+                                      f"words of {lis[j + 1]} bits for layer {j + 1}; use powers of two")
+            if h.rng_block % li:
+                raise ConfigError(f"hw.rng_block = {h.rng_block} must be a multiple of layer {j}'s lanes_in = {li}")
+            u = min(h.update_lanes, li)
+            if li % u:
+                raise ConfigError(f"hw.update_lanes = {h.update_lanes} must divide lanes_in = {li} (layer {j})")
+            lb = min(h.lanes_b, B)
+            self.layers.append(LayerPlan(j, n_in, n_out, li, lo, lb, u, B, j == L - 1, widths[j]))
+        self.features = self.layers[0].n_in
+        self.label_bits = max(1, (self.classes - 1).bit_length())
+        self.quantities: list[HostQuantity] = []
+        self.kinds: dict[str, int] = {}
+        self._declare_quantities()
+
+    # -- unit geometries (shared by the generator and the cycle model) ----------------------------------------
+
+    def bn_layer(self, j: int) -> BnLayer:
+        return BnLayer.from_config(self.cfg, j, lanes=self.layers[j].lanes_out)
+
+    def bn_param_unit(self, j: int) -> BnParamUnit:
+        return BnParamUnit(layer=self.bn_layer(j), hw=self.cfg.hw, div_steps=self.cfg.hw.div_steps)
+
+    def rng_geometry(self, j: int) -> RngGeometry:
+        return RngGeometry(sweep=self.layers[j].sweep, block=self.cfg.hw.rng_block)
+
+    # -- quantities -----------------------------------------------------------------------------------------
+
+    def _kind(self, name: str) -> int:
+        return self.kinds.setdefault(name, len(self.kinds))
+
+    def _add(self, name, layer, shape, *, target, space, count, inner, width, elem_bits, elems_per_word, pad=None,
+             reshape=None, transpose=None, signed=False, encoding="int", access="rw", skip=False):
+        n = math.prod(shape) if shape else 1
+        pad = tuple(pad) if pad is not None else (tuple(shape) if shape else ())
+        if reshape is None:
+            reshape = (math.prod(pad) if pad else 1,)
+            transpose = (0,)
+        if not shape:
+            pad, reshape, transpose = (), (1,), (0,)
+        q = QuantityLayout(name, layer, self._kind(name), tuple(shape), elem_bits, elems_per_word, pad, reshape,
+                           transpose, signed=signed, encoding=encoding, access=access, skip_pad_words=skip)
+        assert q.words == count, (name, layer, q.words, count)
+        del n
+        self.quantities.append(HostQuantity(q, target, space, count, inner, width))
+
+    def _declare_quantities(self):
+        h = self.cfg.hw
+        for lp in self.layers:
+            j, g = lp.index, lp.geometry
+            W, G, li, lo, U = g.words, g.groups, lp.lanes_in, lp.lanes_out, lp.update_lanes
+            sweep = lp.sweep
+            # weight banks: bank l, row grp * words + k holds w[k*li:(k+1)*li, grp*lo + l]; one access per (row, lane)
+            self._add("w", j, (lp.n_in, lp.n_out), target=("wm", j), space=0, count=g.depth * lo, inner=lo,
+                      width=li, elem_bits=1, elems_per_word=li, pad=(W * li, G * lo), reshape=(W, li, G, lo),
+                      transpose=(2, 0, 3, 1), encoding="sign")
+            # optimiser state: one row of U values per visit of the update sweep (padding visits skipped)
+            chunks = li // U
+            self._add(self.opt_field, j, (lp.n_in, lp.n_out), target=("wm", j), space=1, count=sweep.visits,
+                      inner=1, width=U * self.opt_bits, elem_bits=self.opt_bits, elems_per_word=U,
+                      pad=(W * li, G * lo), reshape=(W, chunks, U, G, lo), transpose=(3, 0, 4, 1, 2), signed=True,
+                      skip=True)
+            ng = RngGeometry(sweep=sweep, block=h.rng_block).generators
+            self._add("rng", j, (ng,), target=("rng", j), space=0, count=ng, inner=1, width=32, elem_bits=32,
+                      elems_per_word=1)
+            if h.optimizer == "switch":
+                self._add("switch_table", j, (h.switch_cutoff + 1,), target=("wm", j), space=2,
+                          count=h.switch_cutoff + 1, inner=1, width=PROB_BITS + 1, elem_bits=PROB_BITS + 1,
+                          elems_per_word=1, access="wo")
+            bnp = bn_param_sizes(self.bn_layer(j), h)
+            M = lp.n_out
+            for name, space, bits, sgn in (("beta", SPACE_BETA, bnp["beta"], True),
+                                           ("m_beta", SPACE_M, bnp["m"], True),
+                                           ("a_beta", SPACE_A, bnp["a"], False),
+                                           ("mu_r", SPACE_MU, bnp["running"], True),
+                                           ("s_r", SPACE_S, bnp["running"], True)):
+                self._add(name, j, (M,), target=("bnp", j), space=space, count=M, inner=1, width=bits,
+                          elem_bits=bits, elems_per_word=1, signed=sgn)
+            self._add("e_beta", j, (), target=("bnp", j), space=SPACE_E, count=1, inner=1, width=E_WIDTH,
+                      elem_bits=E_WIDTH, elems_per_word=1, signed=True)
+        top = self.layers[-1]
+        self._add("logits", top.index, (self.batch, top.n_out), target=("logits",), space=0,
+                  count=self.batch * top.groups, inner=1, width=top.lanes_out * self.logit_width,
+                  elem_bits=self.logit_width, elems_per_word=top.lanes_out,
+                  pad=(self.batch, top.groups * top.lanes_out), reshape=(self.batch * top.groups * top.lanes_out,),
+                  transpose=(0,), signed=True, access="ro")
+
+        n_ph = len(self.phases())
+        self._add("phase_cycles", None, (n_ph,), target=("plog",), space=0, count=n_ph, inner=1, width=32,
+                  elem_bits=32, elems_per_word=1, access="ro")
+
+    @property
+    def logit_width(self) -> int:
+        return self.layers[-1].widths["logit_q"]
+
+    def quantity(self, name: str, layer: int) -> HostQuantity:
+        for hq in self.quantities:
+            if hq.layout.name == name and hq.layout.layer == layer:
+                return hq
+        raise KeyError((name, layer))
+
+    @property
+    def targets(self) -> list[tuple]:
+        out = []
+        for hq in self.quantities:
+            if hq.target not in out:
+                out.append(hq.target)
+        return out
+
+    # -- batch format ---------------------------------------------------------------------------------------
+
+    @property
+    def batch_layout(self) -> QuantityLayout:
+        lp = self.layers[0]
+        w = lp.words * lp.lanes_in
+        return QuantityLayout("x", None, 0, (self.batch, self.features), 1, lp.lanes_in, pad=(self.batch, w),
+                              reshape=(self.batch, w), transpose=(0, 1), encoding="sign")
+
+    @property
+    def label_layout(self) -> QuantityLayout:
+        return QuantityLayout("labels", None, 0, (self.batch,), self.label_bits, 1, pad=(self.batch,),
+                              reshape=(self.batch,), transpose=(0,))
+
+    @property
+    def regmap(self):
+        return build_regmap(name=self.name, layers=len(self.layers), batch=self.batch, classes=self.classes,
+                            input_int8=self.input_kind == "int8", optimizer=self.cfg.hw.optimizer,
+                            quantity_kinds=max(len(self.kinds), 2))
+
+    def description(self) -> AcceleratorDescription:
+        h = self.cfg.hw
+        sched = {
+            "optimizer": h.optimizer, "lr0": float(self.cfg.lr), "switch_lambda": h.switch_lambda,
+            "switch_cutoff": h.switch_cutoff, "switch_sigma": h.switch_sigma,
+            "bop_shift": h.bop_shift, "iir_alpha_shift": h.iir_alpha_shift,
+            "iir_max_decay_shift": h.iir_max_decay_shift, "alpha_decay": self.cfg.optimizer.iir.alpha_decay,
+            "decay_factor": self.cfg.optimizer.iir.decay_factor, "decay_every": self.cfg.optimizer.iir.decay_every,
+            "epochs": self.cfg.train.epochs, "arith": dict(vars(self.p)),
+        }  # fmt: skip
+        return AcceleratorDescription(
+            name=self.name, regmap=self.regmap, batch=self.batch, classes=self.classes, input=self.input_kind,
+            features=self.features, layers=[(lp.n_in, lp.n_out) for lp in self.layers],
+            batch_layout=self.batch_layout, label_layout=self.label_layout,
+            quantities=[hq.layout for hq in self.quantities], kinds=dict(self.kinds), schedule=sched,
+            config=self.cfg.to_toml(),
+        )
+
+    def phases(self) -> list[tuple[str, int]]:
+        """The controller's phases of one training step, in order."""
+        L = len(self.layers)
+        out = [("fwd", j) for j in range(L)]
+        for j in reversed(range(L)):
+            out.append(("bwd", j))
+            if j > 0:
+                out.append(("dx", j))
+            out.append(("upd", j))
+        return out
+
+
+def top_ports(component) -> dict:
+    """Verilog port names Vivado recognises (``s_axi_awaddr``, ``s_axis_tdata``, ...)."""
+    return vivado_ports(component)
+
+
+class _PortMux:
+    """Drivers of one memory port from several phases: ``add(cond, **values)``; ``emit`` assigns them in an
+    if/elif chain (conditions are mutually exclusive; the first listed wins)."""
+
+    def __init__(self, port, name: str):
+        self.port = port
+        self.name = name
+        self.cases: list[tuple] = []
+
+    def add(self, cond, **values):
+        self.cases.append((cond, values))
+
+    def emit(self, m):
+        first = True
+        for cond, values in self.cases:
+            ctx = m.If(cond) if first else m.Elif(cond)
+            with ctx:
+                m.d.comb += [getattr(self.port, k).eq(v) for k, v in values.items()]
+            first = False
+
+
+class Accelerator(wiring.Component):
+    """The accelerator for one :class:`SystemPlan` (see the module docstring and docs/architecture.md)."""
+
+    def __init__(self, plan: SystemPlan):
+        if not isinstance(plan, SystemPlan):
+            raise TypeError(f"plan must be a SystemPlan, not {plan!r}")
+        self._plan = plan
+        self._regmap = plan.regmap
+        super().__init__({
+            "s_axi": In(AXI4LiteSignature(addr_width=self._regmap.addr_width)),
+            "s_axis_tdata": In(BEAT_BITS),
+            "s_axis_tlast": In(1),
+            "s_axis_tvalid": In(1),
+            "s_axis_tready": Out(1),
+            "m_axis_tdata": Out(BEAT_BITS),
+            "m_axis_tlast": Out(1),
+            "m_axis_tvalid": Out(1),
+            "m_axis_tready": In(1),
+            "irq": Out(1),
+        })
+
+    @property
+    def plan(self) -> SystemPlan:
+        return self._plan
+
+    @property
+    def regmap(self):
+        return self._regmap
+
+    def verilog(self) -> str:
+        from .toolchain import to_verilog
+
+        # no source-location attributes: the text (and so the simulator build cache key) changes only when
+        # the logic does
+        return to_verilog(self, self._plan.name, ports=top_ports(self), emit_src=False)
+
+    # ------------------------------------------------------------------------------------------------------
+    def elaborate(self, platform):
+        plan = self._plan
+        cfg, p = plan.cfg, plan.p
+        B, L = plan.batch, len(plan.layers)
+        LP = plan.layers
+        k_bits = p.k
+        m = Module()
+        self._m = m
+        abort = Signal()
+        self._abort = abort
+
+        def sub(name, unit):
+            m.submodules[name] = ResetInserter({"sync": abort})(unit)
+            return unit
+
+        # ---- registers -----------------------------------------------------------------------------------
+        m.submodules.csr = csr = AXI4LiteCSR(self._regmap)
+        wiring.connect(m, wiring.flipped(self.s_axi), csr.s_axi)
+        regs = csr.regs
+        for r in self._regmap:
+            if r.name in ("id", "info", "info_batch"):
+                for f in r.fields:
+                    m.d.comb += getattr(getattr(regs, r.name), f.name).eq(f.reset)
+
+        # ---- phases ----------------------------------------------------------------------------------------
+        phases = plan.phases()
+        n_ph = len(phases)
+        training = Signal()
+        ph = Signal(range(max(n_ph, 2)))
+        ph_start = Signal()  # first cycle of the current phase
+        act = {}
+        start = {}
+        done = {}
+        for i, key in enumerate(phases):
+            a = Signal(name=f"act_{key[0]}{key[1]}")
+            s = Signal(name=f"start_{key[0]}{key[1]}")
+            m.d.comb += [a.eq(training & (ph == i)), s.eq(a & ph_start)]
+            act[key], start[key] = a, s
+            done[key] = Signal(name=f"done_{key[0]}{key[1]}")
+
+        # ---- per-layer units ---------------------------------------------------------------------------------
+        eng, wm, rng, bnf, bnb, bnp, po2, po2b = {}, {}, {}, {}, {}, {}, {}, {}
+        for lp in LP:
+            j = lp.index
+            eng[j] = sub(f"engine{j}", XnorEngineCore(geometry=lp.geometry))
+            lanes = dict(lanes_in=lp.lanes_in, lanes_out=lp.lanes_out, update_lanes=lp.update_lanes)
+            wm[j] = sub(f"wmem{j}", WeightMemory.from_config(cfg, j, **lanes))
+            rng[j] = sub(f"rng{j}", RngEngine.from_config(cfg, j, **lanes))
+            bnf[j] = sub(f"bn_fwd{j}", BnForwardUnit.from_config(cfg, j, lanes=lp.lanes_out,
+                                                                 div_steps=cfg.hw.div_steps))
+            bnb[j] = sub(f"bn_bwd{j}", BnBackwardUnit.from_config(cfg, j, lanes=lp.lanes_out))
+            bnp[j] = sub(f"bn_param{j}", plan.bn_param_unit(j))
+            po2[j] = sub(f"po2_{j}", Po2Unit.from_config(cfg, j, lanes=lp.lanes_out, mul_steps=cfg.hw.mul_steps))
+            po2b[j] = sub(f"po2b_{j}", Po2Backward.from_config(cfg, j, lanes_in=lp.lanes_in, lanes_out=lp.lanes_out,
+                                                                lanes_b=lp.lanes_b))
+        top = LP[-1]
+        logit = sub("logit", OutputLogitUnit.from_config(cfg, lanes=top.lanes_out, div_steps=cfg.hw.div_steps))
+        loss = sub("loss", LossGradUnit.from_config(cfg, lanes=top.lanes_out, div_steps=cfg.hw.div_steps))
+
+        # ---- memories ----------------------------------------------------------------------------------------
+        def mem(name, width, depth, init=None):
+            mm = m.submodules[name] = Memory(shape=width, depth=max(depth, 2), init=init or [])
+            return mm.read_port(), mm.write_port()
+
+        # activations X_j (input of layer j), banked by sample
+        xb = {}
+        for lp in LP:
+            xb[lp.index] = [mem(f"xb{lp.index}_{i}", lp.lanes_in, lp.tiles * lp.words) for i in range(lp.lanes_b)]
+        # x_hat | mask of every layer's BN output, BN beat order
+        mx = {lp.index: mem(f"mx{lp.index}", 2 * lp.lanes_out, lp.beats) for lp in LP}
+        # per-channel S' and alpha_q
+        seff = {lp.index: mem(f"seff{lp.index}", plan.bn_layer(lp.index).s_width, lp.n_out) for lp in LP}
+        alpha = {lp.index: mem(f"alpha{lp.index}", lp.widths["alpha_q"], lp.n_out) for lp in LP}
+        # shared: Y (forward) / dX (backward) buffer, codes (banked), po2 scratch
+        ydx_w = max(max(lp.lanes_out * lp.widths["y"], lp.lanes_out * lp.widths["dx"]) for lp in LP)
+        ydx_d = max(lp.beats for lp in LP)
+        ydx_r, ydx_wp = mem("ydx", ydx_w, ydx_d)
+        lo_max = max(lp.lanes_out for lp in LP)
+        lb = LP[0].lanes_b
+        cb_d = max(lp.tiles * lp.groups for lp in LP)
+        cb = [mem(f"cb{i}", lo_max * k_bits, cb_d) for i in range(lb)]
+        scr_w = max(len(po2[lp.index].scratch.payload.as_value()) - 1 for lp in LP)
+        scr_r, scr_wp = mem("scratch", scr_w, ydx_d)
+        # output layer: loss gradient g, logits; labels
+        g_w = top.lanes_out * len(loss.g.payload.g[0])
+        gb_r, gb_wp = mem("gbuf", g_w, top.beats)
+        lg_w = top.lanes_out * plan.logit_width
+        lgb_r, lgb_wp = mem("logits", lg_w, top.beats)
+        lab_r, lab_wp = mem("labels", plan.label_bits, B)
+        plog_r, plog_wp = mem("phase_log", 32, n_ph)
+
+        ports = {}
+
+        def pm(key, port):
+            ports[key] = _PortMux(port, key)
+            return ports[key]
+
+        for j in xb:
+            for i, (r, w) in enumerate(xb[j]):
+                pm(f"xb{j}_{i}_r", r)
+                pm(f"xb{j}_{i}_w", w)
+        for name, (r, w) in [("ydx", (ydx_r, ydx_wp)), ("scr", (scr_r, scr_wp)), ("gb", (gb_r, gb_wp)),
+                             ("lgb", (lgb_r, lgb_wp)), ("lab", (lab_r, lab_wp))]:
+            pm(f"{name}_r", r)
+            pm(f"{name}_w", w)
+        for i, (r, w) in enumerate(cb):
+            pm(f"cb{i}_r", r)
+            pm(f"cb{i}_w", w)
+        pm("plog_r", plog_r)
+        for j in LP:
+            jj = j.index
+            for name, (r, w) in (("mx", mx[jj]), ("seff", seff[jj]), ("alpha", alpha[jj])):
+                pm(f"{name}{jj}_r", r)
+                pm(f"{name}{jj}_w", w)
+
+        # ---- host interface --------------------------------------------------------------------------------
+        l0 = LP[0]
+        hq_w = max(hq.width for hq in plan.quantities)
+        w_max = max(hq_w, l0.lanes_in, BEAT_BITS)
+        d_max = max([hq.count for hq in plan.quantities] + [B * l0.words, B])
+        writer = sub("writer", BeatWriter(width=w_max, depth=d_max))
+        ser = sub("serializer", WordSerializer(width=w_max))
+        outer_max = max(hq.count for hq in plan.quantities)
+        inner_max = max(hq.inner for hq in plan.quantities)
+        seq = sub("host_seq", HostSequencer(outer=outer_max, inner=inner_max, width=w_max, count=d_max))
+        m.d.comb += [
+            writer.i.valid.eq(self.s_axis_tvalid),
+            writer.i.payload.data.eq(self.s_axis_tdata),
+            writer.i.payload.last.eq(self.s_axis_tlast),
+            self.s_axis_tready.eq(writer.i.ready),
+            self.m_axis_tdata.eq(ser.o.payload.data),
+            self.m_axis_tlast.eq(ser.o.payload.last),
+            self.m_axis_tvalid.eq(ser.o.valid),
+            ser.o.ready.eq(self.m_axis_tready),
+        ]
+        wiring.connect(m, seq.o, ser.i)
+        # upload: layer-0 rows into XB_0 (sample-major), labels
+        up_rows = sub("upload_rows", RowWriter(width=l0.lanes_in, banks=l0.lanes_b, words=l0.words, rows=B))
+
+        # ---- controller state ----------------------------------------------------------------------------
+        busy = Signal()
+        batch_loaded = Signal()
+        label_bad = Signal()
+        cycles = Signal(32)
+        steps = Signal(32)
+        correct = Signal(16)
+        target_x = Signal()
+        uploading = Signal()
+        restoring = Signal()
+        reading = Signal()
+        state_code = Signal(4)
+        cur_layer = Signal(range(max(L, 2)))
+        done_set = {k: Signal(name=f"done_{k}") for k in ("upload", "train", "readback", "restore")}
+        err_set = {k: Signal(name=f"err_{k}") for k in
+                   ("busy", "multiple", "batch", "layer", "quantity", "no_batch", "framing", "label")}
+        for k, s_ in done_set.items():
+            m.d.comb += getattr(regs.done, f"{k}_set").eq(s_)
+        for k, s_ in err_set.items():
+            m.d.comb += getattr(regs.error, f"{k}_set").eq(s_)
+        m.d.comb += [
+            regs.status.busy.eq(busy),
+            regs.status.state.eq(state_code),
+            regs.status.layer.eq(cur_layer),
+            regs.status.batch_loaded.eq(batch_loaded),
+            regs.status.phase.eq(Mux(training, ph, 0)),
+            regs.cycles.value.eq(cycles),
+            regs.steps.value.eq(steps),
+            regs.correct.value.eq(correct),
+            self.irq.eq(Cat(*[getattr(regs.done, k) for k in done_set], *[getattr(regs.error, k) for k in err_set])
+                        .any()),
+        ]
+        cmds = {c: getattr(regs.cmd, c) for c in ("upload", "train", "readback", "restore", "abort")}
+        n_cmds = Signal(range(6))
+        any_cmd = Signal()
+        m.d.comb += [n_cmds.eq(sum(s_.as_unsigned() for s_ in cmds.values())), any_cmd.eq(n_cmds != 0),
+                     abort.eq(cmds["abort"])]
+
+        # ---- host quantity selection -------------------------------------------------------------------------
+        nq = len(plan.quantities)
+        q_match, q_wo, q_ro = Signal(), Signal(), Signal()
+        q_index = Signal(range(max(nq, 2)))
+        for i, hq in enumerate(plan.quantities):
+            with m.If((regs.arg.quantity == hq.layout.kind) & (regs.arg.layer == (hq.layout.layer or 0))):
+                m.d.comb += [q_match.eq(1), q_wo.eq(hq.layout.access == "wo"), q_ro.eq(hq.layout.access == "ro"),
+                             q_index.eq(i)]
+        sel = Signal(range(max(nq, 2)))
+        sel_beats = Signal(range(1, beats_for(w_max) + 1))
+        sel_count = Signal(range(d_max + 1))
+        sel_inner = Signal(range(1, inner_max + 1))
+        sel_space = Signal(3)
+        with m.Switch(q_index):
+            for i, hq in enumerate(plan.quantities):
+                with m.Case(i):
+                    m.d.comb += [sel_beats.eq(beats_for(hq.width)), sel_count.eq(hq.count), sel_inner.eq(hq.inner),
+                                 sel_space.eq(hq.space)]
+        reader_beats = Signal.like(sel_beats)
+        m.d.comb += ser.beats.eq(reader_beats)
+        targets = plan.targets
+        tsel = Signal(range(max(len(targets), 2)))  # target of the selected quantity
+        with m.Switch(sel):
+            for i, hq in enumerate(plan.quantities):
+                with m.Case(i):
+                    m.d.comb += tsel.eq(targets.index(hq.target))
+        host_on = Signal()  # the host sequencer owns the targets
+        m.d.comb += host_on.eq(restoring | reading)
+        self._connect_targets(m, plan, seq, targets, tsel, host_on, wm, rng, bnp, {"logits": lgb_r, "plog": plog_r},
+                              ports)
+        # restore words from the beat writer go to the sequencer
+        m.d.comb += [
+            seq.w_valid.eq(writer.w_en & restoring),
+            seq.w_data.eq(writer.w_data),
+            writer.w_ready.eq(Mux(restoring, seq.w_ready, 1)),
+        ]
+        # upload words
+        m.d.comb += [up_rows.valid.eq(writer.w_en & uploading & ~target_x), up_rows.data.eq(writer.w_data)]
+        for i in range(l0.lanes_b):
+            ports[f"xb0_{i}_w"].add(uploading, addr=up_rows.w_addr, data=up_rows.w_data, en=up_rows.w_en[i])
+        ports["lab_w"].add(uploading & target_x, addr=writer.w_addr, data=writer.w_data[: plan.label_bits],
+                           en=writer.w_en)
+        with m.If(writer.w_en & uploading & target_x & (writer.w_data[:BEAT_BITS] >= plan.classes)):
+            m.d.sync += label_bad.eq(1)
+
+        # ---- datapath of every phase -----------------------------------------------------------------------
+        sched_shift = Signal(6)
+        h = cfg.hw
+        if h.optimizer in ("bop", "iir"):
+            m.d.comb += sched_shift.eq(regs.sched.opt_shift)
+        elif h.optimizer == "sgd":
+            m.d.comb += sched_shift.eq(regs.sched.lr_shift)
+        unit_exp = {lp.index: Signal(signed(E_WIDTH), name=f"unit_exp{lp.index}") for lp in LP}
+        scale = {}
+        for lp in LP:
+            j = lp.index
+            s_ = Signal(range(-(1 << (E_WIDTH - 1)), 1 << (E_WIDTH - 1)), name=f"scale{j}")
+            if lp.top:
+                m.d.comb += s_.eq(loss_grad_scale(p))
+            else:
+                m.d.comb += s_.eq(unit_exp[j + 1])
+            scale[j] = s_
+
+        for lp in LP:
+            self._forward(m, plan, lp, act, start, done, eng, wm, bnf, bnp, xb, mx, seff, alpha, ports, logit, loss,
+                          sub, correct)
+            self._backward(m, plan, lp, act, start, done, bnb, bnp, po2, mx, seff, alpha, ports, scale, unit_exp,
+                           sub, lb)
+            if lp.index > 0:
+                self._dx(m, plan, lp, act, start, done, po2b, wm, ports, sub, lb)
+            self._update(m, plan, lp, act, start, done, po2b, wm, rng, bnp, xb, ports, sub, scale, regs,
+                         sched_shift, lb)
+
+        # ---- the controller FSM ----------------------------------------------------------------------------
+        counting = Signal()
+        with m.If(counting):
+            m.d.sync += cycles.eq(cycles + 1)
+        phase_layer = Signal(range(max(L, 2)))
+        with m.Switch(ph):
+            for i, key in enumerate(phases):
+                with m.Case(i):
+                    m.d.comb += phase_layer.eq(key[1])
+        phase_done = Signal()
+        with m.Switch(ph):
+            for i, key in enumerate(phases):
+                with m.Case(i):
+                    m.d.comb += phase_done.eq(done[key])
+
+        with m.FSM():
+            with m.State("idle"):
+                m.d.comb += state_code.eq(0)
+                with m.If(any_cmd & ~abort):
+                    with m.If(n_cmds > 1):
+                        m.d.comb += err_set["multiple"].eq(1)
+                    with m.Elif(cmds["upload"]):
+                        with m.If(regs.arg.batch != B):
+                            m.d.comb += err_set["batch"].eq(1)
+                        with m.Else():
+                            m.d.sync += [batch_loaded.eq(0), label_bad.eq(0), target_x.eq(0)]
+                            m.d.comb += [writer.start.eq(1), writer.count.eq(B * l0.words), writer.final.eq(0),
+                                         writer.beats.eq(beats_for(l0.lanes_in)), up_rows.start.eq(1)]
+                            m.next = "upload"
+                    with m.Elif(cmds["train"]):
+                        with m.If(~batch_loaded):
+                            m.d.comb += err_set["no_batch"].eq(1)
+                        with m.Else():
+                            m.d.sync += [cycles.eq(0), counting.eq(1), batch_loaded.eq(0), ph.eq(0),
+                                         training.eq(1), ph_start.eq(1)]
+                            m.next = "train"
+                    with m.Else():  # readback / restore
+                        with m.If(regs.arg.layer >= L):
+                            m.d.comb += err_set["layer"].eq(1)
+                        with m.Elif(~q_match | (cmds["restore"] & q_ro) | (cmds["readback"] & q_wo)):
+                            m.d.comb += err_set["quantity"].eq(1)
+                        with m.Elif(cmds["readback"]):
+                            m.d.sync += [sel.eq(q_index), reader_beats.eq(sel_beats)]
+                            m.d.comb += [seq.start.eq(1), seq.write.eq(0), seq.count.eq(sel_count),
+                                         seq.inner_n.eq(sel_inner), seq.space.eq(sel_space)]
+                            m.next = "readback"
+                        with m.Else():
+                            m.d.sync += sel.eq(q_index)
+                            m.d.comb += [writer.start.eq(1), writer.count.eq(sel_count), writer.final.eq(1),
+                                         writer.beats.eq(sel_beats),
+                                         seq.start.eq(1), seq.write.eq(1), seq.count.eq(sel_count),
+                                         seq.inner_n.eq(sel_inner), seq.space.eq(sel_space)]
+                            m.next = "restore"
+            with m.State("upload"):
+                m.d.comb += [busy.eq(1), state_code.eq(1), uploading.eq(1)]
+                with m.If(abort):
+                    m.next = "idle"
+                with m.Elif(writer.done):
+                    with m.If(writer.error):
+                        m.d.comb += err_set["framing"].eq(1)
+                        m.next = "idle"
+                    with m.Elif(~target_x):
+                        m.next = "upload_labels"
+                    with m.Else():
+                        m.next = "upload_check"
+            with m.State("upload_labels"):
+                m.d.comb += [busy.eq(1), state_code.eq(1), uploading.eq(1)]
+                m.d.sync += target_x.eq(1)
+                m.d.comb += [writer.start.eq(1), writer.count.eq(B), writer.final.eq(1), writer.beats.eq(1)]
+                m.next = "upload"
+            with m.State("upload_check"):
+                m.d.comb += [busy.eq(1), state_code.eq(1)]
+                with m.If(label_bad):
+                    m.d.comb += err_set["label"].eq(1)
+                with m.Else():
+                    m.d.sync += batch_loaded.eq(1)
+                    m.d.comb += done_set["upload"].eq(1)
+                m.next = "idle"
+            with m.State("train"):
+                m.d.comb += [busy.eq(1), cur_layer.eq(phase_layer)]
+                with m.Switch(ph):
+                    for i, key in enumerate(phases):
+                        with m.Case(i):
+                            m.d.comb += state_code.eq({"fwd": 2, "bwd": 4, "dx": 4, "upd": 5}[key[0]])
+                m.d.sync += ph_start.eq(0)
+                with m.If(abort):
+                    m.d.sync += [counting.eq(0), training.eq(0)]
+                    m.next = "idle"
+                with m.Elif(phase_done & ~ph_start):
+                    m.d.comb += [plog_wp.addr.eq(ph), plog_wp.data.eq(cycles + 1), plog_wp.en.eq(1)]
+                    with m.If(ph == n_ph - 1):
+                        m.d.sync += [counting.eq(0), training.eq(0), steps.eq(steps + 1)]
+                        m.d.comb += done_set["train"].eq(1)
+                        m.next = "idle"
+                    with m.Else():
+                        m.d.sync += [ph.eq(ph + 1), ph_start.eq(1)]
+            with m.State("readback"):
+                m.d.comb += [busy.eq(1), state_code.eq(6), reading.eq(1)]
+                with m.If(abort):
+                    m.next = "idle"
+                with m.Elif(~seq.busy & ~ser.o.valid):
+                    m.d.comb += done_set["readback"].eq(1)
+                    m.next = "idle"
+            with m.State("restore"):
+                m.d.comb += [busy.eq(1), state_code.eq(7), restoring.eq(1)]
+                with m.If(abort):
+                    m.next = "idle"
+                with m.Elif(writer.done):
+                    with m.If(writer.error):
+                        m.d.comb += err_set["framing"].eq(1)
+                        m.next = "idle"
+                    with m.Else():
+                        m.next = "restore_drain"
+            with m.State("restore_drain"):  # the last word may still be on its way into the unit
+                m.d.comb += [busy.eq(1), state_code.eq(7), restoring.eq(1)]
+                with m.If(~seq.busy):
+                    m.d.comb += done_set["restore"].eq(1)
+                    m.next = "idle"
+        with m.If(busy & any_cmd & ~abort):
+            m.d.comb += err_set["busy"].eq(1)
+        m.d.comb += [writer.abort.eq(abort), seq.abort.eq(abort)]
+
+        for pmux in ports.values():
+            pmux.emit(m)
+        self.debug = {"training": training, "ph": ph, "cycles": cycles, "done": done, "act": act, "wm": wm,
+                      "rng": rng, "bnp": bnp, "po2b": po2b, "po2": po2, "bnb": bnb, "bnf": bnf}
+        return m
+
+    # ---- host targets -----------------------------------------------------------------------------------------
+    def _connect_targets(self, m, plan, seq, targets, tsel, host_on, wm, rng, bnp, mems, ports):
+        req = seq.req.payload
+        resp_valid = Signal()
+        resp_data = Signal(len(seq.resp.payload))
+        req_ready = Signal()
+        for ti, t in enumerate(targets):
+            here = Signal(name=f"tgt{ti}_sel")
+            m.d.comb += here.eq(host_on & (tsel == ti))
+            if t[0] == "wm":
+                u = wm[t[1]]
+                hp = u.host.payload
+                m.d.comb += [
+                    u.host.valid.eq(here & seq.req.valid),
+                    hp.write.eq(req.write), hp.space.eq(req.space), hp.lane.eq(req.inner), hp.addr.eq(req.outer),
+                    hp.data.eq(req.data),
+                    u.host_rdata.ready.eq(here & seq.resp.ready),
+                ]
+                rv, rd, rr = u.host_rdata.valid, u.host_rdata.payload, u.host.ready
+            elif t[0] == "rng":
+                u = rng[t[1]]
+                hp = u.host.payload
+                m.d.comb += [
+                    u.host.valid.eq(here & seq.req.valid),
+                    hp.write.eq(req.write), hp.addr.eq(req.outer), hp.data.eq(req.data),
+                    u.host_rdata.ready.eq(here & seq.resp.ready),
+                ]
+                rv, rd, rr = u.host_rdata.valid, u.host_rdata.payload, u.host.ready
+            elif t[0] == "bnp":
+                u = bnp[t[1]]
+                hp = u.host.payload
+                m.d.comb += [
+                    u.host.valid.eq(here & seq.req.valid),
+                    hp.write.eq(req.write), hp.space.eq(req.space), hp.outer.eq(req.outer), hp.data.eq(req.data),
+                    u.host_rdata.ready.eq(here & seq.resp.ready),
+                ]
+                rv, rd, rr = u.host_rdata.valid, u.host_rdata.payload, u.host.ready
+            else:  # a plain memory: the logits buffer or the phase log
+                rp = mems[t[0]]
+                depth = plan.batch * plan.layers[-1].groups if t[0] == "logits" else len(plan.phases())
+                tgt = m.submodules[f"{t[0]}_target"] = MemoryTarget(outer=depth, inner=1, width=len(rp.data))
+                m.d.comb += [
+                    tgt.req.valid.eq(here & seq.req.valid),
+                    tgt.req.payload.write.eq(req.write), tgt.req.payload.outer.eq(req.outer),
+                    tgt.resp.ready.eq(here & seq.resp.ready),
+                    tgt.r_data.eq(rp.data),
+                ]
+                ports["lgb_r" if t[0] == "logits" else "plog_r"].add(here, addr=tgt.r_addr, en=tgt.r_en)
+                rv, rd, rr = tgt.resp.valid, tgt.resp.payload, tgt.req.ready
+            with m.If(tsel == ti):
+                m.d.comb += [resp_valid.eq(rv), resp_data.eq(rd), req_ready.eq(rr)]
+        m.d.comb += [
+            seq.resp.valid.eq(host_on & resp_valid),
+            seq.resp.payload.eq(resp_data),
+            seq.req.ready.eq(host_on & req_ready),
+        ]
+
+    # ---- forward phase of one layer ----------------------------------------------------------------------------
+    def _forward(self, m, plan, lp, act, start, done, eng, wm, bnf, bnp, xb, mx, seff, alpha, ports, logit, loss,
+                 sub, correct):
+        j = lp.index
+        B, G, W, lo = plan.batch, lp.groups, lp.words, lp.lanes_out
+        key = ("fwd", j)
+        a, st = act[key], start[key]
+        e, bn, par = eng[j], bnf[j], bnp[j]
+        # rows of X_j -> engine
+        xr = sub(f"fwd_rows{j}", RowReader(width=lp.lanes_in, banks=lp.lanes_b, words=W, rows=B))
+        m.d.comb += xr.start.eq(st)
+        for i in range(lp.lanes_b):
+            ports[f"xb{j}_{i}_r"].add(a, addr=xr.r_addr, en=xr.r_en)
+            m.d.comb += xr.r_data[i].eq(ports[f"xb{j}_{i}_r"].port.data)
+        m.d.comb += [
+            e.x.valid.eq(a & xr.o.valid),
+            e.x.payload.data.eq(xr.o.payload.data),
+            e.x.payload.last.eq(xr.o.payload.row_last),
+            xr.o.ready.eq(a & e.x.ready),
+        ]
+        # weights: the engine reads the weight memory
+        m.d.comb += [wm[j].read.addr.eq(e.weights.addr), wm[j].read.en.eq(e.weights.en),
+                     e.weights.data.eq(wm[j].read.data)]
+        # Y: to BN pass 1 and into the Y buffer
+        yw = lp.widths["y"]
+        y_count = Signal(range(lp.beats + 1), name=f"y_count{j}")
+        y_word = Signal(lo * yw, name=f"y_word{j}")
+        for lane in range(lo):
+            m.d.comb += [bn.y.payload.y[lane].eq(e.y.payload.y[lane]), y_word[lane * yw:(lane + 1) * yw].eq(
+                e.y.payload.y[lane])]
+        m.d.comb += [bn.y.payload.last.eq(e.y.payload.last), bn.y.valid.eq(a & e.y.valid),
+                     e.y.ready.eq(a & bn.y.ready)]
+        y_take = Signal(name=f"y_take{j}")
+        m.d.comb += y_take.eq(a & e.y.valid & bn.y.ready)
+        ports["ydx_w"].add(y_take, addr=y_count, data=y_word, en=1)
+        with m.If(st):
+            m.d.sync += y_count.eq(0)
+        with m.Elif(y_take):
+            m.d.sync += y_count.eq(y_count + 1)
+        # replays of Y: two for BN (passes 2, 3), a third for the logits of the output layer
+        reps = 3 if lp.top else 2
+        rr = sub(f"y_replay{j}", MemoryReader(width=lo * yw, depth=lp.beats, repeat=reps))
+        replay_started = Signal(name=f"replay_started{j}")
+        with m.If(st):
+            m.d.sync += replay_started.eq(0)
+        with m.Elif(a & (y_count == lp.beats) & ~replay_started):
+            m.d.sync += replay_started.eq(1)
+            m.d.comb += [rr.start.eq(1), rr.base.eq(0), rr.count.eq(reps * lp.beats), rr.wrap.eq(lp.beats)]
+        ports["ydx_r"].add(a, addr=rr.r_addr, en=rr.r_en)
+        m.d.comb += rr.r_data.eq(ports["ydx_r"].port.data[: lo * yw])
+        r_count = Signal(range(reps * lp.beats + 1), name=f"replay_count{j}")
+        to_bn = Signal(name=f"replay_to_bn{j}")
+        m.d.comb += to_bn.eq(r_count < 2 * lp.beats)
+        with m.If(st):
+            m.d.sync += r_count.eq(0)
+        with m.Elif(rr.o.valid & rr.o.ready):
+            m.d.sync += r_count.eq(r_count + 1)
+        groups_last = Signal(name=f"replay_last{j}")
+        rg = Signal(range(G), name=f"replay_g{j}")
+        with m.If(st):
+            m.d.sync += rg.eq(0)
+        with m.Elif(rr.o.valid & rr.o.ready):
+            m.d.sync += rg.eq(Mux(rg == G - 1, 0, rg + 1))
+        m.d.comb += groups_last.eq(rg == G - 1)
+        for lane in range(lo):
+            m.d.comb += bn.y_replay.payload.y[lane].eq(rr.o.payload.data[lane * yw:(lane + 1) * yw])
+        m.d.comb += [bn.y_replay.payload.last.eq(groups_last), bn.y_replay.valid.eq(a & to_bn & rr.o.valid)]
+        if not lp.top:
+            m.d.comb += rr.o.ready.eq(a & bn.y_replay.ready)
+        self._bn_replay_ready = bn.y_replay.ready
+        # beta per channel
+        m.d.comb += [par.beta_start.eq(st), bn.beta.valid.eq(a & par.beta.valid), bn.beta.payload.eq(par.beta.payload),
+                     par.beta.ready.eq(a & bn.beta.ready)]
+        # x_hat and mask: MX_j; x_hat packed into X_{j+1}
+        x_count = Signal(range(lp.beats + 1), name=f"x_count{j}")
+        x_take = Signal(name=f"x_take{j}")
+        m.d.comb += [bn.x.ready.eq(a), x_take.eq(a & bn.x.valid)]
+        ports[f"mx{j}_w"].add(x_take, addr=x_count, data=Cat(bn.x.payload.x_hat, bn.x.payload.mask), en=1)
+        with m.If(st):
+            m.d.sync += x_count.eq(0)
+        with m.Elif(x_take):
+            m.d.sync += x_count.eq(x_count + 1)
+        if not lp.top:
+            self._pack_next(m, plan, lp, st, x_take, bn.x.payload.x_hat, ports, sub)
+        # per-channel statistics: S', alpha; running statistics; (output layer) logit constants
+        st_count = Signal(range(lp.n_out + 1), name=f"stats_count{j}")
+        dsts = [par.stats] + ([logit.consts] if lp.top else [])
+        stats_valid = Signal(name=f"stats_valid{j}")
+        m.d.comb += stats_valid.eq(a & bn.stats.valid)
+        src = _StreamView(stats_valid, bn.stats.ready)
+        move = fork(m, src, dsts, name=f"stats_fork{j}")
+        sp = bn.stats.payload
+        m.d.comb += [par.stats.payload.sum_y.eq(sp.sum_y), par.stats.payload.S.eq(sp.S)]
+        if lp.top:
+            m.d.comb += [logit.consts.payload.c.eq(sp.C), logit.consts.payload.s.eq(sp.S_eff),
+                         logit.consts.payload.last.eq(sp.last)]
+        ports[f"seff{j}_w"].add(move, addr=st_count, data=sp.S_eff, en=1)
+        ports[f"alpha{j}_w"].add(move, addr=st_count, data=sp.alpha_q, en=1)
+        with m.If(st):
+            m.d.sync += st_count.eq(0)
+        with m.Elif(move):
+            m.d.sync += st_count.eq(st_count + 1)
+        fin = (st_count == lp.n_out) & (x_count == lp.beats) & ~par.busy
+        if lp.top:
+            fin = fin & self._output(m, plan, lp, a, st, rr, to_bn, rg, logit, loss, ports, correct)
+        m.d.comb += done[key].eq(fin)
+
+    def _output(self, m, plan, lp, a, st, rr, to_bn, rg, logit, loss, ports, correct):
+        """Logits (third Y replay), loss gradient into the g buffer, logits into their buffer, correct count."""
+        B, G, lo = plan.batch, lp.groups, lp.lanes_out
+        yw = lp.widths["y"]
+        for lane in range(lo):
+            m.d.comb += logit.y.payload.y[lane].eq(rr.o.payload.data[lane * yw:(lane + 1) * yw])
+        m.d.comb += [
+            logit.y.payload.last.eq(rg == G - 1),
+            logit.y.valid.eq(a & ~to_bn & rr.o.valid),
+            rr.o.ready.eq(a & Mux(to_bn, self._bn_replay_ready, logit.y.ready)),
+        ]
+        # logits -> loss unit and the logits buffer
+        lw = plan.logit_width
+        lg_count = Signal(range(lp.beats + 1), name="logit_count")
+        m.d.comb += [loss.x.payload.eq(logit.x.payload), loss.x.valid.eq(a & logit.x.valid),
+                     logit.x.ready.eq(a & loss.x.ready)]
+        lg_take = Signal(name="logit_take")
+        m.d.comb += lg_take.eq(a & logit.x.valid & loss.x.ready)
+        lg_word = Signal(lo * lw, name="logit_word")
+        for lane in range(lo):
+            m.d.comb += lg_word[lane * lw:(lane + 1) * lw].eq(logit.x.payload.x[lane])
+        ports["lgb_w"].add(lg_take, addr=lg_count, data=lg_word, en=1)
+        with m.If(st):
+            m.d.sync += lg_count.eq(0)
+        with m.Elif(lg_take):
+            m.d.sync += lg_count.eq(lg_count + 1)
+        # labels
+        labr = self._sub("labels_reader", MemoryReader(width=plan.label_bits, depth=B))
+        m.d.comb += [labr.start.eq(st), labr.base.eq(0), labr.count.eq(B), labr.wrap.eq(0)]
+        ports["lab_r"].add(a, addr=labr.r_addr, en=labr.r_en)
+        m.d.comb += [labr.r_data.eq(ports["lab_r"].port.data), loss.label.payload.eq(labr.o.payload.data),
+                     loss.label.valid.eq(a & labr.o.valid), labr.o.ready.eq(a & loss.label.ready)]
+        # gradient
+        gw = len(loss.g.payload.g[0])
+        g_count = Signal(range(lp.beats + 1), name="g_count")
+        g_take = Signal(name="g_take")
+        m.d.comb += [loss.g.ready.eq(a), g_take.eq(a & loss.g.valid)]
+        g_word = Signal(lo * gw, name="g_word")
+        for lane in range(lo):
+            m.d.comb += g_word[lane * gw:(lane + 1) * gw].eq(loss.g.payload.g[lane])
+        ports["gb_w"].add(g_take, addr=g_count, data=g_word, en=1)
+        with m.If(st):
+            m.d.sync += g_count.eq(0)
+        with m.Elif(g_take):
+            m.d.sync += g_count.eq(g_count + 1)
+        loss_done = Signal(name="loss_done")
+        with m.If(st):
+            m.d.sync += loss_done.eq(0)
+        with m.Elif(loss.done):
+            m.d.sync += [loss_done.eq(1), correct.eq(loss.correct)]
+        return loss_done & (g_count == lp.beats)
+
+    def _sub(self, name, unit):
+        self._m.submodules[name] = ResetInserter({"sync": self._abort})(unit)
+        return unit
+
+    def _pack_next(self, m, plan, lp, st, x_take, x_hat, ports, sub):
+        """x_hat beats of layer j (lo bits) packed into the words of X_{j+1} (li_{j+1} bits), sample-major."""
+        j = lp.index
+        nxt = plan.layers[j + 1]
+        lo, li, G = lp.lanes_out, nxt.lanes_in, lp.groups
+        r = li // lo
+        wr = sub(f"pack_rows{j + 1}", RowWriter(width=li, banks=nxt.lanes_b, words=nxt.words, rows=plan.batch))
+        acc = Signal(li, name=f"pack_acc{j}")
+        slot = Signal(range(max(r, 2)), name=f"pack_slot{j}")
+        g = Signal(range(max(G, 2)), name=f"pack_g{j}")
+        word = Signal(li, name=f"pack_word{j}")
+        cases = [acc | (x_hat << (s * lo)) for s in range(r)]
+        with m.Switch(slot):
+            for s in range(r):
+                with m.Case(s):
+                    m.d.comb += word.eq(cases[s])
+        flush = Signal(name=f"pack_flush{j}")
+        m.d.comb += [flush.eq(x_take & ((slot == r - 1) | (g == G - 1))), wr.start.eq(st), wr.valid.eq(flush),
+                     wr.data.eq(word)]
+        with m.If(st):
+            m.d.sync += [acc.eq(0), slot.eq(0), g.eq(0)]
+        with m.Elif(x_take):
+            m.d.sync += g.eq(Mux(g == G - 1, 0, g + 1))
+            with m.If(flush):
+                m.d.sync += [acc.eq(0), slot.eq(0)]
+            with m.Else():
+                m.d.sync += [acc.eq(word), slot.eq(slot + 1)]
+        a = Signal(name=f"pack_act{j}")
+        m.d.comb += a.eq(x_take)
+        for i in range(nxt.lanes_b):
+            ports[f"xb{j + 1}_{i}_w"].add(flush, addr=wr.w_addr, data=wr.w_data, en=wr.w_en[i])
+
+    # ---- backward: BN backward and po2 codes -----------------------------------------------------------------
+    def _backward(self, m, plan, lp, act, start, done, bnb, bnp, po2, mx, seff, alpha, ports, scale, unit_exp, sub,
+                  lb):
+        j = lp.index
+        B, G, lo = plan.batch, lp.groups, lp.lanes_out
+        key = ("bwd", j)
+        a, st = act[key], start[key]
+        bu, pu, par = bnb[j], po2[j], bnp[j]
+        # per-channel S' -> po2 (PRO); alpha -> BN backward (EPI)
+        for name, dst in (("seff", pu.s_eff), ("alpha", bu.alpha)):
+            rd = sub(f"{name}_reader{j}", MemoryReader(width=len(ports[f"{name}{j}_r"].port.data), depth=lp.n_out))
+            m.d.comb += [rd.start.eq(st), rd.base.eq(0), rd.count.eq(lp.n_out), rd.wrap.eq(0)]
+            ports[f"{name}{j}_r"].add(a, addr=rd.r_addr, en=rd.r_en)
+            m.d.comb += [rd.r_data.eq(ports[f"{name}{j}_r"].port.data), dst.payload.eq(rd.o.payload.data),
+                         dst.valid.eq(a & rd.o.valid), rd.o.ready.eq(a & dst.ready)]
+        # dx (twice): g buffer (output layer) or the dX buffer times the mask, with x_hat
+        dxw = lp.widths["dx"]
+        src_name = "gb" if lp.top else "ydx"
+        src_w = len(ports[f"{src_name}_r"].port.data)
+        feed = sub(f"dx_feed{j}", MemoryReader(width=src_w + 2 * lo, depth=lp.beats, repeat=2))
+        m.d.comb += [feed.start.eq(st), feed.base.eq(0), feed.count.eq(2 * lp.beats), feed.wrap.eq(lp.beats)]
+        ports[f"{src_name}_r"].add(a, addr=feed.r_addr, en=feed.r_en)
+        ports[f"mx{j}_r"].add(a, addr=feed.r_addr, en=feed.r_en)
+        m.d.comb += feed.r_data.eq(Cat(ports[f"{src_name}_r"].port.data, ports[f"mx{j}_r"].port.data))
+        fd = feed.o.payload.data
+        xh = fd[src_w:src_w + lo]
+        mask = fd[src_w + lo:src_w + 2 * lo]
+        f_count = Signal(range(2 * lp.beats + 1), name=f"dx_count{j}")
+        first = Signal(name=f"dx_first{j}")
+        m.d.comb += first.eq(f_count < lp.beats)
+        fg = Signal(range(max(G, 2)), name=f"dx_g{j}")
+        with m.If(st):
+            m.d.sync += [f_count.eq(0), fg.eq(0)]
+        with m.Elif(feed.o.valid & feed.o.ready):
+            m.d.sync += [f_count.eq(f_count + 1), fg.eq(Mux(fg == G - 1, 0, fg + 1))]
+        sw = len(plan.layers) and (len(bnb[j].dx.payload.dx[0]))
+        for dst in (bu.dx, bu.dx_replay):
+            for lane in range(lo):
+                if lp.top:
+                    gw = src_w // lo
+                    v = fd[lane * gw:(lane + 1) * gw].as_signed()
+                else:
+                    v = Mux(mask[lane], fd[lane * dxw:(lane + 1) * dxw].as_signed(), 0)
+                m.d.comb += dst.payload.dx[lane].eq(v)
+            m.d.comb += [dst.payload.x_hat.eq(xh), dst.payload.last.eq(fg == G - 1)]
+        del sw
+        m.d.comb += [
+            bu.dx.valid.eq(a & first & feed.o.valid),
+            bu.dx_replay.valid.eq(a & ~first & feed.o.valid),
+            feed.o.ready.eq(a & Mux(first, bu.dx.ready, bu.dx_replay.ready)),
+        ]
+        # P1 -> BN parameters; Q -> po2
+        m.d.comb += [par.p1.valid.eq(a & bu.p1.valid), par.p1.payload.eq(bu.p1.payload.p1),
+                     bu.p1.ready.eq(a & par.p1.ready)]
+        m.d.comb += [pu.q.payload.eq(bu.q.payload), pu.q.valid.eq(a & bu.q.valid), bu.q.ready.eq(a & pu.q.ready)]
+        m.d.comb += pu.scale.eq(scale[j])
+        # po2 scratch out and back; bias; codes into the code buffer (banked by sample)
+        scr_count = Signal(range(lp.beats + 1), name=f"scr_count{j}")
+        m.d.comb += pu.scratch.ready.eq(a)
+        scr_take = Signal(name=f"scr_take{j}")
+        m.d.comb += scr_take.eq(a & pu.scratch.valid)
+        sbits = len(pu.scratch.payload.as_value()) - 1
+        ports["scr_w"].add(scr_take, addr=scr_count, data=pu.scratch.payload.as_value()[:sbits], en=1)
+        with m.If(st):
+            m.d.sync += scr_count.eq(0)
+        with m.Elif(scr_take):
+            m.d.sync += scr_count.eq(scr_count + 1)
+        srd = sub(f"scratch_reader{j}", MemoryReader(width=sbits, depth=lp.beats))
+        m.d.comb += pu.bias.ready.eq(a)
+        with m.If(a & pu.bias.valid):
+            m.d.sync += unit_exp[j].eq(pu.bias.payload.unit_exp)
+            m.d.comb += [srd.start.eq(1), srd.base.eq(0), srd.count.eq(lp.beats), srd.wrap.eq(0)]
+        ports["scr_r"].add(a, addr=srd.r_addr, en=srd.r_en)
+        sg = Signal(range(max(G, 2)), name=f"scr_g{j}")
+        with m.If(st):
+            m.d.sync += sg.eq(0)
+        with m.Elif(srd.o.valid & srd.o.ready):
+            m.d.sync += sg.eq(Mux(sg == G - 1, 0, sg + 1))
+        m.d.comb += [
+            srd.r_data.eq(ports["scr_r"].port.data[:sbits]),
+            pu.scratch_in.payload.as_value().eq(Cat(srd.o.payload.data, sg == G - 1)),
+            pu.scratch_in.valid.eq(a & srd.o.valid),
+            srd.o.ready.eq(a & pu.scratch_in.ready),
+        ]
+        cw = sub(f"codes_rows{j}", RowWriter(width=lo * plan.p.k, banks=lb, words=G, rows=B))
+        c_take = Signal(name=f"codes_take{j}")
+        m.d.comb += [pu.codes.ready.eq(a), c_take.eq(a & pu.codes.valid), cw.start.eq(st), cw.valid.eq(c_take),
+                     cw.data.eq(pu.codes.payload.as_value()[: lo * plan.p.k])]
+        for i in range(lb):
+            ports[f"cb{i}_w"].add(c_take, addr=cw.w_addr, data=cw.w_data, en=cw.w_en[i])
+        m.d.comb += done[key].eq((cw.count == lp.beats) & ~par.busy)
+
+    # ---- dX of layer j into the buffer of layer j-1 --------------------------------------------------------------
+    def _dx(self, m, plan, lp, act, start, done, po2b, wm, ports, sub, lb):
+        j = lp.index
+        B, G, lo, li = plan.batch, lp.groups, lp.lanes_out, lp.lanes_in
+        below = plan.layers[j - 1]
+        key = ("dx", j)
+        a, st = act[key], start[key]
+        u = po2b[j]
+        k_bits = plan.p.k
+        cr = sub(f"codes_reader{j}", RowReader(width=lo * k_bits, banks=lb, words=G, rows=B))
+        m.d.comb += cr.start.eq(st)
+        for i in range(lb):
+            ports[f"cb{i}_r"].add(a, addr=cr.r_addr, en=cr.r_en)
+            m.d.comb += cr.r_data[i].eq(ports[f"cb{i}_r"].port.data[: lo * k_bits])
+        m.d.comb += [
+            u.dy.payload.as_value().eq(Cat(cr.o.payload.data, cr.o.payload.row_last)),
+            u.dy.valid.eq(a & cr.o.valid),
+            cr.o.ready.eq(a & u.dy.ready),
+        ]
+        # the dX unit reads the weights (the memory is idle: no sweep runs during this phase)
+        with m.If(a):
+            m.d.comb += [wm[j].read.addr.eq(u.weights.addr), wm[j].read.en.eq(u.weights.en)]
+        m.d.comb += u.weights.data.eq(wm[j].read.data)
+        # split each dX word (li values) into the BN beats of layer j-1 (lo' values), dropping padding beats
+        lo2, G2 = below.lanes_out, below.groups
+        r = li // lo2
+        dxw = below.widths["dx"]
+        full = Signal(name=f"split_full{j}")
+        hold = Signal(len(u.dx.payload.dx.as_value()), name=f"split_hold{j}")
+        sub_i = Signal(range(max(r, 2)), name=f"split_sub{j}")
+        q = Signal(range(max(lp.words * r, 2)), name=f"split_q{j}")
+        wcount = Signal(range(below.beats + 1), name=f"split_count{j}")
+        m.d.comb += u.dx.ready.eq(a & (~full | (sub_i == r - 1)))
+        vw = len(u.dx.payload.dx[0])
+        word = Signal(lo2 * dxw, name=f"split_word{j}")
+        with m.Switch(sub_i):
+            for s in range(r):
+                with m.Case(s):
+                    for lane in range(lo2):
+                        src = (s * lo2 + lane) * vw
+                        m.d.comb += word[lane * dxw:(lane + 1) * dxw].eq(hold[src:src + vw].as_signed())
+        keep = Signal(name=f"split_keep{j}")
+        m.d.comb += keep.eq(a & full & (q < G2))
+        ports["ydx_w"].add(keep, addr=wcount, data=word, en=1)
+        with m.If(a & full):
+            m.d.sync += [sub_i.eq(sub_i + 1), q.eq(Mux(q == lp.words * r - 1, 0, q + 1))]
+            with m.If(keep):
+                m.d.sync += wcount.eq(wcount + 1)
+            with m.If(sub_i == r - 1):
+                m.d.sync += full.eq(0)
+        with m.If(u.dx.valid & u.dx.ready):  # (re)load: the next word follows the last sub-beat directly
+            m.d.sync += [full.eq(1), hold.eq(u.dx.payload.dx.as_value()), sub_i.eq(0)]
+        with m.If(st):
+            m.d.sync += [full.eq(0), sub_i.eq(0), q.eq(0), wcount.eq(0)]
+        m.d.comb += done[key].eq(wcount == below.beats)
+
+    # ---- dW, the update sweep and the beta update -------------------------------------------------------------
+    def _update(self, m, plan, lp, act, start, done, po2b, wm, rng, bnp, xb, ports, sub, scale, regs, sched_shift,
+                lb):
+        j = lp.index
+        G, lo, li, W = lp.groups, lp.lanes_out, lp.lanes_in, lp.words
+        key = ("upd", j)
+        a, st = act[key], start[key]
+        u, w, g, par = po2b[j], wm[j], rng[j], bnp[j]
+        k_bits = plan.p.k
+        tr = sub(f"tiles{j}", TileReader(a_width=li, c_width=lo * k_bits, banks=lb, words=W, groups=G,
+                                         tiles=lp.tiles))
+        m.d.comb += tr.start.eq(st)
+        for i in range(lb):
+            ports[f"xb{j}_{i}_r"].add(a, addr=tr.a_addr, en=tr.r_en)
+            ports[f"cb{i}_r"].add(a, addr=tr.c_addr, en=tr.r_en)
+            m.d.comb += [tr.a_data[i].eq(ports[f"xb{j}_{i}_r"].port.data),
+                         tr.c_data[i].eq(ports[f"cb{i}_r"].port.data[: lo * k_bits])]
+        m.d.comb += [
+            u.xdy.payload.as_value().eq(Cat(tr.o.payload.a.as_value(), tr.o.payload.c.as_value(), tr.o.payload.last)),
+            u.xdy.valid.eq(a & tr.o.valid),
+            tr.o.ready.eq(a & u.xdy.ready),
+        ]
+        wiring.connect(m, u.dw, w.grad)
+        wiring.connect(m, g.u, w.rng)
+        cmd_sent = Signal(name=f"upd_cmd_sent{j}")
+        m.d.comb += [w.cmd.valid.eq(a & ~cmd_sent), w.cmd.payload.op.eq(UPDATE), w.cmd.payload.shift.eq(sched_shift)]
+        settle = Signal(2, name=f"upd_settle{j}")
+        with m.If(st):
+            m.d.sync += [cmd_sent.eq(0), settle.eq(0)]
+        with m.Elif(a & (settle != 3)):
+            m.d.sync += settle.eq(settle + 1)
+        with m.If(w.cmd.valid & w.cmd.ready):  # may be the phase's first cycle: this wins over the reset
+            m.d.sync += cmd_sent.eq(1)
+        m.d.comb += [g.start.eq(st), par.update.eq(st), par.scale.eq(scale[j]), par.lr_shift.eq(regs.sched.lr_shift)]
+        m.d.comb += done[key].eq(cmd_sent & (settle == 3) & ~w.busy & ~g.busy & ~tr.busy & ~par.busy)
+
+
+class _StreamView:
+    """``valid``/``ready`` of a stream whose payload is assigned field by field (for :func:`fork`)."""
+
+    def __init__(self, valid, ready):
+        self.valid = valid
+        self.ready = ready

@@ -1,0 +1,383 @@
+"""cocotb testbench of the whole accelerator (rtl_gen.top.Accelerator) against sim.hw.model.HwModel.
+
+The host side is the real driver (:class:`host.driver.Driver`) on a cocotb transport
+(:class:`CocotbTransport`: AXI4-Lite through :class:`sim.tb.common.AxiLiteMaster`, the two AXI-Streams
+through :class:`AxisSource` / :class:`AxisSink`), so what runs here is what runs on the board.
+
+Parameters (``$XNT_TB_PARAMS``, JSON):
+
+``description``  path of the ``accelerator.json`` of the build;
+``config``       path of the configuration TOML the build was generated from;
+``data``         path of an ``.npz`` with ``x`` (uint8 images ``[n, C, H, W]``) and ``y`` (labels);
+``steps``        training steps to run (batches are taken in order from ``data``);
+``mode``         ``"forward"`` (layer-0 pre-activations only) or ``"train"`` (whole steps), or
+                 ``"errors"`` (the command checks) or ``"restore"`` (checkpoint, train, restore, train);
+``report``       where to write the JSON report (cycles and first mismatch per step);
+``lr``           learning rate of every step (default: the configuration's);
+``stress``       1: random idle/backpressure on the streams and random AXI-Lite delays.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import cocotb
+import numpy as np
+from cocotb.triggers import ClockCycles, FallingEdge, ReadOnly
+
+from host.driver import AcceleratorDescription, AcceleratorError, AsyncTransport, Driver
+from sim.tb.common import AxiLiteMaster, Bench, tb_params
+
+PARAMS = tb_params()
+
+
+class AxisSource:
+    """Drives ``<prefix>_tdata/_tlast/_tvalid`` and watches ``_tready`` (32-bit AXI-Stream into the DUT)."""
+
+    def __init__(self, bench: Bench, prefix: str, *, p_idle: float = 0.0):
+        dut = bench.dut
+        self.bench = bench
+        self.tdata = getattr(dut, f"{prefix}_tdata")
+        self.tlast = getattr(dut, f"{prefix}_tlast")
+        self.tvalid = getattr(dut, f"{prefix}_tvalid")
+        self.tready = getattr(dut, f"{prefix}_tready")
+        self.p_idle = p_idle
+        self.tvalid.value = 0
+        self.tlast.value = 0
+        self.tdata.value = 0
+
+    async def send(self, words, *, last: bool = True) -> None:
+        rng = self.bench.rng
+        n = len(words)
+        i = idle = 0
+        while i < n:
+            await FallingEdge(self.bench.clk)
+            if self.p_idle and rng.random() < self.p_idle:
+                self.tvalid.value = 0
+                continue
+            self.tdata.value = int(words[i])
+            self.tlast.value = int(last and i == n - 1)
+            self.tvalid.value = 1
+            await ReadOnly()
+            if self.tready.value:
+                i += 1
+                idle = 0
+            else:
+                idle += 1
+                assert idle < 200_000, f"s_axis: not ready for 200000 cycles at beat {i} of {n}"
+        await FallingEdge(self.bench.clk)
+        self.tvalid.value = 0
+        self.tlast.value = 0
+
+
+class AxisSink:
+    """Takes words from ``<prefix>_tdata/_tlast/_tvalid`` (AXI-Stream out of the DUT), drives ``_tready``."""
+
+    def __init__(self, bench: Bench, prefix: str, *, p_stall: float = 0.0):
+        dut = bench.dut
+        self.bench = bench
+        self.tdata = getattr(dut, f"{prefix}_tdata")
+        self.tlast = getattr(dut, f"{prefix}_tlast")
+        self.tvalid = getattr(dut, f"{prefix}_tvalid")
+        self.tready = getattr(dut, f"{prefix}_tready")
+        self.p_stall = p_stall
+        self.tready.value = 0
+        self.lasts: list[int] = []
+
+    async def receive(self, count: int, *, max_idle: int = 100_000) -> np.ndarray:
+        rng = self.bench.rng
+        out = np.zeros(count, np.uint32)
+        i, idle = 0, 0
+        while i < count:
+            await FallingEdge(self.bench.clk)
+            ready = not (self.p_stall and rng.random() < self.p_stall)
+            self.tready.value = int(ready)
+            await ReadOnly()
+            if ready and self.tvalid.value:
+                out[i] = int(self.tdata.value)
+                if self.tlast.value:
+                    self.lasts.append(i)
+                i += 1
+                idle = 0
+            else:
+                idle += 1
+                assert idle < max_idle, f"m_axis: no beat for {max_idle} cycles after {i} of {count}"
+        await FallingEdge(self.bench.clk)
+        self.tready.value = 0
+        return out
+
+
+class CocotbTransport(AsyncTransport):
+    """The driver's bus on the simulated accelerator. A SLVERR response raises."""
+
+    def __init__(self, bench: Bench, *, stress: bool = False, log=None, regmap=None):
+        self.bench = bench
+        self.log = log
+        self.regmap = regmap
+        self.axi = AxiLiteMaster(bench, "s_axi_", max_delay=3 if stress else 0, p_stall=0.3 if stress else 0.0)
+        self.src = AxisSource(bench, "s_axis", p_idle=0.3 if stress else 0.0)
+        self.sink = AxisSink(bench, "m_axis", p_stall=0.3 if stress else 0.0)
+
+    async def read(self, addr):
+        data, resp = await self.axi.read(addr)
+        assert resp == 0, f"AXI read of {addr:#x} answered {resp}"
+        return data
+
+    async def write(self, addr, value):
+        if self.log and self.regmap is not None and self.regmap.at(addr).name in ("cmd", "arg"):
+            r = self.regmap.at(addr)
+            self.log(f"cycle {self.bench.cycle}: {r.name} {r.decode(int(value))}")
+        resp = await self.axi.write(addr, int(value))
+        assert resp == 0, f"AXI write of {addr:#x} answered {resp}"
+
+    async def send(self, words):
+        if self.log:
+            self.log(f"cycle {self.bench.cycle}: send {len(words)} words")
+        await self.src.send(words)
+
+    async def receive(self, count):
+        if self.log:
+            self.log(f"cycle {self.bench.cycle}: receive {count} words")
+        return await self.sink.receive(count)
+
+    async def sleep(self, cycles):
+        await ClockCycles(self.bench.clk, int(cycles))
+
+
+# --- comparing state ------------------------------------------------------------------------------------
+
+
+def first_mismatch(got: dict, want: dict, keys=None) -> dict | None:
+    """First differing element of two state dicts: ``{layer, quantity, index, expected, got}``."""
+    for key in keys or sorted(want):
+        if key not in got:
+            return {"quantity": key, "layer": None, "index": None, "expected": "present", "got": "missing"}
+        a = np.asarray(got[key])
+        b = np.asarray(want[key])
+        if a.shape != b.shape:
+            return {"quantity": key, "layer": None, "index": None, "expected": str(b.shape), "got": str(a.shape)}
+        diff = np.argwhere(a.astype(object) != b.astype(object)) if a.ndim else ([()] if a != b else [])
+        if len(diff):
+            idx = tuple(int(v) for v in diff[0])
+            name = key.rstrip("0123456789")
+            layer = key[len(name):]
+            return {"quantity": name, "layer": int(layer) if layer else None, "index": list(idx),
+                    "expected": int(b[idx]), "got": int(a[idx]), "count": int(len(diff))}
+    return None
+
+
+def load_batches(path, cfg, batch, steps):
+    from sim.hw.engine import prepare_inputs
+
+    d = np.load(path)
+    x, y = d["x"], d["y"]
+    need = batch * steps
+    if len(x) < need:
+        raise ValueError(f"{path} has {len(x)} samples, {need} needed for {steps} steps of {batch}")
+    xs = prepare_inputs(cfg, x[:need])
+    return [(xs[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch]) for i in range(steps)]
+
+
+class TB(Bench):
+    def __init__(self, dut):
+        super().__init__(dut)
+        from sim.config import load_config
+        from sim.hw.model import HwModel
+
+        self.desc = AcceleratorDescription.from_json(Path(PARAMS["description"]))
+        self.cfg = load_config(PARAMS["config"])
+        self.model = HwModel(self.cfg)
+        verbose = bool(PARAMS.get("verbose", 0))
+        self.transport = CocotbTransport(self, stress=bool(PARAMS.get("stress", 0)),
+                                         log=dut._log.info if verbose else None, regmap=self.desc.regmap)
+        self.drv = Driver(self.desc, self.transport, poll_cycles=int(PARAMS.get("poll_cycles", 256)),
+                          timeout_cycles=int(PARAMS.get("timeout_cycles", 20_000_000)))
+        self.report = {"steps": [], "mode": PARAMS.get("mode", "train")}
+
+    async def watch_phases(self):
+        """Log every phase transition of the controller (internal signals ``training``/``ph``)."""
+        try:
+            ph, training = self.dut.ph, self.dut.training
+        except AttributeError:
+            return
+        last = None
+        while True:
+            await FallingEdge(self.clk)
+            now = (int(training.value), int(ph.value))
+            if now != last:
+                self.dut._log.info("cycle %d: training %d phase %d", self.cycle, *now)
+                last = now
+
+    def write_report(self):
+        path = PARAMS.get("report")
+        if path:
+            Path(path).write_text(json.dumps(self.report, indent=1))
+
+
+
+@cocotb.test()
+async def test_system(dut):
+    tb = TB(dut)
+    await tb.reset()
+    if PARAMS.get("verbose"):
+        cocotb.start_soon(tb.watch_phases())
+    mode = PARAMS.get("mode", "train")
+    steps = int(PARAMS.get("steps", 1))
+    if mode == "errors":
+        await run_error_checks(tb)
+    elif mode == "train":
+        await run_training(tb, load_batches(PARAMS["data"], tb.cfg, tb.desc.batch, steps))
+    elif mode == "restore":
+        await run_restore(tb, load_batches(PARAMS["data"], tb.cfg, tb.desc.batch, steps))
+    else:
+        raise ValueError(f"unknown mode {mode!r}")
+    tb.write_report()
+
+
+async def compare_state(tb: TB, step: int, trace=None, result=None) -> dict | None:
+    """Read back everything and compare with the model; the first mismatch (or None)."""
+    got = await tb.drv.state_dict()
+    want = tb.model.state_dict()
+    mm = first_mismatch(got, want)
+    if mm is None and trace is not None:
+        if result.correct != trace.correct:
+            mm = {"quantity": "correct", "layer": None, "index": [], "expected": trace.correct, "got": result.correct}
+        elif result.loss != trace.loss:
+            mm = {"quantity": "loss", "layer": None, "index": [], "expected": trace.loss, "got": result.loss}
+        elif not np.array_equal(result.logits, trace.logits_q):
+            bad = np.argwhere(result.logits != trace.logits_q)[0]
+            mm = {"quantity": "logits", "layer": len(tb.desc.layers) - 1, "index": [int(v) for v in bad],
+                  "expected": int(trace.logits_q[tuple(bad)]), "got": int(result.logits[tuple(bad)])}
+    return mm
+
+
+async def train_and_check(tb: TB, x, y, step: int, lr: float) -> dict:
+    try:
+        result = await tb.drv.train_step(x, y, lr=lr)
+    except AcceleratorError as e:
+        st = await tb.drv.status()
+        entry = {"step": step, "cycles": None, "mismatch": {"quantity": "error", "layer": st["status"]["layer"],
+                                                            "index": [], "expected": "done", "got": str(e)},
+                 "status": st["status"]}
+        tb.report["steps"].append(entry)
+        tb.write_report()
+        raise
+    trace = tb.model.train_step(x, y, lr=lr)
+    mm = await compare_state(tb, step, trace, result)
+    entry = {"step": step, "cycles": int(result.cycles), "mismatch": mm, "loss": result.loss,
+             "correct": int(result.correct)}
+    tb.report["steps"].append(entry)
+    tb.write_report()
+    dut = tb.dut
+    dut._log.info("step %d: %d cycles, loss %.4f, correct %d, mismatch %s", step, result.cycles, result.loss,
+                  result.correct, mm)
+    return entry
+
+
+async def run_training(tb: TB, batches):
+    lr = float(PARAMS.get("lr", tb.cfg.lr))
+    await tb.drv.load_state_dict(tb.model.state_dict())
+    mm = await compare_state(tb, -1)
+    tb.report["restore_check"] = mm
+    assert mm is None, f"state read back after the initial restore differs: {mm}"
+    for s, (x, y) in enumerate(batches):
+        entry = await train_and_check(tb, x, y, s, lr)
+        assert entry["mismatch"] is None, f"step {s}: first mismatch {entry['mismatch']}"
+
+
+async def run_restore(tb: TB, batches):
+    """Write a state, train, read back (A); restore the same state, train again, read back (B): A == B,
+    and both equal the model."""
+    lr = float(PARAMS.get("lr", tb.cfg.lr))
+    start = tb.model.state_dict()
+    await tb.drv.load_state_dict(start)
+    half = max(1, len(batches) // 2)
+    for s, (x, y) in enumerate(batches[:half]):
+        entry = await train_and_check(tb, x, y, s, lr)
+        assert entry["mismatch"] is None, f"step {s}: first mismatch {entry['mismatch']}"
+    checkpoint = await tb.drv.state_dict()
+    first = []
+    for x, y in batches[half:]:
+        r = await tb.drv.train_step(x, y, lr=lr)
+        first.append((r.loss, r.correct, await tb.drv.state_dict()))
+    await tb.drv.load_state_dict(checkpoint)
+    tb.model.load_state_dict(checkpoint)
+    for s, (x, y) in enumerate(batches[half:]):
+        entry = await train_and_check(tb, x, y, half + s, lr)
+        assert entry["mismatch"] is None, f"step {half + s} after restore: first mismatch {entry['mismatch']}"
+        loss, correct, state = first[s]
+        again = await tb.drv.state_dict()
+        mm = first_mismatch(again, state)
+        assert mm is None and entry["loss"] == loss and entry["correct"] == correct, (
+            f"step {half + s}: the run after the restore differs from the first run: {mm}")
+    tb.report["restore_identical"] = True
+
+
+async def run_error_checks(tb: TB):
+    """Commands that make no sense are refused with the right error bit; nothing hangs."""
+    drv, m = tb.drv, tb.desc.regmap
+    checks = []
+
+    async def expect(flag, cmd, **arg):
+        try:
+            await drv.transport.execute(drv._command(cmd, **arg))
+        except AcceleratorError as e:
+            checks.append((flag, list(e.flags)))
+            assert e.flags == (flag,), f"{cmd} {arg}: flags {e.flags}, expected ({flag},)"
+            return
+        raise AssertionError(f"{cmd} {arg}: no error, expected {flag}")
+
+    kinds = tb.desc.kinds
+    await expect("no_batch", "train")
+    await expect("batch", "upload", batch=tb.desc.batch + 1)
+    await expect("layer", "readback", layer=len(tb.desc.layers), quantity=0)
+    ro = next(q for q in tb.desc.quantities if q.access == "ro")
+    await expect("quantity", "restore", layer=ro.layer or 0, quantity=ro.kind)
+    # two commands in one write
+    await drv.transport.write(m.addr("cmd"), m.encode("cmd", train=1, readback=1))
+    err = await drv.read_register("error")
+    assert err["multiple"] == 1 and sum(err.values()) == 1, err
+    await drv.transport.execute(drv._clear())
+    # start an upload, then anything else while it waits for data: busy; abort ends it
+    await drv.transport.execute(drv._command("upload", batch=tb.desc.batch))
+    st = await drv.read_register("status")
+    assert st["busy"] == 1, st
+    await expect("busy", "train")
+    await expect("busy", "readback", layer=0, quantity=kinds["w"])
+    await drv.abort()
+    st = await drv.read_register("status")
+    assert st["busy"] == 0, st
+    # an upload whose TLAST comes early: framing error, no batch loaded, the stream never stalls
+    x, y = np.ones((tb.desc.batch, tb.desc.features), np.int8), np.zeros(tb.desc.batch, np.int64)
+    words = drv.batch_words(x, y)
+    await drv.transport.execute(drv._command("upload", batch=tb.desc.batch))
+    await tb.transport.src.send(words[: len(words) // 2])
+    await ClockCycles(tb.clk, 5)
+    err = await drv.read_register("error")
+    assert err["framing"] == 1, err
+    st = await drv.read_register("status")
+    assert st["busy"] == 0 and st["batch_loaded"] == 0, st
+    await drv.transport.execute(drv._clear())
+    # a stream longer than the batch: framing error, the extra beats are accepted and dropped
+    await drv.transport.execute(drv._command("upload", batch=tb.desc.batch))
+    await tb.transport.src.send(np.concatenate([words, words[:7]]))
+    await ClockCycles(tb.clk, 5)
+    err = await drv.read_register("error")
+    assert err["framing"] == 1, err
+    await drv.transport.execute(drv._clear())
+    # a label out of range
+    bad = words.copy()
+    bad[-1] = tb.desc.classes
+    await drv.transport.execute(drv._command("upload", batch=tb.desc.batch))
+    await tb.transport.src.send(bad)
+    await ClockCycles(tb.clk, 5)
+    err = await drv.read_register("error")
+    assert err["label"] == 1 and sum(err.values()) == 1, err
+    await drv.transport.execute(drv._clear())
+    # and a good upload afterwards works
+    await drv.upload(x, y)
+    st = await drv.read_register("status")
+    assert st["batch_loaded"] == 1 and st["busy"] == 0, st
+    checks.append(("recovered", []))
+    tb.report["checks"] = checks

@@ -1,0 +1,404 @@
+# amaranth: UnusedElaboratable=no
+"""The whole accelerator (rtl_gen.top) and its own blocks (rtl_gen.buffers, the BN parameter unit of
+rtl_gen.controller), the cycle model and the generate / verify flows.
+
+Fast tests: the plan and its host layouts against the units' own packing helpers, configuration errors,
+the BN parameter unit and the buffer blocks in Amaranth's simulator against sim.hw, the cycle model.
+``rtl``: whole training steps of a small MLP on real MNIST batches in Verilator through the host driver,
+compared with sim.hw.model.HwModel after every step; the command/error checks; checkpoint and restore.
+``rtl_slow``: the paper's MLP (784-256-256-256-256-10, B=100) for three steps.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+from amaranth.sim import Simulator
+
+from rtl_gen.bn_unit import BnLayer
+from rtl_gen.buffers import BeatWriter, MemoryReader, RowReader, RowWriter, TileReader, WordSerializer
+from rtl_gen.controller import SPACE_A, SPACE_BETA, SPACE_E, SPACE_M, SPACE_MU, SPACE_S, BnParamUnit
+from rtl_gen.cycle_model import step_cycles
+from rtl_gen.top import SystemPlan
+from rtl_gen.weight_memory import WeightMemoryGeometry
+from sim.config import apply_overrides, load_config
+from sim.hw import arith as A
+from sim.hw import optim as O
+from sim.schema import ConfigError
+
+SMALL = [
+    "model.input_format=binary",
+    "train.batch_size=4",
+    'model.layers=[{type="dense",units=12},{type="dense",units=10}]',
+    "hw.lanes_in=32",
+    "hw.lanes_out=8",
+    "hw.lanes_b=2",
+    "hw.update_lanes=8",
+]
+
+
+def small_cfg(*extra):
+    return apply_overrides(load_config("mlp"), SMALL + list(extra))
+
+
+def paper_cfg(*extra):
+    return apply_overrides(load_config("mlp"), ["model.input_format=binary", *extra])
+
+
+# --- plan, layouts, configuration errors ----------------------------------------------------------------
+
+
+def test_plan_of_the_paper_mlp():
+    plan = SystemPlan(paper_cfg())
+    assert [(lp.n_in, lp.n_out) for lp in plan.layers] == [(784, 256), (256, 256), (256, 256), (256, 256), (256, 10)]
+    assert [lp.lanes_in for lp in plan.layers] == [64] * 5
+    assert [lp.lanes_out for lp in plan.layers] == [16, 16, 16, 16, 10]
+    assert plan.phases()[:5] == [("fwd", j) for j in range(5)]
+    assert plan.phases()[5:8] == [("bwd", 4), ("dx", 4), ("upd", 4)] and plan.phases()[-2:] == [("bwd", 0), ("upd", 0)]
+    desc = plan.description()
+    keys = {q.key for q in desc.quantities if q.access == "rw"}
+    assert {"w0", "acc0", "beta4", "m_beta2", "a_beta1", "e_beta0", "mu_r3", "s_r4", "rng0"} <= keys
+
+
+def test_weight_and_state_layouts_match_the_weight_memory():
+    """The host layouts of ``w`` and the optimiser state describe exactly the weight memory's own packing."""
+    cfg = small_cfg()
+    plan = SystemPlan(cfg)
+    rng = np.random.default_rng(0)
+    for lp in plan.layers:
+        geo = WeightMemoryGeometry.from_config(cfg, lp.index, lanes_in=lp.lanes_in, lanes_out=lp.lanes_out,
+                                               update_lanes=lp.update_lanes)
+        w = np.where(rng.random((lp.n_in, lp.n_out)) < 0.5, -1, 1)
+        banks = lp.geometry.pack_weights(w)
+        q = plan.quantity("w", lp.index).layout
+        beats = q.encode(w)
+        words = [int(b) for b in beats] if q.beats_per_word == 1 else None
+        want = [banks[lane][addr] for addr in range(lp.geometry.depth) for lane in range(lp.lanes_out)]
+        assert words == want
+        assert (q.decode(beats) == w).all()
+        acc = rng.integers(-63, 64, (lp.n_in, lp.n_out))
+        qa = plan.quantity("acc", lp.index).layout
+        rows = geo.pack_state({"acc": acc})
+        got = qa.encode(acc)
+        per = qa.beats_per_word
+        ints = [sum(int(got[i * per + b]) << (32 * b) for b in range(per)) for i in range(len(rows))]
+        assert ints == rows
+        assert (qa.decode(got) == acc).all()
+
+
+@pytest.mark.parametrize("over, message", [
+    (["model.input_format=float"], "hw.input = 'int8'"),
+    (["hw.switch_undo=true", "model.input_format=binary"], "switch_undo"),
+    (["hw.optimizer=iir", "model.input_format=binary"], "one optimiser field"),
+    (["hw.lanes_in=48", "model.input_format=binary"], "hw.lanes_in = 48"),
+    (["hw.update_lanes=3", "model.input_format=binary"], "update_lanes"),
+])
+def test_unsupported_configurations_are_rejected(over, message):
+    with pytest.raises(ConfigError, match=message):
+        SystemPlan(apply_overrides(load_config("mlp"), over))
+
+
+def test_cycle_model_of_the_paper_mlp_meets_the_target():
+    rep = step_cycles(SystemPlan(paper_cfg()))
+    assert rep.per_image <= 4000
+    assert set(rep.phases) == {f"{k}{j}" for k, j in SystemPlan(paper_cfg()).phases()}
+    assert rep.step == sum(rep.phases.values()) + 2
+
+
+# --- blocks in Amaranth's simulator -------------------------------------------------------------------------
+
+
+def _run(dut, bench):
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+
+
+def test_beat_writer_words_and_framing():
+    dut = BeatWriter(width=40, depth=8)
+    got = []
+
+    async def send(ctx, beats, lasts, *, count, final):
+        ctx.set(dut.count, count)
+        ctx.set(dut.beats, 2)
+        ctx.set(dut.final, final)
+        ctx.set(dut.start, 1)
+        await ctx.tick()
+        ctx.set(dut.start, 0)
+        i = 0
+        while i < len(beats):
+            ctx.set(dut.i.valid, 1)
+            ctx.set(dut.i.payload, {"data": beats[i], "last": lasts[i]})
+            if ctx.get(dut.w_en):
+                got.append((ctx.get(dut.w_addr), ctx.get(dut.w_data)))
+            if ctx.get(dut.i.ready):
+                i += 1
+            await ctx.tick()
+        ctx.set(dut.i.valid, 0)
+        for _ in range(3):
+            if ctx.get(dut.done):
+                err = ctx.get(dut.error)
+                await ctx.tick()  # back to idle before the next start
+                return err
+            await ctx.tick()
+        raise AssertionError("no done")
+
+    async def bench(ctx):
+        err = await send(ctx, [1, 2, 3, 4], [0, 0, 0, 1], count=2, final=1)
+        assert not err and got == [(0, 1 | 2 << 32), (1, 3 | (4 & 0xFF) << 32)]
+        got.clear()
+        assert await send(ctx, [1, 2], [0, 1], count=2, final=1)  # early TLAST ends the transfer
+        assert await send(ctx, [1, 2, 3, 4, 5, 6], [0, 0, 0, 0, 0, 1], count=2, final=1)  # late TLAST: drained
+        assert await send(ctx, [1, 2, 3, 4], [0, 0, 0, 1], count=2, final=0)  # TLAST in a non-final part
+
+    _run(dut, bench)
+
+
+def test_row_writer_reader_and_tiles_follow_the_banked_layout():
+    banks, words, rows = 3, 2, 7
+    depth = -(-rows // banks) * words
+    mem = np.zeros((banks, depth), np.int64)
+    wr = RowWriter(width=8, banks=banks, words=words, rows=rows)
+    data = [r * 10 + k for r in range(rows) for k in range(words)]
+
+    async def write(ctx):
+        ctx.set(wr.start, 1)
+        await ctx.tick()
+        ctx.set(wr.start, 0)
+        for v in data:
+            ctx.set(wr.valid, 1)
+            ctx.set(wr.data, v)
+            en = ctx.get(wr.w_en)
+            mem[en.bit_length() - 1, ctx.get(wr.w_addr)] = v
+            await ctx.tick()
+        ctx.set(wr.valid, 0)
+
+    _run(wr, write)
+    for r in range(rows):
+        for k in range(words):
+            assert mem[r % banks, (r // banks) * words + k] == r * 10 + k
+
+    rd = RowReader(width=8, banks=banks, words=words, rows=rows)
+    out = []
+    coin = random.Random(1)
+
+    async def read(ctx):
+        ctx.set(rd.start, 1)
+        await ctx.tick()
+        ctx.set(rd.start, 0)
+        pending = None
+        for _ in range(200):
+            if pending is not None:
+                ctx.set(rd.r_data, [int(mem[b, pending]) for b in range(banks)])
+            take = coin.random() < 0.7
+            ctx.set(rd.o.ready, take)
+            if take and ctx.get(rd.o.valid):
+                p = ctx.get(rd.o.payload)
+                out.append((p.data, p.row_last, p.last))
+            pending = ctx.get(rd.r_addr) if ctx.get(rd.r_en) else pending
+            await ctx.tick()
+
+    _run(rd, read)
+    assert [d for d, _, _ in out] == data
+    assert [rl for _, rl, _ in out] == [int(k == words - 1) for r in range(rows) for k in range(words)]
+    assert [la for _, _, la in out] == [0] * (len(data) - 1) + [1]
+
+    groups, tiles = 2, depth // words
+    tr = TileReader(a_width=8, c_width=4, banks=banks, words=words, groups=groups, tiles=tiles)
+    beats = []
+
+    async def tiles_bench(ctx):
+        ctx.set(tr.start, 1)
+        await ctx.tick()
+        ctx.set(tr.start, 0)
+        pa = pc = None
+        for _ in range(100):
+            if pa is not None:
+                ctx.set(tr.a_data, [pa * 16 + b for b in range(banks)])
+                ctx.set(tr.c_data, [(pc + b) % 16 for b in range(banks)])
+            ctx.set(tr.o.ready, 1)
+            if ctx.get(tr.o.valid):
+                p = ctx.get(tr.o.payload)
+                beats.append((list(p.a), list(p.c), p.last))
+            if ctx.get(tr.r_en):
+                pa, pc = ctx.get(tr.a_addr), ctx.get(tr.c_addr)
+            await ctx.tick()
+
+    _run(tr, tiles_bench)
+    want = [(g, k, t) for g in range(groups) for k in range(words) for t in range(tiles)]
+    assert len(beats) == len(want)
+    for (a, c, last), (g, k, t) in zip(beats, want, strict=True):
+        assert a[0] == (t * words + k) * 16 and c[0] == (t * groups + g) % 16 and last == int(t == tiles - 1)
+
+
+def test_memory_reader_wrap_and_serializer():
+    rd = MemoryReader(width=40, depth=5, repeat=2)
+    ser = WordSerializer(width=40)
+    from amaranth import Module
+    from amaranth.lib import wiring
+
+    top = Module()
+    top.submodules.rd = rd
+    top.submodules.ser = ser
+    wiring.connect(top, rd.o, ser.i)
+    mem = [(i + 1) * 0x1_0000_0001 for i in range(5)]
+    out = []
+
+    async def bench(ctx):
+        ctx.set(ser.beats, 2)
+        ctx.set(rd.count, 8)
+        ctx.set(rd.wrap, 5)
+        ctx.set(rd.start, 1)
+        await ctx.tick()
+        ctx.set(rd.start, 0)
+        addr = None
+        for _ in range(60):
+            if addr is not None:
+                ctx.set(rd.r_data, mem[addr])
+            ctx.set(ser.o.ready, 1)
+            if ctx.get(ser.o.valid):
+                out.append((ctx.get(ser.o.payload.data), ctx.get(ser.o.payload.last)))
+            if ctx.get(rd.r_en):
+                addr = ctx.get(rd.r_addr)
+            await ctx.tick()
+
+    _run(top, bench)
+    words = [mem[i % 5] for i in range(8)]
+    want = [(w >> (32 * b) & 0xFFFFFFFF, int(i == 7 and b == 1)) for i, w in enumerate(words) for b in range(2)]
+    assert out == want
+
+
+def test_bn_param_unit_against_the_model():
+    """Running statistics and the beta optimiser (block floating point, the m/a ratio, saturation) of one
+    layer over several steps, read back through the host port, equal sim.hw.arith.running_update and
+    sim.hw.optim.beta_update."""
+    cfg = small_cfg()
+    lay = BnLayer.from_config(cfg, 0, lanes=8)
+    h = cfg.hw
+    dut = BnParamUnit(layer=lay, hw=h, div_steps=2)
+    p, M, B = lay.params, lay.channels, lay.batch
+    rng = np.random.default_rng(1)
+
+    async def host(ctx, space, addr, data=None):
+        ctx.set(dut.host.payload, {"write": int(data is not None), "space": space, "outer": addr, "inner": 0,
+                                   "data": 0 if data is None else int(data) & ((1 << dut.host_width) - 1)})
+        ctx.set(dut.host.valid, 1)
+        while not ctx.get(dut.host.ready):
+            await ctx.tick()
+        await ctx.tick()
+        ctx.set(dut.host.valid, 0)
+        if data is not None:
+            return None
+        ctx.set(dut.host_rdata.ready, 1)
+        while not ctx.get(dut.host_rdata.valid):
+            await ctx.tick()
+        v = ctx.get(dut.host_rdata.payload)
+        await ctx.tick()
+        ctx.set(dut.host_rdata.ready, 0)
+        return v
+
+    def sx(v, w):
+        v &= (1 << w) - 1
+        return v - (1 << w) if v >> (w - 1) else v
+
+    async def read_all(ctx, space, w, signed=True):
+        return np.array([sx(await host(ctx, space, c), w) if signed else await host(ctx, space, c) for c in range(M)])
+
+    async def bench(ctx):
+        mu_r, s_r = np.zeros(M, np.int64), np.full(M, 1 << p.running_frac, np.int64)
+        beta = rng.integers(-20000, 20000, M)
+        mb, ab, E = np.zeros(M, np.int64), np.zeros(M, np.int64), 0
+        for c in range(M):
+            await host(ctx, SPACE_BETA, c, beta[c])
+        for step in range(4):
+            y = rng.integers(-lay.y_bound, lay.y_bound + 1, (B, M))
+            y[:, 0] = 5 if step == 0 else y[:, 0]  # S = 0
+            fwd = A.bn_forward(y, beta, p, lay.y_bound)
+            mu_r, s_r = A.running_update(mu_r, s_r, fwd, p)
+            for c in range(M):
+                ctx.set(dut.stats.payload, {"sum_y": int(fwd.sum_y[c]), "S": int(fwd.S[c])})
+                ctx.set(dut.stats.valid, 1)
+                while not ctx.get(dut.stats.ready):
+                    await ctx.tick()
+                await ctx.tick()
+            ctx.set(dut.stats.valid, 0)
+            assert (await read_all(ctx, SPACE_MU, dut.run_width) == mu_r).all()
+            assert (await read_all(ctx, SPACE_S, dut.run_width) == s_r).all()
+            p1 = rng.integers(-(1 << 20), 1 << 20, M) >> rng.integers(0, 18)
+            p1 = np.zeros(M, np.int64) if step == 2 else p1
+            scale, lr_sh = int(rng.integers(-40, 5)), int(rng.integers(5, 14))
+            beta, mb, ab, E = O.beta_update(beta, mb, ab, E, p1, scale, lr_sh, p, h.beta_momentum_shift,
+                                            h.beta_scale_shift, h.beta_state_bits)
+            for c in range(M):
+                ctx.set(dut.p1.payload, int(p1[c]))
+                ctx.set(dut.p1.valid, 1)
+                await ctx.tick()
+            ctx.set(dut.p1.valid, 0)
+            ctx.set(dut.scale, scale)
+            ctx.set(dut.lr_shift, lr_sh)
+            ctx.set(dut.update, 1)
+            await ctx.tick()
+            ctx.set(dut.update, 0)
+            await ctx.tick()
+            while ctx.get(dut.busy):
+                await ctx.tick()
+            assert sx(await host(ctx, SPACE_E, 0), 16) == E
+            assert (await read_all(ctx, SPACE_M, dut.m_width) == mb).all()
+            assert (await read_all(ctx, SPACE_A, dut.a_width, False) == ab).all()
+            assert (await read_all(ctx, SPACE_BETA, dut.beta_width) == beta).all()
+
+    _run(dut, bench)
+
+
+# --- whole accelerator in Verilator -----------------------------------------------------------------------
+
+
+def _assert_steps(report, steps):
+    assert len(report["steps"]) == steps
+    for st in report["steps"]:
+        assert st["mismatch"] is None, st
+
+
+@pytest.mark.rtl
+def test_small_mlp_whole_steps_match_the_model():
+    """Two whole training steps of 784-12-10 (binarised MNIST, B = 4) through the driver: after every step
+    weights, accumulators, generators, BN parameters, running statistics, logits, loss and correct count
+    read back equal sim.hw.model.HwModel; the measured cycles agree with the cycle model within 5 %."""
+    from rtl_gen.generate import run_system
+
+    cfg = small_cfg()
+    rep = run_system(cfg, mode="train", steps=2)
+    _assert_steps(rep, 2)
+    model = step_cycles(SystemPlan(cfg)).step
+    for st in rep["steps"]:
+        assert abs(st["cycles"] - model) <= 0.05 * model, (st["cycles"], model)
+
+
+@pytest.mark.rtl
+def test_small_mlp_command_errors():
+    from rtl_gen.generate import run_system
+
+    rep = run_system(small_cfg(), mode="errors")
+    assert ["recovered", []] in rep["checks"]
+
+
+@pytest.mark.rtl
+def test_small_mlp_restore_gives_identical_results():
+    from rtl_gen.generate import run_system
+
+    rep = run_system(small_cfg(), mode="restore", steps=4)
+    assert rep["restore_identical"] is True
+    _assert_steps(rep, 4)
+
+
+@pytest.mark.rtl_slow
+def test_paper_mlp_three_steps():
+    from rtl_gen.generate import verify
+
+    res = verify(paper_cfg(), 3)
+    assert res.ok, res.message
+    print(json.dumps(res.steps))
