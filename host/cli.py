@@ -136,6 +136,17 @@ def _report_cmd(module_name: str):
     return run
 
 
+def _lazy(module: str, func: str):
+    """A command implemented in another module, imported only when it runs (Amaranth/cocotb load slowly)."""
+
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        return getattr(importlib.import_module(module), func)(args)
+
+    return run
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="xnortrain",
@@ -175,6 +186,20 @@ def make_parser() -> argparse.ArgumentParser:
                 help="price float arithmetic as fp32 (the paper) or at the storage width",
             )
         p.set_defaults(func=_report_cmd(module))
+
+    p = sub.add_parser("generate", help="write the accelerator's Verilog, register map and cycle/resource report")
+    _add_config_args(p)
+    p.add_argument("--out", required=True, metavar="DIR", help="output folder (created if missing)")
+    p.add_argument("--no-synth", dest="no_synth", action="store_true",
+                   help="skip the Yosys synth_xilinx resource estimate (minutes for large designs)")
+    p.set_defaults(func=_lazy("rtl_gen.generate", "generate_main"))
+
+    p = sub.add_parser("verify", help="simulate training steps in Verilator and compare with the bit-exact model")
+    _add_config_args(p)
+    p.add_argument("--steps", type=int, default=1, help="training steps to simulate and compare (default 1)")
+    p.add_argument("--data", metavar="PATH",
+                   help="an .npz with x/y, or a dataset folder (default: the configured dataset, vendored MNIST)")
+    p.set_defaults(func=_lazy("rtl_gen.generate", "verify_main"))
 
     p = sub.add_parser("config", help="print the fully resolved configuration as TOML")
     _add_config_args(p)

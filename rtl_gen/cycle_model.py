@@ -42,6 +42,13 @@ class CycleReport:
         return "\n".join(lines)
 
 
+def _probe(unit):
+    """A unit built only to ask for its cycle counts: mark it used so Amaranth does not warn that it was
+    never elaborated."""
+    unit._MustUse__used = True
+    return unit
+
+
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -56,7 +63,7 @@ def forward_cycles(plan, j: int) -> int:
     cfg = plan.cfg
     B, G, M = plan.batch, lp.groups, lp.n_out
     engine = lp.geometry.cycles(B)
-    bn = BnForwardUnit.from_config(cfg, j, lanes=lp.lanes_out, div_steps=cfg.hw.div_steps).cycles()
+    bn = _probe(BnForwardUnit.from_config(cfg, j, lanes=lp.lanes_out, div_steps=cfg.hw.div_steps)).cycles()
     from .controller import bn_param_cycles
 
     run_per_ch = bn_param_cycles(plan.bn_layer(j), cfg.hw, cfg.hw.div_steps)["running"]
@@ -82,8 +89,8 @@ def backward_cycles(plan, j: int) -> int:
 
     lp = plan.layers[j]
     cfg = plan.cfg
-    bnb = BnBackwardUnit.from_config(cfg, j, lanes=lp.lanes_out).cycles()
-    po2 = Po2Unit.from_config(cfg, j, lanes=lp.lanes_out, mul_steps=cfg.hw.mul_steps).cycles()
+    bnb = _probe(BnBackwardUnit.from_config(cfg, j, lanes=lp.lanes_out)).cycles()
+    po2 = _probe(Po2Unit.from_config(cfg, j, lanes=lp.lanes_out, mul_steps=cfg.hw.mul_steps)).cycles()
     first = max(bnb["pass1"] + bnb["epi"], po2["pro"])
     return first + max(bnb["pass2"], po2["pass1"]) + po2["bias"] + po2["pass2"] + 4 + PHASE_OVERHEAD
 
