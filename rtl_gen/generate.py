@@ -145,6 +145,7 @@ def verify(cfg, steps: int, *, data=None, log=print, stress: bool = False) -> Ve
             dev = 100.0 * (cyc - model.step) / model.step
             log(f"  step {st['step']}: {cyc:,} cycles ({cyc / plan.batch:,.0f} per image; model {dev:+.1f} %), "
                 f"loss {st.get('loss', float('nan')):.4f}, correct {st.get('correct')}/{plan.batch}"
+                + (f", {st['wall_s']:.1f} s simulated" if "wall_s" in st else "")
                 + ("" if mm is None else "  MISMATCH"))
         if mm is not None and res.mismatch is None:
             res.mismatch = {"step": st["step"], **mm}

@@ -20,6 +20,7 @@ Parameters (``$XNT_TB_PARAMS``, JSON):
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import cocotb
@@ -253,6 +254,7 @@ async def compare_state(tb: TB, step: int, trace=None, result=None) -> dict | No
 
 
 async def train_and_check(tb: TB, x, y, step: int, lr: float) -> dict:
+    t0 = time.perf_counter()
     try:
         result = await tb.drv.train_step(x, y, lr=lr)
     except AcceleratorError as e:
@@ -263,10 +265,12 @@ async def train_and_check(tb: TB, x, y, step: int, lr: float) -> dict:
         tb.report["steps"].append(entry)
         tb.write_report()
         raise
+    wall = time.perf_counter() - t0  # upload + step + result registers, in simulation
     trace = tb.model.train_step(x, y, lr=lr)
     mm = await compare_state(tb, step, trace, result)
     entry = {"step": step, "cycles": int(result.cycles), "mismatch": mm, "loss": result.loss,
-             "correct": int(result.correct)}
+             "correct": int(result.correct), "wall_s": round(wall, 3),
+             "sim_cycles_per_s": round(int(result.cycles) / wall, 1)}
     tb.report["steps"].append(entry)
     tb.write_report()
     dut = tb.dut
