@@ -12,6 +12,7 @@ import json
 
 import numpy as np
 import pytest
+from test_system import SMALL  # same folder (pytest puts it on sys.path)
 
 from host.cli import EXIT_USER_ERROR, main
 from host.driver import AcceleratorDescription
@@ -21,15 +22,7 @@ from rtl_gen.top import SystemPlan
 from sim.config import apply_overrides, load_config
 from sim.tb.system_tb import first_mismatch
 
-SMALL_SET = [
-    "model.input_format=binary",
-    "train.batch_size=4",
-    'model.layers=[{type="dense",units=12},{type="dense",units=10}]',
-    "hw.lanes_in=32",
-    "hw.lanes_out=8",
-    "hw.lanes_b=2",
-    "hw.update_lanes=8",
-]
+SMALL_SET = SMALL  # the small MLP of the system tests
 
 
 def _set_args():
@@ -91,3 +84,19 @@ def test_verify_command_on_a_small_mlp(capsys):
     out = capsys.readouterr().out
     assert "OK: all 2 steps matched the bit-exact model" in out
     assert out.count("cycles (") == 2
+
+
+@pytest.mark.synth
+def test_generate_with_synthesis_reports_resources_and_fit(tmp_path):
+    """``generate`` with Yosys: report.json holds the xc7z020 resource counts and percentages, and the text
+    report the fit verdict."""
+    from rtl_gen.generate import generate
+
+    cfg = apply_overrides(load_config("mlp"), SMALL_SET)
+    rep = generate(cfg, tmp_path / "acc", log=lambda *_: None)
+    assert rep["device"] == "xc7z020" and rep["fits"] is True and rep["overflows"] == []
+    assert rep["resources"]["LUT"] > 0 and rep["resources"]["FF"] > 0
+    assert rep["percent"]["LUT"] == pytest.approx(100 * rep["resources"]["LUT"] / 53200, abs=0.01)
+    saved = json.loads((tmp_path / "acc" / "report.json").read_text())
+    assert saved["resources"] == rep["resources"]
+    assert "xc7z020" in (tmp_path / "acc" / "report.txt").read_text()
