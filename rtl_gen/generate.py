@@ -40,7 +40,9 @@ def _batch_data(cfg, steps: int, data: str | os.PathLike | None, folder: Path) -
     rng = np.random.default_rng(cfg.train.seed)
     idx = rng.permutation(len(x))[:need]
     path = folder / f"batches-{steps}x{B}-{cfg.train.seed}.npz"
-    np.savez(path, x=x[idx], y=y[idx])
+    tmp = folder / f".{path.stem}-{os.getpid()}.npz"
+    np.savez(tmp, x=x[idx], y=y[idx])
+    os.replace(tmp, path)  # atomic: parallel test workers may read the same file
     return path
 
 
