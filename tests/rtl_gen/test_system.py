@@ -390,7 +390,8 @@ def test_small_mlp_command_errors():
 def test_small_mlp_restore_gives_identical_results():
     from rtl_gen.generate import run_system
 
-    rep = run_system(small_cfg(), mode="restore", steps=4)
+    # with random idle beats on the input stream, backpressure on the output stream and AXI-Lite delays
+    rep = run_system(small_cfg(), mode="restore", steps=4, stress=True)
     assert rep["restore_identical"] is True
     _assert_steps(rep, 4)
 
