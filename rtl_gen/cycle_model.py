@@ -113,8 +113,9 @@ def update_cycles(plan, j: int) -> int:
     sweep = lp.sweep
     g = lp.geometry
     per_row_sweep = sweep.visits / g.depth
-    per_row = max(lp.tiles, per_row_sweep)
-    tiles = int(g.depth * per_row) + lp.tiles + 4
+    per_tile = lp.tiles * lp.dw_passes  # dW cycles per bank row
+    per_row = max(per_tile, per_row_sweep)
+    tiles = int(g.depth * per_row) + per_tile + 4
     from .controller import bn_param_cycles
 
     beta = bn_param_cycles(plan.bn_layer(j), plan.cfg.hw, plan.cfg.hw.div_steps)["update"]

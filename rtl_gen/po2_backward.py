@@ -23,11 +23,16 @@ output group ``g``, bank row ``g * words + k`` (a ``lanes_in x lanes_out`` tile 
 groups, and word ``k`` of ``dX[b]`` leaves as one beat. The codes arrive on ``dy`` (``groups`` beats per
 row) during the first word and are replayed from a one-row buffer for the others. ``rows * depth`` cycles.
 
-dW unit: a ``lanes_in x lanes_out`` tile of accumulators (bank row ``g * words + k``, in increasing row
-order) takes ``lanes_b`` samples per cycle from ``xdy`` (for those samples: input word ``k`` of ``X`` and
-group ``g`` of ``dY``), ``ceil(batch / lanes_b)`` beats per tile; after the tile's last beat
-``sgn(dW)`` of the tile leaves as one :func:`rtl_gen.weight_memory.grad_layout` beat, the weight memory's
-gradient input. ``depth * ceil(batch / lanes_b)`` cycles.
+dW unit: the tile of bank row ``g * words + k`` (``lanes_in x lanes_out`` weights, rows in increasing
+order) is computed in ``dw_passes`` passes (``P``, ``hw.dw_passes``) over the batch, pass ``p`` for inputs
+``p * lanes_in / P .. (p + 1) * lanes_in / P - 1`` of the word, so the unit holds only
+``lanes_in / P x lanes_out`` accumulators. Each pass takes ``lanes_b`` samples per cycle (input word ``k`` of
+``X`` and group ``g`` of ``dY``), ``ceil(batch / lanes_b)`` beats; pass 0 reads them from ``xdy`` and keeps
+them in a small replay memory (one tile's beats) that the other passes read. The signs of passes
+``0 .. P-2`` are held until the last pass ends; then ``sgn(dW)`` of the tile leaves as one
+:func:`rtl_gen.weight_memory.grad_layout` beat, the weight memory's gradient input.
+``depth * ceil(batch / lanes_b) * P`` cycles. ``P`` trades cycles for LUTs: the accumulators and their
+plane sums are about half of a layer's logic at ``P = 1``.
 
 Padding (bits past ``n_in``, lanes past ``n_out``, samples past ``batch`` in a tile's last beat) is masked;
 its input values do not matter and padded outputs are 0. The units go by their counters; ``last`` flags on
@@ -51,7 +56,7 @@ from .streams import StreamFIFO
 from .weight_memory import grad_layout
 from .xnor_engine import WeightReadSignature, XnorGeometry, _check_int
 
-__all__ = ["DW_LATENCY", "DX_LATENCY", "Po2Backward", "Po2Geometry", "plane_counts", "plane_sum"]
+__all__ = ["DW_LATENCY", "DX_LATENCY", "Po2Backward", "Po2Geometry", "dw_passes_for", "plane_counts", "plane_sum"]
 
 DX_LATENCY = 3
 """dX: cycles beyond one per tile read, from the first ``dy`` transfer to the last ``dx`` transfer (both
@@ -59,6 +64,12 @@ included): weight read, plane sums, accumulate and queue."""
 
 DW_LATENCY = 3
 """dW: cycles beyond one per input beat, from the first ``xdy`` transfer to the last ``dw`` transfer."""
+
+
+def dw_passes_for(cfg, lanes_in: int) -> int:
+    """Passes of the dW unit of a layer with ``lanes_in`` input bits per word: ``hw.dw_passes``, at most
+    ``lanes_in`` (both are powers of two, or ``lanes_in`` a multiple of 32 >= ``hw.dw_passes``)."""
+    return min(cfg.hw.dw_passes, lanes_in)
 
 
 def _tree_sum(values):
@@ -120,8 +131,8 @@ class Po2Geometry:
     ``bank``: :class:`XnorGeometry` (``n_in``, ``n_out``, ``lanes_in``, ``lanes_out``: the weight-bank layout
     and the dX/dW tile); ``batch``; ``dy_bits`` (k); ``x_max`` (1 binary, 128 int8 activations);
     ``lanes_b`` (samples per dW beat); ``dx_width`` (dX register bits, 0 = no dX unit, the first layer);
-    ``dw_width`` (dW accumulator bits). :meth:`Po2Backward.from_config` takes the widths from
-    :mod:`sim.hw.widths`.
+    ``dw_width`` (dW accumulator bits); ``dw_passes`` (dW passes per tile, divides ``lanes_in``).
+    :meth:`Po2Backward.from_config` takes the widths from :mod:`sim.hw.widths`.
     """
 
     bank: XnorGeometry
@@ -131,6 +142,7 @@ class Po2Geometry:
     lanes_b: int
     dx_width: int
     dw_width: int
+    dw_passes: int = 1
 
     def __post_init__(self):
         if not isinstance(self.bank, XnorGeometry):
@@ -142,9 +154,14 @@ class Po2Geometry:
         _check_int("lanes_b", self.lanes_b, 1, 4096)
         _check_int("dx_width", self.dx_width, 0, 64)
         _check_int("dw_width", self.dw_width, 2, 64)
+        _check_int("dw_passes", self.dw_passes, 1, self.bank.lanes_in)
+        if self.bank.lanes_in % self.dw_passes:
+            raise ValueError(f"dw_passes ({self.dw_passes}) must divide lanes_in ({self.bank.lanes_in})")
 
     @classmethod
-    def from_config(cls, cfg, layer_index: int, *, lanes_in: int, lanes_out: int, lanes_b: int) -> Po2Geometry:
+    def from_config(
+        cls, cfg, layer_index: int, *, lanes_in: int, lanes_out: int, lanes_b: int, dw_passes: int | None = None
+    ) -> Po2Geometry:
         """Weight layer ``layer_index`` of ``cfg``: shape, batch, ``x_max`` and the dX / dW register widths from
         :func:`sim.hw.widths.layer_bounds`, ``k`` from ``approx.dy_bits``. The first layer has no dX unit (its
         dX is not computed)."""
@@ -160,6 +177,7 @@ class Po2Geometry:
             lanes_b=lanes_b,
             dx_width=widths["dX"] if layer_index > 0 else 0,
             dw_width=widths["dW"],
+            dw_passes=dw_passes_for(cfg, lanes_in) if dw_passes is None else dw_passes,
         )
 
     @property
@@ -212,7 +230,7 @@ class Po2Geometry:
 
     def dw_cycles(self) -> int:
         """dW cycles for one batch with no stalls (see :data:`DW_LATENCY`)."""
-        return self.bank.depth * self.beats_per_tile + DW_LATENCY
+        return self.bank.depth * self.beats_per_tile * self.dw_passes + DW_LATENCY
 
     # --- host-side packing (controller model and tests) ---
 
@@ -456,50 +474,82 @@ class _Dw(wiring.Component):
         geo = self._geo
         bank = geo.bank
         K, G, LI, LO, S = bank.words, bank.groups, bank.lanes_in, bank.lanes_out, geo.lanes_b
+        P = geo.dw_passes
+        LS = LI // P  # inputs per pass
         NB = geo.beats_per_tile
         lanes_last = bank.n_out - (G - 1) * LO
         bits_last = bank.n_in - (K - 1) * LI
         samples_last = geo.batch - (NB - 1) * S
         m = Module()
 
-        # Stage 0: beat and tile counters.
+        # Stage 0: beat, pass and tile counters. Pass 0 takes the tile's beats from ``xdy`` and keeps them in
+        # the replay memory; passes 1 .. P-1 read them back.
         adv = Signal()
         beat = Signal(range(NB))
+        pas = Signal(range(max(P, 2)))
         k = Signal(range(K))
         g = Signal(range(G))
         last_beat = Signal()
-        m.d.comb += [last_beat.eq(beat == NB - 1), self.xdy.ready.eq(adv)]
-        take = self.xdy.valid & adv
+        replay = Signal()
+        m.d.comb += [last_beat.eq(beat == NB - 1), replay.eq(pas != 0), self.xdy.ready.eq(adv & ~replay)]
+        take = Signal()
+        m.d.comb += take.eq(adv & (replay | self.xdy.valid))
         with m.If(take):
             with m.If(last_beat):
                 m.d.sync += beat.eq(0)
-                with m.If(k == K - 1):
-                    m.d.sync += [k.eq(0), g.eq(Mux(g == G - 1, 0, g + 1))]
+                with m.If(pas == P - 1):
+                    m.d.sync += pas.eq(0)
+                    with m.If(k == K - 1):
+                        m.d.sync += [k.eq(0), g.eq(Mux(g == G - 1, 0, g + 1))]
+                    with m.Else():
+                        m.d.sync += k.eq(k + 1)
                 with m.Else():
-                    m.d.sync += k.eq(k + 1)
+                    m.d.sync += pas.eq(pas + 1)
             with m.Else():
                 m.d.sync += beat.eq(beat + 1)
+        operands = data.StructLayout({"x": self.xdy.payload.x.shape(), "dy": self.xdy.payload.dy.shape()})
+        incoming = Cat(self.xdy.payload.x.as_value(), self.xdy.payload.dy.as_value())
+        if P > 1:
+            m.submodules.replay = mem = Memory(shape=operands.size, depth=max(NB, 2), init=[])
+            rd, wr = mem.read_port(), mem.write_port()
+            m.d.comb += [
+                wr.addr.eq(beat), wr.data.eq(incoming), wr.en.eq(take & ~replay),
+                rd.addr.eq(beat), rd.en.eq(adv),
+            ]  # fmt: skip
 
-        # Stage 1: the beat; per-weight plane sums.
+        # Stage 1: the beat (from the stream or the replay memory); per-weight plane sums of this pass's inputs.
         s1_valid = Signal()
         s1_first = Signal()
         s1_last = Signal()
+        s1_pass = Signal.like(pas)
+        s1_replay = Signal()
         s1_last_g = Signal()
         s1_last_k = Signal()
         s1_last_tile = Signal()
-        x1 = Signal(self.xdy.payload.x.shape())
-        d1 = Signal(self.xdy.payload.dy.shape())
+        held = Signal(operands.size)
         with m.If(adv):
             m.d.sync += [
                 s1_valid.eq(take),
                 s1_first.eq(beat == 0),
                 s1_last.eq(last_beat),
+                s1_pass.eq(pas),
+                s1_replay.eq(replay),
                 s1_last_g.eq(g == G - 1),
                 s1_last_k.eq(k == K - 1),
                 s1_last_tile.eq((g == G - 1) & (k == K - 1)),
-                x1.eq(self.xdy.payload.x),
-                d1.eq(self.xdy.payload.dy),
+                held.eq(incoming),
             ]
+        op = Signal(operands)
+        m.d.comb += op.as_value().eq(Mux(s1_replay, rd.data, held) if P > 1 else held)
+        d1 = op.dy
+        x1 = Signal(data.ArrayLayout(data.ArrayLayout(geo.x_shape, LS), S))  # this pass's inputs
+        if P > 1:
+            with m.Switch(s1_pass):
+                for p in range(P):
+                    with m.Case(p):
+                        m.d.comb += [x1[s][i].eq(op.x[s][p * LS + i]) for s in range(S) for i in range(LS)]
+        else:
+            m.d.comb += [x1[s][i].eq(op.x[s][i]) for s in range(S) for i in range(LS)]
         planes = geo.planes
         onehot = {}  # (sample, lane) -> plane bits; padding samples of the last beat masked
         for s in range(S):
@@ -519,7 +569,7 @@ class _Dw(wiring.Component):
             else:
                 shifts = [Signal(range(planes), name=f"sh{s}_{lane}") for s in range(S)]
                 m.d.comb += [shifts[s].eq(d1[s][lane].field - 1) for s in range(S)]
-            for i in range(LI):
+            for i in range(LS):
                 c = Signal(signed(c_width), name=f"contrib{i}_{lane}")
                 if binary:
                     pos = Signal(S, name=f"pos{i}_{lane}")
@@ -536,10 +586,11 @@ class _Dw(wiring.Component):
                     m.d.comb += c.eq(_tree_sum(terms))
                 contrib[i, lane] = c
 
-        # Stage 2: registered contributions; accumulate over the batch; push the tile's signs.
+        # Stage 2: registered contributions; accumulate over the batch; keep each pass's signs; push the tile.
         s2_valid = Signal()
         s2_first = Signal()
         s2_last = Signal()
+        s2_pass = Signal.like(pas)
         s2_last_g = Signal()
         s2_last_k = Signal()
         s2_last_tile = Signal()
@@ -549,6 +600,7 @@ class _Dw(wiring.Component):
                 s2_valid.eq(s1_valid),
                 s2_first.eq(s1_first),
                 s2_last.eq(s1_last),
+                s2_pass.eq(s1_pass),
                 s2_last_g.eq(s1_last_g),
                 s2_last_k.eq(s1_last_k),
                 s2_last_tile.eq(s1_last_tile),
@@ -558,11 +610,12 @@ class _Dw(wiring.Component):
         m.submodules.queue = queue = StreamFIFO(shape=grad_layout(bank), depth=2)
         push = Signal()
         m.d.comb += [
-            push.eq(s2_valid & s2_last),
+            push.eq(s2_valid & s2_last & (s2_pass == P - 1)),
             adv.eq(~push | queue.i.ready),
             queue.i.valid.eq(push),
             queue.i.payload.last.eq(s2_last_tile),
         ]
+        kept = Signal(grad_layout(bank))  # signs of passes 0 .. P-2 of the current tile
         shape = signed(geo.dw_width)
         for (i, lane), c in c2.items():
             acc = Signal(shape, name=f"acc{i}_{lane}")
@@ -574,12 +627,20 @@ class _Dw(wiring.Component):
             pad = []
             if lane >= lanes_last:
                 pad.append(s2_last_g)
-            if i >= bits_last:
-                pad.append(s2_last_k)
+            # input p * LS + i is padding (past n_in) in the last word from pass ceil((bits_last - i) / LS) on
+            first_pad_pass = max(0, -(-(bits_last - i) // LS))
+            if first_pad_pass < P:
+                pad.append(s2_last_k & (s2_pass >= first_pad_pass) if first_pad_pass else s2_last_k)
             if pad:
                 padded = pad[0] if len(pad) == 1 else (pad[0] | pad[1])
                 sign = Mux(padded, 0, sign)
-            m.d.comb += queue.i.payload.g[lane][i].eq(sign)
+            signal = Signal(signed(2), name=f"sign{i}_{lane}")
+            m.d.comb += signal.eq(sign)
+            for p in range(P - 1):
+                with m.If(adv & s2_valid & s2_last & (s2_pass == p)):
+                    m.d.sync += kept.g[lane][p * LS + i].eq(signal)
+                m.d.comb += queue.i.payload.g[lane][p * LS + i].eq(kept.g[lane][p * LS + i])
+            m.d.comb += queue.i.payload.g[lane][(P - 1) * LS + i].eq(signal)
         wiring.connect(m, queue.o, wiring.flipped(self.dw))
         return m
 
@@ -614,10 +675,14 @@ class Po2Backward(wiring.Component):
         super().__init__(ports)
 
     @classmethod
-    def from_config(cls, cfg, layer_index: int, *, lanes_in: int, lanes_out: int, lanes_b: int) -> Po2Backward:
+    def from_config(
+        cls, cfg, layer_index: int, *, lanes_in: int, lanes_out: int, lanes_b: int, dw_passes: int | None = None
+    ) -> Po2Backward:
         """The engine of weight layer ``layer_index`` of ``cfg`` (see :meth:`Po2Geometry.from_config`)."""
         return cls(
-            geometry=Po2Geometry.from_config(cfg, layer_index, lanes_in=lanes_in, lanes_out=lanes_out, lanes_b=lanes_b)
+            geometry=Po2Geometry.from_config(
+                cfg, layer_index, lanes_in=lanes_in, lanes_out=lanes_out, lanes_b=lanes_b, dw_passes=dw_passes
+            )
         )
 
     @property

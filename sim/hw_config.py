@@ -79,11 +79,16 @@ class HwConfig:
     )
     lanes_out: int = opt(16, lo=1, hi=4096, doc="XNOR engine, BN, po2 and dX units: output channels per beat")
     lanes_b: int = opt(4, lo=1, hi=256, doc="dW engine: samples per beat")
+    dw_passes: int = opt(
+        1, lo=1, hi=32, doc="dW engine: passes over the batch per weight tile (power of two; fewer accumulators)"
+    )
     update_lanes: int = opt(16, lo=1, hi=4096, doc="weight update sweep: weights per cycle (divides lanes_in)")
     div_steps: int = opt(2, lo=1, hi=64, doc="quotient bits per cycle of the per-channel sequential dividers")
     mul_steps: int = opt(4, lo=1, hi=64, doc="po2 unit: bits per cycle of the per-channel sqrt2 multiplier")
 
     def _validate(self, path):
+        if self.dw_passes & (self.dw_passes - 1):
+            raise ConfigError(f"{path}.dw_passes = {self.dw_passes} must be a power of two (1, 2, 4, 8, 16, 32)")
         if self.switch_cutoff >= 2**15:
             raise ConfigError(f"{path}.switch_cutoff = {self.switch_cutoff} is out of range; allowed: <= 32767")
         if self.iir_g_frac_bits < self.iir_m_frac_bits:

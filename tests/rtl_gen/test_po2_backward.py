@@ -23,6 +23,7 @@ from rtl_gen.toolchain import REPO_ROOT, build_root, run_cocotb, to_verilog
 from rtl_gen.xnor_engine import XnorGeometry
 from sim.config import apply_overrides, load_config
 from sim.hw.widths import layer_bounds, signed_bits
+from sim.schema import ConfigError
 
 
 def small_config(**overrides):
@@ -122,6 +123,23 @@ def test_geometry_and_widths_come_from_the_configuration():
         Po2Backward(g1)
 
 
+def test_dw_passes_come_from_the_configuration_and_are_checked():
+    mlp = load_config("mlp")
+    g = Po2Geometry.from_config(mlp, 1, lanes_in=32, lanes_out=8, lanes_b=4, dw_passes=4)
+    assert g.dw_passes == 4 and g.dw_cycles() == 256 * 25 * 4 + DW_LATENCY
+    eight = apply_overrides(mlp, {"hw.dw_passes": 8})
+    assert Po2Geometry.from_config(eight, 1, lanes_in=32, lanes_out=8, lanes_b=4).dw_passes == 8
+    assert Po2Geometry.from_config(eight, 1, lanes_in=4, lanes_out=8, lanes_b=4).dw_passes == 4  # at most lanes_in
+    with pytest.raises(ValueError, match=re.escape("dw_passes (3) must divide lanes_in (32)")):
+        Po2Geometry.from_config(mlp, 1, lanes_in=32, lanes_out=8, lanes_b=4, dw_passes=3)
+    with pytest.raises(ValueError, match=re.escape("dw_passes must be an integer in 1..32, not 64")):
+        Po2Geometry.from_config(mlp, 1, lanes_in=32, lanes_out=8, lanes_b=4, dw_passes=64)
+    with pytest.raises(ConfigError, match=re.escape("hw.dw_passes = 6 must be a power of two")):
+        apply_overrides(mlp, {"hw.dw_passes": 6})
+    with pytest.raises(ConfigError, match="dw_passes"):
+        apply_overrides(mlp, {"hw.dw_passes": 64})
+
+
 def test_packing_round_trips():
     geo = Po2Geometry(
         bank=XnorGeometry(n_in=10, n_out=7, lanes_in=4, lanes_out=3),
@@ -171,15 +189,17 @@ def test_plane_counts_are_per_plane_popcounts():
 # --- cocotb on Verilator ----------------------------------------------------------------------------------
 
 SWEEP = [
-    # (overrides, layer, lanes_in, lanes_out, lanes_b, rows, batches)
-    # binary layer 10 -> 7, B = 13, k = 6 (31 planes, dX 34 bits): partial last word, group and sample beat
-    pytest.param((small_config(**{"approx.dy_bits": 6}), 1, 4, 3, 3, 120, 4), id="l1-n10x7-k6-li4-lo3-b3"),
-    # one word and one group per row (no replay buffer), one sample per beat
-    pytest.param((small_config(), 1, 16, 8, 1, 120, 4), id="l1-n10x7-li16-lo8-b1"),
-    # first layer: 8-bit activations (x_max 128), no dX unit
-    pytest.param((small_config(), 0, 8, 4, 2, 0, 4), id="l0-int8-n37x10-li8-lo4-b2"),
-    # the MLP's hidden layer 256 x 256, B = 100
-    pytest.param(({}, 1, 32, 8, 4, 100, 1), id="mlp-l1-n256x256-li32-lo8-b4"),
+    # (overrides, layer, lanes_in, lanes_out, lanes_b, dw_passes, rows, batches)
+    # binary layer 10 -> 7, B = 13, k = 6 (31 planes, dX 34 bits): partial last word, group and sample beat;
+    # two dW passes, the second one all padding in the last word
+    pytest.param((small_config(**{"approx.dy_bits": 6}), 1, 4, 3, 3, 2, 120, 4), id="l1-n10x7-k6-li4-lo3-b3-p2"),
+    # one word and one group per row (no replay buffer), one sample per beat; four dW passes (the third one
+    # half padding)
+    pytest.param((small_config(), 1, 16, 8, 1, 4, 120, 4), id="l1-n10x7-li16-lo8-b1-p4"),
+    # first layer: 8-bit activations (x_max 128), no dX unit, two dW passes
+    pytest.param((small_config(), 0, 8, 4, 2, 2, 0, 4), id="l0-int8-n37x10-li8-lo4-b2-p2"),
+    # the MLP's hidden layer 256 x 256, B = 100, one dW pass
+    pytest.param(({}, 1, 32, 8, 4, 1, 100, 1), id="mlp-l1-n256x256-li32-lo8-b4"),
 ]
 
 
@@ -187,10 +207,12 @@ SWEEP = [
 @pytest.mark.parametrize("case", SWEEP)
 def test_po2_backward_rtl(case, request):
     """Rerun one case with waveforms: ``XNT_WAVES=1 pytest -k l0-int8 ...``."""
-    overrides, layer, lanes_in, lanes_out, lanes_b, rows, batches = case
+    overrides, layer, lanes_in, lanes_out, lanes_b, dw_passes, rows, batches = case
     cfg = apply_overrides(load_config("mlp"), overrides)
-    geo = Po2Geometry.from_config(cfg, layer, lanes_in=lanes_in, lanes_out=lanes_out, lanes_b=lanes_b)
-    params = {"overrides": overrides, "layer": layer, "lanes_in": lanes_in, "lanes_out": lanes_out, "lanes_b": lanes_b}
+    geo = Po2Geometry.from_config(cfg, layer, lanes_in=lanes_in, lanes_out=lanes_out, lanes_b=lanes_b,
+                                  dw_passes=dw_passes)
+    params = {"overrides": overrides, "layer": layer, "lanes_in": lanes_in, "lanes_out": lanes_out, "lanes_b": lanes_b,
+              "dw_passes": dw_passes}
     name = "po2_backward_" + request.node.callspec.id.replace("-", "_")
     run = run_cocotb(
         verilog=cached_verilog(name, lambda: to_verilog(Po2WithBanks(geo), "po2_backward", emit_src=False), params),
@@ -202,7 +224,9 @@ def test_po2_backward_rtl(case, request):
     )
     assert run.tests == 6
     dw = json.loads((run.build_dir / "cycles-dw.json").read_text())
-    assert dw["measured"] == dw["model"] == geo.dw_cycles() == geo.bank.depth * geo.beats_per_tile + DW_LATENCY
+    assert dw["measured"] == dw["model"] == geo.dw_cycles() == (
+        geo.bank.depth * geo.beats_per_tile * dw_passes + DW_LATENCY
+    )
     if geo.dx_width:
         dx = json.loads((run.build_dir / "cycles-dx.json").read_text())
         assert dx["measured"] == dx["model"] == geo.dx_cycles(rows) == rows * geo.bank.depth + DX_LATENCY
