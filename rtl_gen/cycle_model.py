@@ -96,13 +96,13 @@ def backward_cycles(plan, j: int) -> int:
 
 
 def dx_cycles(plan, j: int) -> int:
-    """``dx j``: the dX engine (``rows * depth``), unless splitting each dX word into the BN beats of layer
+    """``dx j``: the dX engine (``rows * depth * dx_passes``), unless splitting each dX word into the BN beats of layer
     ``j-1`` (``li / lo'`` cycles per word) is slower."""
     lp = plan.layers[j]
     below = plan.layers[j - 1]
     B, W, G = plan.batch, lp.words, lp.groups
     r = lp.lanes_in // below.lanes_out
-    per_word = max(G, r)
+    per_word = max(G * lp.dx_passes, r)
     return B * W * per_word + 3 + 2 + PHASE_OVERHEAD
 
 

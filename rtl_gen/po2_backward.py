@@ -20,8 +20,11 @@ read through ``weights`` (:class:`~rtl_gen.xnor_engine.WeightReadSignature`, e.g
 :class:`rtl_gen.weight_memory.WeightMemory`). Per row ``b`` of ``dY``: for each input word ``k``, for each
 output group ``g``, bank row ``g * words + k`` (a ``lanes_in x lanes_out`` tile of ``W``) meets the group's
 ``lanes_out`` codes; each of the ``lanes_in`` inputs sums ``lanes_out`` addends, accumulated over the
-groups, and word ``k`` of ``dX[b]`` leaves as one beat. The codes arrive on ``dy`` (``groups`` beats per
-row) during the first word and are replayed from a one-row buffer for the others. ``rows * depth`` cycles.
+groups, and word ``k`` of ``dX[b]`` leaves as one beat. The codes arrive on ``dy`` (``groups`` beats per row)
+during the first word and are replayed from a one-row buffer for the others. With ``dx_passes`` ``P``
+(``hw.dx_passes``) the word's inputs are taken ``lanes_in / P`` at a time, one pass over the groups each (the
+weight rows are read again), so the unit holds ``lanes_in / P`` plane sums and accumulators.
+``rows * depth * P`` cycles.
 
 dW unit: the tile of bank row ``g * words + k`` (``lanes_in x lanes_out`` weights, rows in increasing
 order) is computed in ``dw_passes`` passes (``P``, ``hw.dw_passes``) over the batch, pass ``p`` for inputs
@@ -56,7 +59,7 @@ from .streams import StreamFIFO
 from .weight_memory import grad_layout
 from .xnor_engine import WeightReadSignature, XnorGeometry, _check_int
 
-__all__ = ["DW_LATENCY", "DX_LATENCY", "Po2Backward", "Po2Geometry", "dw_passes_for", "plane_counts", "plane_sum"]
+__all__ = ["DW_LATENCY", "DX_LATENCY", "Po2Backward", "Po2Geometry", "passes_for", "plane_counts", "plane_sum"]
 
 DX_LATENCY = 3
 """dX: cycles beyond one per tile read, from the first ``dy`` transfer to the last ``dx`` transfer (both
@@ -66,10 +69,11 @@ DW_LATENCY = 3
 """dW: cycles beyond one per input beat, from the first ``xdy`` transfer to the last ``dw`` transfer."""
 
 
-def dw_passes_for(cfg, lanes_in: int) -> int:
-    """Passes of the dW unit of a layer with ``lanes_in`` input bits per word: ``hw.dw_passes``, at most
-    ``lanes_in`` (both are powers of two, or ``lanes_in`` a multiple of 32 >= ``hw.dw_passes``)."""
-    return min(cfg.hw.dw_passes, lanes_in)
+def passes_for(cfg, unit: str, lanes_in: int) -> int:
+    """Passes of the ``"dw"`` or ``"dx"`` unit of a layer with ``lanes_in`` input bits per word:
+    ``hw.dw_passes`` / ``hw.dx_passes``, at most ``lanes_in`` (both are powers of two, or ``lanes_in`` is a
+    multiple of 32 >= the passes)."""
+    return min(getattr(cfg.hw, f"{unit}_passes"), lanes_in)
 
 
 def _tree_sum(values):
@@ -131,7 +135,8 @@ class Po2Geometry:
     ``bank``: :class:`XnorGeometry` (``n_in``, ``n_out``, ``lanes_in``, ``lanes_out``: the weight-bank layout
     and the dX/dW tile); ``batch``; ``dy_bits`` (k); ``x_max`` (1 binary, 128 int8 activations);
     ``lanes_b`` (samples per dW beat); ``dx_width`` (dX register bits, 0 = no dX unit, the first layer);
-    ``dw_width`` (dW accumulator bits); ``dw_passes`` (dW passes per tile, divides ``lanes_in``).
+    ``dw_width`` (dW accumulator bits); ``dw_passes`` (dW passes per tile) and ``dx_passes`` (dX passes per
+    word), both dividing ``lanes_in``.
     :meth:`Po2Backward.from_config` takes the widths from :mod:`sim.hw.widths`.
     """
 
@@ -143,6 +148,7 @@ class Po2Geometry:
     dx_width: int
     dw_width: int
     dw_passes: int = 1
+    dx_passes: int = 1
 
     def __post_init__(self):
         if not isinstance(self.bank, XnorGeometry):
@@ -155,12 +161,15 @@ class Po2Geometry:
         _check_int("dx_width", self.dx_width, 0, 64)
         _check_int("dw_width", self.dw_width, 2, 64)
         _check_int("dw_passes", self.dw_passes, 1, self.bank.lanes_in)
-        if self.bank.lanes_in % self.dw_passes:
-            raise ValueError(f"dw_passes ({self.dw_passes}) must divide lanes_in ({self.bank.lanes_in})")
+        _check_int("dx_passes", self.dx_passes, 1, self.bank.lanes_in)
+        for name in ("dw_passes", "dx_passes"):
+            if self.bank.lanes_in % getattr(self, name):
+                raise ValueError(f"{name} ({getattr(self, name)}) must divide lanes_in ({self.bank.lanes_in})")
 
     @classmethod
     def from_config(
-        cls, cfg, layer_index: int, *, lanes_in: int, lanes_out: int, lanes_b: int, dw_passes: int | None = None
+        cls, cfg, layer_index: int, *, lanes_in: int, lanes_out: int, lanes_b: int, dw_passes: int | None = None,
+        dx_passes: int | None = None,
     ) -> Po2Geometry:
         """Weight layer ``layer_index`` of ``cfg``: shape, batch, ``x_max`` and the dX / dW register widths from
         :func:`sim.hw.widths.layer_bounds`, ``k`` from ``approx.dy_bits``. The first layer has no dX unit (its
@@ -177,7 +186,8 @@ class Po2Geometry:
             lanes_b=lanes_b,
             dx_width=widths["dX"] if layer_index > 0 else 0,
             dw_width=widths["dW"],
-            dw_passes=dw_passes_for(cfg, lanes_in) if dw_passes is None else dw_passes,
+            dw_passes=passes_for(cfg, "dw", lanes_in) if dw_passes is None else dw_passes,
+            dx_passes=passes_for(cfg, "dx", lanes_in) if dx_passes is None else dx_passes,
         )
 
     @property
@@ -226,7 +236,7 @@ class Po2Geometry:
 
     def dx_cycles(self, rows: int) -> int:
         """dX cycles for ``rows`` rows with no stalls (see :data:`DX_LATENCY`)."""
-        return rows * self.bank.depth + DX_LATENCY if rows else 0
+        return rows * self.bank.depth * self.dx_passes + DX_LATENCY if rows else 0
 
     def dw_cycles(self) -> int:
         """dW cycles for one batch with no stalls (see :data:`DW_LATENCY`)."""
@@ -344,36 +354,43 @@ class _Dx(wiring.Component):
         lanes_last = bank.n_out - (G - 1) * LO
         m = Module()
 
-        # Stage 0: for each word k, for each group g: weight row g * K + k; codes from the stream at k = 0.
+        # Stage 0: for each word k, for each pass p, for each group g: weight row g * K + k; codes from the stream
+        # in the first pass of word 0, from the row buffer after that.
+        P = geo.dx_passes
+        LS = LI // P  # inputs per pass
         adv = Signal()
         issue = Signal()
         k = Signal(range(K))
+        pas = Signal(range(max(P, 2)))
         g = Signal(range(G))
         waddr = Signal(range(D))
-        first_word = Signal()
+        from_stream = Signal()
         last_g = Signal()
         m.d.comb += [
-            first_word.eq(k == 0),
+            from_stream.eq((k == 0) & (pas == 0)),
             last_g.eq(g == G - 1),
-            self.dy.ready.eq(adv & first_word),
-            issue.eq(adv & (~first_word | self.dy.valid)),
+            self.dy.ready.eq(adv & from_stream),
+            issue.eq(adv & (~from_stream | self.dy.valid)),
             self.weights.addr.eq(waddr),
             self.weights.en.eq(adv),
         ]
         with m.If(issue):
             with m.If(last_g):
                 m.d.sync += g.eq(0)
-                with m.If(k == K - 1):
-                    m.d.sync += [k.eq(0), waddr.eq(0)]
+                with m.If(pas != P - 1):
+                    m.d.sync += [pas.eq(pas + 1), waddr.eq(k)]
+                with m.Elif(k == K - 1):
+                    m.d.sync += [pas.eq(0), k.eq(0), waddr.eq(0)]
                 with m.Else():
-                    m.d.sync += [k.eq(k + 1), waddr.eq(k + 1)]
+                    m.d.sync += [pas.eq(0), k.eq(k + 1), waddr.eq(k + 1)]
             with m.Else():
                 m.d.sync += [g.eq(g + 1), waddr.eq(waddr + K)]
 
-        # Stage 1: tile and codes; plane sums per input.
+        # Stage 1: tile and codes; plane sums per input of this pass.
         codes_layout = data.ArrayLayout(geo.code_layout, LO)
         s1_valid = Signal()
         s1_from_stream = Signal()
+        s1_pass = Signal.like(pas)
         s1_first_g = Signal()
         s1_last_g = Signal()
         s1_last_word = Signal()
@@ -381,28 +398,38 @@ class _Dx(wiring.Component):
         with m.If(adv):
             m.d.sync += [
                 s1_valid.eq(issue),
-                s1_from_stream.eq(first_word),
+                s1_from_stream.eq(from_stream),
+                s1_pass.eq(pas),
                 s1_first_g.eq(g == 0),
                 s1_last_g.eq(last_g),
                 s1_last_word.eq(k == K - 1),
             ]
-            with m.If(issue & first_word):
+            with m.If(issue & from_stream):
                 m.d.sync += c1.eq(self.dy.payload.codes)
         codes = Signal(codes_layout)
-        if K > 1:
-            m.submodules.row_buffer = buf = Memory(shape=codes_layout, depth=G, init=[])
+        if K > 1 or P > 1:
+            m.submodules.row_buffer = buf = Memory(shape=codes_layout, depth=max(G, 2), init=[])
             keep = buf.write_port()
             replay = buf.read_port()
             m.d.comb += [
                 keep.addr.eq(g),
                 keep.data.eq(self.dy.payload.codes),
-                keep.en.eq(issue & first_word),
+                keep.en.eq(issue & from_stream),
                 replay.addr.eq(g),
                 replay.en.eq(adv),
                 codes.eq(Mux(s1_from_stream, c1, replay.data)),
             ]
         else:
             m.d.comb += codes.eq(c1)
+        wseg = Signal(data.ArrayLayout(data.ArrayLayout(1, LS), LO))  # this pass's inputs of the tile
+        if P > 1:
+            with m.Switch(s1_pass):
+                for p in range(P):
+                    with m.Case(p):
+                        m.d.comb += [wseg[lane][i].eq(self.weights.data[lane][p * LS + i])
+                                     for lane in range(LO) for i in range(LS)]
+        else:
+            m.d.comb += [wseg[lane][i].eq(self.weights.data[lane][i]) for lane in range(LO) for i in range(LS)]
 
         planes = geo.planes
         onehot = []  # per lane: plane bits (lane masked to 0 past n_out)
@@ -414,48 +441,58 @@ class _Dx(wiring.Component):
         total = Signal((LO << planes).bit_length(), name="total")
         m.d.comb += total.eq(plane_sum(m, onehot, "t"))
         c_width = (LO << geo.span).bit_length() + 2
-        contrib = [Signal(signed(c_width), name=f"contrib{i}") for i in range(LI)]
-        for i in range(LI):
+        contrib = [Signal(signed(c_width), name=f"contrib{i}") for i in range(LS)]
+        for i in range(LS):
             pos = Signal(LO, name=f"pos{i}")  # addend positive: weight bit XOR sign bit
-            m.d.comb += pos.eq(Cat(self.weights.data[lane][i] ^ codes[lane].neg for lane in range(LO)))
+            m.d.comb += pos.eq(Cat(wseg[lane][i] ^ codes[lane].neg for lane in range(LO)))
             vectors = [onehot[lane] & pos[lane].replicate(planes) for lane in range(LO)]
             m.d.comb += contrib[i].eq((plane_sum(m, vectors, f"p{i}") << 1) - total)
 
-        # Stage 2: registered contributions; accumulate over the groups; push word k after the last group.
+        # Stage 2: registered contributions; accumulate over the groups; keep each pass's sums; push word k
+        # after the last group of its last pass.
         s2_valid = Signal()
+        s2_pass = Signal.like(pas)
         s2_first_g = Signal()
         s2_last_g = Signal()
         s2_last_word = Signal()
-        c2 = [Signal(signed(c_width), name=f"c2_{i}") for i in range(LI)]
+        c2 = [Signal(signed(c_width), name=f"c2_{i}") for i in range(LS)]
         with m.If(adv):
             m.d.sync += [
                 s2_valid.eq(s1_valid),
+                s2_pass.eq(s1_pass),
                 s2_first_g.eq(s1_first_g),
                 s2_last_g.eq(s1_last_g),
                 s2_last_word.eq(s1_last_word),
             ]
-            m.d.sync += [c2[i].eq(contrib[i]) for i in range(LI)]
+            m.d.sync += [c2[i].eq(contrib[i]) for i in range(LS)]
 
         m.submodules.queue = queue = StreamFIFO(shape=geo.dx_layout, depth=2)
         push = Signal()
         m.d.comb += [
-            push.eq(s2_valid & s2_last_g),
+            push.eq(s2_valid & s2_last_g & (s2_pass == P - 1)),
             adv.eq(~push | queue.i.ready),
             queue.i.valid.eq(push),
             queue.i.payload.last.eq(s2_last_word),
         ]
         real_bits_last = bank.n_in - (K - 1) * LI
         shape = signed(geo.dx_width)
-        for i in range(LI):
+        kept = [Signal(shape, name=f"kept{i}") for i in range((P - 1) * LS)]  # sums of passes 0 .. P-2
+        for i in range(LS):
             acc = Signal(shape, name=f"acc{i}")
             tot = Signal(shape, name=f"sum{i}")
             m.d.comb += tot.eq(Mux(s2_first_g, 0, acc) + c2[i])
             with m.If(adv & s2_valid):
                 m.d.sync += acc.eq(tot)
-            if i < real_bits_last:
-                m.d.comb += queue.i.payload.dx[i].eq(tot)
-            else:
-                m.d.comb += queue.i.payload.dx[i].eq(Mux(s2_last_word, 0, tot))
+            for p in range(P):
+                out = tot if p == P - 1 else kept[p * LS + i]
+                if p < P - 1:
+                    with m.If(adv & s2_valid & s2_last_g & (s2_pass == p)):
+                        m.d.sync += out.eq(tot)
+                pos_i = p * LS + i
+                if pos_i < real_bits_last:
+                    m.d.comb += queue.i.payload.dx[pos_i].eq(out)
+                else:
+                    m.d.comb += queue.i.payload.dx[pos_i].eq(Mux(s2_last_word, 0, out))
         wiring.connect(m, queue.o, wiring.flipped(self.dx))
         return m
 
@@ -676,12 +713,14 @@ class Po2Backward(wiring.Component):
 
     @classmethod
     def from_config(
-        cls, cfg, layer_index: int, *, lanes_in: int, lanes_out: int, lanes_b: int, dw_passes: int | None = None
+        cls, cfg, layer_index: int, *, lanes_in: int, lanes_out: int, lanes_b: int, dw_passes: int | None = None,
+        dx_passes: int | None = None,
     ) -> Po2Backward:
         """The engine of weight layer ``layer_index`` of ``cfg`` (see :meth:`Po2Geometry.from_config`)."""
         return cls(
             geometry=Po2Geometry.from_config(
-                cfg, layer_index, lanes_in=lanes_in, lanes_out=lanes_out, lanes_b=lanes_b, dw_passes=dw_passes
+                cfg, layer_index, lanes_in=lanes_in, lanes_out=lanes_out, lanes_b=lanes_b, dw_passes=dw_passes,
+                dx_passes=dx_passes,
             )
         )
 

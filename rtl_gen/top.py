@@ -61,7 +61,7 @@ from .controller import (
     build_regmap,
 )
 from .loss_unit import LossGradUnit, OutputLogitUnit
-from .po2_backward import Po2Backward, dw_passes_for
+from .po2_backward import Po2Backward, passes_for
 from .po2_unit import Po2Unit
 from .rng import RngEngine, RngGeometry
 from .weight_memory import UPDATE, OptimizerSpec, SweepGeometry, WeightMemory
@@ -102,6 +102,7 @@ class LayerPlan:
     top: bool
     widths: dict = field(default_factory=dict)
     dw_passes: int = 1  # dW passes per tile
+    dx_passes: int = 1  # dX passes per input word
 
     @property
     def geometry(self) -> XnorGeometry:
@@ -198,7 +199,7 @@ class SystemPlan:
                 raise ConfigError(f"hw.update_lanes = {h.update_lanes} must divide lanes_in = {li} (layer {j})")
             lb = min(h.lanes_b, B)
             self.layers.append(LayerPlan(j, n_in, n_out, li, lo, lb, u, B, j == L - 1, widths[j],
-                                         dw_passes_for(cfg, li)))
+                                         passes_for(cfg, "dw", li), passes_for(cfg, "dx", li)))
         self.features = self.layers[0].n_in
         self.label_bits = max(1, (self.classes - 1).bit_length())
         self.quantities: list[HostQuantity] = []
@@ -466,7 +467,8 @@ class Accelerator(wiring.Component):
             bnp[j] = sub(f"bn_param{j}", plan.bn_param_unit(j))
             po2[j] = sub(f"po2_{j}", Po2Unit.from_config(cfg, j, lanes=lp.lanes_out, mul_steps=cfg.hw.mul_steps))
             po2b[j] = sub(f"po2b_{j}", Po2Backward.from_config(cfg, j, lanes_in=lp.lanes_in, lanes_out=lp.lanes_out,
-                                                                lanes_b=lp.lanes_b, dw_passes=lp.dw_passes))
+                                                                lanes_b=lp.lanes_b, dw_passes=lp.dw_passes,
+                                                                dx_passes=lp.dx_passes))
         top = LP[-1]
         logit = sub("logit", OutputLogitUnit.from_config(cfg, lanes=top.lanes_out, div_steps=cfg.hw.div_steps))
         loss = sub("loss", LossGradUnit.from_config(cfg, lanes=top.lanes_out, div_steps=cfg.hw.div_steps))

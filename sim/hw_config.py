@@ -82,13 +82,18 @@ class HwConfig:
     dw_passes: int = opt(
         1, lo=1, hi=32, doc="dW engine: passes over the batch per weight tile (power of two; fewer accumulators)"
     )
+    dx_passes: int = opt(
+        1, lo=1, hi=32, doc="dX engine: passes over the groups per input word (power of two; fewer plane sums)"
+    )
     update_lanes: int = opt(16, lo=1, hi=4096, doc="weight update sweep: weights per cycle (divides lanes_in)")
     div_steps: int = opt(2, lo=1, hi=64, doc="quotient bits per cycle of the per-channel sequential dividers")
     mul_steps: int = opt(4, lo=1, hi=64, doc="po2 unit: bits per cycle of the per-channel sqrt2 multiplier")
 
     def _validate(self, path):
-        if self.dw_passes & (self.dw_passes - 1):
-            raise ConfigError(f"{path}.dw_passes = {self.dw_passes} must be a power of two (1, 2, 4, 8, 16, 32)")
+        for name in ("dw_passes", "dx_passes"):
+            v = getattr(self, name)
+            if v & (v - 1):
+                raise ConfigError(f"{path}.{name} = {v} must be a power of two (1, 2, 4, 8, 16, 32)")
         if self.switch_cutoff >= 2**15:
             raise ConfigError(f"{path}.switch_cutoff = {self.switch_cutoff} is out of range; allowed: <= 32767")
         if self.iir_g_frac_bits < self.iir_m_frac_bits:

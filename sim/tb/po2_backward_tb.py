@@ -5,8 +5,8 @@ port, loaded through ``w_load`` (the :class:`~rtl_gen.xnor_engine.XnorEngine` la
 dX unit. Ports: ``dy``, ``dx``, ``w_load`` (dX), ``xdy``, ``dw``.
 
 Parameters (``$XNT_TB_PARAMS``, JSON): ``preset``, ``overrides``, ``layer``, ``lanes_in``, ``lanes_out``,
-``lanes_b``, ``dw_passes`` (the build), ``rows`` (dX rows per test, default 120), ``batches`` (dW batches per
-test, default 3).
+``lanes_b``, ``dw_passes``, ``dx_passes`` (the build), ``rows`` (dX rows per test, default 120), ``batches``
+(dW batches per test, default 3).
 Cycle counts measured without stalls go to ``cycles-dx.json`` / ``cycles-dw.json``.
 """
 
@@ -31,7 +31,7 @@ if PARAMS:
     LAYER = int(PARAMS["layer"])
     GEO = Po2Geometry.from_config(
         CFG, LAYER, lanes_in=PARAMS["lanes_in"], lanes_out=PARAMS["lanes_out"], lanes_b=PARAMS["lanes_b"],
-        dw_passes=PARAMS.get("dw_passes", 1),
+        dw_passes=PARAMS.get("dw_passes", 1), dx_passes=PARAMS.get("dx_passes", 1),
     )
     BANK = GEO.bank
     N, M, B = BANK.n_in, BANK.n_out, GEO.batch

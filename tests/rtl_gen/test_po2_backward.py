@@ -138,6 +138,12 @@ def test_dw_passes_come_from_the_configuration_and_are_checked():
         apply_overrides(mlp, {"hw.dw_passes": 6})
     with pytest.raises(ConfigError, match="dw_passes"):
         apply_overrides(mlp, {"hw.dw_passes": 64})
+    with pytest.raises(ConfigError, match=re.escape("hw.dx_passes = 3 must be a power of two")):
+        apply_overrides(mlp, {"hw.dx_passes": 3})
+    gx = Po2Geometry.from_config(mlp, 1, lanes_in=32, lanes_out=8, lanes_b=4, dx_passes=2)
+    assert gx.dx_cycles(100) == 100 * 8 * 32 * 2 + DX_LATENCY
+    with pytest.raises(ValueError, match=re.escape("dx_passes (3) must divide lanes_in (32)")):
+        Po2Geometry.from_config(mlp, 1, lanes_in=32, lanes_out=8, lanes_b=4, dx_passes=3)
 
 
 def test_packing_round_trips():
@@ -189,17 +195,16 @@ def test_plane_counts_are_per_plane_popcounts():
 # --- cocotb on Verilator ----------------------------------------------------------------------------------
 
 SWEEP = [
-    # (overrides, layer, lanes_in, lanes_out, lanes_b, dw_passes, rows, batches)
+    # (overrides, layer, lanes_in, lanes_out, lanes_b, dw_passes, dx_passes, rows, batches)
     # binary layer 10 -> 7, B = 13, k = 6 (31 planes, dX 34 bits): partial last word, group and sample beat;
-    # two dW passes, the second one all padding in the last word
-    pytest.param((small_config(**{"approx.dy_bits": 6}), 1, 4, 3, 3, 2, 120, 4), id="l1-n10x7-k6-li4-lo3-b3-p2"),
-    # one word and one group per row (no replay buffer), one sample per beat; four dW passes (the third one
-    # half padding)
-    pytest.param((small_config(), 1, 16, 8, 1, 4, 120, 4), id="l1-n10x7-li16-lo8-b1-p4"),
+    # two dW and two dX passes, the second one all padding in the last word
+    pytest.param((small_config(**{"approx.dy_bits": 6}), 1, 4, 3, 3, 2, 2, 120, 4), id="l1-n10x7-k6-li4-lo3-b3-p2"),
+    # one word and one group per row, one sample per beat; four dW and dX passes (the third one half padding)
+    pytest.param((small_config(), 1, 16, 8, 1, 4, 4, 120, 4), id="l1-n10x7-li16-lo8-b1-p4"),
     # first layer: 8-bit activations (x_max 128), no dX unit, two dW passes
-    pytest.param((small_config(), 0, 8, 4, 2, 2, 0, 4), id="l0-int8-n37x10-li8-lo4-b2-p2"),
-    # the MLP's hidden layer 256 x 256, B = 100, one dW pass
-    pytest.param(({}, 1, 32, 8, 4, 1, 100, 1), id="mlp-l1-n256x256-li32-lo8-b4"),
+    pytest.param((small_config(), 0, 8, 4, 2, 2, 1, 0, 4), id="l0-int8-n37x10-li8-lo4-b2-p2"),
+    # the MLP's hidden layer 256 x 256, B = 100, one dW and one dX pass
+    pytest.param(({}, 1, 32, 8, 4, 1, 1, 100, 1), id="mlp-l1-n256x256-li32-lo8-b4"),
 ]
 
 
@@ -207,12 +212,12 @@ SWEEP = [
 @pytest.mark.parametrize("case", SWEEP)
 def test_po2_backward_rtl(case, request):
     """Rerun one case with waveforms: ``XNT_WAVES=1 pytest -k l0-int8 ...``."""
-    overrides, layer, lanes_in, lanes_out, lanes_b, dw_passes, rows, batches = case
+    overrides, layer, lanes_in, lanes_out, lanes_b, dw_passes, dx_passes, rows, batches = case
     cfg = apply_overrides(load_config("mlp"), overrides)
     geo = Po2Geometry.from_config(cfg, layer, lanes_in=lanes_in, lanes_out=lanes_out, lanes_b=lanes_b,
-                                  dw_passes=dw_passes)
+                                  dw_passes=dw_passes, dx_passes=dx_passes)
     params = {"overrides": overrides, "layer": layer, "lanes_in": lanes_in, "lanes_out": lanes_out, "lanes_b": lanes_b,
-              "dw_passes": dw_passes}
+              "dw_passes": dw_passes, "dx_passes": dx_passes}
     name = "po2_backward_" + request.node.callspec.id.replace("-", "_")
     run = run_cocotb(
         verilog=cached_verilog(name, lambda: to_verilog(Po2WithBanks(geo), "po2_backward", emit_src=False), params),
@@ -229,4 +234,4 @@ def test_po2_backward_rtl(case, request):
     )
     if geo.dx_width:
         dx = json.loads((run.build_dir / "cycles-dx.json").read_text())
-        assert dx["measured"] == dx["model"] == geo.dx_cycles(rows) == rows * geo.bank.depth + DX_LATENCY
+        assert dx["measured"] == dx["model"] == geo.dx_cycles(rows) == rows * geo.bank.depth * dx_passes + DX_LATENCY

@@ -40,6 +40,7 @@ def draw_config(rng: random.Random):
             f"hw.lanes_out={rng.choice([2, 4, 8, 16])}",
             f"hw.lanes_b={rng.choice([1, 2, 4])}",
             f"hw.dw_passes={rng.choice([1, 2, 4])}",
+            f"hw.dx_passes={rng.choice([1, 2, 4])}",
             f"hw.update_lanes={rng.choice([4, 8, 16, 32])}",
             f"hw.div_steps={rng.choice([1, 2, 4])}",
             f"hw.optimizer={opt}",

@@ -38,6 +38,7 @@ SMALL = [
     "hw.lanes_b=2",
     "hw.update_lanes=8",
     "hw.dw_passes=4",  # 8 dW cycles per bank row, still under the sweep's 32: no cycles lost
+    "hw.dx_passes=2",
 ]
 
 
