@@ -19,7 +19,8 @@ Commands used for docs/results.md::
     .venv/bin/python benchmarks/accelerator.py --steps 0 --sweep --out results/lanes         # lane scaling
 
 ``--set key=value`` applies configuration overrides; ``--sweep`` prints the cycle model over the lane
-parameters (``hw.lanes_out``, ``hw.lanes_b``, ``hw.lanes_in``) to show how the step scales.
+parameters (``hw.lanes_out``, ``hw.lanes_b``, ``hw.lanes_in``, ``hw.div_steps``, ``hw.dw_passes``,
+``hw.dx_passes``) to show how the step scales.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ PAPER = ["model.input_format=binary"]
 def lane_sweep(base: list[str]) -> list[dict]:
     rows = []
     for key, values in (("hw.lanes_out", [4, 8, 16, 32]), ("hw.lanes_b", [1, 2, 4, 8]),
-                        ("hw.lanes_in", [32, 64, 128]), ("hw.div_steps", [1, 2, 4, 8])):
+                        ("hw.lanes_in", [32, 64, 128]), ("hw.div_steps", [1, 2, 4, 8]),
+                        ("hw.dw_passes", [1, 2, 4, 8]), ("hw.dx_passes", [1, 2, 4, 8])):
         for v in values:
             cfg = apply_overrides(load_config("mlp"), [*base, f"{key}={v}"])
             rep = step_cycles(SystemPlan(cfg))

@@ -69,6 +69,10 @@ def forward_cycles(plan, j: int) -> int:
     run_per_ch = bn_param_cycles(plan.bn_layer(j), cfg.hw, cfg.hw.div_steps)["running"]
     epi3_per_ch = (bn["epi3"] - G) / M
     stats_per_ch = max(epi3_per_ch, run_per_ch)
+    if not lp.top:
+        # measured in RTL (784-12-10 and 784-32-32-10): in a hidden layer the BN core's per-channel epilogue
+        # and the running-statistics update do not overlap; each channel costs both, less 3 cycles
+        stats_per_ch = run_per_ch + epi3_per_ch - 3
     out = engine + 1 + bn["epi1"] + bn["pass2"] + bn["epi2"] + bn["pass3"] + G
     if lp.top:
         geo = OutputGeometry.from_config(cfg, lanes=lp.lanes_out, div_steps=cfg.hw.div_steps)

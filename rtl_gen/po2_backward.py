@@ -44,7 +44,7 @@ the inputs are not checked.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from amaranth import Cat, Const, Module, Mux, Shape, Signal, signed, unsigned
@@ -59,7 +59,9 @@ from .streams import StreamFIFO
 from .weight_memory import grad_layout
 from .xnor_engine import WeightReadSignature, XnorGeometry, _check_int
 
-__all__ = ["DW_LATENCY", "DX_LATENCY", "Po2Backward", "Po2Geometry", "passes_for", "plane_counts", "plane_sum"]
+__all__ = [
+    "DW_LATENCY", "DX_LATENCY", "Po2Backward", "Po2Geometry", "envelope", "passes_for", "plane_counts", "plane_sum",
+]  # fmt: skip
 
 DX_LATENCY = 3
 """dX: cycles beyond one per tile read, from the first ``dy`` transfer to the last ``dx`` transfer (both
@@ -336,11 +338,70 @@ def _unpack(words: list[int], widths: list[int], signed_fields: int) -> np.ndarr
     return out
 
 
+class _Sizes:
+    """The per-layer sizes of a unit built for ``shapes`` (:class:`Po2Geometry` of one or more layers with the
+    same lanes), selected by ``layer`` at run time: ``K`` (words), ``k_last``, ``g_last``, ``lane_ok`` (bit
+    ``l``: lane ``l`` of the last group is a real channel) and ``bit_ok`` (bit ``i``: input ``i`` of the last
+    word is a real input). Constants when there is one shape or all agree."""
+
+    def __init__(self, m: Module, shapes, layer):
+        env = envelope(shapes)
+        LI, LO = env.bank.lanes_in, env.bank.lanes_out
+        kw = max(1, env.bank.words.bit_length())
+        gw = max(1, env.bank.groups.bit_length())
+
+        def table(name, values, width):
+            if len(set(values)) == 1:
+                return Const(values[0], width)
+            sig = Signal(width, name=name)
+            with m.Switch(layer):
+                for j, v in enumerate(values):
+                    with m.Case(j):
+                        m.d.comb += sig.eq(v)
+            return sig
+
+        banks = [g.bank for g in shapes]
+        self.K = table("words", [b.words for b in banks], kw)
+        self.k_last = table("k_last", [b.words - 1 for b in banks], kw)
+        self.g_last = table("g_last", [b.groups - 1 for b in banks], gw)
+        self.lane_ok = table("lane_ok", [(1 << (b.n_out - (b.groups - 1) * LO)) - 1 for b in banks], LO)
+        self.bit_ok = table("bit_ok", [(1 << (b.n_in - (b.words - 1) * LI)) - 1 for b in banks], LI)
+
+
+def envelope(shapes) -> Po2Geometry:
+    """One geometry that holds every layer of ``shapes`` (the largest words, groups and register widths); the
+    layers must agree on lanes, batch, code bits, ``x_max`` and passes."""
+    shapes = list(shapes)
+    if not shapes or not all(isinstance(g, Po2Geometry) for g in shapes):
+        raise TypeError("shapes must be a non-empty list of Po2Geometry")
+    first = shapes[0]
+    for name in ("batch", "dy_bits", "x_max", "lanes_b", "dw_passes", "dx_passes"):
+        values = {getattr(g, name) for g in shapes}
+        if len(values) > 1:
+            raise ValueError(f"layers sharing a po2 backward engine must agree on {name}, not {sorted(values)}")
+    for name in ("lanes_in", "lanes_out"):
+        values = {getattr(g.bank, name) for g in shapes}
+        if len(values) > 1:
+            raise ValueError(f"layers sharing a po2 backward engine must agree on {name}, not {sorted(values)}")
+    if len(shapes) == 1:
+        return first
+    LI, LO = first.bank.lanes_in, first.bank.lanes_out
+    bank = XnorGeometry(
+        n_in=max(g.bank.words for g in shapes) * LI, n_out=max(g.bank.groups for g in shapes) * LO, lanes_in=LI,
+        lanes_out=LO,
+    )  # fmt: skip
+    return replace(
+        first, bank=bank, dx_width=max(g.dx_width for g in shapes), dw_width=max(g.dw_width for g in shapes)
+    )
+
+
 class _Dx(wiring.Component):
-    def __init__(self, geo: Po2Geometry):
-        self._geo = geo
+    def __init__(self, shapes):
+        self._shapes = shapes
+        self._geo = geo = envelope(shapes)
         super().__init__(
             {
+                "layer": In(range(max(len(shapes), 2))),
                 "dy": In(stream.Signature(geo.dy_layout)),
                 "dx": Out(stream.Signature(geo.dx_layout)),
                 "weights": Out(WeightReadSignature(geo.bank)),
@@ -351,8 +412,8 @@ class _Dx(wiring.Component):
         geo = self._geo
         bank = geo.bank
         K, G, D, LI, LO = bank.words, bank.groups, bank.depth, bank.lanes_in, bank.lanes_out
-        lanes_last = bank.n_out - (G - 1) * LO
         m = Module()
+        sz = _Sizes(m, self._shapes, self.layer)
 
         # Stage 0: for each word k, for each pass p, for each group g: weight row g * K + k; codes from the stream
         # in the first pass of word 0, from the row buffer after that.
@@ -368,7 +429,7 @@ class _Dx(wiring.Component):
         last_g = Signal()
         m.d.comb += [
             from_stream.eq((k == 0) & (pas == 0)),
-            last_g.eq(g == G - 1),
+            last_g.eq(g == sz.g_last),
             self.dy.ready.eq(adv & from_stream),
             issue.eq(adv & (~from_stream | self.dy.valid)),
             self.weights.addr.eq(waddr),
@@ -379,12 +440,12 @@ class _Dx(wiring.Component):
                 m.d.sync += g.eq(0)
                 with m.If(pas != P - 1):
                     m.d.sync += [pas.eq(pas + 1), waddr.eq(k)]
-                with m.Elif(k == K - 1):
+                with m.Elif(k == sz.k_last):
                     m.d.sync += [pas.eq(0), k.eq(0), waddr.eq(0)]
                 with m.Else():
                     m.d.sync += [pas.eq(0), k.eq(k + 1), waddr.eq(k + 1)]
             with m.Else():
-                m.d.sync += [g.eq(g + 1), waddr.eq(waddr + K)]
+                m.d.sync += [g.eq(g + 1), waddr.eq(waddr + sz.K)]
 
         # Stage 1: tile and codes; plane sums per input of this pass.
         codes_layout = data.ArrayLayout(geo.code_layout, LO)
@@ -402,7 +463,7 @@ class _Dx(wiring.Component):
                 s1_pass.eq(pas),
                 s1_first_g.eq(g == 0),
                 s1_last_g.eq(last_g),
-                s1_last_word.eq(k == K - 1),
+                s1_last_word.eq(k == sz.k_last),
             ]
             with m.If(issue & from_stream):
                 m.d.sync += c1.eq(self.dy.payload.codes)
@@ -435,7 +496,7 @@ class _Dx(wiring.Component):
         onehot = []  # per lane: plane bits (lane masked to 0 past n_out)
         for lane in range(LO):
             oh = Signal(planes, name=f"plane{lane}")
-            real = 1 if lane < lanes_last else ~s1_last_g
+            real = ~s1_last_g | sz.lane_ok[lane]
             m.d.comb += oh.eq(Mux(real, Const(1, planes + 1) << codes[lane].field >> 1, 0))
             onehot.append(oh)
         total = Signal((LO << planes).bit_length(), name="total")
@@ -474,7 +535,6 @@ class _Dx(wiring.Component):
             queue.i.valid.eq(push),
             queue.i.payload.last.eq(s2_last_word),
         ]
-        real_bits_last = bank.n_in - (K - 1) * LI
         shape = signed(geo.dx_width)
         kept = [Signal(shape, name=f"kept{i}") for i in range((P - 1) * LS)]  # sums of passes 0 .. P-2
         for i in range(LS):
@@ -488,20 +548,19 @@ class _Dx(wiring.Component):
                 if p < P - 1:
                     with m.If(adv & s2_valid & s2_last_g & (s2_pass == p)):
                         m.d.sync += out.eq(tot)
-                pos_i = p * LS + i
-                if pos_i < real_bits_last:
-                    m.d.comb += queue.i.payload.dx[pos_i].eq(out)
-                else:
-                    m.d.comb += queue.i.payload.dx[pos_i].eq(Mux(s2_last_word, 0, out))
+                pos_i = p * LS + i  # padding inputs of the last word leave as 0
+                m.d.comb += queue.i.payload.dx[pos_i].eq(Mux(s2_last_word & ~sz.bit_ok[pos_i], 0, out))
         wiring.connect(m, queue.o, wiring.flipped(self.dx))
         return m
 
 
 class _Dw(wiring.Component):
-    def __init__(self, geo: Po2Geometry):
-        self._geo = geo
+    def __init__(self, shapes):
+        self._shapes = shapes
+        self._geo = geo = envelope(shapes)
         super().__init__(
             {
+                "layer": In(range(max(len(shapes), 2))),
                 "xdy": In(stream.Signature(geo.xdy_layout)),
                 "dw": Out(stream.Signature(grad_layout(geo.bank))),
             }
@@ -514,10 +573,9 @@ class _Dw(wiring.Component):
         P = geo.dw_passes
         LS = LI // P  # inputs per pass
         NB = geo.beats_per_tile
-        lanes_last = bank.n_out - (G - 1) * LO
-        bits_last = bank.n_in - (K - 1) * LI
         samples_last = geo.batch - (NB - 1) * S
         m = Module()
+        sz = _Sizes(m, self._shapes, self.layer)
 
         # Stage 0: beat, pass and tile counters. Pass 0 takes the tile's beats from ``xdy`` and keeps them in
         # the replay memory; passes 1 .. P-1 read them back.
@@ -536,8 +594,8 @@ class _Dw(wiring.Component):
                 m.d.sync += beat.eq(0)
                 with m.If(pas == P - 1):
                     m.d.sync += pas.eq(0)
-                    with m.If(k == K - 1):
-                        m.d.sync += [k.eq(0), g.eq(Mux(g == G - 1, 0, g + 1))]
+                    with m.If(k == sz.k_last):
+                        m.d.sync += [k.eq(0), g.eq(Mux(g == sz.g_last, 0, g + 1))]
                     with m.Else():
                         m.d.sync += k.eq(k + 1)
                 with m.Else():
@@ -571,9 +629,9 @@ class _Dw(wiring.Component):
                 s1_last.eq(last_beat),
                 s1_pass.eq(pas),
                 s1_replay.eq(replay),
-                s1_last_g.eq(g == G - 1),
-                s1_last_k.eq(k == K - 1),
-                s1_last_tile.eq((g == G - 1) & (k == K - 1)),
+                s1_last_g.eq(g == sz.g_last),
+                s1_last_k.eq(k == sz.k_last),
+                s1_last_tile.eq((g == sz.g_last) & (k == sz.k_last)),
                 held.eq(incoming),
             ]
         op = Signal(operands)
@@ -653,6 +711,14 @@ class _Dw(wiring.Component):
             queue.i.payload.last.eq(s2_last_tile),
         ]
         kept = Signal(grad_layout(bank))  # signs of passes 0 .. P-2 of the current tile
+        pad_bits = Signal(LS)  # inputs of this pass that are padding in the last word
+        if P > 1:
+            with m.Switch(s2_pass):
+                for p in range(P):
+                    with m.Case(p):
+                        m.d.comb += pad_bits.eq(~sz.bit_ok[p * LS : (p + 1) * LS])
+        else:
+            m.d.comb += pad_bits.eq(~sz.bit_ok)
         shape = signed(geo.dw_width)
         for (i, lane), c in c2.items():
             acc = Signal(shape, name=f"acc{i}_{lane}")
@@ -661,16 +727,9 @@ class _Dw(wiring.Component):
             with m.If(adv & s2_valid):
                 m.d.sync += acc.eq(tot)
             sign = Mux(tot < 0, -1, Mux(tot == 0, 0, 1))
-            pad = []
-            if lane >= lanes_last:
-                pad.append(s2_last_g)
-            # input p * LS + i is padding (past n_in) in the last word from pass ceil((bits_last - i) / LS) on
-            first_pad_pass = max(0, -(-(bits_last - i) // LS))
-            if first_pad_pass < P:
-                pad.append(s2_last_k & (s2_pass >= first_pad_pass) if first_pad_pass else s2_last_k)
-            if pad:
-                padded = pad[0] if len(pad) == 1 else (pad[0] | pad[1])
-                sign = Mux(padded, 0, sign)
+            # padding: lanes past n_out in the last group, inputs past n_in in the last word
+            padded = (s2_last_g & ~sz.lane_ok[lane]) | (s2_last_k & pad_bits[i])
+            sign = Mux(padded, 0, sign)
             signal = Signal(signed(2), name=f"sign{i}_{lane}")
             m.d.comb += signal.eq(sign)
             for p in range(P - 1):
@@ -686,9 +745,14 @@ class Po2Backward(wiring.Component):
     """dX and sgn(dW) of one dense layer by exponent planes (see the module docstring).
 
     Parameters (keyword-only): ``geometry`` (:class:`Po2Geometry`); :meth:`from_config` derives it from a
-    configuration and a layer index.
+    configuration and a layer index. Or ``shapes``: the geometries of several layers with the same lanes,
+    batch, code bits, ``x_max`` and passes, served one at a time: the engine is built for their
+    :func:`envelope` (largest words, groups and widths) and the ``layer`` input picks the layer's words,
+    groups and padding at run time (hold it while the layer's dX or dW runs; the weight row of word ``k``
+    and group ``g`` is ``g * words + k`` with that layer's words).
 
     Ports (the dX ones only with ``dx_width > 0``):
+        layer: ``In(range(len(shapes)))`` (only with two or more shapes) index into ``shapes``.
         dy: ``In(stream.Signature(dy_layout))`` codes of one output group per beat, rows in order.
         dx: ``Out(stream.Signature(dx_layout))`` one input word of ``dX`` per beat, rows in order.
         weights: ``Out(WeightReadSignature(bank))`` read access to the layer's weight banks.
@@ -697,11 +761,16 @@ class Po2Backward(wiring.Component):
     The two units are independent and may run at the same time.
     """
 
-    def __init__(self, *, geometry: Po2Geometry):
-        if not isinstance(geometry, Po2Geometry):
+    def __init__(self, *, geometry: Po2Geometry | None = None, shapes=None):
+        if (geometry is None) == (shapes is None):
+            raise TypeError("give either geometry or shapes")
+        if geometry is not None and not isinstance(geometry, Po2Geometry):
             raise TypeError(f"geometry must be a Po2Geometry, not {geometry!r}")
-        self._geometry = geo = geometry
+        self._shapes = [geometry] if geometry is not None else list(shapes)
+        self._geometry = geo = envelope(self._shapes)
         ports = {}
+        if len(self._shapes) > 1:
+            ports["layer"] = In(range(len(self._shapes)))
         if geo.dx_width:
             ports.update(
                 dy=In(stream.Signature(geo.dy_layout)),
@@ -728,15 +797,22 @@ class Po2Backward(wiring.Component):
     def geometry(self) -> Po2Geometry:
         return self._geometry
 
+    @property
+    def shapes(self) -> list[Po2Geometry]:
+        return list(self._shapes)
+
     def elaborate(self, platform):
         m = Module()
         geo = self._geometry
+        layer = self.layer if len(self._shapes) > 1 else 0
         if geo.dx_width:
-            m.submodules.dx_unit = dxu = _Dx(geo)
+            m.submodules.dx_unit = dxu = _Dx(self._shapes)
+            m.d.comb += dxu.layer.eq(layer)
             wiring.connect(m, wiring.flipped(self.dy), dxu.dy)
             wiring.connect(m, dxu.dx, wiring.flipped(self.dx))
             wiring.connect(m, dxu.weights, wiring.flipped(self.weights))
-        m.submodules.dw_unit = dwu = _Dw(geo)
+        m.submodules.dw_unit = dwu = _Dw(self._shapes)
+        m.d.comb += dwu.layer.eq(layer)
         wiring.connect(m, wiring.flipped(self.xdy), dwu.xdy)
         wiring.connect(m, dwu.dw, wiring.flipped(self.dw))
         return m

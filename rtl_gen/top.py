@@ -61,7 +61,7 @@ from .controller import (
     build_regmap,
 )
 from .loss_unit import LossGradUnit, OutputLogitUnit
-from .po2_backward import Po2Backward, passes_for
+from .po2_backward import Po2Backward, Po2Geometry, passes_for
 from .po2_unit import Po2Unit
 from .rng import RngEngine, RngGeometry
 from .weight_memory import UPDATE, OptimizerSpec, SweepGeometry, WeightMemory
@@ -201,6 +201,17 @@ class SystemPlan:
             self.layers.append(LayerPlan(j, n_in, n_out, li, lo, lb, u, B, j == L - 1, widths[j],
                                          passes_for(cfg, "dw", li), passes_for(cfg, "dx", li)))
         self.features = self.layers[0].n_in
+        # layers whose po2 backward engines have the same lanes, batch, code bits, x_max and passes share one
+        # engine (their phases never overlap); the engine picks the layer's words, groups and padding at run time
+        self.backward_groups: list[list[int]] = []
+        for j in range(L):
+            key = self._backward_key(j)
+            for grp in self.backward_groups:
+                if self._backward_key(grp[0]) == key:
+                    grp.append(j)
+                    break
+            else:
+                self.backward_groups.append([j])
         self.label_bits = max(1, (self.classes - 1).bit_length())
         self.quantities: list[HostQuantity] = []
         self.kinds: dict[str, int] = {}
@@ -213,6 +224,15 @@ class SystemPlan:
 
     def bn_param_unit(self, j: int) -> BnParamUnit:
         return BnParamUnit(layer=self.bn_layer(j), hw=self.cfg.hw, div_steps=self.cfg.hw.div_steps)
+
+    def po2_geometry(self, j: int) -> Po2Geometry:
+        lp = self.layers[j]
+        return Po2Geometry.from_config(self.cfg, j, lanes_in=lp.lanes_in, lanes_out=lp.lanes_out, lanes_b=lp.lanes_b,
+                                       dw_passes=lp.dw_passes, dx_passes=lp.dx_passes)
+
+    def _backward_key(self, j: int) -> tuple:
+        g = self.po2_geometry(j)
+        return (g.bank.lanes_in, g.bank.lanes_out, g.batch, g.dy_bits, g.x_max, g.lanes_b, g.dw_passes, g.dx_passes)
 
     def rng_geometry(self, j: int) -> RngGeometry:
         return RngGeometry(sweep=self.layers[j].sweep, block=self.cfg.hw.rng_block)
@@ -466,9 +486,11 @@ class Accelerator(wiring.Component):
             bnb[j] = sub(f"bn_bwd{j}", BnBackwardUnit.from_config(cfg, j, lanes=lp.lanes_out))
             bnp[j] = sub(f"bn_param{j}", plan.bn_param_unit(j))
             po2[j] = sub(f"po2_{j}", Po2Unit.from_config(cfg, j, lanes=lp.lanes_out, mul_steps=cfg.hw.mul_steps))
-            po2b[j] = sub(f"po2b_{j}", Po2Backward.from_config(cfg, j, lanes_in=lp.lanes_in, lanes_out=lp.lanes_out,
-                                                                lanes_b=lp.lanes_b, dw_passes=lp.dw_passes,
-                                                                dx_passes=lp.dx_passes))
+        for grp in plan.backward_groups:  # one po2 backward engine per group of layers
+            unit = sub("po2b_" + "_".join(map(str, grp)),
+                       Po2Backward(shapes=[plan.po2_geometry(j) for j in grp]))
+            for j in grp:
+                po2b[j] = unit
         top = LP[-1]
         logit = sub("logit", OutputLogitUnit.from_config(cfg, lanes=top.lanes_out, div_steps=cfg.hw.div_steps))
         loss = sub("loss", LossGradUnit.from_config(cfg, lanes=top.lanes_out, div_steps=cfg.hw.div_steps))
@@ -1136,6 +1158,13 @@ class Accelerator(wiring.Component):
             ports[f"cb{i}_w"].add(c_take, addr=cw.w_addr, data=cw.w_data, en=cw.w_en[i])
         m.d.comb += done[key].eq((cw.count == lp.beats) & ~par.busy)
 
+    @staticmethod
+    def _select_layer(m, plan, unit, j):
+        """Point a po2 backward engine shared by a group of layers at layer ``j`` (no-op when not shared)."""
+        grp = next(g for g in plan.backward_groups if j in g)
+        if len(grp) > 1:
+            m.d.comb += unit.layer.eq(grp.index(j))
+
     # ---- dX of layer j into the buffer of layer j-1 --------------------------------------------------------------
     def _dx(self, m, plan, lp, act, start, done, po2b, wm, ports, sub, lb):
         j = lp.index
@@ -1150,15 +1179,18 @@ class Accelerator(wiring.Component):
         for i in range(lb):
             ports[f"cb{i}_r"].add(a, addr=cr.r_addr, en=cr.r_en)
             m.d.comb += cr.r_data[i].eq(ports[f"cb{i}_r"].port.data[: lo * k_bits])
-        m.d.comb += [
-            u.dy.payload.as_value().eq(Cat(cr.o.payload.data, cr.o.payload.row_last)),
-            u.dy.valid.eq(a & cr.o.valid),
-            cr.o.ready.eq(a & u.dy.ready),
-        ]
+        # the engine may serve several layers: its inputs are driven only while this phase is active
+        with m.If(a):
+            self._select_layer(m, plan, u, j)
+            m.d.comb += [
+                u.dy.payload.as_value().eq(Cat(cr.o.payload.data, cr.o.payload.row_last)),
+                u.dy.valid.eq(cr.o.valid),
+            ]
+        m.d.comb += cr.o.ready.eq(a & u.dy.ready)
         # the dX unit reads the weights (the memory is idle: no sweep runs during this phase)
         with m.If(a):
-            m.d.comb += [wm[j].read.addr.eq(u.weights.addr), wm[j].read.en.eq(u.weights.en)]
-        m.d.comb += u.weights.data.eq(wm[j].read.data)
+            m.d.comb += [wm[j].read.addr.eq(u.weights.addr), wm[j].read.en.eq(u.weights.en),
+                         u.weights.data.eq(wm[j].read.data)]
         # split each dX word (li values) into the BN beats of layer j-1 (lo' values), dropping padding beats
         lo2, G2 = below.lanes_out, below.groups
         r = li // lo2
@@ -1168,7 +1200,8 @@ class Accelerator(wiring.Component):
         sub_i = Signal(range(max(r, 2)), name=f"split_sub{j}")
         q = Signal(range(max(lp.words * r, 2)), name=f"split_q{j}")
         wcount = Signal(range(below.beats + 1), name=f"split_count{j}")
-        m.d.comb += u.dx.ready.eq(a & (~full | (sub_i == r - 1)))
+        with m.If(a):
+            m.d.comb += u.dx.ready.eq(~full | (sub_i == r - 1))
         vw = len(u.dx.payload.dx[0])
         word = Signal(lo2 * dxw, name=f"split_word{j}")
         with m.Switch(sub_i):
@@ -1209,12 +1242,15 @@ class Accelerator(wiring.Component):
             ports[f"cb{i}_r"].add(a, addr=tr.c_addr, en=tr.r_en)
             m.d.comb += [tr.a_data[i].eq(ports[f"xb{j}_{i}_r"].port.data),
                          tr.c_data[i].eq(ports[f"cb{i}_r"].port.data[: lo * k_bits])]
-        m.d.comb += [
-            u.xdy.payload.as_value().eq(Cat(tr.o.payload.a.as_value(), tr.o.payload.c.as_value(), tr.o.payload.last)),
-            u.xdy.valid.eq(a & tr.o.valid),
-            tr.o.ready.eq(a & u.xdy.ready),
-        ]
-        wiring.connect(m, u.dw, w.grad)
+        with m.If(a):  # the engine may serve several layers
+            self._select_layer(m, plan, u, j)
+            m.d.comb += [
+                u.xdy.payload.as_value().eq(Cat(tr.o.payload.a.as_value(), tr.o.payload.c.as_value(),
+                                                tr.o.payload.last)),
+                u.xdy.valid.eq(tr.o.valid),
+                u.dw.ready.eq(w.grad.ready),
+            ]
+        m.d.comb += [tr.o.ready.eq(a & u.xdy.ready), w.grad.valid.eq(a & u.dw.valid), w.grad.payload.eq(u.dw.payload)]
         wiring.connect(m, g.u, w.rng)
         cmd_sent = Signal(name=f"upd_cmd_sent{j}")
         m.d.comb += [w.cmd.valid.eq(a & ~cmd_sent), w.cmd.payload.op.eq(UPDATE), w.cmd.payload.shift.eq(sched_shift)]

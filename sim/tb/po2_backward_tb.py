@@ -6,19 +6,21 @@ dX unit. Ports: ``dy``, ``dx``, ``w_load`` (dX), ``xdy``, ``dw``.
 
 Parameters (``$XNT_TB_PARAMS``, JSON): ``preset``, ``overrides``, ``layer``, ``lanes_in``, ``lanes_out``,
 ``lanes_b``, ``dw_passes``, ``dx_passes`` (the build), ``rows`` (dX rows per test, default 120), ``batches``
-(dW batches per test, default 3).
+(dW batches per test, default 3); ``shared`` (layers of an engine built for several layers, ``layer`` among them:
+the one the tests run, selected on the ``layer`` input).
 Cycle counts measured without stalls go to ``cycles-dx.json`` / ``cycles-dw.json``.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import cocotb
 import numpy as np
 
-from rtl_gen.po2_backward import Po2Geometry
+from rtl_gen.po2_backward import Po2Geometry, envelope
 from sim.config import apply_overrides, load_config
 from sim.hw.arith import ArithParams, Po2Codes, po2_backward_dw, po2_backward_dx
 from sim.hw.widths import layer_bounds
@@ -29,10 +31,16 @@ HAS_DX = False
 if PARAMS:
     CFG = apply_overrides(load_config(PARAMS.get("preset", "mlp")), PARAMS.get("overrides", {}))
     LAYER = int(PARAMS["layer"])
-    GEO = Po2Geometry.from_config(
-        CFG, LAYER, lanes_in=PARAMS["lanes_in"], lanes_out=PARAMS["lanes_out"], lanes_b=PARAMS["lanes_b"],
-        dw_passes=PARAMS.get("dw_passes", 1), dx_passes=PARAMS.get("dx_passes", 1),
-    )
+    SHARED = [int(j) for j in PARAMS.get("shared", [LAYER])]  # layers of the build; LAYER is the one run
+    SHAPES = [
+        Po2Geometry.from_config(
+            CFG, j, lanes_in=PARAMS["lanes_in"], lanes_out=PARAMS["lanes_out"], lanes_b=PARAMS["lanes_b"],
+            dw_passes=PARAMS.get("dw_passes", 1), dx_passes=PARAMS.get("dx_passes", 1),
+        )
+        for j in SHARED
+    ]  # fmt: skip
+    GEO = SHAPES[SHARED.index(LAYER)]
+    ENV = envelope(SHAPES)  # the build: widths of the dx stream and the weight-load port
     BANK = GEO.bank
     N, M, B = BANK.n_in, BANK.n_out, GEO.batch
     P = ArithParams.from_config(CFG)
@@ -96,13 +104,18 @@ class TB(Bench):
         self.np_rng = np.random.default_rng(self.rng.getrandbits(64))
 
     async def load(self, w) -> None:
-        b = BANK
+        b, e = BANK, ENV.bank  # the layer's rows, in the build's port widths
         await self.w.send(
             [
-                pack([(data, b.lanes_in), (addr, b.addr_width), (lane, b.lane_width)])
+                pack([(data, b.lanes_in), (addr, e.addr_width), (lane, e.lane_width)])
                 for lane, addr, data in b.weight_beats(w)
             ]
         )
+
+    async def reset(self, cycles: int = 3):
+        if len(SHARED) > 1:
+            self.dut.layer.value = SHARED.index(LAYER)
+        await super().reset(cycles)
 
     async def run_dx(self, neg, field) -> tuple[np.ndarray, int]:
         beats_in = GEO.dy_beats(neg, field)
@@ -112,7 +125,7 @@ class TB(Bench):
         out = await self.dx.receive(rows * BANK.words, max_cycles=30 * GEO.dx_cycles(rows) + 500)
         await sender
         assert self.dx.stamps[first_out] > self.dy.stamps[first_in]
-        return GEO.unpack_dx(out), self.dx.stamps[-1] - self.dy.stamps[first_in] + 1
+        return replace(GEO, dx_width=ENV.dx_width).unpack_dx(out), self.dx.stamps[-1] - self.dy.stamps[first_in] + 1
 
     async def run_dw(self, x, neg, field) -> tuple[np.ndarray, int]:
         beats_in = GEO.xdy_beats(x, neg, field)

@@ -28,6 +28,7 @@ import numpy as np
 from cocotb.triggers import ClockCycles, FallingEdge, ReadOnly
 
 from host.driver import AcceleratorDescription, AcceleratorError, AsyncTransport, Driver
+from rtl_gen.top import SystemPlan
 from sim.tb.common import AxiLiteMaster, Bench, tb_params
 
 PARAMS = tb_params()
@@ -268,9 +269,12 @@ async def train_and_check(tb: TB, x, y, step: int, lr: float) -> dict:
     wall = time.perf_counter() - t0  # upload + step + result registers, in simulation
     trace = tb.model.train_step(x, y, lr=lr)
     mm = await compare_state(tb, step, trace, result)
+    ends = [int(v) for v in np.asarray(await tb.drv.read("phase_cycles")).ravel()]  # cycle count at each phase end
+    names = [f"{kind}{j}" for kind, j in SystemPlan(tb.cfg).phases()]
     entry = {"step": step, "cycles": int(result.cycles), "mismatch": mm, "loss": result.loss,
              "correct": int(result.correct), "wall_s": round(wall, 3),
-             "sim_cycles_per_s": round(int(result.cycles) / wall, 1)}
+             "sim_cycles_per_s": round(int(result.cycles) / wall, 1),
+             "phases": dict(zip(names, np.diff([0, *ends]).tolist(), strict=True))}
     tb.report["steps"].append(entry)
     tb.write_report()
     dut = tb.dut

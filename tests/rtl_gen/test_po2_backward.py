@@ -69,8 +69,9 @@ class Po2WithBanks(wiring.Component):
     """Test top: the engine, plus (with a dX unit) weight banks in the XnorEngine layout on its ``weights``
     port, written through ``w_load`` (always ready)."""
 
-    def __init__(self, geometry: Po2Geometry):
-        self._engine = Po2Backward(geometry=geometry)
+    def __init__(self, shapes: list[Po2Geometry]):
+        self._engine = Po2Backward(shapes=shapes)
+        geometry = self._engine.geometry  # the envelope of the shapes
         members = {name: mem for name, mem in self._engine.signature.members.items() if name != "weights"}
         if geometry.dx_width:
             members["w_load"] = In(stream.Signature(geometry.bank.w_layout))
@@ -80,6 +81,8 @@ class Po2WithBanks(wiring.Component):
         m = Module()
         m.submodules.engine = eng = self._engine
         geo = eng.geometry
+        if "layer" in self.signature.members:
+            m.d.comb += eng.layer.eq(self.layer)
         for name in ("xdy", "dy"):
             if name in self.signature.members:
                 wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(eng, name))
@@ -207,20 +210,35 @@ SWEEP = [
     pytest.param(({}, 1, 32, 8, 4, 1, 1, 100, 1), id="mlp-l1-n256x256-li32-lo8-b4"),
 ]
 
+BINARY = small_config(**{"model.input_format": "binary"})
+SHARED = [
+    # one engine for layers 0 (37 -> 10: 5 words, 3 groups) and 1 (10 -> 7: 2 words, 2 groups), run as layer 1
+    # (dX and dW) and as layer 0 (dW only): run-time words, groups and padding
+    pytest.param((BINARY, 1, 8, 4, 2, 2, 2, 60, 3), id="shared-l0l1-run-l1"),
+    pytest.param((BINARY, 0, 8, 4, 2, 1, 1, 0, 3), id="shared-l0l1-run-l0"),
+]
+
 
 @pytest.mark.rtl
-@pytest.mark.parametrize("case", SWEEP)
+@pytest.mark.parametrize("case", SWEEP + SHARED)
 def test_po2_backward_rtl(case, request):
-    """Rerun one case with waveforms: ``XNT_WAVES=1 pytest -k l0-int8 ...``."""
+    """Rerun one case with waveforms: ``XNT_WAVES=1 pytest -k l0-int8 ...``. The ``shared`` cases build one
+    engine for layers 0 and 1 and run one of them."""
     overrides, layer, lanes_in, lanes_out, lanes_b, dw_passes, dx_passes, rows, batches = case
     cfg = apply_overrides(load_config("mlp"), overrides)
-    geo = Po2Geometry.from_config(cfg, layer, lanes_in=lanes_in, lanes_out=lanes_out, lanes_b=lanes_b,
-                                  dw_passes=dw_passes, dx_passes=dx_passes)
+    shared = [0, 1] if request.node.callspec.id.startswith("shared") else [layer]
+    shapes = [
+        Po2Geometry.from_config(cfg, j, lanes_in=lanes_in, lanes_out=lanes_out, lanes_b=lanes_b,
+                                dw_passes=dw_passes, dx_passes=dx_passes)
+        for j in shared
+    ]
+    geo = shapes[shared.index(layer)]
     params = {"overrides": overrides, "layer": layer, "lanes_in": lanes_in, "lanes_out": lanes_out, "lanes_b": lanes_b,
-              "dw_passes": dw_passes, "dx_passes": dx_passes}
-    name = "po2_backward_" + request.node.callspec.id.replace("-", "_")
+              "dw_passes": dw_passes, "dx_passes": dx_passes, "shared": shared}
+    build = {k: v for k, v in params.items() if k != "layer"} if len(shared) > 1 else params
+    name = "po2_backward_" + (request.node.callspec.id if len(shared) == 1 else "shared").replace("-", "_")
     run = run_cocotb(
-        verilog=cached_verilog(name, lambda: to_verilog(Po2WithBanks(geo), "po2_backward", emit_src=False), params),
+        verilog=cached_verilog(name, lambda: to_verilog(Po2WithBanks(shapes), "po2_backward", emit_src=False), build),
         toplevel="po2_backward",
         test_module="po2_backward_tb",
         name=name,

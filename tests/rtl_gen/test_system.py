@@ -380,6 +380,29 @@ def test_small_mlp_whole_steps_match_the_model():
         assert abs(st["cycles"] - model) <= 0.05 * model, (st["cycles"], model)
 
 
+SHARED_LAYERS = 'model.layers=[{type="dense",units=32},{type="dense",units=32},{type="dense",units=10}]'
+
+
+def test_layers_with_equal_lanes_share_one_po2_backward_engine():
+    assert SystemPlan(paper_cfg()).backward_groups == [[0, 1, 2, 3], [4]]
+    assert SystemPlan(small_cfg()).backward_groups == [[0], [1]]  # lanes_in 32 and 16
+    assert SystemPlan(small_cfg(SHARED_LAYERS)).backward_groups == [[0, 1, 2]]
+
+
+@pytest.mark.rtl
+def test_shared_po2_backward_engine_whole_steps():
+    """784-32-32-10 (B = 4): one po2 backward engine serves all three layers (25, 1 and 1 words; 4, 4 and 2
+    groups); two whole steps bit-exact and within 5 % of the cycle model."""
+    from rtl_gen.generate import run_system
+
+    cfg = small_cfg(SHARED_LAYERS)
+    rep = run_system(cfg, mode="train", steps=2)
+    _assert_steps(rep, 2)
+    model = step_cycles(SystemPlan(cfg)).step
+    for st in rep["steps"]:
+        assert abs(st["cycles"] - model) <= 0.05 * model, (st["cycles"], model)
+
+
 @pytest.mark.rtl
 def test_small_mlp_command_errors():
     from rtl_gen.generate import run_system
