@@ -117,7 +117,7 @@ def update_cycles(plan, j: int) -> int:
     sweep = lp.sweep
     g = lp.geometry
     per_row_sweep = sweep.visits / g.depth
-    per_tile = lp.tiles * lp.dw_passes  # dW cycles per bank row
+    per_tile = (lp.tiles + 1) * lp.dw_passes  # dW cycles per bank row: per pass the beats and a finish cycle
     per_row = max(per_tile, per_row_sweep)
     tiles = int(g.depth * per_row) + per_tile + 4
     from .controller import bn_param_cycles

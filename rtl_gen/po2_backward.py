@@ -5,15 +5,22 @@ Operands: a po2 code (:attr:`Po2Geometry.code_layout`) is an exponent ``field`` 
 and a sign bit ``neg``; its value is ``(-1)^neg 2^(field - 1)`` in the layer's unit. Weights and binary
 activations are bits (1 = +1); the first layer's activations are signed 8-bit values (``x_max = 128``).
 
-Arithmetic, no multipliers. With binary operands every addend is ``+-2^(f-1)``, grouped by exponent plane
-``f = 1 .. 2^(k-1) - 1``: a popcount per plane, then one shift-add over the planes. The sign is folded in
-once: with ``P`` the plane-sum of the *positive* addends (the bits where ``operand XOR neg`` is 1) and ``T``
-the plane-sum of all nonzero addends (shared by every output of a cycle), the signed sum is ``2 P - T``.
-The per-plane popcounts are computed for all planes at once (:func:`plane_counts`): each addend is a
-one-hot plane vector, and full/half adders act bitwise on these vectors (a carry-save counter per plane,
-``C[j][f]`` = bit ``j`` of plane ``f``'s count); the shift-add is ``sum_j C[j] 2^j``. For the first layer's
-8-bit activations each addend is the sign-flipped 8-bit value shifted by ``f - 1`` (one shifter per sample
-and weight), and the ``lanes_b`` addends of a beat are added.
+Arithmetic, no multipliers. With binary operands every addend is ``+v`` or ``-v``, ``v = (-1)^neg 2^(f-1)``
+(a shifted one-hot, 0 for a zero code): ``+v`` where the weight (dX) or activation (dW) bit is 1. A sum of
+such addends is ``2 Q - T`` with ``Q`` the sum of ``v`` over the 1 bits and ``T`` over all of them. ``T`` is
+shared by every output that sees the same codes, and ``Q`` needs no per-output arithmetic in front of the
+adders: the outputs pick among subset sums of the shared ``v`` values by their bits.
+
+- dX: the ``lanes_out`` codes of a cycle are paired; each pair's four subset sums ``0, v_a, v_b, v_a + v_b``
+  are formed once, each input picks one per pair by its two weight bits, and the picks are added.
+- dW: each weight accumulates ``2 Q`` over the batch: with one sample per beat the addend is the lane's
+  ``2 v`` and the activation bit is the accumulator's clock enable; with ``lanes_b`` samples per beat the
+  weight picks among the lane's ``2^lanes_b`` subset sums. ``T`` is one accumulator per lane; a finish
+  cycle after the tile's beats adds ``-T`` (the lane's operand in that cycle), takes the sign and clears
+  the accumulators through their synchronous reset.
+
+For the first layer's 8-bit activations each addend is the sign-flipped 8-bit value shifted by ``f - 1`` (one
+shifter per sample and weight), and the ``lanes_b`` addends of a beat are added.
 
 dX unit (layers above the first): the weight banks of :class:`~rtl_gen.xnor_engine.XnorEngine`'s layout are
 read through ``weights`` (:class:`~rtl_gen.xnor_engine.WeightReadSignature`, e.g. from
@@ -23,7 +30,7 @@ output group ``g``, bank row ``g * words + k`` (a ``lanes_in x lanes_out`` tile 
 groups, and word ``k`` of ``dX[b]`` leaves as one beat. The codes arrive on ``dy`` (``groups`` beats per row)
 during the first word and are replayed from a one-row buffer for the others. With ``dx_passes`` ``P``
 (``hw.dx_passes``) the word's inputs are taken ``lanes_in / P`` at a time, one pass over the groups each (the
-weight rows are read again), so the unit holds ``lanes_in / P`` plane sums and accumulators.
+weight rows are read again), so the unit holds ``lanes_in / P`` adder trees and accumulators.
 ``rows * depth * P`` cycles.
 
 dW unit: the tile of bank row ``g * words + k`` (``lanes_in x lanes_out`` weights, rows in increasing
@@ -34,8 +41,8 @@ order) is computed in ``dw_passes`` passes (``P``, ``hw.dw_passes``) over the ba
 them in a small replay memory (one tile's beats) that the other passes read. The signs of passes
 ``0 .. P-2`` are held until the last pass ends; then ``sgn(dW)`` of the tile leaves as one
 :func:`rtl_gen.weight_memory.grad_layout` beat, the weight memory's gradient input.
-``depth * ceil(batch / lanes_b) * P`` cycles. ``P`` trades cycles for LUTs: the accumulators and their
-plane sums are about half of a layer's logic at ``P = 1``.
+``depth * (ceil(batch / lanes_b) + 1) * P`` cycles. ``P`` trades cycles for LUTs: the accumulators are
+the largest part of the unit at ``P = 1``.
 
 Padding (bits past ``n_in``, lanes past ``n_out``, samples past ``batch`` in a tile's last beat) is masked;
 its input values do not matter and padded outputs are 0. The units go by their counters; ``last`` flags on
@@ -60,7 +67,7 @@ from .weight_memory import grad_layout
 from .xnor_engine import WeightReadSignature, XnorGeometry, _check_int
 
 __all__ = [
-    "DW_LATENCY", "DX_LATENCY", "Po2Backward", "Po2Geometry", "envelope", "passes_for", "plane_counts", "plane_sum",
+    "DW_LATENCY", "DX_LATENCY", "Po2Backward", "Po2Geometry", "envelope", "passes_for",
 ]  # fmt: skip
 
 DX_LATENCY = 3
@@ -87,47 +94,6 @@ def _tree_sum(values):
             [values[-1]] if len(values) % 2 else []
         )
     return values[0]
-
-
-def plane_counts(m: Module, vectors, name: str) -> list[Signal]:
-    """Per-plane popcounts of ``vectors`` (each a plane bit vector: bit ``f`` set when that addend lies in
-    plane ``f + 1``), all planes at once: a carry-save reduction of full and half adders acting bitwise on
-    the plane vectors. Returns ``C`` with ``C[j]`` the vector of bit ``j`` of every plane's count."""
-    width = max(len(v) for v in vectors)
-    columns = [list(vectors)]
-    j = 0
-    n = 0
-
-    def sig(value):
-        nonlocal n
-        s = Signal(width, name=f"{name}_{n}")
-        n += 1
-        m.d.comb += s.eq(value)
-        return s
-
-    out = []
-    while j < len(columns):
-        col = [sig(v) if not isinstance(v, Signal) else v for v in columns[j]]
-        while len(col) > 1:
-            if len(columns) == j + 1:
-                columns.append([])
-            if len(col) >= 3:
-                a, b, c = col.pop(), col.pop(), col.pop()
-                col.insert(0, sig(a ^ b ^ c))
-                columns[j + 1].append(sig((a & b) | (a & c) | (b & c)))
-            else:
-                a, b = col.pop(), col.pop()
-                col.insert(0, sig(a ^ b))
-                columns[j + 1].append(sig(a & b))
-        out.append(col[0])
-        j += 1
-    return out
-
-
-def plane_sum(m: Module, vectors, name: str):
-    """``sum_f count_f 2^f`` over the planes of :func:`plane_counts`: the per-plane popcounts combined by one
-    shift-add per count bit (``sum_j C[j] 2^j``)."""
-    return _tree_sum(c << j for j, c in enumerate(plane_counts(m, vectors, name)))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -241,8 +207,9 @@ class Po2Geometry:
         return rows * self.bank.depth * self.dx_passes + DX_LATENCY if rows else 0
 
     def dw_cycles(self) -> int:
-        """dW cycles for one batch with no stalls (see :data:`DW_LATENCY`)."""
-        return self.bank.depth * self.beats_per_tile * self.dw_passes + DW_LATENCY
+        """dW cycles for one batch with no stalls (see :data:`DW_LATENCY`): per tile and pass, one cycle per
+        beat and one finish cycle."""
+        return self.bank.depth * (self.beats_per_tile + 1) * self.dw_passes + DW_LATENCY
 
     # --- host-side packing (controller model and tests) ---
 
@@ -492,22 +459,45 @@ class _Dx(wiring.Component):
         else:
             m.d.comb += [wseg[lane][i].eq(self.weights.data[lane][i]) for lane in range(LO) for i in range(LS)]
 
-        planes = geo.planes
-        onehot = []  # per lane: plane bits (lane masked to 0 past n_out)
+        # Signed addend value of each lane, v = (-1)^neg 2^(field - 1) (0 for a zero code or a padding lane),
+        # shared by every input. The addend of input i is +v where its weight bit is 1 and -v where it is 0,
+        # so the input's sum is 2 Q - T with Q the sum of v over its 1 bits and T the sum over all lanes.
+        v_width = geo.span + 2
+        vals = []
         for lane in range(LO):
-            oh = Signal(planes, name=f"plane{lane}")
-            real = ~s1_last_g | sz.lane_ok[lane]
-            m.d.comb += oh.eq(Mux(real, Const(1, planes + 1) << codes[lane].field >> 1, 0))
-            onehot.append(oh)
-        total = Signal((LO << planes).bit_length(), name="total")
-        m.d.comb += total.eq(plane_sum(m, onehot, "t"))
+            v = Signal(signed(v_width), name=f"v{lane}")
+            real = (~s1_last_g | sz.lane_ok[lane]) & (codes[lane].field != 0)
+            mag = Signal(unsigned(v_width - 1), name=f"mag{lane}")
+            m.d.comb += [
+                mag.eq(Const(1, v_width) << codes[lane].field >> 1),
+                v.eq(Mux(real, Mux(codes[lane].neg, -mag, mag), 0)),
+            ]
+            vals.append(v)
+        total = Signal(signed(v_width + (LO - 1).bit_length()), name="total")
+        m.d.comb += total.eq(_tree_sum(vals))
         c_width = (LO << geo.span).bit_length() + 2
         contrib = [Signal(signed(c_width), name=f"contrib{i}") for i in range(LS)]
+        # Q by lane pairs: each pair's four subset sums (0, v_a, v_b, v_a + v_b) are shared by the inputs, which
+        # pick one by their two weight bits and add the picks.
+        pairs = [list(range(lo, min(lo + 2, LO))) for lo in range(0, LO, 2)]
+        sums = []
+        for n, pair in enumerate(pairs):
+            row = []
+            for mask in range(1 << len(pair)):
+                ss = Signal(signed(v_width + 1), name=f"pair{n}_{mask}")
+                m.d.comb += ss.eq(_tree_sum(vals[lane] for b, lane in enumerate(pair) if mask >> b & 1))
+                row.append(ss)
+            sums.append(row)
         for i in range(LS):
-            pos = Signal(LO, name=f"pos{i}")  # addend positive: weight bit XOR sign bit
-            m.d.comb += pos.eq(Cat(wseg[lane][i] ^ codes[lane].neg for lane in range(LO)))
-            vectors = [onehot[lane] & pos[lane].replicate(planes) for lane in range(LO)]
-            m.d.comb += contrib[i].eq((plane_sum(m, vectors, f"p{i}") << 1) - total)
+            picks = []
+            for n, pair in enumerate(pairs):
+                pick = Signal(signed(v_width + 1), name=f"pick{i}_{n}")
+                with m.Switch(Cat(wseg[lane][i] for lane in pair)):
+                    for mask, ss in enumerate(sums[n]):
+                        with m.Case(mask):
+                            m.d.comb += pick.eq(ss)
+                picks.append(pick)
+            m.d.comb += contrib[i].eq((_tree_sum(picks) << 1) - total)
 
         # Stage 2: registered contributions; accumulate over the groups; keep each pass's sums; push word k
         # after the last group of its last pass.
@@ -574,24 +564,25 @@ class _Dw(wiring.Component):
         LS = LI // P  # inputs per pass
         NB = geo.beats_per_tile
         samples_last = geo.batch - (NB - 1) * S
+        binary = geo.x_max == 1
         m = Module()
         sz = _Sizes(m, self._shapes, self.layer)
 
-        # Stage 0: beat, pass and tile counters. Pass 0 takes the tile's beats from ``xdy`` and keeps them in
-        # the replay memory; passes 1 .. P-1 read them back.
+        # Stage 0: slot, pass and tile counters. A pass has NB beat slots and one finish slot. Pass 0 takes the
+        # tile's beats from ``xdy`` and keeps them in the replay memory; passes 1 .. P-1 read them back.
         adv = Signal()
-        beat = Signal(range(NB))
+        slot = Signal(range(NB + 1))
         pas = Signal(range(max(P, 2)))
         k = Signal(range(K))
         g = Signal(range(G))
-        last_beat = Signal()
+        fin = Signal()  # the finish slot
         replay = Signal()
-        m.d.comb += [last_beat.eq(beat == NB - 1), replay.eq(pas != 0), self.xdy.ready.eq(adv & ~replay)]
+        m.d.comb += [fin.eq(slot == NB), replay.eq(pas != 0), self.xdy.ready.eq(adv & ~replay & ~fin)]
         take = Signal()
-        m.d.comb += take.eq(adv & (replay | self.xdy.valid))
+        m.d.comb += take.eq(adv & (replay | fin | self.xdy.valid))
         with m.If(take):
-            with m.If(last_beat):
-                m.d.sync += beat.eq(0)
+            with m.If(fin):
+                m.d.sync += slot.eq(0)
                 with m.If(pas == P - 1):
                     m.d.sync += pas.eq(0)
                     with m.If(k == sz.k_last):
@@ -601,21 +592,22 @@ class _Dw(wiring.Component):
                 with m.Else():
                     m.d.sync += pas.eq(pas + 1)
             with m.Else():
-                m.d.sync += beat.eq(beat + 1)
+                m.d.sync += slot.eq(slot + 1)
         operands = data.StructLayout({"x": self.xdy.payload.x.shape(), "dy": self.xdy.payload.dy.shape()})
         incoming = Cat(self.xdy.payload.x.as_value(), self.xdy.payload.dy.as_value())
         if P > 1:
             m.submodules.replay = mem = Memory(shape=operands.size, depth=max(NB, 2), init=[])
             rd, wr = mem.read_port(), mem.write_port()
             m.d.comb += [
-                wr.addr.eq(beat), wr.data.eq(incoming), wr.en.eq(take & ~replay),
-                rd.addr.eq(beat), rd.en.eq(adv),
+                wr.addr.eq(slot), wr.data.eq(incoming), wr.en.eq(take & ~replay & ~fin),
+                rd.addr.eq(slot), rd.en.eq(adv),
             ]  # fmt: skip
 
-        # Stage 1: the beat (from the stream or the replay memory); per-weight plane sums of this pass's inputs.
+        # Stage 1: the beat (from the stream or the replay memory) is added into the accumulators; in the finish
+        # slot each weight's sign is kept and the accumulators are cleared.
         s1_valid = Signal()
-        s1_first = Signal()
-        s1_last = Signal()
+        s1_fin = Signal()
+        s1_last = Signal()  # the pass's last beat (its padding samples are masked)
         s1_pass = Signal.like(pas)
         s1_replay = Signal()
         s1_last_g = Signal()
@@ -625,8 +617,8 @@ class _Dw(wiring.Component):
         with m.If(adv):
             m.d.sync += [
                 s1_valid.eq(take),
-                s1_first.eq(beat == 0),
-                s1_last.eq(last_beat),
+                s1_fin.eq(fin),
+                s1_last.eq(slot == NB - 1),
                 s1_pass.eq(pas),
                 s1_replay.eq(replay),
                 s1_last_g.eq(g == sz.g_last),
@@ -645,98 +637,119 @@ class _Dw(wiring.Component):
                         m.d.comb += [x1[s][i].eq(op.x[s][p * LS + i]) for s in range(S) for i in range(LS)]
         else:
             m.d.comb += [x1[s][i].eq(op.x[s][i]) for s in range(S) for i in range(LS)]
-        planes = geo.planes
-        onehot = {}  # (sample, lane) -> plane bits; padding samples of the last beat masked
-        for s in range(S):
-            real = 1 if s < samples_last else ~s1_last
-            for lane in range(LO):
-                oh = Signal(planes, name=f"plane{s}_{lane}")
-                m.d.comb += oh.eq(Mux(real, Const(1, planes + 1) << d1[s][lane].field >> 1, 0))
-                onehot[s, lane] = oh
-        binary = geo.x_max == 1
-        bound = (S * geo.x_max) << geo.span
-        c_width = bound.bit_length() + 2
-        contrib = {}
+
+        # Binary activations: the addend of weight (i, lane) and sample s is +v where x = 1 and -v where x = 0,
+        # v = (-1)^neg 2^(field - 1) (0 for a zero code or a padding sample). Summed over the pass this is
+        # 2 Q - T, Q the sum of v over the samples with x = 1 and T over all samples. T is one accumulator per
+        # lane; each weight accumulates 2 Q, choosing among the lane's subset sums of 2 v by its x bits (with
+        # one sample per beat: 2 v or nothing, i.e. the accumulator's clock enable). The finish slot adds -T.
+        # int8 activations: each weight adds the sign-flipped values shifted by field - 1.
+        acc_width = geo.dw_width + 1
+        step = Signal()
+        m.d.comb += step.eq(adv & s1_valid & ~s1_fin)
+        finish = Signal()
+        m.d.comb += finish.eq(adv & s1_valid & s1_fin)
+        vw = geo.span + 2
+        adds = {}  # (input, lane) -> (addend, enable)
         for lane in range(LO):
-            if binary:
-                total = Signal((S << planes).bit_length(), name=f"total{lane}")
-                m.d.comb += total.eq(plane_sum(m, [onehot[s, lane] for s in range(S)], f"t{lane}"))
-            else:
-                shifts = [Signal(range(planes), name=f"sh{s}_{lane}") for s in range(S)]
-                m.d.comb += [shifts[s].eq(d1[s][lane].field - 1) for s in range(S)]
-            for i in range(LS):
-                c = Signal(signed(c_width), name=f"contrib{i}_{lane}")
+            vals, shifts, nonzero = [], [], []
+            for s in range(S):
+                real = d1[s][lane].field != 0
+                if s >= samples_last:
+                    real = real & ~s1_last
+                nonzero.append(real & ~s1_fin)
                 if binary:
-                    pos = Signal(S, name=f"pos{i}_{lane}")
-                    m.d.comb += pos.eq(Cat(x1[s][i] ^ d1[s][lane].neg for s in range(S)))
-                    vectors = [onehot[s, lane] & pos[s].replicate(planes) for s in range(S)]
-                    m.d.comb += c.eq((plane_sum(m, vectors, f"p{i}_{lane}") << 1) - total)
+                    mag = Signal(unsigned(vw - 1), name=f"mag{s}_{lane}")
+                    v = Signal(signed(vw), name=f"v{s}_{lane}")
+                    m.d.comb += [
+                        mag.eq(Mux(real, Const(1, vw) << d1[s][lane].field >> 1, 0)),
+                        v.eq(Mux(d1[s][lane].neg, -mag, mag)),
+                    ]
+                    vals.append(v)
+                else:
+                    sh = Signal(range(geo.planes), name=f"sh{s}_{lane}")
+                    m.d.comb += sh.eq(d1[s][lane].field - 1)
+                    shifts.append(sh)
+            if binary:
+                t = Signal(signed(acc_width), name=f"t{lane}")
+                with m.If(finish):
+                    m.d.sync += t.eq(0)
+                with m.Elif(step):
+                    m.d.sync += t.eq(t + _tree_sum(vals))
+                nt = Signal(signed(acc_width), name=f"neg_t{lane}")
+                m.d.comb += nt.eq(-t)
+                subsets = []  # subset sums of 2 v, indexed by the samples' x bits; -T in the finish slot
+                for mask in range(1 << S):
+                    ss = Signal(signed(acc_width), name=f"sub{mask}_{lane}")
+                    m.d.comb += ss.eq(Mux(s1_fin, nt, _tree_sum(vals[s] for s in range(S) if mask >> s & 1) << 1))
+                    subsets.append(ss)
+            for i in range(LS):
+                if binary and S == 1:
+                    adds[i, lane] = (subsets[1], x1[0][i])
+                elif binary:
+                    sel = Cat(x1[s][i] for s in range(S))
+                    pick = Signal(signed(acc_width), name=f"pick{i}_{lane}")
+                    with m.Switch(sel):
+                        for mask in range(1 << S):
+                            with m.Case(mask):
+                                m.d.comb += pick.eq(subsets[mask])
+                    adds[i, lane] = (pick, 1)
                 else:  # one addend per sample: the sign-flipped 8-bit value shifted by field - 1
                     terms = []
                     for s in range(S):
                         sx = Signal(signed(9), name=f"sx{s}_{i}_{lane}")
                         m.d.comb += sx.eq(Mux(d1[s][lane].neg, -x1[s][i], x1[s][i]))
-                        nz = onehot[s, lane].any()
-                        terms.append(Mux(nz, sx << shifts[s], 0))
+                        terms.append(Mux(nonzero[s], sx << shifts[s], 0))
+                    c = Signal(signed(acc_width), name=f"contrib{i}_{lane}")
                     m.d.comb += c.eq(_tree_sum(terms))
-                contrib[i, lane] = c
+                    adds[i, lane] = (c, 1)
 
-        # Stage 2: registered contributions; accumulate over the batch; keep each pass's signs; push the tile.
+        # Stage 2: push the tile after the finish slot of its last pass.
         s2_valid = Signal()
-        s2_first = Signal()
-        s2_last = Signal()
+        s2_fin = Signal()
         s2_pass = Signal.like(pas)
-        s2_last_g = Signal()
-        s2_last_k = Signal()
         s2_last_tile = Signal()
-        c2 = {key: Signal(signed(c_width), name=f"c2_{key[0]}_{key[1]}") for key in contrib}
         with m.If(adv):
             m.d.sync += [
                 s2_valid.eq(s1_valid),
-                s2_first.eq(s1_first),
-                s2_last.eq(s1_last),
+                s2_fin.eq(s1_fin),
                 s2_pass.eq(s1_pass),
-                s2_last_g.eq(s1_last_g),
-                s2_last_k.eq(s1_last_k),
                 s2_last_tile.eq(s1_last_tile),
             ]
-            m.d.sync += [c2[key].eq(contrib[key]) for key in contrib]
-
         m.submodules.queue = queue = StreamFIFO(shape=grad_layout(bank), depth=2)
         push = Signal()
+        kept = Signal(grad_layout(bank))  # signs of the tile's passes
         m.d.comb += [
-            push.eq(s2_valid & s2_last & (s2_pass == P - 1)),
+            push.eq(s2_valid & s2_fin & (s2_pass == P - 1)),
             adv.eq(~push | queue.i.ready),
             queue.i.valid.eq(push),
+            queue.i.payload.g.eq(kept.g),
             queue.i.payload.last.eq(s2_last_tile),
         ]
-        kept = Signal(grad_layout(bank))  # signs of passes 0 .. P-2 of the current tile
         pad_bits = Signal(LS)  # inputs of this pass that are padding in the last word
         if P > 1:
-            with m.Switch(s2_pass):
+            with m.Switch(s1_pass):
                 for p in range(P):
                     with m.Case(p):
                         m.d.comb += pad_bits.eq(~sz.bit_ok[p * LS : (p + 1) * LS])
         else:
             m.d.comb += pad_bits.eq(~sz.bit_ok)
-        shape = signed(geo.dw_width)
-        for (i, lane), c in c2.items():
+        shape = signed(acc_width)
+        for (i, lane), (addend, enable) in adds.items():
             acc = Signal(shape, name=f"acc{i}_{lane}")
             tot = Signal(shape, name=f"sum{i}_{lane}")
-            m.d.comb += tot.eq(Mux(s2_first, 0, acc) + c)
-            with m.If(adv & s2_valid):
+            m.d.comb += tot.eq(acc + addend)  # in the finish slot: acc - T (binary) or acc
+            with m.If(finish):  # priority over the enable: the flip-flops' synchronous reset
+                m.d.sync += acc.eq(0)
+            with m.Elif(step & enable):
                 m.d.sync += acc.eq(tot)
-            sign = Mux(tot < 0, -1, Mux(tot == 0, 0, 1))
             # padding: lanes past n_out in the last group, inputs past n_in in the last word
-            padded = (s2_last_g & ~sz.lane_ok[lane]) | (s2_last_k & pad_bits[i])
-            sign = Mux(padded, 0, sign)
+            padded = (s1_last_g & ~sz.lane_ok[lane]) | (s1_last_k & pad_bits[i])
             signal = Signal(signed(2), name=f"sign{i}_{lane}")
-            m.d.comb += signal.eq(sign)
-            for p in range(P - 1):
-                with m.If(adv & s2_valid & s2_last & (s2_pass == p)):
+            m.d.comb += signal.eq(Mux(padded | (tot == 0), 0, Mux(tot[-1], -1, 1)))
+            for p in range(P):
+                with m.If(finish & (s1_pass == p)):
                     m.d.sync += kept.g[lane][p * LS + i].eq(signal)
-                m.d.comb += queue.i.payload.g[lane][p * LS + i].eq(kept.g[lane][p * LS + i])
-            m.d.comb += queue.i.payload.g[lane][(P - 1) * LS + i].eq(signal)
         wiring.connect(m, queue.o, wiring.flipped(self.dw))
         return m
 

@@ -8,10 +8,11 @@ See docs/architecture.md for the block diagram and the reasons behind it. In sho
 - :class:`SystemPlan`: everything the configuration decides (layer geometries, lanes, widths, the
   quantities the host can read back / restore and their stream layouts), in plain Python; the host
   description (``accelerator.json``) is derived from it;
-- :class:`Accelerator`: the Amaranth component built from a plan. One set of units per weight layer
-  (XNOR engine, weight memory + optimiser, generators, BN forward/backward, BN parameters, po2 unit, po2
-  backward engine), the output layer's logit and loss units, and the buffers between them. The
-  controller runs the phases of a training step one after the other::
+- :class:`Accelerator`: the Amaranth component built from a plan. Per weight layer a weight memory +
+  optimiser, generators and BN parameters; the XNOR engine, BN forward/backward and po2 units are shared by
+  layers of equal geometry and the po2 backward engine by layers of equal lanes
+  (``SystemPlan.unit_groups``, ``backward_groups``); the output layer's logit and loss units; the buffers
+  between them. The controller runs the phases of a training step one after the other::
 
       fwd 0 .. fwd L-1 (the last one with logits and loss), then for j = L-1 .. 0:
       bwd j (BN backward + po2 codes), dx j (j > 0: dX into the buffer of layer j-1),
@@ -21,7 +22,7 @@ See docs/architecture.md for the block diagram and the reasons behind it. In sho
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from amaranth import Cat, Module, Mux, ResetInserter, Signal, signed
 from amaranth.lib import wiring
@@ -31,7 +32,7 @@ from amaranth.lib.wiring import In, Out
 from host.driver import AcceleratorDescription, QuantityLayout
 from sim.hw.arith import ArithParams, loss_grad_scale
 from sim.hw.optim import PROB_BITS, state_bits
-from sim.hw.widths import derive_widths, hw_supported
+from sim.hw.widths import LayerBounds, derive_widths, hw_supported
 from sim.schema import ConfigError
 
 from .axil import AXI4LiteCSR, AXI4LiteSignature, vivado_ports
@@ -186,7 +187,9 @@ class SystemPlan:
             n_in, n_out = s.weight_shape
             li = lis[j]
             if j == L - 1:
-                lo = min(h.lanes_out, n_out)
+                # all lanes even past the classes (padding lanes): the output layer's po2 backward engine
+                # then matches the hidden layers' and is shared with them
+                lo = h.lanes_out
             else:
                 lo = min(h.lanes_out, _pow2_floor(n_out))
                 if lis[j + 1] % lo:
@@ -203,15 +206,13 @@ class SystemPlan:
         self.features = self.layers[0].n_in
         # layers whose po2 backward engines have the same lanes, batch, code bits, x_max and passes share one
         # engine (their phases never overlap); the engine picks the layer's words, groups and padding at run time
-        self.backward_groups: list[list[int]] = []
-        for j in range(L):
-            key = self._backward_key(j)
-            for grp in self.backward_groups:
-                if self._backward_key(grp[0]) == key:
-                    grp.append(j)
-                    break
-            else:
-                self.backward_groups.append([j])
+        self.backward_groups = self._groups(self._backward_key)
+        # the units without state between phases (XNOR engine, BN forward and backward, po2 unit) are shared by
+        # the layers that need the same unit (equal geometry), e.g. the paper MLP's hidden layers 1 .. 3
+        self.unit_groups = {
+            "engine": self._groups(lambda j: self.layers[j].geometry),
+            "bn": self._groups(self._bn_key),
+        }
         self.label_bits = max(1, (self.classes - 1).bit_length())
         self.quantities: list[HostQuantity] = []
         self.kinds: dict[str, int] = {}
@@ -222,6 +223,19 @@ class SystemPlan:
     def bn_layer(self, j: int) -> BnLayer:
         return BnLayer.from_config(self.cfg, j, lanes=self.layers[j].lanes_out)
 
+    def _bn_key(self, j: int) -> tuple:
+        b = self.bn_layer(j)
+        return (b.fan_in, b.channels, b.batch, b.x_max, b.top, b.lanes)
+
+    def bn_envelope(self, grp: list[int]) -> BnLayer:
+        """The BN geometry of a shared BN / po2 unit: the group's layers agree on shape, batch and lanes and
+        differ only in the backward bounds (the gradient reaching the last hidden layer comes from the narrow
+        output layer); the unit takes the largest of each bound, so every layer's values fit its registers."""
+        layers = [self.bn_layer(j) for j in grp]
+        bounds = [asdict(b.bounds) for b in layers]
+        merged = {k: bounds[0][k] if k == "layer" else max(d[k] for d in bounds) for k in bounds[0]}
+        return replace(layers[0], bounds=LayerBounds(**merged))
+
     def bn_param_unit(self, j: int) -> BnParamUnit:
         return BnParamUnit(layer=self.bn_layer(j), hw=self.cfg.hw, div_steps=self.cfg.hw.div_steps)
 
@@ -229,6 +243,18 @@ class SystemPlan:
         lp = self.layers[j]
         return Po2Geometry.from_config(self.cfg, j, lanes_in=lp.lanes_in, lanes_out=lp.lanes_out, lanes_b=lp.lanes_b,
                                        dw_passes=lp.dw_passes, dx_passes=lp.dx_passes)
+
+    def _groups(self, key) -> list[list[int]]:
+        """The layers partitioned by ``key(j)`` (equal keys: one group), in layer order."""
+        out: list[list[int]] = []
+        for j in range(len(self.layers)):
+            for grp in out:
+                if key(grp[0]) == key(j):
+                    grp.append(j)
+                    break
+            else:
+                out.append([j])
+        return out
 
     def _backward_key(self, j: int) -> tuple:
         g = self.po2_geometry(j)
@@ -474,18 +500,25 @@ class Accelerator(wiring.Component):
             done[key] = Signal(name=f"done_{key[0]}{key[1]}")
 
         # ---- per-layer units ---------------------------------------------------------------------------------
-        eng, wm, rng, bnf, bnb, bnp, po2, po2b = {}, {}, {}, {}, {}, {}, {}, {}
+        wm, rng, bnp, po2b = {}, {}, {}, {}
+        self.unit_names = []  # the shared units' submodule names
         for lp in LP:
             j = lp.index
-            eng[j] = sub(f"engine{j}", XnorEngineCore(geometry=lp.geometry))
             lanes = dict(lanes_in=lp.lanes_in, lanes_out=lp.lanes_out, update_lanes=lp.update_lanes)
             wm[j] = sub(f"wmem{j}", WeightMemory.from_config(cfg, j, **lanes))
             rng[j] = sub(f"rng{j}", RngEngine.from_config(cfg, j, **lanes))
-            bnf[j] = sub(f"bn_fwd{j}", BnForwardUnit.from_config(cfg, j, lanes=lp.lanes_out,
-                                                                 div_steps=cfg.hw.div_steps))
-            bnb[j] = sub(f"bn_bwd{j}", BnBackwardUnit.from_config(cfg, j, lanes=lp.lanes_out))
             bnp[j] = sub(f"bn_param{j}", plan.bn_param_unit(j))
-            po2[j] = sub(f"po2_{j}", Po2Unit.from_config(cfg, j, lanes=lp.lanes_out, mul_steps=cfg.hw.mul_steps))
+        fwd_act = {lp.index: act[("fwd", lp.index)] for lp in LP}
+        bwd_act = {lp.index: act[("bwd", lp.index)] for lp in LP}
+        groups = plan.unit_groups
+        eng = self._shared(m, sub, "engine", groups["engine"], fwd_act,
+                           lambda grp: XnorEngineCore(geometry=LP[grp[0]].geometry))
+        bnf = self._shared(m, sub, "bn_fwd", groups["bn"], fwd_act,
+                           lambda grp: BnForwardUnit(layer=plan.bn_envelope(grp), div_steps=cfg.hw.div_steps))
+        bnb = self._shared(m, sub, "bn_bwd", groups["bn"], bwd_act,
+                           lambda grp: BnBackwardUnit(layer=plan.bn_envelope(grp)))
+        po2 = self._shared(m, sub, "po2_", groups["bn"], bwd_act,
+                           lambda grp: Po2Unit(layer=plan.bn_envelope(grp), mul_steps=cfg.hw.mul_steps))
         for grp in plan.backward_groups:  # one po2 backward engine per group of layers
             unit = sub("po2b_" + "_".join(map(str, grp)),
                        Po2Backward(shapes=[plan.po2_geometry(j) for j in grp]))
@@ -813,6 +846,29 @@ class Accelerator(wiring.Component):
         self.debug = {"training": training, "ph": ph, "cycles": cycles, "done": done, "act": act, "wm": wm,
                       "rng": rng, "bnp": bnp, "po2b": po2b, "po2": po2, "bnb": bnb, "bnf": bnf}
         return m
+
+    def _shared(self, m, sub, name, groups, active, make):
+        """One unit per group of layers (``make(group)``). A layer alone talks to its
+        unit directly; the layers of a group each get a facade (an interface of the unit's signature): its
+        inputs reach the unit only while the layer's phase is ``active``, its outputs always follow the unit."""
+        out = {}
+        for grp in groups:
+            unit = sub(name + "_".join(map(str, grp)), make(grp))
+            self.unit_names.append(name + "_".join(map(str, grp)))
+            if len(grp) == 1:
+                out[grp[0]] = unit
+                continue
+            sig = unit.signature
+            for j in grp:
+                facade = sig.create(path=(f"{name}{j}",))
+                for (_, flow, uval), (_, _, fval) in zip(sig.flatten(unit), sig.flatten(facade), strict=True):
+                    if flow == wiring.In:
+                        with m.If(active[j]):
+                            m.d.comb += uval.eq(fval)
+                    else:
+                        m.d.comb += fval.eq(uval)
+                out[j] = facade
+        return out
 
     # ---- host targets -----------------------------------------------------------------------------------------
     def _connect_targets(self, m, plan, seq, targets, tsel, host_on, wm, rng, bnp, mems, ports):

@@ -22,7 +22,7 @@ from rtl_gen.bn_unit import BnLayer
 from rtl_gen.buffers import BeatWriter, MemoryReader, RowReader, RowWriter, TileReader, WordSerializer
 from rtl_gen.controller import SPACE_A, SPACE_BETA, SPACE_E, SPACE_M, SPACE_MU, SPACE_S, BnParamUnit
 from rtl_gen.cycle_model import step_cycles
-from rtl_gen.top import SystemPlan
+from rtl_gen.top import Accelerator, SystemPlan
 from rtl_gen.weight_memory import WeightMemoryGeometry
 from sim.config import apply_overrides, load_config
 from sim.hw import arith as A
@@ -380,22 +380,41 @@ def test_small_mlp_whole_steps_match_the_model():
         assert abs(st["cycles"] - model) <= 0.05 * model, (st["cycles"], model)
 
 
-SHARED_LAYERS = 'model.layers=[{type="dense",units=32},{type="dense",units=32},{type="dense",units=10}]'
+SHARED_LAYERS = ('model.layers=[{type="dense",units=32},{type="dense",units=32},{type="dense",units=32},'
+                 '{type="dense",units=10}]')
+SHARED_LANES = "hw.lanes_out=16"  # the output layer's 10 classes in one beat of 16 lanes (6 padding lanes)
 
 
 def test_layers_with_equal_lanes_share_one_po2_backward_engine():
-    assert SystemPlan(paper_cfg()).backward_groups == [[0, 1, 2, 3], [4]]
+    assert SystemPlan(paper_cfg()).backward_groups == [[0, 1, 2, 3, 4]]
     assert SystemPlan(small_cfg()).backward_groups == [[0], [1]]  # lanes_in 32 and 16
-    assert SystemPlan(small_cfg(SHARED_LAYERS)).backward_groups == [[0, 1, 2]]
+    assert SystemPlan(small_cfg(SHARED_LAYERS)).backward_groups == [[0, 1, 2, 3]]
+
+
+def test_layers_of_equal_geometry_share_engine_bn_and_po2_units():
+    """The XNOR engine, BN forward/backward and po2 units are shared by layers of the same geometry (their
+    phases never overlap); the paper MLP's three 256-256 layers get one set."""
+    for cfg, want in ((paper_cfg(), [[0], [1, 2, 3], [4]]), (small_cfg(), [[0], [1]]),
+                      (small_cfg(SHARED_LAYERS), [[0], [1, 2], [3]])):
+        plan = SystemPlan(cfg)
+        assert plan.unit_groups == {"engine": want, "bn": want}
+    acc = Accelerator(SystemPlan(small_cfg(SHARED_LAYERS)))
+    acc.elaborate(None)
+    names = set(acc.unit_names)
+    assert names == {f"{u}{g}" for u in ("engine", "bn_fwd", "bn_bwd", "po2_") for g in ("0", "1_2", "3")}
+    assert not {"engine1", "engine2", "bn_fwd2", "po2_2"} & names
 
 
 @pytest.mark.rtl
-def test_shared_po2_backward_engine_whole_steps():
-    """784-32-32-10 (B = 4): one po2 backward engine serves all three layers (25, 1 and 1 words; 4, 4 and 2
-    groups); two whole steps bit-exact and within 5 % of the cycle model."""
+def test_shared_units_whole_steps():
+    """784-32-32-32-10 (B = 4, 16 lanes out): one po2 backward engine serves all four layers (25, 1, 1 and 1
+    words; 2, 2, 2 and 1 groups, the output layer's with 6 padding lanes) and layers 1 and 2 share their XNOR
+    engine, BN and po2 units; two whole steps bit-exact and within 5 % of the cycle model."""
     from rtl_gen.generate import run_system
 
-    cfg = small_cfg(SHARED_LAYERS)
+    cfg = small_cfg(SHARED_LAYERS, SHARED_LANES)
+    assert [lp.lanes_out for lp in SystemPlan(cfg).layers] == [16, 16, 16, 16]
+    assert SystemPlan(cfg).backward_groups == [[0, 1, 2, 3]]
     rep = run_system(cfg, mode="train", steps=2)
     _assert_steps(rep, 2)
     model = step_cycles(SystemPlan(cfg)).step
