@@ -90,8 +90,12 @@ def run_system(cfg, *, mode: str = "train", steps: int = 1, data=None, stress: b
     params = {"description": str(desc_path), "config": str(cfg_path), "data": str(data_path) if data_path else None,
               "steps": steps, "mode": mode, "report": str(report_path), "stress": int(stress),
               "verbose": int(verbose)}
-    if timeout_cycles is not None:
-        params["timeout_cycles"] = timeout_cycles
+    if timeout_cycles is None:
+        # a command that takes 20 training steps' worth of cycles is hung: fail in minutes, not hours
+        from .cycle_model import step_cycles
+
+        timeout_cycles = max(200_000, 20 * step_cycles(plan).step)
+    params["timeout_cycles"] = timeout_cycles
     if lr is not None:
         params["lr"] = lr
     build_args = _compile_flags(SIM_OPT)

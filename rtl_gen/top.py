@@ -861,8 +861,8 @@ class Accelerator(wiring.Component):
             sig = unit.signature
             for j in grp:
                 facade = sig.create(path=(f"{name}{j}",))
-                for (_, flow, uval), (_, _, fval) in zip(sig.flatten(unit), sig.flatten(facade), strict=True):
-                    if flow == wiring.In:
+                for (_, member, uval), (_, _, fval) in zip(sig.flatten(unit), sig.flatten(facade), strict=True):
+                    if member.flow == wiring.In:
                         with m.If(active[j]):
                             m.d.comb += uval.eq(fval)
                     else:

@@ -78,12 +78,13 @@ class HwConfig:
         64, lo=1, hi=4096, doc="XNOR / po2 engines: input bits per word (divides or is a multiple of 32)"
     )
     lanes_out: int = opt(16, lo=1, hi=4096, doc="XNOR engine, BN, po2 and dX units: output channels per beat")
-    lanes_b: int = opt(4, lo=1, hi=256, doc="dW engine: samples per beat")
+    # defaults: the fewest LUTs that keep the paper's MLP under 4,000 cycles per image (docs/results.md)
+    lanes_b: int = opt(1, lo=1, hi=256, doc="dW engine: samples per beat (1: the cheapest dW arithmetic)")
     dw_passes: int = opt(
-        1, lo=1, hi=32, doc="dW engine: passes over the batch per weight tile (power of two; fewer accumulators)"
+        4, lo=1, hi=32, doc="dW engine: passes over the batch per weight tile (power of two; fewer accumulators)"
     )
     dx_passes: int = opt(
-        1, lo=1, hi=32, doc="dX engine: passes over the groups per input word (power of two; fewer plane sums)"
+        4, lo=1, hi=32, doc="dX engine: passes over the groups per input word (power of two; fewer adder trees)"
     )
     update_lanes: int = opt(16, lo=1, hi=4096, doc="weight update sweep: weights per cycle (divides lanes_in)")
     div_steps: int = opt(2, lo=1, hi=64, doc="quotient bits per cycle of the per-channel sequential dividers")

@@ -116,7 +116,8 @@ def test_geometry_and_widths_come_from_the_configuration():
     assert (g0.x_max, g0.dx_width, g0.dw_width) == (128, 0, 29) and g0.dw_width == signed_bits(bounds[0].dW)
     assert (g1.x_max, g1.dx_width, g1.dw_width) == (1, 24, 22)
     assert (g1.planes, g1.span, g1.batch, g1.beats_per_tile) == (15, 14, 100, 25)
-    assert g1.dx_cycles(100) == 100 * 8 * 32 + DX_LATENCY and g1.dw_cycles() == 256 * 26 + DW_LATENCY
+    assert (g1.dw_passes, g1.dx_passes) == (4, 4)  # the defaults
+    assert g1.dx_cycles(100) == 100 * 8 * 32 * 4 + DX_LATENCY and g1.dw_cycles() == 256 * 26 * 4 + DW_LATENCY
     with pytest.raises(ValueError, match=re.escape("x_max must be 1 (binary input) or 128 (int8 input), not 3")):
         Po2Geometry(bank=g1.bank, batch=4, dy_bits=5, x_max=3, lanes_b=1, dx_width=8, dw_width=8)
     with pytest.raises(ValueError, match=re.escape("lanes_b must be an integer in 1..4096, not 0")):

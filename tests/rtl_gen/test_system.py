@@ -57,7 +57,7 @@ def test_plan_of_the_paper_mlp():
     plan = SystemPlan(paper_cfg())
     assert [(lp.n_in, lp.n_out) for lp in plan.layers] == [(784, 256), (256, 256), (256, 256), (256, 256), (256, 10)]
     assert [lp.lanes_in for lp in plan.layers] == [64] * 5
-    assert [lp.lanes_out for lp in plan.layers] == [16, 16, 16, 16, 10]
+    assert [lp.lanes_out for lp in plan.layers] == [16] * 5  # the output layer too: 6 padding lanes
     assert plan.phases()[:5] == [("fwd", j) for j in range(5)]
     assert plan.phases()[5:8] == [("bwd", 4), ("dx", 4), ("upd", 4)] and plan.phases()[-2:] == [("bwd", 0), ("upd", 0)]
     desc = plan.description()
