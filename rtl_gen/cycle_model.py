@@ -63,7 +63,7 @@ def forward_cycles(plan, j: int) -> int:
     cfg = plan.cfg
     B, G, M = plan.batch, lp.groups, lp.n_out
     engine = lp.geometry.cycles(B)
-    bn = _probe(BnForwardUnit.from_config(cfg, j, lanes=lp.lanes_out, div_steps=cfg.hw.div_steps)).cycles()
+    bn = _probe(BnForwardUnit(layer=plan.bn_unit_layer(j), div_steps=cfg.hw.div_steps)).cycles()
     from .controller import bn_param_cycles
 
     run_per_ch = bn_param_cycles(plan.bn_layer(j), cfg.hw, cfg.hw.div_steps)["running"]
@@ -91,10 +91,9 @@ def backward_cycles(plan, j: int) -> int:
     from .bn_unit import BnBackwardUnit
     from .po2_unit import Po2Unit
 
-    lp = plan.layers[j]
     cfg = plan.cfg
-    bnb = _probe(BnBackwardUnit.from_config(cfg, j, lanes=lp.lanes_out)).cycles()
-    po2 = _probe(Po2Unit.from_config(cfg, j, lanes=lp.lanes_out, mul_steps=cfg.hw.mul_steps)).cycles()
+    bnb = _probe(BnBackwardUnit(layer=plan.bn_unit_layer(j))).cycles()
+    po2 = _probe(Po2Unit(layer=plan.bn_unit_layer(j), mul_steps=cfg.hw.mul_steps)).cycles()
     first = max(bnb["pass1"] + bnb["epi"], po2["pro"])
     return first + max(bnb["pass2"], po2["pass1"]) + po2["bias"] + po2["pass2"] + 4 + PHASE_OVERHEAD
 

@@ -101,7 +101,8 @@ def run_system(cfg, *, mode: str = "train", steps: int = 1, data=None, stress: b
     build_args = _compile_flags(SIM_OPT)
     try:
         run_cocotb(verilog=verilog, toplevel=plan.name, test_module="system_tb", name=f"system-{digest}",
-                   extra_env={"XNT_TB_PARAMS": json.dumps(params)}, waves=waves, build_args=build_args)
+                   extra_env={"XNT_TB_PARAMS": json.dumps(params)}, waves=waves, build_args=build_args,
+                   internals=verbose)  # verbose logs phases from internal signals
     except CocotbFailure as e:
         e.report = json.loads(report_path.read_text()) if report_path.is_file() else None
         raise

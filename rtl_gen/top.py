@@ -224,17 +224,25 @@ class SystemPlan:
         return BnLayer.from_config(self.cfg, j, lanes=self.layers[j].lanes_out)
 
     def _bn_key(self, j: int) -> tuple:
+        # fan-in and x_max only bound |y|, and so widths and the threshold clamp (exact for any bound >= |y|):
+        # layers that differ only there share one unit built for the largest
         b = self.bn_layer(j)
-        return (b.fan_in, b.channels, b.batch, b.x_max, b.top, b.lanes)
+        return (b.channels, b.batch, b.top, b.lanes)
 
     def bn_envelope(self, grp: list[int]) -> BnLayer:
-        """The BN geometry of a shared BN / po2 unit: the group's layers agree on shape, batch and lanes and
-        differ only in the backward bounds (the gradient reaching the last hidden layer comes from the narrow
-        output layer); the unit takes the largest of each bound, so every layer's values fit its registers."""
+        """The BN geometry of a shared BN / po2 unit: the group's layers agree on channels, batch and lanes and
+        differ only in fan-in (the first layer's 784 inputs against 256) and in the backward bounds (the
+        gradient reaching the last hidden layer comes from the narrow output layer); the unit takes the largest
+        of each bound, so every layer's values fit its registers. The one place a bound is used as a value,
+        the threshold clamp to ``[-(y+1), y+1]``, gives the same signs and masks for any bound >= |y|."""
         layers = [self.bn_layer(j) for j in grp]
         bounds = [asdict(b.bounds) for b in layers]
         merged = {k: bounds[0][k] if k == "layer" else max(d[k] for d in bounds) for k in bounds[0]}
         return replace(layers[0], bounds=LayerBounds(**merged))
+
+    def bn_unit_layer(self, j: int) -> BnLayer:
+        """The geometry of the BN forward/backward and po2 units that serve layer ``j`` (its group's envelope)."""
+        return self.bn_envelope(next(grp for grp in self.unit_groups["bn"] if j in grp))
 
     def bn_param_unit(self, j: int) -> BnParamUnit:
         return BnParamUnit(layer=self.bn_layer(j), hw=self.cfg.hw, div_steps=self.cfg.hw.div_steps)
@@ -992,7 +1000,7 @@ class Accelerator(wiring.Component):
             m.d.sync += rg.eq(Mux(rg == G - 1, 0, rg + 1))
         m.d.comb += groups_last.eq(rg == G - 1)
         for lane in range(lo):
-            m.d.comb += bn.y_replay.payload.y[lane].eq(rr.o.payload.data[lane * yw:(lane + 1) * yw])
+            m.d.comb += bn.y_replay.payload.y[lane].eq(rr.o.payload.data[lane * yw:(lane + 1) * yw].as_signed())
         m.d.comb += [bn.y_replay.payload.last.eq(groups_last), bn.y_replay.valid.eq(a & to_bn & rr.o.valid)]
         if not lp.top:
             m.d.comb += rr.o.ready.eq(a & bn.y_replay.ready)
@@ -1039,7 +1047,7 @@ class Accelerator(wiring.Component):
         B, G, lo = plan.batch, lp.groups, lp.lanes_out
         yw = lp.widths["y"]
         for lane in range(lo):
-            m.d.comb += logit.y.payload.y[lane].eq(rr.o.payload.data[lane * yw:(lane + 1) * yw])
+            m.d.comb += logit.y.payload.y[lane].eq(rr.o.payload.data[lane * yw:(lane + 1) * yw].as_signed())
         m.d.comb += [
             logit.y.payload.last.eq(rg == G - 1),
             logit.y.valid.eq(a & ~to_bn & rr.o.valid),

@@ -242,6 +242,8 @@ async def compare_state(tb: TB, step: int, trace=None, result=None) -> dict | No
     got = await tb.drv.state_dict()
     want = tb.model.state_dict()
     mm = first_mismatch(got, want)
+    if mm is not None:  # every differing quantity, to tell one wrong unit from a wrong layer
+        mm["all"] = [k for k in sorted(want) if first_mismatch(got, want, [k]) is not None]
     if mm is None and trace is not None:
         if result.correct != trace.correct:
             mm = {"quantity": "correct", "layer": None, "index": [], "expected": trace.correct, "got": result.correct}

@@ -6,7 +6,7 @@ Fast tests: the plan and its host layouts against the units' own packing helpers
 the BN parameter unit and the buffer blocks in Amaranth's simulator against sim.hw, the cycle model.
 ``rtl``: whole training steps of a small MLP on real MNIST batches in Verilator through the host driver,
 compared with sim.hw.model.HwModel after every step; the command/error checks; checkpoint and restore.
-``rtl_slow``: the paper's MLP (784-256-256-256-256-10, B=100) for three steps.
+``paper`` (make test-paper, run by CI): the paper's MLP (784-256-256-256-256-10, B=100) for three steps.
 """
 
 from __future__ import annotations
@@ -392,24 +392,32 @@ def test_layers_with_equal_lanes_share_one_po2_backward_engine():
 
 
 def test_layers_of_equal_geometry_share_engine_bn_and_po2_units():
-    """The XNOR engine, BN forward/backward and po2 units are shared by layers of the same geometry (their
-    phases never overlap); the paper MLP's three 256-256 layers get one set."""
-    for cfg, want in ((paper_cfg(), [[0], [1, 2, 3], [4]]), (small_cfg(), [[0], [1]]),
-                      (small_cfg(SHARED_LAYERS), [[0], [1, 2], [3]])):
+    """The XNOR engine is shared by layers of the same geometry, the BN forward/backward and po2 units by
+    layers of the same channels, batch and lanes (fan-in only bounds |y|): the paper MLP's three 256-256
+    layers get one engine, its four hidden layers one BN/po2 set (their phases never overlap)."""
+    for cfg, engine, bn in ((paper_cfg(), [[0], [1, 2, 3], [4]], [[0, 1, 2, 3], [4]]),
+                            (small_cfg(), [[0], [1]], [[0], [1]]),
+                            (small_cfg(SHARED_LAYERS), [[0], [1, 2], [3]], [[0, 1, 2], [3]])):
         plan = SystemPlan(cfg)
-        assert plan.unit_groups == {"engine": want, "bn": want}
+        assert plan.unit_groups == {"engine": engine, "bn": bn}
+    plan = SystemPlan(paper_cfg())
+    env = plan.bn_unit_layer(2)
+    assert env.fan_in == 784 and env.y_bound == 784  # built for layer 0's |y| <= 784
+    assert plan.bn_unit_layer(0) == env and plan.bn_unit_layer(4) == plan.bn_layer(4)
     acc = Accelerator(SystemPlan(small_cfg(SHARED_LAYERS)))
     acc.elaborate(None)
     names = set(acc.unit_names)
-    assert names == {f"{u}{g}" for u in ("engine", "bn_fwd", "bn_bwd", "po2_") for g in ("0", "1_2", "3")}
-    assert not {"engine1", "engine2", "bn_fwd2", "po2_2"} & names
+    assert names == ({f"engine{g}" for g in ("0", "1_2", "3")}
+                     | {f"{u}{g}" for u in ("bn_fwd", "bn_bwd", "po2_") for g in ("0_1_2", "3")})
+    assert not {"engine1", "engine2", "bn_fwd0", "bn_fwd2", "po2_2"} & names
 
 
 @pytest.mark.rtl
 def test_shared_units_whole_steps():
     """784-32-32-32-10 (B = 4, 16 lanes out): one po2 backward engine serves all four layers (25, 1, 1 and 1
-    words; 2, 2, 2 and 1 groups, the output layer's with 6 padding lanes) and layers 1 and 2 share their XNOR
-    engine, BN and po2 units; two whole steps bit-exact and within 5 % of the cycle model."""
+    words; 2, 2, 2 and 1 groups, the output layer's with 6 padding lanes), layers 1 and 2 share their XNOR
+    engine and layers 0 .. 2 their BN and po2 units (fan-in 784 and 32); two whole steps bit-exact and within
+    5 % of the cycle model."""
     from rtl_gen.generate import run_system
 
     cfg = small_cfg(SHARED_LAYERS, SHARED_LANES)
@@ -440,10 +448,20 @@ def test_small_mlp_restore_gives_identical_results():
     _assert_steps(rep, 4)
 
 
-@pytest.mark.rtl_slow
+@pytest.mark.paper
 def test_paper_mlp_three_steps():
+    """What CI runs for the paper's MLP (784-256-256-256-256-10, B = 100, configs/mlp_mnist.toml with
+    binarised input): ``xnortrain verify`` for 3 steps; every read-back quantity equals the bit-exact model
+    after every step, and the measured cycles are within 5 % of the cycle model."""
+    import time
+
     from rtl_gen.generate import verify
 
+    t0 = time.time()
     res = verify(paper_cfg(), 3)
     assert res.ok, res.message
-    print(json.dumps(res.steps))
+    assert len(res.cycles) == 3
+    for c in res.cycles:
+        assert abs(c - res.model_cycles) <= 0.05 * res.model_cycles, (c, res.model_cycles)
+    print(json.dumps({"cycles": res.cycles, "model_cycles": res.model_cycles, "wall_s": round(time.time() - t0),
+                      "steps": res.steps}))

@@ -98,6 +98,21 @@ def test_smoke_verilator():
 
 
 @pytest.mark.rtl
+def test_ports_only_verilator_build():
+    """``internals=False`` builds without ``--public-flat-rw`` (the accelerator simulates faster): a separate
+    build folder whose Verilator command marks only the top module public, and the testbench, which drives
+    top-level ports only, still passes."""
+    run = _smoke("verilator", internals=False)
+    assert run.tests == 4
+    assert run.build_dir != _smoke("verilator", test_filter=r"test_random_beats/stress=0$").build_dir
+    vlt = (run.build_dir / "top_public.vlt").read_text()
+    assert 'public_flat_rw -module "smoke" -var "*"' in vlt
+    command = next(line for line in (run.build_dir / "Vtop__verFiles.dat").read_text().splitlines()
+                   if line.startswith("C "))  # the Verilator command line, as Verilator recorded it
+    assert "top_public.vlt" in command and "--public-flat-rw" not in command
+
+
+@pytest.mark.rtl
 def test_smoke_verilator_reports_wrong_results():
     # cocotb's runner.test() does not raise on failing tests; run_cocotb must.
     with pytest.raises(CocotbFailure, match="4 of 4 cocotb tests failed"):
