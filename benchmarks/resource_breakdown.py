@@ -47,16 +47,31 @@ def children(verilog: str, top: str) -> list[str]:
     return sorted({n for n in names if n.startswith(top + ".") and "." not in n[len(top) + 1:]})
 
 
-def synth(folder: Path, top: str, blackboxes: list[str]) -> tuple[dict, float]:
-    """Resources of module ``top`` of ``folder/design.v`` (flattened), ``blackboxes`` left as cells."""
+def modules(verilog: str) -> dict[str, str]:
+    """The text of every module, by name (Amaranth writes ``module \\name(...)`` ... ``endmodule``)."""
+    out = {}
+    for block in re.findall(r"^module .*?^endmodule\n", verilog, re.M | re.S):
+        name = re.match(r"module \\?([^\s(]+)", block).group(1)
+        out[name] = block
+    return out
+
+
+def synth(folder: Path, top: str, blackboxes: list[str], texts: dict[str, str]) -> tuple[dict, float]:
+    """Resources of module ``top`` (flattened with its descendants), ``blackboxes`` left as cells. Only the
+    module and its descendants are read (Yosys takes minutes to parse the whole design)."""
     key = hashlib.sha256(json.dumps([top, blackboxes]).encode()).hexdigest()[:12]
     out = folder / f"{key}.json"
     if out.is_file():
         d = json.loads(out.read_text())
         return d["res"], d["s"]
+    part = [t for n, t in texts.items() if n == top or (n.startswith(top + ".") and not blackboxes)]
+    if blackboxes:
+        part += [texts[b] for b in blackboxes]
+    (folder / f"{key}.v").write_text("".join(part))
     esc = (lambda n: "\\" + n) if "." in top else (lambda n: n)
-    script = ["read_verilog design.v", f"hierarchy -top {esc(top)}"]
-    script += [f"blackbox \\{b}" for b in blackboxes]
+    script = [f"read_verilog {key}.v"]
+    script += [f"blackbox \\{b}" for b in blackboxes]  # before hierarchy: their own submodules are not read
+    script += [f"hierarchy -top {esc(top)}"]
     script += [f"synth_xilinx -family xc7 -top {esc(top)} -flatten -noiopad -noclkbuf",
                f"tee -q -o {key}.stat stat -json"]
     (folder / f"{key}.ys").write_text("\n".join(script) + "\n")
@@ -87,6 +102,7 @@ def main(argv=None) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "design.v").write_text(verilog)
     top = plan.name
+    texts = modules(verilog)
     subs = children(verilog, top)
     picked = [s for s in subs if not args.only or any(s[len(top) + 1:].startswith(p) for p in args.only)]
     rows = []
@@ -94,7 +110,7 @@ def main(argv=None) -> int:
     if not args.only:
         jobs.append(("(top level logic)", top, subs))
     for name, module, boxes in jobs:
-        res, s = synth(folder, module, boxes)
+        res, s = synth(folder, module, boxes, texts)
         row = {"name": name, **{k: res.get(k, 0) for k in KEYS}, "seconds": s}
         rows.append(row)
         print(json.dumps(row), flush=True)
