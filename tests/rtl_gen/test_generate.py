@@ -9,6 +9,7 @@ first differing element. ``rtl``: ``xnortrain verify`` on a small MLP exits 0 af
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -107,3 +108,20 @@ def test_generate_with_synthesis_reports_resources_and_fit(tmp_path):
     assert "xc7z020" in text and (("DOES NOT FIT" in text) == bool(over))
     for name in over:
         assert f"{name}: needs" in text
+
+
+@pytest.mark.synth
+def test_generate_by_unit_adds_up_the_submodules(tmp_path, capsys):
+    """``xnortrain generate --synth-by-unit``: every direct submodule synthesised on its own plus the top
+    level's own logic (black boxes for the submodules), one progress line per part, and the report's totals
+    are the parts' sum (measured on this small MLP: 44,393 LUT, 531 s cold; cached parts make reruns fast)."""
+    out = tmp_path / "acc"
+    code = main(["generate", "--model", "mlp", *_set_args(), "--out", str(out), "--synth-by-unit"])
+    text = capsys.readouterr().out
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["synth"]["by_unit"] is True
+    assert code == (0 if rep["fits"] else 1)
+    parts = [line for line in text.splitlines() if re.match(r"\s+\[\d+/\d+\] ", line)]
+    assert len(parts) > 20 and "(top level)" in parts[-1]
+    luts = [int(re.search(r": ([\d,]+) LUT", line).group(1).replace(",", "")) for line in parts]
+    assert rep["resources"]["LUT"] == sum(luts)
