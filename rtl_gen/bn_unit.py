@@ -40,7 +40,7 @@ unit is ready): :meth:`BnForwardUnit.cycles`, :meth:`BnBackwardUnit.cycles`.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 
 from amaranth import Const, Module, Mux, Signal, signed, unsigned
@@ -62,6 +62,7 @@ __all__ = [
     "Phase",
     "backward_cycles",
     "forward_cycles",
+    "merge_bounds",
     "mul_const",
 ]
 
@@ -247,6 +248,20 @@ class BnLayer:
     @property
     def p1_layout(self) -> data.StructLayout:
         return data.StructLayout({"p1": signed(self.widths["P"]), "last": 1})
+
+
+def merge_bounds(layers, *, channels: int | None = None) -> BnLayer:
+    """One :class:`BnLayer` whose every bound is the largest of ``layers``' (same batch and params), for a unit
+    shared by those layers: its registers hold any of their values. ``channels`` (default: the largest)
+    replaces ``fan_out``; ``top`` and ``lanes`` come from the first layer."""
+    layers = list(layers)
+    if not layers:
+        raise ValueError("merge_bounds needs at least one layer")
+    bounds = [asdict(b.bounds) for b in layers]
+    merged = {k: bounds[0][k] if k == "layer" else max(d[k] for d in bounds) for k in bounds[0]}
+    if channels is not None:
+        merged["fan_out"] = channels
+    return replace(layers[0], bounds=LayerBounds(**merged))
 
 
 class Phase:

@@ -179,11 +179,15 @@ def bn_param_cycles(layer, hw, div_steps: int) -> dict:
 
 
 class BnParamUnit(wiring.Component):
-    """The BN parameters of one layer and their per-step updates, bit-exact to
+    """The BN parameters of one or several layers and their per-step updates, bit-exact to
     :func:`sim.hw.arith.running_update` and :func:`sim.hw.optim.beta_update`.
 
     Storage (one entry per channel): ``beta`` (Q.Fb), the beta EMAs ``m`` and ``a`` (block floating point
     with the layer exponent ``e``), the running mean ``mu`` and scale ``s`` (Q.Fr), and this step's ``P1``.
+    With ``layers`` (several :class:`rtl_gen.bn_unit.BnLayer` of one batch size) the layers' channels follow
+    each other in every memory, each layer keeps its own ``e``, and the ``layer`` input selects the layer for
+    everything (streams, update, host access; hold it while a layer's work runs). Widths and the divider
+    are built for the largest bound of all layers (:func:`rtl_gen.bn_unit.merge_bounds`).
 
     Ports:
         stats: ``In(stream {sum_y, S})`` per channel from the BN forward unit: running update, one channel
@@ -195,14 +199,22 @@ class BnParamUnit(wiring.Component):
             statistics in flight are done; ``busy`` until it is done.
         host / host_rdata: host access (:func:`rtl_gen.buffers.host_request_layout`), ``space`` 0 beta,
             1 m, 2 a, 3 mu, 4 s, 5 e (one value), ``outer`` = channel.
+        layer: ``In(range(len(layers)))`` (only with several layers) the layer all of the above refer to.
     """
 
-    def __init__(self, *, layer, hw, div_steps: int = 2):
-        from .bn_unit import BnLayer
+    def __init__(self, *, layer=None, layers=None, hw, div_steps: int = 2):
+        from .bn_unit import BnLayer, merge_bounds
 
-        if not isinstance(layer, BnLayer):
-            raise TypeError(f"layer must be a BnLayer, not {layer!r}")
-        self._layer = layer
+        if (layer is None) == (layers is None):
+            raise TypeError("give exactly one of layer (one BnLayer) and layers (a list of them)")
+        layers = list(layers) if layers is not None else [layer]
+        for lay in layers:
+            if not isinstance(lay, BnLayer):
+                raise TypeError(f"layer must be a BnLayer, not {lay!r}")
+        if len({(lay.batch, lay.params) for lay in layers}) != 1:
+            raise ValueError("the layers of one BnParamUnit must share the batch size and arithmetic parameters")
+        self._channels = [lay.channels for lay in layers]
+        self._layer = layer = merge_bounds(layers)
         self._p = p = layer.params
         self._sm, self._sa, self._bits = hw.beta_momentum_shift, hw.beta_scale_shift, hw.beta_state_bits
         self._rshift = p.running_shift
@@ -220,7 +232,9 @@ class BnParamUnit(wiring.Component):
         M = layer.channels
         from .buffers import host_request_layout
 
+        ports = {"layer": In(range(len(layers)))} if len(layers) > 1 else {}
         super().__init__({
+            **ports,
             "stats": In(stream.Signature(data.StructLayout({"sum_y": signed(w["sum_y"]),
                                                             "S": unsigned(layer.s_width)}))),
             "p1": In(stream.Signature(signed(self.p_width))),
@@ -234,18 +248,44 @@ class BnParamUnit(wiring.Component):
             "host_rdata": Out(stream.Signature(self.host_width)),
         })
 
-    def cycles(self) -> dict:
-        """See :func:`bn_param_cycles`."""
-        return bn_param_cycles(self._layer, _HwView(self._sm, self._sa, self._bits), self._div_steps)
+    @property
+    def channels(self) -> list[int]:
+        """Channels of each layer, in ``layer`` order."""
+        return list(self._channels)
+
+    def cycles(self, layer: int = 0) -> dict:
+        """See :func:`bn_param_cycles` (for layer ``layer``)."""
+        from dataclasses import replace
+
+        lay = replace(self._layer, bounds=replace(self._layer.bounds, fan_out=self._channels[layer]))
+        return bn_param_cycles(lay, _HwView(self._sm, self._sa, self._bits), self._div_steps)
 
     def elaborate(self, platform):
         from .divider import Divider
 
         lay, p = self._layer, self._p
-        M, B = lay.channels, lay.batch
+        B = lay.batch
+        chans = self._channels
+        n_layers, total = len(chans), sum(chans)
         fr, fb = p.running_frac, p.beta_frac
         sm, sa, bits = self._sm, self._sa, self._bits
         m = Module()
+        # the selected layer: its first entry in the memories (base), channels (M) and exponent (e_reg)
+        sel = self.layer if n_layers > 1 else Const(0, 1)
+        Mmax = max(chans)
+        M = Signal(range(Mmax + 1))
+        base = Signal(range(max(total, 2)))
+        e_regs = [Signal(signed(E_WIDTH), name=f"e{i}") for i in range(n_layers)]
+        e_reg = Signal(signed(E_WIDTH))
+        e_new = Signal(signed(E_WIDTH))  # the exponent after this update (set in "exponent")
+        e_in = Signal(signed(E_WIDTH))
+        e_load = Signal()
+        with m.Switch(sel):
+            for i, c in enumerate(chans):
+                with m.Case(i):
+                    m.d.comb += [M.eq(c), base.eq(sum(chans[:i])), e_reg.eq(e_regs[i])]
+                    with m.If(e_load):
+                        m.d.sync += e_regs[i].eq(e_in)
         wn, wd, wq = self._div
         m.submodules.div = div = Divider(dividend_width=wn, divisor_width=wd, quotient_width=wq,
                                          steps=min(self._div_steps, wq))
@@ -253,10 +293,9 @@ class BnParamUnit(wiring.Component):
         for name, shape in (("beta", signed(self.beta_width)), ("m", signed(self.m_width)),
                             ("a", unsigned(self.a_width)), ("mu", signed(self.run_width)),
                             ("s", signed(self.run_width)), ("p1", signed(self.p_width))):
-            init = [1 << fr] * M if name == "s" else []
-            mem = m.submodules[f"{name}_mem"] = Memory(shape=shape, depth=M, init=init)
+            init = [1 << fr] * total if name == "s" else []
+            mem = m.submodules[f"{name}_mem"] = Memory(shape=shape, depth=max(total, 2), init=init)
             mems[name] = (mem.read_port(), mem.write_port())
-        e_reg = Signal(signed(E_WIDTH))
         rd = {k: v[0] for k, v in mems.items()}
         wr = {k: v[1] for k, v in mems.items()}
 
@@ -265,6 +304,7 @@ class BnParamUnit(wiring.Component):
         busy = Signal()
         host_pending = Signal()
         host_space = Signal(3)
+        host_e = Signal(signed(E_WIDTH))
         resp_full = Signal()
         resp_data = Signal(self.host_width)
         m.d.comb += [
@@ -278,7 +318,7 @@ class BnParamUnit(wiring.Component):
         m.d.comb += [host_rd.eq(host_go & ~h.write), host_wr.eq(host_go & h.write)]
         spaces = {"beta": SPACE_BETA, "m": SPACE_M, "a": SPACE_A, "mu": SPACE_MU, "s": SPACE_S}
         with m.If(host_rd):
-            m.d.sync += [host_pending.eq(1), host_space.eq(h.space)]
+            m.d.sync += [host_pending.eq(1), host_space.eq(h.space), host_e.eq(e_reg)]
         with m.If(host_pending):
             m.d.sync += [host_pending.eq(0), resp_full.eq(1)]
             with m.Switch(host_space):
@@ -286,25 +326,25 @@ class BnParamUnit(wiring.Component):
                     with m.Case(sp):
                         m.d.sync += resp_data.eq(rd[name].data)
                 with m.Case(SPACE_E):
-                    m.d.sync += resp_data.eq(e_reg.as_unsigned())
+                    m.d.sync += resp_data.eq(host_e.as_unsigned())
         with m.If(self.host_rdata.valid & self.host_rdata.ready):
             m.d.sync += resp_full.eq(0)
         with m.If(host_wr & (h.space == SPACE_E)):
-            m.d.sync += e_reg.eq(h.data[:E_WIDTH])
+            m.d.comb += [e_in.eq(h.data[:E_WIDTH]), e_load.eq(1)]
 
         # default port drive: the host
         for name, sp in spaces.items():
             m.d.comb += [
-                rd[name].addr.eq(h.outer),
+                rd[name].addr.eq(base + h.outer),
                 rd[name].en.eq(host_rd & (h.space == sp)),
-                wr[name].addr.eq(h.outer),
+                wr[name].addr.eq(base + h.outer),
                 wr[name].data.eq(h.data),
                 wr[name].en.eq(host_wr & (h.space == sp)),
             ]
 
         # ---- beta stream for the forward unit -----------------------------------------------------------------
-        b_left = Signal(range(M + 1))
-        b_addr = Signal(range(M))
+        b_left = Signal(range(Mmax + 1))
+        b_addr = Signal(range(Mmax))
         b_inflight = Signal()
         b_full = Signal()
         b_data = Signal(signed(self.beta_width))
@@ -315,7 +355,7 @@ class BnParamUnit(wiring.Component):
             self.beta.payload.eq(b_data),
         ]
         with m.If(b_issue):
-            m.d.comb += [rd["beta"].addr.eq(b_addr), rd["beta"].en.eq(1)]
+            m.d.comb += [rd["beta"].addr.eq(base + b_addr), rd["beta"].en.eq(1)]
             m.d.sync += [b_addr.eq(b_addr + 1), b_left.eq(b_left - 1), b_inflight.eq(1)]
         with m.If(b_inflight):
             m.d.sync += [b_inflight.eq(0), b_full.eq(1), b_data.eq(rd["beta"].data)]
@@ -325,14 +365,14 @@ class BnParamUnit(wiring.Component):
             m.d.sync += [b_left.eq(M), b_addr.eq(0)]
 
         # ---- P1 capture ----------------------------------------------------------------------------------------
-        p1_addr = Signal(range(M))
+        p1_addr = Signal(range(Mmax))
         m.d.comb += self.p1.ready.eq(1)
         with m.If(self.p1.valid):
-            m.d.comb += [wr["p1"].addr.eq(p1_addr), wr["p1"].data.eq(self.p1.payload), wr["p1"].en.eq(1)]
+            m.d.comb += [wr["p1"].addr.eq(base + p1_addr), wr["p1"].data.eq(self.p1.payload), wr["p1"].en.eq(1)]
             m.d.sync += p1_addr.eq(Mux(p1_addr == M - 1, 0, p1_addr + 1))
 
         # ---- running statistics -----------------------------------------------------------------------------
-        ch = Signal(range(M))
+        ch = Signal(range(Mmax))
         sum_y = Signal(signed(len(self.stats.payload.sum_y)))
         s_val = Signal(unsigned(len(self.stats.payload.S)))
         neg = Signal()
@@ -346,11 +386,10 @@ class BnParamUnit(wiring.Component):
         lr_sh = Signal(6)
         gmax = Signal(self.p_width)
         amax = Signal(self.a_width)
-        e_new = Signal(signed(E_WIDTH))
         dm = Signal(signed(E_WIDTH + 1))
         dg = Signal(signed(E_WIDTH + 1))
-        c_issue = Signal(range(M + 1))
-        c_seen = Signal(range(M + 1))
+        c_issue = Signal(range(Mmax + 1))
+        c_seen = Signal(range(Mmax + 1))
         rd_valid = Signal()
 
         mv = Signal(signed(self.m_width))
@@ -371,7 +410,8 @@ class BnParamUnit(wiring.Component):
             with m.State("idle"):
                 with m.If(self.stats.valid):
                     m.d.sync += [sum_y.eq(self.stats.payload.sum_y), s_val.eq(self.stats.payload.S)]
-                    m.d.comb += [rd["mu"].addr.eq(ch), rd["mu"].en.eq(1), rd["s"].addr.eq(ch), rd["s"].en.eq(1)]
+                    m.d.comb += [rd["mu"].addr.eq(base + ch), rd["mu"].en.eq(1),
+                                 rd["s"].addr.eq(base + ch), rd["s"].en.eq(1)]
                     m.next = "run_mu"
                 with m.Elif(pending):
                     m.d.sync += [pending.eq(0), gmax.eq(0), amax.eq(0), c_issue.eq(0), c_seen.eq(0), rd_valid.eq(0)]
@@ -405,8 +445,8 @@ class BnParamUnit(wiring.Component):
                     m.d.comb += [
                         mu_new.eq(mu_old + ((mu_b - mu_old + half) >> sh)),
                         s_new.eq(s_old + ((resp.quotient - s_old + half) >> sh)),
-                        wr["mu"].addr.eq(ch), wr["mu"].data.eq(mu_new), wr["mu"].en.eq(1),
-                        wr["s"].addr.eq(ch), wr["s"].data.eq(s_new), wr["s"].en.eq(1),
+                        wr["mu"].addr.eq(base + ch), wr["mu"].data.eq(mu_new), wr["mu"].en.eq(1),
+                        wr["s"].addr.eq(base + ch), wr["s"].data.eq(s_new), wr["s"].en.eq(1),
                         self.stats.ready.eq(1),
                     ]
                     m.d.sync += ch.eq(Mux(ch == M - 1, 0, ch + 1))
@@ -414,8 +454,8 @@ class BnParamUnit(wiring.Component):
             # beta update pass 0: maxima of |P1| and a
             with m.State("max"):
                 with m.If(c_issue != M):
-                    m.d.comb += [rd["a"].addr.eq(c_issue), rd["a"].en.eq(1),
-                                 rd["p1"].addr.eq(c_issue), rd["p1"].en.eq(1)]
+                    m.d.comb += [rd["a"].addr.eq(base + c_issue), rd["a"].en.eq(1),
+                                 rd["p1"].addr.eq(base + c_issue), rd["p1"].en.eq(1)]
                     m.d.sync += c_issue.eq(c_issue + 1)
                 m.d.sync += rd_valid.eq(c_issue != M)
                 with m.If(rd_valid):
@@ -447,7 +487,7 @@ class BnParamUnit(wiring.Component):
                     m.next = "read"
             with m.State("read"):
                 for name in ("m", "a", "beta", "p1"):
-                    m.d.comb += [rd[name].addr.eq(ch), rd[name].en.eq(1)]
+                    m.d.comb += [rd[name].addr.eq(base + ch), rd[name].en.eq(1)]
                 m.next = "align"
             with m.State("align"):
                 am = _align(m, rd["m"].data, dm, self.m_width, "al_m")
@@ -506,12 +546,13 @@ class BnParamUnit(wiring.Component):
                 m.d.comb += diff.eq(rd["beta"].data - delta)
                 m.d.comb += beta_new.eq(Mux(diff < p.beta_lo, p.beta_lo, Mux(diff > p.beta_hi, p.beta_hi, diff)))
                 m.d.comb += [
-                    wr["m"].addr.eq(ch), wr["m"].data.eq(m2), wr["m"].en.eq(1),
-                    wr["a"].addr.eq(ch), wr["a"].data.eq(a2), wr["a"].en.eq(1),
-                    wr["beta"].addr.eq(ch), wr["beta"].data.eq(beta_new), wr["beta"].en.eq(1),
+                    wr["m"].addr.eq(base + ch), wr["m"].data.eq(m2), wr["m"].en.eq(1),
+                    wr["a"].addr.eq(base + ch), wr["a"].data.eq(a2), wr["a"].en.eq(1),
+                    wr["beta"].addr.eq(base + ch), wr["beta"].data.eq(beta_new), wr["beta"].en.eq(1),
                 ]
                 with m.If(ch == M - 1):
-                    m.d.sync += [e_reg.eq(e_new), ch.eq(0)]
+                    m.d.comb += [e_in.eq(e_new), e_load.eq(1)]
+                    m.d.sync += ch.eq(0)
                     m.next = "idle"
                 with m.Else():
                     m.d.sync += ch.eq(ch + 1)

@@ -66,7 +66,7 @@ def forward_cycles(plan, j: int) -> int:
     bn = _probe(BnForwardUnit(layer=plan.bn_unit_layer(j), div_steps=cfg.hw.div_steps)).cycles()
     from .controller import bn_param_cycles
 
-    run_per_ch = bn_param_cycles(plan.bn_layer(j), cfg.hw, cfg.hw.div_steps)["running"]
+    run_per_ch = bn_param_cycles(plan.bn_param_layer(j), cfg.hw, cfg.hw.div_steps)["running"]
     epi3_per_ch = (bn["epi3"] - G) / M
     stats_per_ch = max(epi3_per_ch, run_per_ch)
     if not lp.top:
@@ -121,7 +121,7 @@ def update_cycles(plan, j: int) -> int:
     tiles = int(g.depth * per_row) + per_tile + 4
     from .controller import bn_param_cycles
 
-    beta = bn_param_cycles(plan.bn_layer(j), plan.cfg.hw, plan.cfg.hw.div_steps)["update"]
+    beta = bn_param_cycles(plan.bn_param_layer(j), plan.cfg.hw, plan.cfg.hw.div_steps)["update"]
     return max(tiles, beta) + 2 + PHASE_OVERHEAD
 
 

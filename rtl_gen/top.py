@@ -22,7 +22,7 @@ See docs/architecture.md for the block diagram and the reasons behind it. In sho
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 
 from amaranth import Cat, Module, Mux, ResetInserter, Signal, signed
 from amaranth.lib import wiring
@@ -32,11 +32,11 @@ from amaranth.lib.wiring import In, Out
 from host.driver import AcceleratorDescription, QuantityLayout
 from sim.hw.arith import ArithParams, loss_grad_scale
 from sim.hw.optim import PROB_BITS, state_bits
-from sim.hw.widths import LayerBounds, derive_widths, hw_supported
+from sim.hw.widths import derive_widths, hw_supported
 from sim.schema import ConfigError
 
 from .axil import AXI4LiteCSR, AXI4LiteSignature, vivado_ports
-from .bn_unit import BnBackwardUnit, BnForwardUnit, BnLayer
+from .bn_unit import BnBackwardUnit, BnForwardUnit, BnLayer, merge_bounds
 from .buffers import (
     BEAT_BITS,
     BeatWriter,
@@ -235,17 +235,22 @@ class SystemPlan:
         gradient reaching the last hidden layer comes from the narrow output layer); the unit takes the largest
         of each bound, so every layer's values fit its registers. The one place a bound is used as a value,
         the threshold clamp to ``[-(y+1), y+1]``, gives the same signs and masks for any bound >= |y|."""
-        layers = [self.bn_layer(j) for j in grp]
-        bounds = [asdict(b.bounds) for b in layers]
-        merged = {k: bounds[0][k] if k == "layer" else max(d[k] for d in bounds) for k in bounds[0]}
-        return replace(layers[0], bounds=LayerBounds(**merged))
+        return merge_bounds([self.bn_layer(j) for j in grp])
 
     def bn_unit_layer(self, j: int) -> BnLayer:
         """The geometry of the BN forward/backward and po2 units that serve layer ``j`` (its group's envelope)."""
         return self.bn_envelope(next(grp for grp in self.unit_groups["bn"] if j in grp))
 
-    def bn_param_unit(self, j: int) -> BnParamUnit:
-        return BnParamUnit(layer=self.bn_layer(j), hw=self.cfg.hw, div_steps=self.cfg.hw.div_steps)
+    def bn_param_unit(self) -> BnParamUnit:
+        """The one BN parameter unit of all layers (beta, its optimiser state and the running statistics of
+        every layer in one set of memories; the layers' phases never overlap)."""
+        return BnParamUnit(layers=[self.bn_layer(j) for j in range(len(self.layers))], hw=self.cfg.hw,
+                           div_steps=self.cfg.hw.div_steps)
+
+    def bn_param_layer(self, j: int) -> BnLayer:
+        """Layer ``j`` as the shared BN parameter unit sees it: every bound the largest of all layers' (widths,
+        divider), the layer's own channels (cycles)."""
+        return merge_bounds([self.bn_layer(i) for i in range(len(self.layers))], channels=self.layers[j].n_out)
 
     def po2_geometry(self, j: int) -> Po2Geometry:
         lp = self.layers[j]
@@ -314,7 +319,7 @@ class SystemPlan:
                 self._add("switch_table", j, (h.switch_cutoff + 1,), target=("wm", j), space=2,
                           count=h.switch_cutoff + 1, inner=1, width=PROB_BITS + 1, elem_bits=PROB_BITS + 1,
                           elems_per_word=1, access="wo")
-            bnp = bn_param_sizes(self.bn_layer(j), h)
+            bnp = bn_param_sizes(self.bn_param_layer(j), h)
             M = lp.n_out
             for name, space, bits, sgn in (("beta", SPACE_BETA, bnp["beta"], True),
                                            ("m_beta", SPACE_M, bnp["m"], True),
@@ -515,9 +520,20 @@ class Accelerator(wiring.Component):
             lanes = dict(lanes_in=lp.lanes_in, lanes_out=lp.lanes_out, update_lanes=lp.update_lanes)
             wm[j] = sub(f"wmem{j}", WeightMemory.from_config(cfg, j, **lanes))
             rng[j] = sub(f"rng{j}", RngEngine.from_config(cfg, j, **lanes))
-            bnp[j] = sub(f"bn_param{j}", plan.bn_param_unit(j))
         fwd_act = {lp.index: act[("fwd", lp.index)] for lp in LP}
         bwd_act = {lp.index: act[("bwd", lp.index)] for lp in LP}
+        # one BN parameter unit for all layers: layer j owns it in its fwd, bwd and upd phases and while the
+        # host reads or restores one of its quantities (bnp_host, driven by _connect_targets)
+        bnp_host = {lp.index: Signal(name=f"bnp_host{lp.index}") for lp in LP}
+        bnp_act = {}
+        for lp in LP:
+            j = lp.index
+            bnp_act[j] = Signal(name=f"bnp_act{j}")
+            m.d.comb += bnp_act[j].eq(fwd_act[j] | bwd_act[j] | act[("upd", j)] | bnp_host[j])
+        bnp = self._shared(m, sub, "bn_param", [[lp.index for lp in LP]], bnp_act, lambda grp: plan.bn_param_unit())
+        if L > 1:
+            for j, facade in bnp.items():
+                m.d.comb += facade.layer.eq(j)
         groups = plan.unit_groups
         eng = self._shared(m, sub, "engine", groups["engine"], fwd_act,
                            lambda grp: XnorEngineCore(geometry=LP[grp[0]].geometry))
@@ -682,7 +698,8 @@ class Accelerator(wiring.Component):
                     m.d.comb += tsel.eq(targets.index(hq.target))
         host_on = Signal()  # the host sequencer owns the targets
         m.d.comb += host_on.eq(restoring | reading)
-        self._connect_targets(m, plan, seq, targets, tsel, host_on, wm, rng, bnp, {"logits": lgb_r, "plog": plog_r},
+        self._connect_targets(m, plan, seq, targets, tsel, host_on, wm, rng, bnp, bnp_host,
+                              {"logits": lgb_r, "plog": plog_r},
                               ports)
         # restore words from the beat writer go to the sequencer
         m.d.comb += [
@@ -879,7 +896,7 @@ class Accelerator(wiring.Component):
         return out
 
     # ---- host targets -----------------------------------------------------------------------------------------
-    def _connect_targets(self, m, plan, seq, targets, tsel, host_on, wm, rng, bnp, mems, ports):
+    def _connect_targets(self, m, plan, seq, targets, tsel, host_on, wm, rng, bnp, bnp_host, mems, ports):
         req = seq.req.payload
         resp_valid = Signal()
         resp_data = Signal(len(seq.resp.payload))
@@ -909,6 +926,7 @@ class Accelerator(wiring.Component):
             elif t[0] == "bnp":
                 u = bnp[t[1]]
                 hp = u.host.payload
+                m.d.comb += bnp_host[t[1]].eq(here)
                 m.d.comb += [
                     u.host.valid.eq(here & seq.req.valid),
                     hp.write.eq(req.write), hp.space.eq(req.space), hp.outer.eq(req.outer), hp.data.eq(req.data),

@@ -274,15 +274,18 @@ def test_memory_reader_wrap_and_serializer():
     assert out == want
 
 
-def test_bn_param_unit_against_the_model():
-    """Running statistics and the beta optimiser (block floating point, the m/a ratio, saturation) of one
-    layer over several steps, read back through the host port, equal sim.hw.arith.running_update and
-    sim.hw.optim.beta_update."""
+@pytest.mark.parametrize("shared", [False, True], ids=["one_layer", "two_layers"])
+def test_bn_param_unit_against_the_model(shared):
+    """Running statistics and the beta optimiser (block floating point, the m/a ratio, saturation) over
+    several steps, read back through the host port, equal sim.hw.arith.running_update and
+    sim.hw.optim.beta_update: for one layer, and for the unit shared by both layers of the small MLP (12
+    and 10 channels, different bounds; the layers' work interleaves as in a training step)."""
     cfg = small_cfg()
-    lay = BnLayer.from_config(cfg, 0, lanes=8)
     h = cfg.hw
-    dut = BnParamUnit(layer=lay, hw=h, div_steps=2)
-    p, M, B = lay.params, lay.channels, lay.batch
+    lays = [BnLayer.from_config(cfg, j, lanes=8) for j in ((0, 1) if shared else (0,))]
+    dut = (BnParamUnit(layers=lays, hw=h, div_steps=2) if shared else BnParamUnit(layer=lays[0], hw=h, div_steps=2))
+    assert dut.channels == [lay.channels for lay in lays]
+    p, B = lays[0].params, lays[0].batch
     rng = np.random.default_rng(1)
 
     async def host(ctx, space, addr, data=None):
@@ -307,51 +310,73 @@ def test_bn_param_unit_against_the_model():
         v &= (1 << w) - 1
         return v - (1 << w) if v >> (w - 1) else v
 
-    async def read_all(ctx, space, w, signed=True):
+    async def read_all(ctx, space, w, M, signed=True):
         return np.array([sx(await host(ctx, space, c), w) if signed else await host(ctx, space, c) for c in range(M)])
 
+    def select(ctx, i):
+        if shared:
+            ctx.set(dut.layer, i)
+
     async def bench(ctx):
-        mu_r, s_r = np.zeros(M, np.int64), np.full(M, 1 << p.running_frac, np.int64)
-        beta = rng.integers(-20000, 20000, M)
-        mb, ab, E = np.zeros(M, np.int64), np.zeros(M, np.int64), 0
-        for c in range(M):
-            await host(ctx, SPACE_BETA, c, beta[c])
+        st = []
+        for i, lay in enumerate(lays):
+            M = lay.channels
+            beta = rng.integers(-20000, 20000, M)
+            st.append({"mu": np.zeros(M, np.int64), "s": np.full(M, 1 << p.running_frac, np.int64), "beta": beta,
+                       "m": np.zeros(M, np.int64), "a": np.zeros(M, np.int64), "E": 0})
+            select(ctx, i)
+            for c in range(M):
+                await host(ctx, SPACE_BETA, c, beta[c])
         for step in range(4):
-            y = rng.integers(-lay.y_bound, lay.y_bound + 1, (B, M))
-            y[:, 0] = 5 if step == 0 else y[:, 0]  # S = 0
-            fwd = A.bn_forward(y, beta, p, lay.y_bound)
-            mu_r, s_r = A.running_update(mu_r, s_r, fwd, p)
-            for c in range(M):
-                ctx.set(dut.stats.payload, {"sum_y": int(fwd.sum_y[c]), "S": int(fwd.S[c])})
-                ctx.set(dut.stats.valid, 1)
-                while not ctx.get(dut.stats.ready):
+            for i, lay in enumerate(lays):  # forward: running statistics, layer by layer
+                M, z = lay.channels, st[i]
+                select(ctx, i)
+                y = rng.integers(-lay.y_bound, lay.y_bound + 1, (B, M))
+                y[:, 0] = 5 if step == 0 else y[:, 0]  # S = 0
+                fwd = A.bn_forward(y, z["beta"], p, lay.y_bound)
+                z["mu"], z["s"] = A.running_update(z["mu"], z["s"], fwd, p)
+                for c in range(M):
+                    ctx.set(dut.stats.payload, {"sum_y": int(fwd.sum_y[c]), "S": int(fwd.S[c])})
+                    ctx.set(dut.stats.valid, 1)
+                    while not ctx.get(dut.stats.ready):
+                        await ctx.tick()
                     await ctx.tick()
+                ctx.set(dut.stats.valid, 0)
+                while ctx.get(dut.busy):
+                    await ctx.tick()
+            for i, lay in enumerate(lays):
+                select(ctx, i)
+                assert (await read_all(ctx, SPACE_MU, dut.run_width, lay.channels) == st[i]["mu"]).all()
+                assert (await read_all(ctx, SPACE_S, dut.run_width, lay.channels) == st[i]["s"]).all()
+            for i in reversed(range(len(lays))):  # backward + update, top layer first
+                M, z = lays[i].channels, st[i]
+                select(ctx, i)
+                p1 = rng.integers(-(1 << 20), 1 << 20, M) >> rng.integers(0, 18)
+                p1 = np.zeros(M, np.int64) if step == 2 else p1
+                scale, lr_sh = int(rng.integers(-40, 5)), int(rng.integers(5, 14))
+                z["beta"], z["m"], z["a"], z["E"] = O.beta_update(z["beta"], z["m"], z["a"], z["E"], p1, scale, lr_sh,
+                                                                  p, h.beta_momentum_shift, h.beta_scale_shift,
+                                                                  h.beta_state_bits)
+                for c in range(M):
+                    ctx.set(dut.p1.payload, int(p1[c]))
+                    ctx.set(dut.p1.valid, 1)
+                    await ctx.tick()
+                ctx.set(dut.p1.valid, 0)
+                ctx.set(dut.scale, scale)
+                ctx.set(dut.lr_shift, lr_sh)
+                ctx.set(dut.update, 1)
                 await ctx.tick()
-            ctx.set(dut.stats.valid, 0)
-            assert (await read_all(ctx, SPACE_MU, dut.run_width) == mu_r).all()
-            assert (await read_all(ctx, SPACE_S, dut.run_width) == s_r).all()
-            p1 = rng.integers(-(1 << 20), 1 << 20, M) >> rng.integers(0, 18)
-            p1 = np.zeros(M, np.int64) if step == 2 else p1
-            scale, lr_sh = int(rng.integers(-40, 5)), int(rng.integers(5, 14))
-            beta, mb, ab, E = O.beta_update(beta, mb, ab, E, p1, scale, lr_sh, p, h.beta_momentum_shift,
-                                            h.beta_scale_shift, h.beta_state_bits)
-            for c in range(M):
-                ctx.set(dut.p1.payload, int(p1[c]))
-                ctx.set(dut.p1.valid, 1)
+                ctx.set(dut.update, 0)
                 await ctx.tick()
-            ctx.set(dut.p1.valid, 0)
-            ctx.set(dut.scale, scale)
-            ctx.set(dut.lr_shift, lr_sh)
-            ctx.set(dut.update, 1)
-            await ctx.tick()
-            ctx.set(dut.update, 0)
-            await ctx.tick()
-            while ctx.get(dut.busy):
-                await ctx.tick()
-            assert sx(await host(ctx, SPACE_E, 0), 16) == E
-            assert (await read_all(ctx, SPACE_M, dut.m_width) == mb).all()
-            assert (await read_all(ctx, SPACE_A, dut.a_width, False) == ab).all()
-            assert (await read_all(ctx, SPACE_BETA, dut.beta_width) == beta).all()
+                while ctx.get(dut.busy):
+                    await ctx.tick()
+            for i, lay in enumerate(lays):
+                M, z = lay.channels, st[i]
+                select(ctx, i)
+                assert sx(await host(ctx, SPACE_E, 0), 16) == z["E"]
+                assert (await read_all(ctx, SPACE_M, dut.m_width, M) == z["m"]).all()
+                assert (await read_all(ctx, SPACE_A, dut.a_width, M, False) == z["a"]).all()
+                assert (await read_all(ctx, SPACE_BETA, dut.beta_width, M) == z["beta"]).all()
 
     _run(dut, bench)
 
@@ -408,7 +433,8 @@ def test_layers_of_equal_geometry_share_engine_bn_and_po2_units():
     acc.elaborate(None)
     names = set(acc.unit_names)
     assert names == ({f"engine{g}" for g in ("0", "1_2", "3")}
-                     | {f"{u}{g}" for u in ("bn_fwd", "bn_bwd", "po2_") for g in ("0_1_2", "3")})
+                     | {f"{u}{g}" for u in ("bn_fwd", "bn_bwd", "po2_") for g in ("0_1_2", "3")}
+                     | {"bn_param0_1_2_3"})  # one BN parameter unit for all layers
     assert not {"engine1", "engine2", "bn_fwd0", "bn_fwd2", "po2_2"} & names
 
 
