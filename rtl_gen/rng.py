@@ -28,7 +28,7 @@ from functools import cache, reduce
 from operator import xor
 
 import numpy as np
-from amaranth import Cat, Module, Mux, Signal
+from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -119,9 +119,14 @@ class RngGeometry:
 
 
 class RngEngine(wiring.Component):
-    """The xorshift32 generators of one layer, producing one sweep of numbers per ``start``.
+    """The xorshift32 generators of one layer, or of several layers (one engine, their phases never
+    overlap), producing one sweep of numbers per ``start``.
 
-    Parameters (keyword-only): ``geometry`` (:class:`RngGeometry`); :meth:`from_config` derives it.
+    Parameters (keyword-only): ``geometry`` (:class:`RngGeometry`), or ``geometries`` (one per layer, all with
+    the same ``update_lanes``: the jump matrices); :meth:`from_config` derives one. With several layers the
+    layers' generators follow each other in the state RAM, every geometry constant of the sweep (words,
+    groups, lanes, chunks, the partial last chunk) is picked by the ``layer`` input at run time, and the
+    host port's ``addr`` is the generator within the selected layer.
 
     Ports:
         start: ``In(1)`` start a sweep (sampled while idle).
@@ -130,18 +135,30 @@ class RngEngine(wiring.Component):
         host: ``In(stream.Signature(host_layout))`` ``write``, ``addr`` (generator), ``data`` (state);
             ready while idle and no read response is pending.
         host_rdata: ``Out(stream.Signature(32))`` the state, one per host read.
+        layer: ``In(range(len(geometries)))`` (several layers only) the layer of the sweep or host access;
+            hold it while they run.
     """
 
-    def __init__(self, *, geometry: RngGeometry):
-        if not isinstance(geometry, RngGeometry):
-            raise TypeError(f"geometry must be an RngGeometry, not {geometry!r}")
-        self._geometry = geometry
+    def __init__(self, *, geometry: RngGeometry | None = None, geometries=None):
+        if (geometry is None) == (geometries is None):
+            raise TypeError("give exactly one of geometry (an RngGeometry) and geometries (a list of them)")
+        geos = [geometry] if geometries is None else list(geometries)
+        for geo in geos:
+            if not isinstance(geo, RngGeometry):
+                raise TypeError(f"geometry must be an RngGeometry, not {geo!r}")
+        if len({geo.sweep.update_lanes for geo in geos}) != 1:
+            raise ValueError("the layers of one RngEngine must have the same update_lanes")
+        self._geos = geos
+        self._geometry = geos[0]
+        U = geos[0].sweep.update_lanes
+        ports = {"layer": In(range(len(geos)))} if len(geos) > 1 else {}
         super().__init__(
             {
+                **ports,
                 "start": In(1),
                 "busy": Out(1),
-                "u": Out(stream.Signature(rng_layout(geometry.sweep.update_lanes))),
-                "host": In(stream.Signature(geometry.host_layout)),
+                "u": Out(stream.Signature(rng_layout(U))),
+                "host": In(stream.Signature(self.host_layout)),
                 "host_rdata": Out(stream.Signature(32)),
             }
         )
@@ -156,30 +173,67 @@ class RngEngine(wiring.Component):
 
     @property
     def geometry(self) -> RngGeometry:
+        """The (first) layer's geometry."""
         return self._geometry
 
+    @property
+    def geometries(self) -> list[RngGeometry]:
+        return list(self._geos)
+
+    @property
+    def host_layout(self) -> data.StructLayout:
+        """Host port payload: ``write``, ``addr`` (generator within the layer), ``data`` (state)."""
+        return data.StructLayout({"write": 1, "addr": range(max(max(g.generators for g in self._geos), 2)),
+                                  "data": 32})
+
     def elaborate(self, platform):
-        geo = self._geometry
-        sw = geo.sweep
-        bank = sw.bank
-        U, K, G, D, L, M = sw.update_lanes, bank.words, bank.groups, bank.depth, bank.lanes_out, bank.n_out
-        chunks, wpb, n_gen = sw.chunks, geo.words_per_block, geo.generators
+        geos = self._geos
+        U = geos[0].sweep.update_lanes
+        n_layers = len(geos)
+        total = sum(g.generators for g in geos)
         m = Module()
+
+        # per-layer constants of the sweep, picked by the layer input ("1" = minus one)
+        def mx(f):
+            return max(f(g) for g in geos)
+
+        consts = {
+            "K1": (lambda g: g.sweep.bank.words - 1, mx(lambda g: g.sweep.bank.words)),
+            "G1": (lambda g: g.sweep.bank.groups - 1, mx(lambda g: g.sweep.bank.groups)),
+            "D1": (lambda g: g.sweep.bank.depth - 1, mx(lambda g: g.sweep.bank.depth)),
+            "L1": (lambda g: g.sweep.bank.lanes_out - 1, mx(lambda g: g.sweep.bank.lanes_out)),
+            "L": (lambda g: g.sweep.bank.lanes_out, mx(lambda g: g.sweep.bank.lanes_out) + 1),
+            "M": (lambda g: g.sweep.bank.n_out, mx(lambda g: g.sweep.bank.n_out) + 1),
+            "C1": (lambda g: g.sweep.chunks - 1, mx(lambda g: g.sweep.chunks)),
+            "CL1": (lambda g: g.sweep.chunks_last - 1, mx(lambda g: g.sweep.chunks)),
+            "LL1": (lambda g: g.sweep.lanes_last - 1, mx(lambda g: g.sweep.bank.lanes_out)),
+            "VL": (lambda g: g.sweep.valid_last, U + 1),
+            "W1": (lambda g: g.words_per_block - 1, mx(lambda g: g.words_per_block)),
+        }
+        c = {k: Signal(range(max(hi, 2)), name=f"c_{k}") for k, (_, hi) in consts.items()}
+        c["base"] = Signal(range(max(total, 2)), name="c_base")  # the layer's first generator in the state RAM
+        sel = self.layer if n_layers > 1 else Const(0, 1)
+        with m.Switch(sel):
+            for i, geo in enumerate(geos):
+                with m.Case(i):
+                    m.d.comb += [c[k].eq(f(geo)) for k, (f, _) in consts.items()]
+                    m.d.comb += c["base"].eq(sum(h.generators for h in geos[:i]))
 
         m.submodules.queue = queue = StreamFIFO(shape=rng_layout(U), depth=2)
         adv = Signal()
 
         # --- stage 0: the visit counters and the state-RAM read ---
         running = Signal()
-        addr = Signal(range(D))
-        k = Signal(range(K))
-        g = Signal(range(G))
-        lane = Signal(range(L))
-        chunk = Signal(range(chunks))
-        wib = Signal(range(wpb))  # word in block
-        block_base = Signal(range(n_gen + M))  # b * n_out
-        group_base = Signal(range(G * L))  # g * lanes_out
-        gen = Signal(range(n_gen + G * L))
+        addr = Signal(range(mx(lambda g: g.sweep.bank.depth)))
+        k = Signal(range(mx(lambda g: g.sweep.bank.words)))
+        g = Signal(range(mx(lambda g: g.sweep.bank.groups)))
+        lane = Signal(range(mx(lambda g: g.sweep.bank.lanes_out)))
+        chunk = Signal(range(mx(lambda g: g.sweep.chunks)))
+        wib = Signal(range(mx(lambda g: g.words_per_block)))  # word in block
+        n_gen_max = mx(lambda g: g.generators)
+        block_base = Signal(range(n_gen_max + mx(lambda g: g.sweep.bank.n_out)))  # b * n_out
+        group_base = Signal(range(mx(lambda g: g.sweep.bank.groups * g.sweep.bank.lanes_out)))  # g * lanes_out
+        gen = Signal(range(max(total, 2) + mx(lambda g: g.sweep.bank.groups * g.sweep.bank.lanes_out)))
         last_chunk = Signal()
         last_lane = Signal()
         last_word = Signal()
@@ -187,13 +241,13 @@ class RngEngine(wiring.Component):
         first_of_block = Signal()
         last_of_block = Signal()
         m.d.comb += [
-            last_chunk.eq((chunk == chunks - 1) | ((k == K - 1) & (chunk == sw.chunks_last - 1))),
-            last_lane.eq((lane == L - 1) | ((g == G - 1) & (lane == sw.lanes_last - 1))),
-            last_word.eq(k == K - 1),
-            last_visit.eq(last_chunk & last_lane & (addr == D - 1)),
+            last_chunk.eq((chunk == c["C1"]) | ((k == c["K1"]) & (chunk == c["CL1"]))),
+            last_lane.eq((lane == c["L1"]) | ((g == c["G1"]) & (lane == c["LL1"]))),
+            last_word.eq(k == c["K1"]),
+            last_visit.eq(last_chunk & last_lane & (addr == c["D1"])),
             first_of_block.eq(wib == 0),
-            last_of_block.eq((wib == wpb - 1) | last_word),
-            gen.eq(block_base + group_base + lane),
+            last_of_block.eq((wib == c["W1"]) | last_word),
+            gen.eq(c["base"] + block_base + group_base + lane),
         ]
         issue = Signal()
         m.d.comb += issue.eq(adv & running)
@@ -203,11 +257,12 @@ class RngEngine(wiring.Component):
                 with m.If(last_lane):
                     m.d.sync += [lane.eq(0), addr.eq(addr + 1)]
                     with m.If(last_word):
-                        m.d.sync += [k.eq(0), wib.eq(0), block_base.eq(0), g.eq(g + 1), group_base.eq(group_base + L)]
+                        m.d.sync += [k.eq(0), wib.eq(0), block_base.eq(0), g.eq(g + 1),
+                                     group_base.eq(group_base + c["L"])]
                     with m.Else():
                         m.d.sync += k.eq(k + 1)
-                        with m.If(wib == wpb - 1):
-                            m.d.sync += [wib.eq(0), block_base.eq(block_base + M)]
+                        with m.If(wib == c["W1"]):
+                            m.d.sync += [wib.eq(0), block_base.eq(block_base + c["M"])]
                         with m.Else():
                             m.d.sync += wib.eq(wib + 1)
                 with m.Else():
@@ -217,16 +272,17 @@ class RngEngine(wiring.Component):
             with m.If(last_visit):
                 m.d.sync += running.eq(0)
 
-        m.submodules.states = states = Memory(shape=32, depth=n_gen, init=[])
+        m.submodules.states = states = Memory(shape=32, depth=max(total, 2), init=[])
         ram_rd = states.read_port()
         ram_wr = states.write_port()
-        m.submodules.lane_file = lane_file = Memory(shape=32, depth=L, init=[])
+        L_max = mx(lambda g: g.sweep.bank.lanes_out)
+        m.submodules.lane_file = lane_file = Memory(shape=32, depth=max(L_max, 2), init=[])
         lf_rd = lane_file.read_port(domain="comb")
         lf_wr = lane_file.write_port()
 
         # --- stage 1: the state, the numbers, the write-back ---
         s1_valid = Signal()
-        s1_lane = Signal(range(L))
+        s1_lane = Signal.like(lane)
         s1_gen = Signal.like(gen)
         s1_first_chunk = Signal()
         s1_last_chunk = Signal()
@@ -244,7 +300,7 @@ class RngEngine(wiring.Component):
                     s1_last_chunk.eq(last_chunk),
                     s1_first_of_block.eq(first_of_block),
                     s1_last_of_block.eq(last_of_block),
-                    s1_partial.eq(last_word & (chunk == sw.chunks_last - 1)),
+                    s1_partial.eq(last_word & (chunk == c["CL1"])),
                     s1_last.eq(last_visit),
                 ]
         cur = Signal(32)  # the state after the previous chunk of this visit
@@ -258,8 +314,14 @@ class RngEngine(wiring.Component):
             out = Signal(32, name=f"x{n}")
             m.d.comb += out.eq(Cat(*(reduce(xor, (state[j] for j in row)) for row in jump_rows(n))))
             outs.append(out)
+        # the state after a partial last chunk: the output of its last real row
+        out_partial = Signal(32)
+        with m.Switch(c["VL"]):
+            for v in sorted({geo.sweep.valid_last for geo in geos}):
+                with m.Case(v):
+                    m.d.comb += out_partial.eq(outs[v - 1])
         nxt = Signal(32)
-        m.d.comb += nxt.eq(Mux(s1_partial, outs[sw.valid_last - 1], outs[U - 1]))
+        m.d.comb += nxt.eq(Mux(s1_partial, out_partial, outs[U - 1]))
         step = s1_valid & adv
         with m.If(step):
             m.d.sync += cur.eq(nxt)
@@ -269,9 +331,12 @@ class RngEngine(wiring.Component):
             lf_wr.en.eq(step & s1_last_chunk & ~s1_last_of_block),
         ]
         beat = queue.i.payload
+        vl_min = min(geo.sweep.valid_last for geo in geos)
         for j in range(U):
-            pad = j >= sw.valid_last
-            m.d.comb += beat.u[j].eq(Mux(s1_partial, 0, outs[j]) if pad else outs[j])
+            if j >= vl_min:  # a padding row in some layer's partial last chunk
+                m.d.comb += beat.u[j].eq(Mux(s1_partial & (c["VL"] <= j), 0, outs[j]))
+            else:
+                m.d.comb += beat.u[j].eq(outs[j])
         m.d.comb += [
             beat.last.eq(s1_last),
             queue.i.valid.eq(s1_valid),
@@ -294,9 +359,9 @@ class RngEngine(wiring.Component):
         ]
         host_go = self.host.valid & self.host.ready
         m.d.comb += [
-            ram_rd.addr.eq(Mux(busy, gen, h.addr)),
+            ram_rd.addr.eq(Mux(busy, gen, c["base"] + h.addr)),
             ram_rd.en.eq(Mux(busy, issue, host_go & ~h.write)),
-            ram_wr.addr.eq(Mux(busy, s1_gen, h.addr)),
+            ram_wr.addr.eq(Mux(busy, s1_gen, c["base"] + h.addr)),
             ram_wr.data.eq(Mux(busy, nxt, h.data)),
             ram_wr.en.eq(Mux(busy, step & s1_last_chunk & s1_last_of_block, host_go & h.write)),
         ]

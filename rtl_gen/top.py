@@ -65,7 +65,7 @@ from .loss_unit import LossGradUnit, OutputLogitUnit
 from .po2_backward import Po2Backward, Po2Geometry, passes_for
 from .po2_unit import Po2Unit
 from .rng import RngEngine, RngGeometry
-from .weight_memory import UPDATE, OptimizerSpec, SweepGeometry, WeightMemory
+from .weight_memory import UPDATE, OptimizerSpec, SweepGeometry, WeightMemory, WeightMemoryGeometry
 from .xnor_engine import XnorEngineCore, XnorGeometry
 
 __all__ = ["Accelerator", "LayerPlan", "SystemPlan", "TOP_NAME", "top_ports"]
@@ -213,6 +213,11 @@ class SystemPlan:
             "engine": self._groups(lambda j: self.layers[j].geometry),
             "bn": self._groups(self._bn_key),
         }
+        # the generator engines: one per group of layers with equal update lanes (the jump matrices)
+        self.rng_groups = self._groups(lambda j: self.layers[j].update_lanes)
+        # the weight memories: one per group of layers with equal lanes (bank words, banks, update lanes)
+        self.wmem_groups = self._groups(lambda j: (self.layers[j].lanes_in, self.layers[j].lanes_out,
+                                                   self.layers[j].update_lanes))
         self.label_bits = max(1, (self.classes - 1).bit_length())
         self.quantities: list[HostQuantity] = []
         self.kinds: dict[str, int] = {}
@@ -272,6 +277,9 @@ class SystemPlan:
     def _backward_key(self, j: int) -> tuple:
         g = self.po2_geometry(j)
         return (g.bank.lanes_in, g.bank.lanes_out, g.batch, g.dy_bits, g.x_max, g.lanes_b, g.dw_passes, g.dx_passes)
+
+    def wmem_geometry(self, j: int) -> WeightMemoryGeometry:
+        return WeightMemoryGeometry(sweep=self.layers[j].sweep, optimizer=self.opt)
 
     def rng_geometry(self, j: int) -> RngGeometry:
         return RngGeometry(sweep=self.layers[j].sweep, block=self.cfg.hw.rng_block)
@@ -513,27 +521,27 @@ class Accelerator(wiring.Component):
             done[key] = Signal(name=f"done_{key[0]}{key[1]}")
 
         # ---- per-layer units ---------------------------------------------------------------------------------
-        wm, rng, bnp, po2b = {}, {}, {}, {}
+        po2b = {}
         self.unit_names = []  # the shared units' submodule names
-        for lp in LP:
-            j = lp.index
-            lanes = dict(lanes_in=lp.lanes_in, lanes_out=lp.lanes_out, update_lanes=lp.update_lanes)
-            wm[j] = sub(f"wmem{j}", WeightMemory.from_config(cfg, j, **lanes))
-            rng[j] = sub(f"rng{j}", RngEngine.from_config(cfg, j, **lanes))
         fwd_act = {lp.index: act[("fwd", lp.index)] for lp in LP}
         bwd_act = {lp.index: act[("bwd", lp.index)] for lp in LP}
-        # one BN parameter unit for all layers: layer j owns it in its fwd, bwd and upd phases and while the
-        # host reads or restores one of its quantities (bnp_host, driven by _connect_targets)
-        bnp_host = {lp.index: Signal(name=f"bnp_host{lp.index}") for lp in LP}
-        bnp_act = {}
-        for lp in LP:
-            j = lp.index
-            bnp_act[j] = Signal(name=f"bnp_act{j}")
-            m.d.comb += bnp_act[j].eq(fwd_act[j] | bwd_act[j] | act[("upd", j)] | bnp_host[j])
-        bnp = self._shared(m, sub, "bn_param", [[lp.index for lp in LP]], bnp_act, lambda grp: plan.bn_param_unit())
-        if L > 1:
-            for j, facade in bnp.items():
-                m.d.comb += facade.layer.eq(j)
+        upd_act = {lp.index: act[("upd", lp.index)] for lp in LP}
+        # units that keep every layer's state (in their memories, one region per layer) and take the layer
+        # at their ``layer`` input: one BN parameter unit for all layers, one generator engine per group of
+        # layers with equal update lanes; the host reaches them through the same facades (host_sel, driven
+        # by _connect_targets)
+        host_sel = {(kind, lp.index): Signal(name=f"{kind}_host{lp.index}") for kind in ("bnp", "rng", "wm")
+                    for lp in LP}
+        # weight memories: layer j's is read in fwd j (XNOR engine) and dx j (po2 backward engine) and swept in
+        # upd j; one memory (banks, state, sweep datapath) per group of layers with equal lanes
+        wm = self._shared_state(m, sub, "wmem", plan.wmem_groups,
+                                lambda j: (fwd_act[j] | act.get(("dx", j), 0) | upd_act[j] | host_sel[("wm", j)]),
+                                lambda grp: WeightMemory(geometries=[plan.wmem_geometry(j) for j in grp]))
+        bnp = self._shared_state(m, sub, "bn_param", [[lp.index for lp in LP]],
+                                 lambda j: fwd_act[j] | bwd_act[j] | upd_act[j] | host_sel[("bnp", j)],
+                                 lambda grp: plan.bn_param_unit())
+        rng = self._shared_state(m, sub, "rng", plan.rng_groups, lambda j: upd_act[j] | host_sel[("rng", j)],
+                                 lambda grp: RngEngine(geometries=[plan.rng_geometry(j) for j in grp]))
         groups = plan.unit_groups
         eng = self._shared(m, sub, "engine", groups["engine"], fwd_act,
                            lambda grp: XnorEngineCore(geometry=LP[grp[0]].geometry))
@@ -698,7 +706,7 @@ class Accelerator(wiring.Component):
                     m.d.comb += tsel.eq(targets.index(hq.target))
         host_on = Signal()  # the host sequencer owns the targets
         m.d.comb += host_on.eq(restoring | reading)
-        self._connect_targets(m, plan, seq, targets, tsel, host_on, wm, rng, bnp, bnp_host,
+        self._connect_targets(m, plan, seq, targets, tsel, host_on, wm, rng, bnp, host_sel,
                               {"logits": lgb_r, "plog": plog_r},
                               ports)
         # restore words from the beat writer go to the sequencer
@@ -895,8 +903,24 @@ class Accelerator(wiring.Component):
                 out[j] = facade
         return out
 
+    def _shared_state(self, m, sub, name, groups, active, make):
+        """Like :meth:`_shared` for units that hold per-layer state and select the layer at their ``layer``
+        input (a unit of one layer has none): layer ``j``'s facade drives ``layer`` with ``j``'s position in
+        its group and owns the unit while ``active(j)``."""
+        act = {}
+        for grp in groups:
+            for j in grp:
+                act[j] = Signal(name=f"{name}_act{j}")
+                m.d.comb += act[j].eq(active(j))
+        out = self._shared(m, sub, name, groups, act, make)
+        for grp in groups:
+            if len(grp) > 1:
+                for i, j in enumerate(grp):
+                    m.d.comb += out[j].layer.eq(i)
+        return out
+
     # ---- host targets -----------------------------------------------------------------------------------------
-    def _connect_targets(self, m, plan, seq, targets, tsel, host_on, wm, rng, bnp, bnp_host, mems, ports):
+    def _connect_targets(self, m, plan, seq, targets, tsel, host_on, wm, rng, bnp, host_sel, mems, ports):
         req = seq.req.payload
         resp_valid = Signal()
         resp_data = Signal(len(seq.resp.payload))
@@ -907,6 +931,7 @@ class Accelerator(wiring.Component):
             if t[0] == "wm":
                 u = wm[t[1]]
                 hp = u.host.payload
+                m.d.comb += host_sel[("wm", t[1])].eq(here)
                 m.d.comb += [
                     u.host.valid.eq(here & seq.req.valid),
                     hp.write.eq(req.write), hp.space.eq(req.space), hp.lane.eq(req.inner), hp.addr.eq(req.outer),
@@ -917,6 +942,7 @@ class Accelerator(wiring.Component):
             elif t[0] == "rng":
                 u = rng[t[1]]
                 hp = u.host.payload
+                m.d.comb += host_sel[("rng", t[1])].eq(here)
                 m.d.comb += [
                     u.host.valid.eq(here & seq.req.valid),
                     hp.write.eq(req.write), hp.addr.eq(req.outer), hp.data.eq(req.data),
@@ -926,7 +952,7 @@ class Accelerator(wiring.Component):
             elif t[0] == "bnp":
                 u = bnp[t[1]]
                 hp = u.host.payload
-                m.d.comb += bnp_host[t[1]].eq(here)
+                m.d.comb += host_sel[("bnp", t[1])].eq(here)
                 m.d.comb += [
                     u.host.valid.eq(here & seq.req.valid),
                     hp.write.eq(req.write), hp.space.eq(req.space), hp.outer.eq(req.outer), hp.data.eq(req.data),

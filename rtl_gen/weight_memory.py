@@ -349,9 +349,14 @@ class WeightMemoryGeometry:
 
 
 class WeightMemory(wiring.Component):
-    """Weight banks + optimiser state + the update sweep of one dense layer (see the module docstring).
+    """Weight banks + optimiser state + the update sweep of one dense layer (see the module docstring), or of
+    several layers with one sweep datapath.
 
-    Parameters (keyword-only): ``geometry`` (:class:`WeightMemoryGeometry`); :meth:`from_config` derives it.
+    Parameters (keyword-only): ``geometry`` (:class:`WeightMemoryGeometry`); :meth:`from_config` derives it. Or
+    ``geometries``: one per layer, all with the same lanes and optimiser. Their bank rows and state rows follow
+    each other in one set of banks and state memories, the sweep's geometry constants are picked by the
+    ``layer`` input (hold it while the layer's work runs), and ``read`` / ``host`` addresses are within the
+    selected layer. The switch table is one table for all layers (the contract has one).
 
     Ports:
         cmd: ``In(stream.Signature(cmd_layout))`` ``op`` (INIT / UPDATE / UNDO), ``shift`` (6 bits, the
@@ -368,23 +373,40 @@ class WeightMemory(wiring.Component):
         host_rdata: ``Out(stream.Signature(data_width))`` one word per host read (table reads return 0).
         busy: ``Out(1)`` a sweep is running. flips: ``Out(range(n_in * n_out + 1))`` weights changed by
             the last sweep (valid once ``busy`` is low).
+        layer: ``In(range(len(geometries)))`` (several layers only) the layer of every port above.
     """
 
-    def __init__(self, *, geometry: WeightMemoryGeometry):
-        if not isinstance(geometry, WeightMemoryGeometry):
-            raise TypeError(f"geometry must be a WeightMemoryGeometry, not {geometry!r}")
-        self._geometry = geo = geometry
-        bank = geo.bank
+    def __init__(self, *, geometry: WeightMemoryGeometry | None = None, geometries=None):
+        if (geometry is None) == (geometries is None):
+            raise TypeError("give exactly one of geometry (a WeightMemoryGeometry) and geometries (a list of them)")
+        geos = [geometry] if geometries is None else list(geometries)
+        for g in geos:
+            if not isinstance(g, WeightMemoryGeometry):
+                raise TypeError(f"geometry must be a WeightMemoryGeometry, not {g!r}")
+        key = {(g.bank.lanes_in, g.bank.lanes_out, g.sweep.update_lanes, g.optimizer) for g in geos}
+        if len(key) != 1:
+            raise ValueError("the layers of one WeightMemory must have the same lanes_in, lanes_out, update_lanes "
+                             "and optimiser")
+        self._geos = geos
+        self._geometry = geo = geos[0]
+        # the ports are built for the deepest layer (read addresses, host addresses) and the largest flip count
+        bank = max((g.bank for g in geos), key=lambda b: b.depth)
+        n_addr = max(max(g.bank.depth, g.sweep.visits, g.optimizer.cutoff + 1) for g in geos)
+        self._host_layout = data.StructLayout(
+            {"write": 1, "space": 2, "lane": range(geo.bank.lanes_out), "addr": range(n_addr), "data": geo.data_width}
+        )
+        ports = {"layer": In(range(len(geos)))} if len(geos) > 1 else {}
         super().__init__(
             {
+                **ports,
                 "cmd": In(stream.Signature(geo.cmd_layout)),
                 "grad": In(stream.Signature(grad_layout(bank))),
                 "rng": In(stream.Signature(rng_layout(geo.sweep.update_lanes))),
                 "read": In(WeightReadSignature(bank)),
-                "host": In(stream.Signature(geo.host_layout)),
+                "host": In(stream.Signature(self._host_layout)),
                 "host_rdata": Out(stream.Signature(geo.data_width)),
                 "busy": Out(1),
-                "flips": Out(range(bank.n_in * bank.n_out + 1)),
+                "flips": Out(range(max(g.bank.n_in * g.bank.n_out for g in geos) + 1)),
             }
         )
 
@@ -399,37 +421,70 @@ class WeightMemory(wiring.Component):
 
     @property
     def geometry(self) -> WeightMemoryGeometry:
+        """The (first) layer's geometry."""
         return self._geometry
+
+    @property
+    def geometries(self) -> list[WeightMemoryGeometry]:
+        return list(self._geos)
 
     # --- hardware -----------------------------------------------------------------------------------------
 
     def elaborate(self, platform):
+        geos = self._geos
         geo = self._geometry
         sw, opt = geo.sweep, geo.optimizer
         bank = sw.bank
-        U, K, G, D, L = sw.update_lanes, bank.words, bank.groups, bank.depth, bank.lanes_out
+        U, L = sw.update_lanes, bank.lanes_out
         chunks = sw.chunks
         m = Module()
+
+        # --- the selected layer's constants (one layer: constants); its rows and visits follow the previous
+        # layers' in the shared banks and state memories ---
+        def mx(f):
+            return max(max(f(x) for x in geos), 2)
+
+        D_all = sum(x.bank.depth for x in geos)
+        V_all = sum(x.sweep.visits for x in geos)
+        K1 = Signal(range(mx(lambda x: x.bank.words)))
+        G1 = Signal(range(mx(lambda x: x.bank.groups)))
+        D1 = Signal(range(mx(lambda x: x.bank.depth)))
+        CL1 = Signal(range(chunks))
+        LL1 = Signal(range(L))
+        vmask = Signal(U)  # real rows of a partial last chunk
+        bbase = Signal(range(max(D_all, 2)))
+        sbase = Signal(range(max(V_all, 2)))
+        sel = self.layer if len(geos) > 1 else Const(0, 1)
+        with m.Switch(sel):
+            for i, x in enumerate(geos):
+                with m.Case(i):
+                    m.d.comb += [
+                        K1.eq(x.bank.words - 1), G1.eq(x.bank.groups - 1), D1.eq(x.bank.depth - 1),
+                        CL1.eq(x.sweep.chunks_last - 1), LL1.eq(x.sweep.lanes_last - 1),
+                        vmask.eq((1 << x.sweep.valid_last) - 1),
+                        bbase.eq(sum(y.bank.depth for y in geos[:i])),
+                        sbase.eq(sum(y.sweep.visits for y in geos[:i])),
+                    ]
 
         # --- sweep counters (stage 0) ---
         running = Signal()
         op = Signal(2)
         shift = Signal(6)
-        addr = Signal(range(D))
-        k = Signal(range(K))
-        g = Signal(range(G))
+        addr = Signal(range(mx(lambda x: x.bank.depth)))
+        k = Signal(range(mx(lambda x: x.bank.words)))
+        g = Signal(range(mx(lambda x: x.bank.groups)))
         lane = Signal(range(L))
         chunk = Signal(range(chunks))
-        vidx = Signal(range(max(sw.visits, 2)))
+        vidx = Signal(range(max(V_all, 2)))  # the visit's row in the state memories (from sbase)
         last_chunk = Signal()
         last_lane = Signal()
         last_visit = Signal()
         partial = Signal()  # the last chunk of a last-word row (may hold padding rows)
         m.d.comb += [
-            last_chunk.eq((chunk == chunks - 1) | ((k == K - 1) & (chunk == sw.chunks_last - 1))),
-            last_lane.eq((lane == L - 1) | ((g == G - 1) & (lane == sw.lanes_last - 1))),
-            last_visit.eq(last_chunk & last_lane & (addr == D - 1)),
-            partial.eq((k == K - 1) & (chunk == sw.chunks_last - 1)),
+            last_chunk.eq((chunk == chunks - 1) | ((k == K1) & (chunk == CL1))),
+            last_lane.eq((lane == L - 1) | ((g == G1) & (lane == LL1))),
+            last_visit.eq(last_chunk & last_lane & (addr == D1)),
+            partial.eq((k == K1) & (chunk == CL1)),
         ]
         need_rng = running & ((op == UPDATE) | (op == INIT))
         need_grad = running & (op == UPDATE)
@@ -445,7 +500,7 @@ class WeightMemory(wiring.Component):
                 m.d.sync += chunk.eq(0)
                 with m.If(last_lane):
                     m.d.sync += [lane.eq(0), addr.eq(addr + 1)]
-                    with m.If(k == K - 1):
+                    with m.If(k == K1):
                         m.d.sync += [k.eq(0), g.eq(g + 1)]
                     with m.Else():
                         m.d.sync += k.eq(k + 1)
@@ -461,7 +516,7 @@ class WeightMemory(wiring.Component):
         s1_op = Signal(2)
         s1_lane = Signal(range(L))
         s1_chunk = Signal(range(chunks))
-        s1_addr = Signal(range(D))
+        s1_addr = Signal.like(addr)
         s1_vidx = Signal.like(vidx)
         s1_partial = Signal()
         s1_g = Signal(data.ArrayLayout(signed(2), U))
@@ -518,7 +573,7 @@ class WeightMemory(wiring.Component):
                 g.eq(0),
                 lane.eq(0),
                 chunk.eq(0),
-                vidx.eq(0),
+                vidx.eq(sbase),
                 flips.eq(0),
             ]
 
@@ -526,12 +581,12 @@ class WeightMemory(wiring.Component):
         bank_rd = []
         bank_wr = []
         for lane_i in range(L):
-            mem = m.submodules[f"wbank{lane_i}"] = Memory(shape=bank.lanes_in, depth=D, init=[])
+            mem = m.submodules[f"wbank{lane_i}"] = Memory(shape=bank.lanes_in, depth=max(D_all, 2), init=[])
             rd = mem.read_port()
             wr = mem.write_port(granularity=U)
             host_here = host_rd & (h.space == SPACE_WEIGHTS) & (h.lane == lane_i)
             m.d.comb += [
-                rd.addr.eq(Mux(busy, addr, Mux(host_here, h.addr, self.read.addr))),
+                rd.addr.eq(bbase + Mux(busy, addr, Mux(host_here, h.addr, self.read.addr))),
                 rd.en.eq(Mux(busy, issue, host_here | self.read.en)),
                 self.read.data[lane_i].eq(rd.data),
             ]
@@ -547,11 +602,11 @@ class WeightMemory(wiring.Component):
         host_state_rd = host_rd & (h.space == SPACE_STATE)
         for name, _ in opt.fields:
             layout = data.ArrayLayout(opt.field_shape(name), U)
-            mem = m.submodules[f"state_{name}"] = Memory(shape=layout, depth=sw.visits, init=[])
+            mem = m.submodules[f"state_{name}"] = Memory(shape=layout, depth=max(V_all, 2), init=[])
             rd = mem.read_port()
             wr = mem.write_port()
             m.d.comb += [
-                rd.addr.eq(Mux(busy, vidx, h.addr)),
+                rd.addr.eq(Mux(busy, vidx, sbase + h.addr)),
                 rd.en.eq(Mux(busy, issue, host_state_rd)),
             ]
             st_rd[name], st_wr[name] = rd, wr
@@ -583,7 +638,7 @@ class WeightMemory(wiring.Component):
         for lane_i, wr in enumerate(bank_wr):
             host_here = host_wr & (h.space == SPACE_WEIGHTS) & (h.lane == lane_i)
             m.d.comb += [
-                wr.addr.eq(Mux(busy, s1_addr, h.addr)),
+                wr.addr.eq(bbase + Mux(busy, s1_addr, h.addr)),
                 wr.data.eq(Mux(busy, Cat(*([s1_wbits] * chunks)), h.data[: bank.lanes_in])),
                 wr.en.eq(
                     Mux(
@@ -598,7 +653,7 @@ class WeightMemory(wiring.Component):
             wr = st_wr[name]
             width = Shape.cast(data.ArrayLayout(opt.field_shape(name), U)).width
             m.d.comb += [
-                wr.addr.eq(Mux(busy, s1_vidx, h.addr)),
+                wr.addr.eq(Mux(busy, s1_vidx, sbase + h.addr)),
                 wr.data.eq(Mux(busy, new_state[name].as_value(), h.data[state_offset : state_offset + width])),
                 wr.en.eq(Mux(busy, s1_write, host_wr & (h.space == SPACE_STATE))),
             ]
@@ -606,7 +661,7 @@ class WeightMemory(wiring.Component):
 
         # --- flip counter ---
         changed = Signal(U)
-        valid_mask = Mux(s1_partial, (1 << sw.valid_last) - 1, (1 << U) - 1)
+        valid_mask = Mux(s1_partial, vmask, (1 << U) - 1)
         m.d.comb += changed.eq((s1_wbits ^ w_old) & valid_mask)
         with m.If(s1_valid):
             m.d.sync += flips.eq(flips + popcount(changed))

@@ -126,6 +126,82 @@ def test_parameters_are_keyword_only():
         RngEngine(None)
 
 
+EQUAL_LAYERS = {"model.layers": [{"type": "dense", "units": 10}, {"type": "dense", "units": 10},
+                                  {"type": "dense", "units": 10}, {"type": "dense", "units": 7}]}
+
+
+@pytest.mark.parametrize("layers", ["different", "equal"])
+def test_one_engine_serves_several_layers(layers):
+    """One RngEngine for the layers of 37 -> 10 -> 7 (blocks of 16 rows): layer 0 with 8-bit words, 4 lanes,
+    a partial last word and chunk (1 real row of 4); layer 1 with 4-bit words, 2 lanes, a partial last group
+    and word (2 real rows). And for 37 -> 10 -> 10 -> 10 -> 7, whose layers 1 and 2 have equal geometry (only their
+    regions of the state RAM differ). Host seeding and read-back per layer and interleaved sweeps (one layer
+    after the other, as in a training step) equal RngBank's, in Amaranth's simulator."""
+    from amaranth.sim import Simulator
+
+    over = {"hw.rng_block": 16, "hw.rng_seed": 3, **(EQUAL_LAYERS if layers == "equal" else {})}
+    cfg = apply_overrides(load_config("mlp"), small_config(**over))
+    n_layers = len(cfg.weight_layers())
+    geos = [RngGeometry.from_config(cfg, 0, lanes_in=8, lanes_out=4, update_lanes=4)]
+    geos += [RngGeometry.from_config(cfg, j, lanes_in=4, lanes_out=2, update_lanes=4) for j in range(1, n_layers)]
+    assert [g.sweep.valid_last for g in geos[:2]] == [1, 2] and geos[-1].sweep.lanes_last == 1
+    dut = RngEngine(geometries=geos)
+    with pytest.raises(ValueError, match="same update_lanes"):
+        RngEngine(geometries=[geos[0], RngGeometry.from_config(cfg, 1, lanes_in=4, lanes_out=2, update_lanes=2)])
+    bank = RngBank([tuple(s.weight_shape) for s in cfg.weight_layers()], 3, 16)
+    offs = [layer_offset(cfg, j) for j in range(n_layers)]
+
+    async def host(ctx, addr, data=None):
+        ctx.set(dut.host.payload, {"write": int(data is not None), "addr": addr, "data": data or 0})
+        ctx.set(dut.host.valid, 1)
+        while not ctx.get(dut.host.ready):
+            await ctx.tick()
+        await ctx.tick()
+        ctx.set(dut.host.valid, 0)
+        if data is None:
+            ctx.set(dut.host_rdata.ready, 1)
+            while not ctx.get(dut.host_rdata.valid):
+                await ctx.tick()
+            v = ctx.get(dut.host_rdata.payload)
+            await ctx.tick()
+            ctx.set(dut.host_rdata.ready, 0)
+            return v
+
+    async def bench(ctx):
+        state = bank.get_state()
+        for j, geo in enumerate(geos):
+            ctx.set(dut.layer, j)
+            for g in range(geo.generators):
+                await host(ctx, g, int(state[offs[j] + g]))
+        for sweep in range(3):
+            want = bank.sweep()
+            for j, geo in enumerate(geos):
+                ctx.set(dut.layer, j)
+                ctx.set(dut.start, 1)
+                await ctx.tick()
+                ctx.set(dut.start, 0)
+                ctx.set(dut.u.ready, 1)
+                beats = []
+                last = False
+                while not last:
+                    if ctx.get(dut.u.valid):  # transferred at this clock edge
+                        beats.append([int(x) for x in ctx.get(dut.u.payload.u)])
+                        last = bool(ctx.get(dut.u.payload.last))
+                    await ctx.tick()
+                ctx.set(dut.u.ready, 0)
+                assert np.array_equal(np.array(beats, dtype=np.uint32), geo.numbers(want[j])), (sweep, j)
+        state = bank.get_state()
+        for j, geo in enumerate(geos):
+            ctx.set(dut.layer, j)
+            back = [await host(ctx, g) for g in range(geo.generators)]
+            assert back == [int(v) for v in state[offs[j]: offs[j] + geo.generators]], j
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+
+
 # --- cocotb on Verilator ----------------------------------------------------------------------------------
 
 SWEEP = [

@@ -416,6 +416,18 @@ def test_layers_with_equal_lanes_share_one_po2_backward_engine():
     assert SystemPlan(small_cfg(SHARED_LAYERS)).backward_groups == [[0, 1, 2, 3]]
 
 
+def test_layers_with_equal_update_lanes_share_one_generator_engine():
+    assert SystemPlan(paper_cfg()).rng_groups == [[0, 1, 2, 3, 4]]
+    assert SystemPlan(small_cfg()).rng_groups == [[0, 1]]  # lanes_in 32 and 16, update_lanes 8
+    assert SystemPlan(small_cfg("hw.update_lanes=32")).rng_groups == [[0], [1]]  # 32 and 16 per visit
+
+
+def test_layers_with_equal_lanes_share_one_weight_memory():
+    assert SystemPlan(paper_cfg()).wmem_groups == [[0, 1, 2, 3, 4]]
+    assert SystemPlan(small_cfg()).wmem_groups == [[0], [1]]  # 32- and 16-bit bank words
+    assert SystemPlan(small_cfg(SHARED_LAYERS, SHARED_LANES)).wmem_groups == [[0, 1, 2, 3]]
+
+
 def test_layers_of_equal_geometry_share_engine_bn_and_po2_units():
     """The XNOR engine is shared by layers of the same geometry, the BN forward/backward and po2 units by
     layers of the same channels, batch and lanes (fan-in only bounds |y|): the paper MLP's three 256-256
@@ -434,7 +446,8 @@ def test_layers_of_equal_geometry_share_engine_bn_and_po2_units():
     names = set(acc.unit_names)
     assert names == ({f"engine{g}" for g in ("0", "1_2", "3")}
                      | {f"{u}{g}" for u in ("bn_fwd", "bn_bwd", "po2_") for g in ("0_1_2", "3")}
-                     | {"bn_param0_1_2_3"})  # one BN parameter unit for all layers
+                     | {"bn_param0_1_2_3", "rng0_1_2_3", "wmem0_1_2_3"})  # one BN parameter unit, generator
+    # engine and weight memory (all four layers have 32-bit words, 16 banks, 8 update lanes)
     assert not {"engine1", "engine2", "bn_fwd0", "bn_fwd2", "po2_2"} & names
 
 

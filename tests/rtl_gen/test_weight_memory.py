@@ -165,6 +165,138 @@ def test_bad_parameters_are_rejected(kwargs, message):
         WeightMemory(None)
 
 
+FOUR_LAYERS = {"model.layers": [{"type": "dense", "units": 10}, {"type": "dense", "units": 10},
+                                 {"type": "dense", "units": 10}, {"type": "dense", "units": 7}]}
+
+
+@pytest.mark.parametrize("optimizer", ["switch", "bop"])
+def test_one_memory_for_several_layers_equals_one_memory_each(optimizer):
+    """A WeightMemory shared by the four layers of 37 -> 10 -> 10 -> 10 -> 7 (8-bit words, 4 banks, 4 update
+    lanes; 5, 2, 2 and 2 words; partial last chunks, groups of 4, 4, 4 and 3 columns) behaves exactly like
+    four single-layer memories (each verified against sim.hw.optim by the cocotb tests): the same host writes,
+    UPDATE sweeps interleaved layer by layer with random gradients, numbers and stalls, then every weight row,
+    state row and flip count read back is equal. Amaranth's simulator."""
+    from amaranth.sim import Simulator
+
+    from rtl_gen.weight_memory import SPACE_STATE, SPACE_TABLE, SPACE_WEIGHTS, UPDATE
+    from sim.hw.optim import PROB_BITS
+
+    cfg = apply_overrides(load_config("mlp"), small_config(**FOUR_LAYERS, **{"hw.optimizer": optimizer}))
+    geos = [WeightMemoryGeometry.from_config(cfg, j, lanes_in=8, lanes_out=4, update_lanes=4) for j in range(4)]
+    assert geos[1] == geos[2]  # equal geometry: only the regions differ
+    shared = WeightMemory(geometries=geos)
+    singles = [WeightMemory(geometry=g) for g in geos]
+    with pytest.raises(ValueError, match="same lanes_in"):
+        WeightMemory(geometries=[geos[0], WeightMemoryGeometry.from_config(cfg, 1, lanes_in=8, lanes_out=2,
+                                                                           update_lanes=4)])
+    top = Module()
+    top.submodules.shared = shared
+    for j, u in enumerate(singles):
+        top.submodules[f"single{j}"] = u
+    rng = np.random.default_rng(7)
+    U, L = 4, 4
+    table = rng.integers(0, 1 << PROB_BITS, geos[0].optimizer.cutoff + 1) if optimizer == "switch" else []
+    init = []
+    state_w = geos[0].state_layout.size
+    for g in geos:
+        init.append({"w": rng.integers(0, 1 << 8, (L, g.bank.depth)).tolist(),
+                     "s": [int(x) for x in rng.integers(0, 1 << 62, g.sweep.visits) % (1 << state_w)]})
+    sweeps = []
+    for _ in range(2):
+        for g in geos:
+            rows = g.bank.depth
+            grads = [int(x) for x in rng.integers(0, 1 << 62, rows)]  # g[lane][bit] signed 2-bit fields
+            nums = [[int(x) for x in rng.integers(0, 1 << 32, U, dtype=np.uint64)] for _ in range(g.sweep.visits)]
+            sweeps.append((grads, nums, int(rng.integers(0, 8))))
+
+    def grad_word(bits, lane_bits):
+        # random 2-bit fields in {-1, 0, +1}: map 2 (= -2) to 0
+        out = 0
+        for f in range(lane_bits):
+            v = (bits >> (2 * f)) & 3
+            out |= (0 if v == 2 else v) << (2 * f)
+        return out
+
+    async def host(ctx, dut, space, addr, lane=0, data=None):
+        ctx.set(dut.host.payload, {"write": int(data is not None), "space": space, "lane": lane, "addr": addr,
+                                   "data": data or 0})
+        ctx.set(dut.host.valid, 1)
+        await ctx.tick().until(dut.host.ready)
+        ctx.set(dut.host.valid, 0)
+        if data is None:
+            ctx.set(dut.host_rdata.ready, 1)
+            (v,) = await ctx.tick().sample(dut.host_rdata.payload).until(dut.host_rdata.valid)
+            ctx.set(dut.host_rdata.ready, 0)
+            return int(v)
+
+    async def sweep(ctx, dut, grads, nums, shift, stall):
+        ctx.set(dut.cmd.payload, {"op": UPDATE, "shift": shift})
+        ctx.set(dut.cmd.valid, 1)
+        await ctx.tick().until(dut.cmd.ready)
+        ctx.set(dut.cmd.valid, 0)
+        gi = ni = 0
+        while gi < len(grads) or ni < len(nums):
+            gv = gi < len(grads) and stall.random() > 0.3
+            nv = ni < len(nums) and stall.random() > 0.3
+            if gv:
+                ctx.set(dut.grad.payload.as_value(), grad_word(grads[gi], 8 * L) | (int(gi == len(grads) - 1)
+                                                                                   << (2 * 8 * L)))
+            if nv:
+                ctx.set(dut.rng.payload.u, nums[ni])
+            ctx.set(dut.grad.valid, gv)
+            ctx.set(dut.rng.valid, nv)
+            gr, nr = ctx.get(dut.grad.ready), ctx.get(dut.rng.ready)
+            await ctx.tick()
+            gi += int(gv and gr)
+            ni += int(nv and nr)
+        ctx.set(dut.grad.valid, 0)
+        ctx.set(dut.rng.valid, 0)
+        while ctx.get(dut.busy):
+            await ctx.tick()
+        return int(ctx.get(dut.flips))
+
+    results = {}
+
+    async def run(ctx, name, pick):
+        stall = np.random.default_rng(11)
+        out = []
+        for j, g in enumerate(geos):
+            dut = pick(ctx, j)
+            for lane in range(L):
+                for r in range(g.bank.depth):
+                    await host(ctx, dut, SPACE_WEIGHTS, r, lane, init[j]["w"][lane][r])
+            for v, word in enumerate(init[j]["s"]):
+                await host(ctx, dut, SPACE_STATE, v, data=word)
+            for p, t in enumerate(table):
+                await host(ctx, dut, SPACE_TABLE, p, data=int(t))
+        for n, (grads, nums, shift) in enumerate(sweeps):
+            j = n % len(geos)
+            out.append(("flips", j, await sweep(ctx, pick(ctx, j), grads, nums, shift, stall)))
+        for j, g in enumerate(geos):
+            dut = pick(ctx, j)
+            out.append(("w", j, [await host(ctx, dut, SPACE_WEIGHTS, r, lane) for lane in range(L)
+                                 for r in range(g.bank.depth)]))
+            out.append(("s", j, [await host(ctx, dut, SPACE_STATE, v) for v in range(g.sweep.visits)]))
+        results[name] = out
+
+    def pick_shared(ctx, j):
+        ctx.set(shared.layer, j)
+        return shared
+
+    async def bench(ctx):
+        await run(ctx, "single", lambda ctx, j: singles[j])
+        await run(ctx, "shared", pick_shared)
+
+    sim = Simulator(top)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    assert len(results["single"]) == len(sweeps) + 2 * len(geos)
+    assert any(f for kind, _, f in results["single"] if kind == "flips")  # the sweeps changed weights
+    for a, b in zip(results["single"], results["shared"], strict=True):
+        assert a == b, (a[0], a[1])
+
+
 # --- cocotb on Verilator ----------------------------------------------------------------------------------
 
 SWEEP = [
