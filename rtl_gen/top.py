@@ -210,7 +210,7 @@ class SystemPlan:
         # the units without state between phases (XNOR engine, BN forward and backward, po2 unit) are shared by
         # the layers that need the same unit (equal geometry), e.g. the paper MLP's hidden layers 1 .. 3
         self.unit_groups = {
-            "engine": self._groups(lambda j: self.layers[j].geometry),
+            "engine": self._groups(lambda j: (self.layers[j].lanes_in, self.layers[j].lanes_out)),
             "bn": self._groups(self._bn_key),
         }
         # the generator engines: one per group of layers with equal update lanes (the jump matrices)
@@ -543,8 +543,8 @@ class Accelerator(wiring.Component):
         rng = self._shared_state(m, sub, "rng", plan.rng_groups, lambda j: upd_act[j] | host_sel[("rng", j)],
                                  lambda grp: RngEngine(geometries=[plan.rng_geometry(j) for j in grp]))
         groups = plan.unit_groups
-        eng = self._shared(m, sub, "engine", groups["engine"], fwd_act,
-                           lambda grp: XnorEngineCore(geometry=LP[grp[0]].geometry))
+        eng = self._shared_state(m, sub, "engine", groups["engine"], lambda j: fwd_act[j],
+                                 lambda grp: XnorEngineCore(geometries=[LP[j].geometry for j in grp]))
         bnf = self._shared(m, sub, "bn_fwd", groups["bn"], fwd_act,
                            lambda grp: BnForwardUnit(layer=plan.bn_envelope(grp), div_steps=cfg.hw.div_steps))
         bnb = self._shared(m, sub, "bn_bwd", groups["bn"], bwd_act,

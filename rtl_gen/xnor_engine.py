@@ -250,8 +250,11 @@ class XnorEngineCore(wiring.Component):
     """The engine's datapath without weight storage, for a weight memory that lives elsewhere (e.g. the
     optimiser's banks). See the module docstring for the arithmetic and the schedule.
 
-    Parameters:
-        geometry: an :class:`XnorGeometry`.
+    Parameters (keyword-only):
+        geometry: an :class:`XnorGeometry`; or
+        geometries: several (one per layer, equal ``lanes_in`` and ``lanes_out``): the engine serves each
+            in turn, picking words, groups, the padding masks and ``-n_in`` at run time by its ``layer``
+            input (hold it while a layer's rows run). Its ports are built for the largest layer.
 
     Ports:
         x: ``In(stream.Signature(geometry.x_layout))`` input words.
@@ -259,42 +262,81 @@ class XnorEngineCore(wiring.Component):
         weights: ``Out(WeightReadSignature(geometry))``.
         framing_error: ``Out(1)`` high for one cycle after an input word whose ``last`` flag disagrees
             with the word count (the engine goes by the count; the flag is only checked).
+        layer: ``In(range(len(geometries)))`` (several geometries only).
     """
 
-    def __init__(self, *, geometry: XnorGeometry):
-        if not isinstance(geometry, XnorGeometry):
-            raise TypeError(f"geometry must be an XnorGeometry, not {geometry!r}")
-        self._geometry = geometry
+    def __init__(self, *, geometry: XnorGeometry | None = None, geometries=None):
+        if (geometry is None) == (geometries is None):
+            raise TypeError("give exactly one of geometry (an XnorGeometry) and geometries (a list of them)")
+        geos = [geometry] if geometries is None else list(geometries)
+        for g in geos:
+            if not isinstance(g, XnorGeometry):
+                raise TypeError(f"geometry must be an XnorGeometry, not {g!r}")
+        if len({(g.lanes_in, g.lanes_out) for g in geos}) != 1:
+            raise ValueError("the layers of one XnorEngineCore must have the same lanes_in and lanes_out")
+        self._geos = geos
+        # the ports' geometry: the largest fan-in (|y|) and a depth that covers every layer's
+        self._geometry = env = geos[0] if len(geos) == 1 else XnorGeometry(
+            n_in=max(g.n_in for g in geos), n_out=max(g.n_out for g in geos), lanes_in=geos[0].lanes_in,
+            lanes_out=geos[0].lanes_out)
+        ports = {"layer": In(range(len(geos)))} if len(geos) > 1 else {}
         super().__init__(
             {
-                "x": In(stream.Signature(geometry.x_layout)),
-                "y": Out(stream.Signature(geometry.y_layout)),
-                "weights": Out(WeightReadSignature(geometry)),
+                **ports,
+                "x": In(stream.Signature(env.x_layout)),
+                "y": Out(stream.Signature(env.y_layout)),
+                "weights": Out(WeightReadSignature(env)),
                 "framing_error": Out(1),
             }
         )
 
     @property
     def geometry(self) -> XnorGeometry:
+        """The geometry the ports are built for (the layer's own with one geometry)."""
         return self._geometry
 
+    @property
+    def geometries(self) -> list[XnorGeometry]:
+        return list(self._geos)
+
     def elaborate(self, platform):
+        geos = self._geos
         geo = self._geometry
-        K, G, D = geo.words, geo.groups, geo.depth
+        li, lo = geo.lanes_in, geo.lanes_out
         m = Module()
+
+        # the selected layer's constants ("1": minus one)
+        K = Signal(range(max(g.words for g in geos) + 1))
+        K1 = Signal(range(max(g.words for g in geos)))
+        D1 = Signal(range(max(g.depth for g in geos)))
+        last_start = Signal(range(max(g.depth for g in geos)))  # first row of the last group, (G - 1) K
+        y_shape = signed(geo.y_width)
+        neg_n = Signal(y_shape)
+        last_mask = Signal(li)
+        pad_lane = Signal(lo)  # lanes past n_out in the last group
+        sel = self.layer if len(geos) > 1 else Const(0, 1)
+        with m.Switch(sel):
+            for i, g in enumerate(geos):
+                with m.Case(i):
+                    real = g.n_out - (g.groups - 1) * lo
+                    m.d.comb += [
+                        K.eq(g.words), K1.eq(g.words - 1), D1.eq(g.depth - 1),
+                        last_start.eq((g.groups - 1) * g.words), neg_n.eq(-g.n_in),
+                        last_mask.eq(g.last_word_mask), pad_lane.eq(((1 << lo) - 1) & ~((1 << real) - 1)),
+                    ]
 
         # Stage 0: issue one (group, word) step per cycle; the weight row address is group * K + word.
         adv = Signal()  # the whole pipeline moves (low only while the output queue refuses a result)
         issue = Signal()
-        addr = Signal(range(D))
-        word = Signal(range(K))
+        addr = Signal(range(max(g.depth for g in geos)))
+        word = Signal(range(max(g.words for g in geos)))
         first_group = Signal()
         last_group = Signal()
         last_word = Signal()
         m.d.comb += [
             first_group.eq(addr < K),
-            last_group.eq(addr >= (G - 1) * K),
-            last_word.eq(word == K - 1),
+            last_group.eq(addr >= last_start),
+            last_word.eq(word == K1),
             self.x.ready.eq(adv & first_group),
             issue.eq(adv & (~first_group | self.x.valid)),
             self.weights.addr.eq(addr),
@@ -303,7 +345,7 @@ class XnorEngineCore(wiring.Component):
         with m.If(issue):
             m.d.sync += [
                 word.eq(Mux(last_word, 0, word + 1)),
-                addr.eq(Mux(addr == D - 1, 0, addr + 1)),
+                addr.eq(Mux(addr == D1, 0, addr + 1)),
             ]
         m.d.sync += self.framing_error.eq(self.x.valid & self.x.ready & (self.x.payload.last != last_word))
 
@@ -313,7 +355,7 @@ class XnorEngineCore(wiring.Component):
         s1_first = Signal()
         s1_last = Signal()
         s1_last_group = Signal()
-        x1 = Signal(geo.lanes_in)
+        x1 = Signal(li)
         with m.If(adv):
             m.d.sync += [
                 s1_valid.eq(issue),
@@ -325,9 +367,10 @@ class XnorEngineCore(wiring.Component):
             with m.If(issue & first_group):
                 m.d.sync += x1.eq(self.x.payload.data)
 
-        x_word = Signal(geo.lanes_in)
-        if G > 1:  # later groups replay the row from a one-row buffer
-            m.submodules.row_buffer = row_buffer = Memory(shape=geo.lanes_in, depth=K, init=[])
+        x_word = Signal(li)
+        if any(g.groups > 1 for g in geos):  # later groups replay the row from a one-row buffer
+            m.submodules.row_buffer = row_buffer = Memory(shape=li, depth=max(max(g.words for g in geos), 2),
+                                                          init=[])
             keep = row_buffer.write_port()
             replay = row_buffer.read_port()
             m.d.comb += [
@@ -340,18 +383,18 @@ class XnorEngineCore(wiring.Component):
             ]
         else:
             m.d.comb += x_word.eq(x1)
-        full = (1 << geo.lanes_in) - 1
-        mask = Signal(geo.lanes_in)
-        m.d.comb += mask.eq(Mux(s1_last, geo.last_word_mask, full))
+        full = (1 << li) - 1
+        mask = Signal(li)
+        m.d.comb += mask.eq(Mux(s1_last, last_mask, full))
 
         # Stage 2: registered popcounts; accumulate y = -N + 2 * sum(popcounts); push the last word's sum.
         s2_valid = Signal()
         s2_first = Signal()
         s2_last = Signal()
         s2_last_group = Signal()
-        counts = [Signal(range(geo.lanes_in + 1), name=f"count{lane}") for lane in range(geo.lanes_out)]
-        agree = [Signal(geo.lanes_in, name=f"agree{lane}") for lane in range(geo.lanes_out)]  # signals, so
-        for lane in range(geo.lanes_out):  # that popcount's per-bit slices share one XNOR and mask
+        counts = [Signal(range(li + 1), name=f"count{lane}") for lane in range(lo)]
+        agree = [Signal(li, name=f"agree{lane}") for lane in range(lo)]  # signals, so
+        for lane in range(lo):  # that popcount's per-bit slices share one XNOR and mask
             m.d.comb += agree[lane].eq(~(x_word ^ self.weights.data[lane]) & mask)
         with m.If(adv):
             m.d.sync += [
@@ -360,7 +403,7 @@ class XnorEngineCore(wiring.Component):
                 s2_last.eq(s1_last),
                 s2_last_group.eq(s1_last_group),
             ]
-            m.d.sync += [counts[lane].eq(popcount(agree[lane])) for lane in range(geo.lanes_out)]
+            m.d.sync += [counts[lane].eq(popcount(agree[lane])) for lane in range(lo)]
 
         m.submodules.queue = queue = StreamFIFO(shape=geo.y_layout, depth=2)
         push = Signal()
@@ -370,18 +413,17 @@ class XnorEngineCore(wiring.Component):
             queue.i.valid.eq(push),
             queue.i.payload.last.eq(s2_last_group),
         ]
-        y_shape = signed(geo.y_width)
-        real_lanes_last = geo.n_out - (G - 1) * geo.lanes_out
-        for lane in range(geo.lanes_out):
+        real_min = min(g.n_out - (g.groups - 1) * lo for g in geos)
+        for lane in range(lo):
             acc = Signal(y_shape, name=f"acc{lane}")
             total = Signal(y_shape, name=f"sum{lane}")
-            m.d.comb += total.eq(Mux(s2_first, Const(-geo.n_in, y_shape), acc) + (counts[lane] << 1))
+            m.d.comb += total.eq(Mux(s2_first, neg_n, acc) + (counts[lane] << 1))
             with m.If(adv & s2_valid):
                 m.d.sync += acc.eq(total)
-            if lane < real_lanes_last:
+            if lane < real_min:
                 m.d.comb += queue.i.payload.y[lane].eq(total)
-            else:  # padding lane in the last group
-                m.d.comb += queue.i.payload.y[lane].eq(Mux(s2_last_group, 0, total))
+            else:  # padding lane in the last group (of some layer)
+                m.d.comb += queue.i.payload.y[lane].eq(Mux(s2_last_group & pad_lane[lane], 0, total))
         wiring.connect(m, queue.o, wiring.flipped(self.y))
         return m
 

@@ -9,6 +9,7 @@ import re
 
 import numpy as np
 import pytest
+from amaranth import Signal
 from amaranth.sim import Simulator
 
 from rtl_gen.toolchain import build_root, run_cocotb, to_verilog
@@ -141,6 +142,73 @@ def test_engine_in_amaranth_simulator(geo):
     measured, model = _pysim(geo, 6, seed=3, p_idle=0.0, p_stall=0.0)
     assert measured == model
     _pysim(geo, 6, seed=4, p_idle=0.3, p_stall=0.4)
+
+
+def test_one_core_for_layers_of_different_geometry():
+    """One XnorEngineCore for three layers with 8-bit words and 4 lanes (37 -> 10: 5 words, partial last word
+    and group; 10 -> 10: 2 words, 2 padding lanes; 10 -> 3: one group, 1 real lane), each layer's weights in
+    its own region of the banks: layers run one after the other (twice round), with random input stalls and
+    output backpressure; every output equals the reference, padding lanes are 0."""
+    from amaranth import Module
+    from amaranth.lib.memory import Memory
+
+    from rtl_gen.xnor_engine import XnorEngineCore
+
+    geos = [XnorGeometry(n_in=37, n_out=10, lanes_in=8, lanes_out=4), XnorGeometry(n_in=10, n_out=10, lanes_in=8,
+                                                                                    lanes_out=4),
+            XnorGeometry(n_in=10, n_out=3, lanes_in=8, lanes_out=4)]
+    core = XnorEngineCore(geometries=geos)
+    assert core.geometry.y_width == geos[0].y_width
+    with pytest.raises(ValueError, match="same lanes_in and lanes_out"):
+        XnorEngineCore(geometries=[geos[0], XnorGeometry(n_in=10, n_out=3, lanes_in=8, lanes_out=2)])
+    rng = np.random.default_rng(5)
+    ws = [rng.integers(0, 2, (g.n_in, g.n_out)) for g in geos]
+    bases = [sum(g.depth for g in geos[:i]) for i in range(len(geos))]
+    top = Module()
+    top.submodules.core = core
+    for lane in range(4):
+        rows = [row for g, w in zip(geos, ws) for row in g.pack_weights(w)[lane]]
+        bank = top.submodules[f"bank{lane}"] = Memory(shape=8, depth=len(rows), init=rows)
+        rd = bank.read_port()
+        base = Signal(range(len(rows)))
+        with top.Switch(core.layer):
+            for i, b in enumerate(bases):
+                with top.Case(i):
+                    top.d.comb += base.eq(b)
+        top.d.comb += [rd.addr.eq(base + core.weights.addr), rd.en.eq(core.weights.en),
+                       core.weights.data[lane].eq(rd.data)]
+    coin = random.Random(9)
+    batch = 5
+
+    async def bench(ctx):
+        for rnd in range(2):
+            for i, g in enumerate(geos):
+                ctx.set(core.layer, i)
+                x = rng.integers(0, 2, (batch, g.n_in))
+                words = [(word, int(k == g.words - 1)) for row in g.pack_rows(x) for k, word in enumerate(row)]
+                beats, sent = [], 0
+                while len(beats) < batch * g.groups:
+                    offer = sent < len(words) and coin.random() >= 0.3
+                    ctx.set(core.x.valid, offer)
+                    if offer:
+                        ctx.set(core.x.payload, {"data": words[sent][0], "last": words[sent][1]})
+                    take = coin.random() >= 0.3
+                    ctx.set(core.y.ready, take)
+                    if offer and ctx.get(core.x.ready):
+                        sent += 1
+                    if take and ctx.get(core.y.valid):
+                        beats.append([int(v) for v in ctx.get(core.y.payload).y])
+                    await ctx.tick()
+                ctx.set(core.x.valid, 0)
+                ctx.set(core.y.ready, 0)
+                full = np.asarray(beats, dtype=np.int64).reshape(batch, g.groups * 4)
+                assert (full[:, g.n_out:] == 0).all(), (rnd, i)
+                assert (g.unpack_outputs(beats) == ref(x, ws[i])).all(), (rnd, i)
+
+    sim = Simulator(top)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
 
 
 # --- cocotb on Verilator ----------------------------------------------------------------------------------
