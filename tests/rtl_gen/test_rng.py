@@ -138,6 +138,7 @@ def test_one_engine_serves_several_layers(layers):
     regions of the state RAM differ). Host seeding and read-back per layer and interleaved sweeps (one layer
     after the other, as in a training step) equal RngBank's, in Amaranth's simulator."""
     from amaranth.sim import Simulator
+    from pysim_host import host_access  # same folder
 
     over = {"hw.rng_block": 16, "hw.rng_seed": 3, **(EQUAL_LAYERS if layers == "equal" else {})}
     cfg = apply_overrides(load_config("mlp"), small_config(**over))
@@ -152,20 +153,8 @@ def test_one_engine_serves_several_layers(layers):
     offs = [layer_offset(cfg, j) for j in range(n_layers)]
 
     async def host(ctx, addr, data=None):
-        ctx.set(dut.host.payload, {"write": int(data is not None), "addr": addr, "data": data or 0})
-        ctx.set(dut.host.valid, 1)
-        while not ctx.get(dut.host.ready):
-            await ctx.tick()
-        await ctx.tick()
-        ctx.set(dut.host.valid, 0)
-        if data is None:
-            ctx.set(dut.host_rdata.ready, 1)
-            while not ctx.get(dut.host_rdata.valid):
-                await ctx.tick()
-            v = ctx.get(dut.host_rdata.payload)
-            await ctx.tick()
-            ctx.set(dut.host_rdata.ready, 0)
-            return v
+        payload = {"write": int(data is not None), "addr": addr, "data": data or 0}
+        return await host_access(ctx, dut, payload, read=data is None)
 
     async def bench(ctx):
         state = bank.get_state()

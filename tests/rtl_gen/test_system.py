@@ -280,6 +280,8 @@ def test_bn_param_unit_against_the_model(shared):
     several steps, read back through the host port, equal sim.hw.arith.running_update and
     sim.hw.optim.beta_update: for one layer, and for the unit shared by both layers of the small MLP (12
     and 10 channels, different bounds; the layers' work interleaves as in a training step)."""
+    from pysim_host import host_access  # same folder
+
     cfg = small_cfg()
     h = cfg.hw
     lays = [BnLayer.from_config(cfg, j, lanes=8) for j in ((0, 1) if shared else (0,))]
@@ -289,22 +291,9 @@ def test_bn_param_unit_against_the_model(shared):
     rng = np.random.default_rng(1)
 
     async def host(ctx, space, addr, data=None):
-        ctx.set(dut.host.payload, {"write": int(data is not None), "space": space, "outer": addr, "inner": 0,
-                                   "data": 0 if data is None else int(data) & ((1 << dut.host_width) - 1)})
-        ctx.set(dut.host.valid, 1)
-        while not ctx.get(dut.host.ready):
-            await ctx.tick()
-        await ctx.tick()
-        ctx.set(dut.host.valid, 0)
-        if data is not None:
-            return None
-        ctx.set(dut.host_rdata.ready, 1)
-        while not ctx.get(dut.host_rdata.valid):
-            await ctx.tick()
-        v = ctx.get(dut.host_rdata.payload)
-        await ctx.tick()
-        ctx.set(dut.host_rdata.ready, 0)
-        return v
+        payload = {"write": int(data is not None), "space": space, "outer": addr, "inner": 0,
+                   "data": 0 if data is None else int(data) & ((1 << dut.host_width) - 1)}
+        return await host_access(ctx, dut, payload, read=data is None)
 
     def sx(v, w):
         v &= (1 << w) - 1

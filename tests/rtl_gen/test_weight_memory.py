@@ -177,6 +177,7 @@ def test_one_memory_for_several_layers_equals_one_memory_each(optimizer):
     UPDATE sweeps interleaved layer by layer with random gradients, numbers and stalls, then every weight row,
     state row and flip count read back is equal. Amaranth's simulator."""
     from amaranth.sim import Simulator
+    from pysim_host import host_access  # same folder
 
     from rtl_gen.weight_memory import SPACE_STATE, SPACE_TABLE, SPACE_WEIGHTS, UPDATE
     from sim.hw.optim import PROB_BITS
@@ -218,16 +219,8 @@ def test_one_memory_for_several_layers_equals_one_memory_each(optimizer):
         return out
 
     async def host(ctx, dut, space, addr, lane=0, data=None):
-        ctx.set(dut.host.payload, {"write": int(data is not None), "space": space, "lane": lane, "addr": addr,
-                                   "data": data or 0})
-        ctx.set(dut.host.valid, 1)
-        await ctx.tick().until(dut.host.ready)
-        ctx.set(dut.host.valid, 0)
-        if data is None:
-            ctx.set(dut.host_rdata.ready, 1)
-            (v,) = await ctx.tick().sample(dut.host_rdata.payload).until(dut.host_rdata.valid)
-            ctx.set(dut.host_rdata.ready, 0)
-            return int(v)
+        payload = {"write": int(data is not None), "space": space, "lane": lane, "addr": addr, "data": data or 0}
+        return await host_access(ctx, dut, payload, read=data is None)
 
     async def sweep(ctx, dut, grads, nums, shift, stall):
         ctx.set(dut.cmd.payload, {"op": UPDATE, "shift": shift})

@@ -167,7 +167,7 @@ def test_one_core_for_layers_of_different_geometry():
     top = Module()
     top.submodules.core = core
     for lane in range(4):
-        rows = [row for g, w in zip(geos, ws) for row in g.pack_weights(w)[lane]]
+        rows = [row for g, w in zip(geos, ws, strict=True) for row in g.pack_weights(w)[lane]]
         bank = top.submodules[f"bank{lane}"] = Memory(shape=8, depth=len(rows), init=rows)
         rd = bank.read_port()
         base = Signal(range(len(rows)))
