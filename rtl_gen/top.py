@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from amaranth import Cat, Module, Mux, ResetInserter, Signal, signed
+from amaranth import Cat, Module, Mux, ResetInserter, Signal, Value, signed
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -883,7 +883,9 @@ class Accelerator(wiring.Component):
     def _shared(self, m, sub, name, groups, active, make):
         """One unit per group of layers (``make(group)``). A layer alone talks to its
         unit directly; the layers of a group each get a facade (an interface of the unit's signature): its
-        inputs reach the unit only while the layer's phase is ``active``, its outputs always follow the unit."""
+        outputs always follow the unit; its 1-bit inputs (valid, ready, enables, pulses) reach the unit only
+        while the layer is ``active`` (0 otherwise), its wider inputs (payloads, addresses) too, except that
+        while no layer is active the unit sees the group's first layer's (no gating logic on wide paths)."""
         out = {}
         for grp in groups:
             unit = sub(name + "_".join(map(str, grp)), make(grp))
@@ -892,14 +894,18 @@ class Accelerator(wiring.Component):
                 out[grp[0]] = unit
                 continue
             sig = unit.signature
-            for j in grp:
+            for i, j in enumerate(grp):
                 facade = sig.create(path=(f"{name}{j}",))
                 for (_, member, uval), (_, _, fval) in zip(sig.flatten(unit), sig.flatten(facade), strict=True):
-                    if member.flow == wiring.In:
+                    if member.flow == wiring.Out:
+                        m.d.comb += fval.eq(uval)
+                    elif Value.cast(uval).shape().width > 1 and i == 0:
+                        # payloads, addresses, data: the first layer's value unless another layer is active
+                        # (no gating logic; they only count with a 1-bit valid / enable / pulse)
+                        m.d.comb += uval.eq(fval)
+                    else:  # valid, ready, enables, pulses (0 unless the layer is active); other layers' data
                         with m.If(active[j]):
                             m.d.comb += uval.eq(fval)
-                    else:
-                        m.d.comb += fval.eq(uval)
                 out[j] = facade
         return out
 
