@@ -270,19 +270,85 @@ class Phase:
     PASS1, EPI1, PASS2, EPI2, PASS3, EPI3 = range(6)
 
 
+class _Channels:
+    """The channel geometry a BN or po2 unit runs: constants for one layer, or, for a unit shared by layers
+    of different channel counts (``channels``, one per layer), signals picked by ``sel`` (the unit's
+    ``layer`` input). ``g1``, ``ll1``, ``m1``: groups, real lanes of the last group and channels, minus one;
+    ``single``: one group; ``pad``: the lanes past the channels in the last group (bit per lane)."""
+
+    def __init__(self, m: Module, layer: BnLayer, channels, sel, name: str = "ch"):
+        L = self.lanes = layer.lanes
+        chans = list(channels)
+        groups = [-(-c // L) for c in chans]
+        lasts = [c - (g - 1) * L for c, g in zip(chans, groups, strict=True)]
+        self.max_groups, self.max_channels = max(groups), max(chans)
+        self.min_lanes_last = min(lasts)  # lanes below this are real in every group of every layer
+        self.all_single, self.any_single = all(g == 1 for g in groups), any(g == 1 for g in groups)
+        pads = [((1 << L) - 1) & ~((1 << last) - 1) for last in lasts]
+        if len(chans) == 1:
+            self.g1, self.ll1, self.m1 = groups[0] - 1, lasts[0] - 1, chans[0] - 1
+            self.single, self.pad = Const(int(groups[0] == 1)), Const(pads[0], L)
+            return
+        self.g1 = Signal(range(self.max_groups), name=f"{name}_g1")
+        self.ll1 = Signal(range(L), name=f"{name}_ll1")
+        self.m1 = Signal(range(self.max_channels), name=f"{name}_m1")
+        self.single = Signal(name=f"{name}_single")
+        self.pad = Signal(L, name=f"{name}_pad")
+        with m.Switch(sel):
+            for i, (c, g, last, pad) in enumerate(zip(chans, groups, lasts, pads, strict=True)):
+                with m.Case(i):
+                    m.d.comb += [self.g1.eq(g - 1), self.ll1.eq(last - 1), self.m1.eq(c - 1),
+                                 self.single.eq(g == 1), self.pad.eq(pad)]
+
+    def real(self, lane: int, last_group):
+        """Whether ``lane`` of a beat holds a real channel (``last_group``: the beat is of the last group)."""
+        if lane < self.min_lanes_last:
+            return Const(1)
+        return ~(last_group & self.pad[lane])
+
+
+def _channel_ports(channels) -> dict:
+    """The ``layer`` input of a unit shared by layers of different channel counts (none for one layer)."""
+    return {"layer": In(range(len(channels)))} if len(channels) > 1 else {}
+
+
+def _check_channels(layer: BnLayer, channels) -> list[int]:
+    chans = [layer.channels] if channels is None else list(channels)
+    for c in chans:
+        _check_int("channels", c, 1, 1 << 20)
+    if max(chans) > layer.channels:
+        raise ValueError(f"channels {chans} exceed the layer geometry's {layer.channels}")
+    return chans
+
+
+def _forward_words(m: Module, ch: _Channels, new, rd_data, writes, shape, name: str):
+    """The accumulator words a pass stage reads: from the memory, or, when every beat hits the same word
+    (one group), from a register holding the previous write (a one-cycle read-after-write hazard)."""
+    if not ch.any_single:
+        return rd_data
+    fw = Signal(shape, name=f"{name}_fw")
+    with m.If(writes):
+        m.d.sync += fw.eq(new)
+    if ch.all_single:
+        return fw
+    out = Signal(shape, name=f"{name}_old")
+    m.d.comb += out.eq(Mux(ch.single, fw, rd_data))
+    return out
+
+
 class _BeatCounter:
     """Group and row counters of a batch-major pass; advance on ``step``."""
 
-    def __init__(self, m: Module, layer: BnLayer, step, name: str):
-        G, B = layer.groups, layer.batch
-        self.g = Signal(range(G), name=f"{name}_g")
+    def __init__(self, m: Module, ch: _Channels, batch: int, step, name: str):
+        B = batch
+        self.g = Signal(range(ch.max_groups), name=f"{name}_g")
         self.b = Signal(range(B), name=f"{name}_b")
         self.first_row = Signal(name=f"{name}_first_row")
         self.last_group = Signal(name=f"{name}_last_group")
         self.last = Signal(name=f"{name}_last")
         m.d.comb += [
             self.first_row.eq(self.b == 0),
-            self.last_group.eq(self.g == G - 1),
+            self.last_group.eq(self.g == ch.g1),
             self.last.eq(self.last_group & (self.b == B - 1)),
         ]
         with m.If(step):
@@ -295,16 +361,15 @@ class _BeatCounter:
 class _LaneWalker:
     """Group / lane / channel counters of a per-channel sequencer over the real channels."""
 
-    def __init__(self, m: Module, layer: BnLayer, name: str):
-        self.layer = layer
-        self.g = Signal(range(layer.groups), name=f"{name}_g")
-        self.l = Signal(range(layer.lanes), name=f"{name}_l")
-        self.ch = Signal(range(layer.channels), name=f"{name}_ch")
+    def __init__(self, m: Module, ch: _Channels, name: str):
+        self.g = Signal(range(ch.max_groups), name=f"{name}_g")
+        self.l = Signal(range(ch.lanes), name=f"{name}_l")
+        self.ch = Signal(range(ch.max_channels), name=f"{name}_ch")
         self.last_lane = Signal(name=f"{name}_last_lane")
         self.last_group = Signal(name=f"{name}_last_group")
         m.d.comb += [
-            self.last_group.eq(self.g == layer.groups - 1),
-            self.last_lane.eq(self.l == Mux(self.last_group, layer.lanes_last - 1, layer.lanes - 1)),
+            self.last_group.eq(self.g == ch.g1),
+            self.last_lane.eq(self.l == Mux(self.last_group, ch.ll1, ch.lanes - 1)),
         ]
 
     def next_channel(self, m: Module):
@@ -395,10 +460,11 @@ class BnForwardCore(wiring.Component):
         phase: ``Out(3)`` the current :class:`Phase`.
     """
 
-    def __init__(self, *, layer: BnLayer, div_steps: int = 1):
+    def __init__(self, *, layer: BnLayer, div_steps: int = 1, channels=None):
         if not isinstance(layer, BnLayer):
             raise TypeError(f"layer must be a BnLayer, not {layer!r}")
         self._layer = layer
+        self._channels = _check_channels(layer, channels)
         wn, wd, wq = _divider_widths(layer)
         self._div_widths = (wn, wd, wq)
         self._div_steps = _check_int("div_steps", div_steps, 1, wq)
@@ -406,6 +472,7 @@ class BnForwardCore(wiring.Component):
         resp = data.StructLayout({"quotient": wq, "remainder": wd, "overflow": 1})
         super().__init__(
             {
+                **_channel_ports(self._channels),
                 "y": In(stream.Signature(layer.y_layout)),
                 "y_replay": In(stream.Signature(layer.y_layout)),
                 "beta": In(stream.Signature(signed(layer.beta_width))),
@@ -418,7 +485,7 @@ class BnForwardCore(wiring.Component):
         )
 
     @property
-    def layer(self) -> BnLayer:
+    def bn_layer(self) -> BnLayer:
         return self._layer
 
     @property
@@ -449,7 +516,8 @@ class BnForwardCore(wiring.Component):
         p = lay.params
         w = lay.widths
         m = Module()
-        B, G, L, M = lay.batch, lay.groups, lay.lanes, lay.channels
+        ch = _Channels(m, lay, self._channels, self.layer if len(self._channels) > 1 else None)
+        B, G, L, M = lay.batch, ch.max_groups, lay.lanes, ch.max_channels
         fb, fa = p.beta_frac, p.alpha_frac
         ymax = lay.y_bound
         T = ymax + 1
@@ -491,7 +559,7 @@ class BnForwardCore(wiring.Component):
         s1_last_group = Signal()
         s1_g = Signal(range(G))
         in_payload = Signal(lay.y_layout)
-        cnt = _BeatCounter(m, lay, accept, "in")
+        cnt = _BeatCounter(m, ch, B, accept, "in")
         p1 = phase == Phase.PASS1
         m.d.comb += [
             adv.eq(~(s1_valid & (phase == Phase.PASS3)) | x_queue.i.ready),
@@ -518,15 +586,9 @@ class BnForwardCore(wiring.Component):
         sum_new = Signal(data.ArrayLayout(sum_shape, L))
         ys_new = Signal(data.ArrayLayout(sum_shape, L))
         ns_new = Signal(data.ArrayLayout(cnt_shape, L))
-        if G == 1:
-            sum_fw = Signal(data.ArrayLayout(sum_shape, L))
-            ys_fw = Signal(data.ArrayLayout(sum_shape, L))
-            ns_fw = Signal(data.ArrayLayout(cnt_shape, L))
-            with m.If(writes):
-                m.d.sync += [sum_fw.eq(sum_new), ys_fw.eq(ys_new), ns_fw.eq(ns_new)]
-            sum_old, ys_old, ns_old = sum_fw, ys_fw, ns_fw
-        else:
-            sum_old, ys_old, ns_old = sum_rd.data, ys_rd.data, ns_rd.data
+        sum_old = _forward_words(m, ch, sum_new, sum_rd.data, writes, data.ArrayLayout(sum_shape, L), "sum")
+        ys_old = _forward_words(m, ch, ys_new, ys_rd.data, writes, data.ArrayLayout(sum_shape, L), "ys")
+        ns_old = _forward_words(m, ch, ns_new, ns_rd.data, writes, data.ArrayLayout(cnt_shape, L), "ns")
         x_hat = Signal(L)
         mask = Signal(L)
         for lane in range(L):
@@ -539,12 +601,11 @@ class BnForwardCore(wiring.Component):
                 ys_new[lane].eq(Mux(s1_first, 0, ys_old[lane]) + Mux(sel, y, -y)),
                 ns_new[lane].eq(Mux(s1_first, 0, ns_old[lane]) + Mux(sel, 1, -1)),
             ]
-            if lane < lay.lanes_last or G > 1:
-                real = Const(1) if lane < lay.lanes_last else ~s1_last_group
-                m.d.comb += [
-                    x_hat[lane].eq(sel & real),
-                    mask[lane].eq((y >= thr.lo) & (y <= thr.hi) & real),
-                ]
+            real = ch.real(lane, s1_last_group)
+            m.d.comb += [
+                x_hat[lane].eq(sel & real),
+                mask[lane].eq((y >= thr.lo) & (y <= thr.hi) & real),
+            ]
         m.d.comb += [
             x_queue.i.valid.eq(s1_valid & (phase == Phase.PASS3)),
             x_queue.i.payload.x_hat.eq(x_hat),
@@ -563,7 +624,7 @@ class BnForwardCore(wiring.Component):
         wiring.connect(m, x_queue.o, wiring.flipped(self.x))
 
         # ---- per-channel sequencer (epilogues) ------------------------------------------------------------
-        walk = _LaneWalker(m, lay, "epi")
+        walk = _LaneWalker(m, ch, "epi")
         est = Signal(range(5), name="est")  # step within the epilogue: a group's read, then a channel's steps
         RD, CH0, CH1, CH2, CH3 = range(5)
         epi_rd = Signal()
@@ -653,7 +714,7 @@ class BnForwardCore(wiring.Component):
             stats.theta_hi.eq(thr_l.hi),
             stats.alpha_q.eq(q_now),
             stats.C.eq(chan_l.C),
-            stats.last.eq(walk.ch == M - 1),
+            stats.last.eq(walk.ch == ch.m1),
         ]
 
         with m.If(~in_pass):
@@ -749,13 +810,15 @@ class BnForwardUnit(wiring.Component):
     (pass ``B G + 1`` each; EPI1 ``G + M (I + 1)``; EPI2 ``G + M (3 I + 4)``; EPI3 ``G + M (I + 4)``).
     """
 
-    def __init__(self, *, layer: BnLayer, div_steps: int = 1):
+    def __init__(self, *, layer: BnLayer, div_steps: int = 1, channels=None):
         if not isinstance(layer, BnLayer):
             raise TypeError(f"layer must be a BnLayer, not {layer!r}")
         self._layer = layer
+        self._channels = _check_channels(layer, channels)
         self._div_steps = _check_int("div_steps", div_steps, 1, _divider_widths(layer)[2])
         super().__init__(
             {
+                **_channel_ports(self._channels),
                 "y": In(stream.Signature(layer.y_layout)),
                 "y_replay": In(stream.Signature(layer.y_layout)),
                 "beta": In(stream.Signature(signed(layer.beta_width))),
@@ -770,7 +833,7 @@ class BnForwardUnit(wiring.Component):
         return cls(layer=BnLayer.from_config(cfg, layer_index, lanes=lanes), div_steps=div_steps)
 
     @property
-    def layer(self) -> BnLayer:
+    def bn_layer(self) -> BnLayer:
         return self._layer
 
     @property
@@ -791,7 +854,10 @@ class BnForwardUnit(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.core = core = BnForwardCore(layer=self._layer, div_steps=self._div_steps)
+        m.submodules.core = core = BnForwardCore(layer=self._layer, div_steps=self._div_steps,
+                                                 channels=self._channels)
+        if len(self._channels) > 1:
+            m.d.comb += core.layer.eq(self.layer)
         m.submodules.divider = div = core.make_divider()
         wiring.connect(m, core.div_req, div.req)
         wiring.connect(m, div.resp, core.div_resp)
@@ -834,12 +900,14 @@ class BnBackwardUnit(wiring.Component):
 
     PASS1, EPI, PASS2 = range(3)
 
-    def __init__(self, *, layer: BnLayer):
+    def __init__(self, *, layer: BnLayer, channels=None):
         if not isinstance(layer, BnLayer):
             raise TypeError(f"layer must be a BnLayer, not {layer!r}")
         self._layer = layer
+        self._channels = _check_channels(layer, channels)
         super().__init__(
             {
+                **_channel_ports(self._channels),
                 "dx": In(stream.Signature(layer.dx_layout)),
                 "dx_replay": In(stream.Signature(layer.dx_layout)),
                 "alpha": In(stream.Signature(unsigned(layer.widths["alpha_q"]))),
@@ -854,7 +922,7 @@ class BnBackwardUnit(wiring.Component):
         return cls(layer=BnLayer.from_config(cfg, layer_index, lanes=lanes))
 
     @property
-    def layer(self) -> BnLayer:
+    def bn_layer(self) -> BnLayer:
         return self._layer
 
     def cycles(self) -> dict[str, int]:
@@ -864,7 +932,8 @@ class BnBackwardUnit(wiring.Component):
         lay = self._layer
         w = lay.widths
         m = Module()
-        B, G, L = lay.batch, lay.groups, lay.lanes
+        ch = _Channels(m, lay, self._channels, self.layer if len(self._channels) > 1 else None)
+        B, G, L = lay.batch, ch.max_groups, lay.lanes
         fa = lay.params.alpha_frac
         PASS1, EPI, PASS2 = self.PASS1, self.EPI, self.PASS2
 
@@ -891,7 +960,7 @@ class BnBackwardUnit(wiring.Component):
         s1_last_group = Signal()
         s1_g = Signal(range(G))
         in_payload = Signal(lay.dx_layout)
-        cnt = _BeatCounter(m, lay, accept, "in")
+        cnt = _BeatCounter(m, ch, B, accept, "in")
         m.d.comb += [
             adv.eq(~(s1_valid & (phase == PASS2)) | q_queue.i.ready),
             self.dx.ready.eq((phase == PASS1) & ~in_done & adv),
@@ -914,14 +983,8 @@ class BnBackwardUnit(wiring.Component):
         m.d.comb += writes.eq(s1_valid & adv & (phase == PASS1))
         p1_new = Signal(data.ArrayLayout(p_shape, L))
         p2_new = Signal(data.ArrayLayout(k_shape, L))
-        if G == 1:
-            p1_fw = Signal(data.ArrayLayout(p_shape, L))
-            p2_fw = Signal(data.ArrayLayout(k_shape, L))
-            with m.If(writes):
-                m.d.sync += [p1_fw.eq(p1_new), p2_fw.eq(p2_new)]
-            p1_old, p2_old = p1_fw, p2_fw
-        else:
-            p1_old, p2_old = p1_rd.data, k_rd.data
+        p1_old = _forward_words(m, ch, p1_new, p1_rd.data, writes, data.ArrayLayout(p_shape, L), "p1")
+        p2_old = _forward_words(m, ch, p2_new, k_rd.data, writes, data.ArrayLayout(k_shape, L), "p2")
         q_out = Signal(data.ArrayLayout(signed(w["Q"]), L))
         for lane in range(L):
             dx = s1.dx[lane]
@@ -933,10 +996,7 @@ class BnBackwardUnit(wiring.Component):
                 p2_new[lane].eq(Mux(s1_first, 0, p2_old[lane]) + Mux(xh, dx, -dx)),
                 q.eq(((mul_const(dx, B) - p1_rd.data[lane]) << fa) - Mux(xh, k2, -k2)),
             ]
-            if lane < lay.lanes_last:
-                m.d.comb += q_out[lane].eq(q)
-            elif G > 1:
-                m.d.comb += q_out[lane].eq(Mux(s1_last_group, 0, q))
+            m.d.comb += q_out[lane].eq(Mux(ch.real(lane, s1_last_group), q, 0))
         m.d.comb += [
             q_queue.i.valid.eq(s1_valid & (phase == PASS2)),
             q_queue.i.payload.q.eq(q_out),
@@ -950,7 +1010,7 @@ class BnBackwardUnit(wiring.Component):
             m.d.sync += [phase.eq(Mux(phase == PASS1, EPI, PASS1)), in_done.eq(0)]
 
         # Per-channel sequencer: one read cycle per group, then one cycle per channel (alpha in, P1 out).
-        walk = _LaneWalker(m, lay, "epi")
+        walk = _LaneWalker(m, ch, "epi")
         rd_cycle = Signal()  # the group's words have been read
         epi_rd = Signal()
         m.d.comb += epi_rd.eq((phase == EPI) & ~rd_cycle)
@@ -961,7 +1021,7 @@ class BnBackwardUnit(wiring.Component):
         fire = Signal()
         m.d.comb += [
             self.p1.payload.p1.eq(p1_l),
-            self.p1.payload.last.eq(walk.ch == lay.channels - 1),
+            self.p1.payload.last.eq(walk.ch == ch.m1),
             k_wr.addr.eq(Mux(phase == PASS1, s1_g, walk.g)),
         ]
         k2 = Signal(k_shape)

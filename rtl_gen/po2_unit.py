@@ -36,14 +36,14 @@ from __future__ import annotations
 
 import math
 
-from amaranth import Module, Mux, Signal, signed, unsigned
+from amaranth import Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from sim.hw.widths import signed_bits
 
-from .bn_unit import BnLayer, _BeatCounter, _check_int, _LaneWalker, mul_const
+from .bn_unit import BnLayer, _BeatCounter, _channel_ports, _Channels, _check_channels, _check_int, _LaneWalker, mul_const
 from .streams import StreamFIFO
 
 __all__ = ["SCALE_WIDTH", "Po2Unit", "normalise", "po2_cycles", "sqrt2_constant"]
@@ -108,14 +108,19 @@ class Po2Unit(wiring.Component):
 
     PRO, PASS1, FIN, BIAS, PASS2 = range(5)
 
-    def __init__(self, *, layer: BnLayer, mul_steps: int = 1):
+    def __init__(self, *, layer: BnLayer, mul_steps: int = 1, channels=None, tops=None):
         if not isinstance(layer, BnLayer):
             raise TypeError(f"layer must be a BnLayer, not {layer!r}")
         self._layer = layer
+        self._channels = _check_channels(layer, channels)
+        self._tops = [layer.top] * len(self._channels) if tops is None else [bool(t) for t in tops]
+        if len(self._tops) != len(self._channels):
+            raise ValueError(f"tops must have one flag per layer ({len(self._channels)}), not {len(self._tops)}")
         self._dw = layer.s_width
         self._mul_steps = _check_int("mul_steps", mul_steps, 1, self._dw)
         super().__init__(
             {
+                **_channel_ports(self._channels),
                 "s_eff": In(stream.Signature(unsigned(self._dw))),
                 "q": In(stream.Signature(layer.q_layout)),
                 "scratch": Out(stream.Signature(self.scratch_layout)),
@@ -132,13 +137,14 @@ class Po2Unit(wiring.Component):
         return cls(layer=BnLayer.from_config(cfg, layer_index, lanes=lanes), mul_steps=mul_steps)
 
     @property
-    def layer(self) -> BnLayer:
+    def bn_layer(self) -> BnLayer:
         return self._layer
 
     @property
     def times_batch(self) -> bool:
-        """Whether the operand is ``|Q| B`` (hidden layers) rather than ``|Q|`` (output layer)."""
-        return not self._layer.top
+        """Whether the operand is ``|Q| B`` (hidden layers) rather than ``|Q|`` (output layer); for a unit
+        shared by both kinds, whether it is for the first layer (the ``layer`` input picks at run time)."""
+        return not self._tops[0]
 
     @property
     def width(self) -> int:
@@ -175,8 +181,17 @@ class Po2Unit(wiring.Component):
         lay = self._layer
         p = lay.params
         m = Module()
-        B, G, L = lay.batch, lay.groups, lay.lanes
+        ch = _Channels(m, lay, self._channels, self.layer if len(self._channels) > 1 else None)
+        B, G, L = lay.batch, ch.max_groups, lay.lanes
         W, Wd, ew = self.width, self._dw, self.e_width
+        if len(set(self._tops)) == 1:
+            is_top = Const(int(self._tops[0]))
+        else:  # the operand's factor B, per layer
+            is_top = Signal(name="is_top")
+            with m.Switch(self.layer):
+                for i, t in enumerate(self._tops):
+                    with m.Case(i):
+                        m.d.comb += is_top.eq(int(t))
         PRO, PASS1, FIN, BIAS, PASS2 = self.PRO, self.PASS1, self.FIN, self.BIAS, self.PASS2
 
         phase = Signal(range(5), name="phase_r")
@@ -187,7 +202,7 @@ class Po2Unit(wiring.Component):
         t_rd, t_wr = t_mem.read_port(), t_mem.write_port(granularity=1)
 
         # ---- PRO: t = floor(sqrt2 M_D) per channel ----------------------------------------------------------
-        walk = _LaneWalker(m, lay, "pro")
+        walk = _LaneWalker(m, ch, "pro")
         ms, iters = self._mul_steps, self.mul_iterations
         pad = iters * ms - Wd
         c = sqrt2_constant(W)
@@ -227,7 +242,7 @@ class Po2Unit(wiring.Component):
         # ---- element passes ---------------------------------------------------------------------------------
         in_done = Signal()
         accept = Signal()
-        cnt = _BeatCounter(m, lay, accept, "in")
+        cnt = _BeatCounter(m, ch, B, accept, "in")
         with m.If(accept & cnt.last):
             m.d.sync += in_done.eq(1)
 
@@ -286,10 +301,10 @@ class Po2Unit(wiring.Component):
                 scratch.e[lane].neg.eq(s3_neg[lane]),
                 scratch.e[lane].nz.eq(s3_nz[lane]),
             ]
-            real = 1 if lane < lay.lanes_last else (~s_lg[0] if G > 1 else 0)
+            real = ch.real(lane, s_lg[0])
             with m.If(adv1):
                 m.d.sync += [
-                    s2_u[lane].eq(mul_const(a, B) if self.times_batch else a),
+                    s2_u[lane].eq(self._operand(a, B, is_top)),
                     s2_neg[lane].eq(q < 0),
                     s2_nz[lane].eq((q != 0) & real),
                     s3_n[lane].eq(W - 1 - lz),
@@ -371,15 +386,19 @@ class Po2Unit(wiring.Component):
                 rel.eq(r.e[lane].e0 - top0 + p.span),
                 f.eq(Mux(r.e[lane].nz, Mux(rel < 0, 0, rel) + 1, 0)),
             ]
-            if lane < lay.lanes_last:
-                m.d.comb += [cq.i.payload.code[lane].field.eq(f), cq.i.payload.code[lane].neg.eq(r.e[lane].neg)]
-            elif G > 1:
-                m.d.comb += [
-                    cq.i.payload.code[lane].field.eq(Mux(r_lastg, 0, f)),
-                    cq.i.payload.code[lane].neg.eq(r.e[lane].neg & ~r_lastg),
-                ]
+            real = ch.real(lane, r_lastg)
+            m.d.comb += [
+                cq.i.payload.code[lane].field.eq(Mux(real, f, 0)),
+                cq.i.payload.code[lane].neg.eq(r.e[lane].neg & real),
+            ]
         m.d.comb += [cq.i.valid.eq(r_valid), cq.i.payload.last.eq(r_lastg)]
         wiring.connect(m, cq.o, wiring.flipped(self.codes))
         with m.If((phase == PASS2) & r_valid & r_last & adv2):
             m.d.sync += [phase.eq(PRO), in_done.eq(0)]
         return m
+
+    def _operand(self, a, B: int, is_top):
+        """``|Q| B`` for a hidden layer, ``|Q|`` for the output layer (``is_top``)."""
+        if len(set(self._tops)) == 1:
+            return a if self._tops[0] else mul_const(a, B)
+        return Mux(is_top, a, mul_const(a, B))

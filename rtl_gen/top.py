@@ -22,7 +22,7 @@ See docs/architecture.md for the block diagram and the reasons behind it. In sho
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from amaranth import Cat, Module, Mux, ResetInserter, Signal, Value, signed
 from amaranth.lib import wiring
@@ -229,22 +229,29 @@ class SystemPlan:
         return BnLayer.from_config(self.cfg, j, lanes=self.layers[j].lanes_out)
 
     def _bn_key(self, j: int) -> tuple:
-        # fan-in and x_max only bound |y|, and so widths and the threshold clamp (exact for any bound >= |y|):
-        # layers that differ only there share one unit built for the largest
+        # channels (groups, the padding of the last group), fan-in and x_max only bound the loops and |y|:
+        # the BN and po2 units take the layer's channel geometry at run time, and are built for the largest
+        # bound (exact for any bound >= |y|), so layers of one batch and lanes share one unit
         b = self.bn_layer(j)
-        return (b.channels, b.batch, b.top, b.lanes)
+        return (b.batch, b.lanes)
 
     def bn_envelope(self, grp: list[int]) -> BnLayer:
-        """The BN geometry of a shared BN / po2 unit: the group's layers agree on channels, batch and lanes and
-        differ only in fan-in (the first layer's 784 inputs against 256) and in the backward bounds (the
-        gradient reaching the last hidden layer comes from the narrow output layer); the unit takes the largest
-        of each bound, so every layer's values fit its registers. The one place a bound is used as a value,
-        the threshold clamp to ``[-(y+1), y+1]``, gives the same signs and masks for any bound >= |y|."""
+        """The BN geometry of a shared BN / po2 unit: the group's layers agree on batch and lanes and differ in
+        channels (the output layer's classes against 256), fan-in (the first layer's 784 inputs against 256) and
+        the backward bounds (the gradient reaching the last hidden layer comes from the narrow output layer);
+        the unit takes the largest of each bound, so every layer's values fit its registers, and the layer's
+        channels at run time (its ``layer`` input). The one place a bound is used as a value, the threshold
+        clamp to ``[-(y+1), y+1]``, gives the same signs and masks for any bound >= |y|."""
         return merge_bounds([self.bn_layer(j) for j in grp])
 
+    def bn_group(self, j: int) -> list[int]:
+        return next(grp for grp in self.unit_groups["bn"] if j in grp)
+
     def bn_unit_layer(self, j: int) -> BnLayer:
-        """The geometry of the BN forward/backward and po2 units that serve layer ``j`` (its group's envelope)."""
-        return self.bn_envelope(next(grp for grp in self.unit_groups["bn"] if j in grp))
+        """Layer ``j`` as the BN forward/backward and po2 units that serve it see it: its group's bounds (widths),
+        its own channels (loops, cycles) and kind (output layer or not)."""
+        env = merge_bounds([self.bn_layer(i) for i in self.bn_group(j)], channels=self.layers[j].n_out)
+        return replace(env, top=self.layers[j].top)
 
     def bn_param_unit(self) -> BnParamUnit:
         """The one BN parameter unit of all layers (beta, its optimiser state and the running statistics of
@@ -545,12 +552,17 @@ class Accelerator(wiring.Component):
         groups = plan.unit_groups
         eng = self._shared_state(m, sub, "engine", groups["engine"], lambda j: fwd_act[j],
                                  lambda grp: XnorEngineCore(geometries=[LP[j].geometry for j in grp]))
-        bnf = self._shared(m, sub, "bn_fwd", groups["bn"], fwd_act,
-                           lambda grp: BnForwardUnit(layer=plan.bn_envelope(grp), div_steps=cfg.hw.div_steps))
-        bnb = self._shared(m, sub, "bn_bwd", groups["bn"], bwd_act,
-                           lambda grp: BnBackwardUnit(layer=plan.bn_envelope(grp)))
-        po2 = self._shared(m, sub, "po2_", groups["bn"], bwd_act,
-                           lambda grp: Po2Unit(layer=plan.bn_envelope(grp), mul_steps=cfg.hw.mul_steps))
+        def chans(grp):
+            return [LP[j].n_out for j in grp]
+
+        bnf = self._shared_state(m, sub, "bn_fwd", groups["bn"], lambda j: fwd_act[j],
+                                 lambda grp: BnForwardUnit(layer=plan.bn_envelope(grp), div_steps=cfg.hw.div_steps,
+                                                           channels=chans(grp)))
+        bnb = self._shared_state(m, sub, "bn_bwd", groups["bn"], lambda j: bwd_act[j],
+                                 lambda grp: BnBackwardUnit(layer=plan.bn_envelope(grp), channels=chans(grp)))
+        po2 = self._shared_state(m, sub, "po2_", groups["bn"], lambda j: bwd_act[j],
+                                 lambda grp: Po2Unit(layer=plan.bn_envelope(grp), mul_steps=cfg.hw.mul_steps,
+                                                     channels=chans(grp), tops=[LP[j].top for j in grp]))
         for grp in plan.backward_groups:  # one po2 backward engine per group of layers
             unit = sub("po2b_" + "_".join(map(str, grp)),
                        Po2Backward(shapes=[plan.po2_geometry(j) for j in grp]))
@@ -910,9 +922,9 @@ class Accelerator(wiring.Component):
         return out
 
     def _shared_state(self, m, sub, name, groups, active, make):
-        """Like :meth:`_shared` for units that hold per-layer state and select the layer at their ``layer``
-        input (a unit of one layer has none): layer ``j``'s facade drives ``layer`` with ``j``'s position in
-        its group and owns the unit while ``active(j)``."""
+        """Like :meth:`_shared` for units that take the layer at their ``layer`` input (per-layer state or
+        geometry; a unit of one layer has none): layer ``j``'s facade drives ``layer`` with ``j``'s position
+        in its group and owns the unit while ``active(j)``."""
         act = {}
         for grp in groups:
             for j in grp:

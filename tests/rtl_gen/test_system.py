@@ -417,28 +417,28 @@ def test_layers_with_equal_lanes_share_one_weight_memory():
     assert SystemPlan(small_cfg(SHARED_LAYERS, SHARED_LANES)).wmem_groups == [[0, 1, 2, 3]]
 
 
-def test_layers_of_equal_lanes_share_the_engine_and_equal_channels_bn_and_po2_units():
+def test_layers_of_equal_lanes_share_the_engine_bn_and_po2_units():
     """The XNOR engine is shared by layers of equal lanes (words, groups and padding are run-time), the BN
-    forward/backward and po2 units by layers of the same channels, batch and lanes (fan-in only bounds |y|):
-    the paper MLP's five layers get one engine, its four hidden layers one BN/po2 set (their phases never
+    forward/backward and po2 units by layers of the same batch and lanes (channels are run-time, fan-in only
+    bounds |y|): the paper MLP's five layers get one engine and one BN/po2 set (their phases never
     overlap)."""
-    for cfg, engine, bn in ((paper_cfg(), [[0, 1, 2, 3, 4]], [[0, 1, 2, 3], [4]]),
-                            (small_cfg(), [[0], [1]], [[0], [1]]),
-                            (small_cfg(SHARED_LAYERS), [[0, 1, 2, 3]], [[0, 1, 2], [3]])):
+    for cfg, engine, bn in ((paper_cfg(), [[0, 1, 2, 3, 4]], [[0, 1, 2, 3, 4]]),
+                            (small_cfg(), [[0], [1]], [[0, 1]]),
+                            (small_cfg(SHARED_LAYERS), [[0, 1, 2, 3]], [[0, 1, 2, 3]])):
         plan = SystemPlan(cfg)
         assert plan.unit_groups == {"engine": engine, "bn": bn}
     plan = SystemPlan(paper_cfg())
     env = plan.bn_unit_layer(2)
     assert env.fan_in == 784 and env.y_bound == 784  # built for layer 0's |y| <= 784
-    assert plan.bn_unit_layer(0) == env and plan.bn_unit_layer(4) == plan.bn_layer(4)
+    assert env.channels == 256 and not env.top
+    out = plan.bn_unit_layer(4)
+    assert out.channels == 10 and out.top and out.bounds.y == 784  # the output layer's own channels and kind
     acc = Accelerator(SystemPlan(small_cfg(SHARED_LAYERS)))
     acc.elaborate(None)
     names = set(acc.unit_names)
-    # one XNOR engine, BN parameter unit, generator engine and weight memory for all four layers (32-bit
-    # words, 8 lanes out, 8 update lanes); BN/po2 units for the hidden layers and for the output layer
-    assert names == ({f"{u}0_1_2_3" for u in ("engine", "bn_param", "rng", "wmem")}
-                     | {f"{u}{g}" for u in ("bn_fwd", "bn_bwd", "po2_") for g in ("0_1_2", "3")})
-    assert not {"engine1", "engine2", "bn_fwd0", "bn_fwd2", "po2_2"} & names
+    # one XNOR engine, BN forward/backward, po2 unit, BN parameter unit, generator engine and weight memory for
+    # all four layers (32-bit words, 8 lanes out, 8 update lanes; 32, 32, 32 and 10 channels)
+    assert names == {f"{u}0_1_2_3" for u in ("engine", "bn_fwd", "bn_bwd", "po2_", "bn_param", "rng", "wmem")}
 
 
 @pytest.mark.rtl
