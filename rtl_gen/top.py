@@ -1,4 +1,4 @@
-"""The top-level accelerator: host interface, controller, buffers and one datapath per weight layer.
+"""The top-level accelerator: host interface, controller, buffers and the datapath units the layers share.
 
 See docs/architecture.md for the block diagram and the reasons behind it. In short:
 
@@ -8,11 +8,13 @@ See docs/architecture.md for the block diagram and the reasons behind it. In sho
 - :class:`SystemPlan`: everything the configuration decides (layer geometries, lanes, widths, the
   quantities the host can read back / restore and their stream layouts), in plain Python; the host
   description (``accelerator.json``) is derived from it;
-- :class:`Accelerator`: the Amaranth component built from a plan. Per weight layer a weight memory +
-  optimiser, generators and BN parameters; the XNOR engine, BN forward/backward and po2 units are shared by
-  layers of equal geometry and the po2 backward engine by layers of equal lanes
-  (``SystemPlan.unit_groups``, ``backward_groups``); the output layer's logit and loss units; the buffers
-  between them. The controller runs the phases of a training step one after the other::
+- :class:`Accelerator`: the Amaranth component built from a plan. Every unit is shared by the layers that
+  can use it (their phases never overlap), taking the layer's geometry or state region at run time through
+  its ``layer`` input: the weight memory with its optimiser, the generator engine, the XNOR engine, the BN
+  forward/backward and po2 units, the BN parameter unit and the po2 backward engine (groups:
+  ``SystemPlan.wmem_groups``, ``rng_groups``, ``unit_groups``, ``backward_groups``; for the paper's MLP one
+  of each for all five layers); the output layer's logit and loss units; the buffers between them. The
+  controller runs the phases of a training step one after the other::
 
       fwd 0 .. fwd L-1 (the last one with logits and loss), then for j = L-1 .. 0:
       bwd j (BN backward + po2 codes), dx j (j > 0: dX into the buffer of layer j-1),
