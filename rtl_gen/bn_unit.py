@@ -52,6 +52,7 @@ from sim.hw.arith import ArithParams
 from sim.hw.widths import LayerBounds, hw_supported, layer_bounds, signed_bits
 
 from .divider import Divider
+from .shared import layer_port
 from .streams import StreamFIFO
 
 __all__ = [
@@ -307,11 +308,6 @@ class _Channels:
         return ~(last_group & self.pad[lane])
 
 
-def _channel_ports(channels) -> dict:
-    """The ``layer`` input of a unit shared by layers of different channel counts (none for one layer)."""
-    return {"layer": In(range(len(channels)))} if len(channels) > 1 else {}
-
-
 def _check_channels(layer: BnLayer, channels) -> list[int]:
     chans = [layer.channels] if channels is None else list(channels)
     for c in chans:
@@ -472,7 +468,7 @@ class BnForwardCore(wiring.Component):
         resp = data.StructLayout({"quotient": wq, "remainder": wd, "overflow": 1})
         super().__init__(
             {
-                **_channel_ports(self._channels),
+                **layer_port(len(self._channels)),
                 "y": In(stream.Signature(layer.y_layout)),
                 "y_replay": In(stream.Signature(layer.y_layout)),
                 "beta": In(stream.Signature(signed(layer.beta_width))),
@@ -818,7 +814,7 @@ class BnForwardUnit(wiring.Component):
         self._div_steps = _check_int("div_steps", div_steps, 1, _divider_widths(layer)[2])
         super().__init__(
             {
-                **_channel_ports(self._channels),
+                **layer_port(len(self._channels)),
                 "y": In(stream.Signature(layer.y_layout)),
                 "y_replay": In(stream.Signature(layer.y_layout)),
                 "beta": In(stream.Signature(signed(layer.beta_width))),
@@ -907,7 +903,7 @@ class BnBackwardUnit(wiring.Component):
         self._channels = _check_channels(layer, channels)
         super().__init__(
             {
-                **_channel_ports(self._channels),
+                **layer_port(len(self._channels)),
                 "dx": In(stream.Signature(layer.dx_layout)),
                 "dx_replay": In(stream.Signature(layer.dx_layout)),
                 "alpha": In(stream.Signature(unsigned(layer.widths["alpha_q"]))),

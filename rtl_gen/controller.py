@@ -43,6 +43,8 @@ from amaranth.lib.wiring import In, Out
 
 from rtl_gen.regmap import Field, Register, RegisterMap
 
+from .shared import layer_port, per_layer
+
 __all__ = [
     "BnParamUnit",
     "COMMANDS",
@@ -205,12 +207,7 @@ class BnParamUnit(wiring.Component):
     def __init__(self, *, layer=None, layers=None, hw, div_steps: int = 2):
         from .bn_unit import BnLayer, merge_bounds
 
-        if (layer is None) == (layers is None):
-            raise TypeError("give exactly one of layer (one BnLayer) and layers (a list of them)")
-        layers = list(layers) if layers is not None else [layer]
-        for lay in layers:
-            if not isinstance(lay, BnLayer):
-                raise TypeError(f"layer must be a BnLayer, not {lay!r}")
+        layers = per_layer(layer, layers, BnLayer, one_name="layer", many_name="layers")
         if len({(lay.batch, lay.params) for lay in layers}) != 1:
             raise ValueError("the layers of one BnParamUnit must share the batch size and arithmetic parameters")
         self._channels = [lay.channels for lay in layers]
@@ -232,9 +229,8 @@ class BnParamUnit(wiring.Component):
         M = layer.channels
         from .buffers import host_request_layout
 
-        ports = {"layer": In(range(len(layers)))} if len(layers) > 1 else {}
         super().__init__({
-            **ports,
+            **layer_port(len(layers)),
             "stats": In(stream.Signature(data.StructLayout({"sum_y": signed(w["sum_y"]),
                                                             "S": unsigned(layer.s_width)}))),
             "p1": In(stream.Signature(signed(self.p_width))),

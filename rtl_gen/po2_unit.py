@@ -43,7 +43,8 @@ from amaranth.lib.wiring import In, Out
 
 from sim.hw.widths import signed_bits
 
-from .bn_unit import BnLayer, _BeatCounter, _channel_ports, _Channels, _check_channels, _check_int, _LaneWalker, mul_const
+from .bn_unit import BnLayer, _BeatCounter, _Channels, _check_channels, _check_int, _LaneWalker, mul_const
+from .shared import layer_port
 from .streams import StreamFIFO
 
 __all__ = ["SCALE_WIDTH", "Po2Unit", "normalise", "po2_cycles", "sqrt2_constant"]
@@ -120,7 +121,7 @@ class Po2Unit(wiring.Component):
         self._mul_steps = _check_int("mul_steps", mul_steps, 1, self._dw)
         super().__init__(
             {
-                **_channel_ports(self._channels),
+                **layer_port(len(self._channels)),
                 "s_eff": In(stream.Signature(unsigned(self._dw))),
                 "q": In(stream.Signature(layer.q_layout)),
                 "scratch": Out(stream.Signature(self.scratch_layout)),

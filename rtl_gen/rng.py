@@ -35,6 +35,7 @@ from amaranth.lib.wiring import In, Out
 
 from sim.hw.rng import xorshift32_next
 
+from .shared import layer_port, per_layer
 from .streams import StreamFIFO
 from .weight_memory import SweepGeometry, rng_layout
 from .xnor_engine import XnorGeometry, _check_int
@@ -140,21 +141,14 @@ class RngEngine(wiring.Component):
     """
 
     def __init__(self, *, geometry: RngGeometry | None = None, geometries=None):
-        if (geometry is None) == (geometries is None):
-            raise TypeError("give exactly one of geometry (an RngGeometry) and geometries (a list of them)")
-        geos = [geometry] if geometries is None else list(geometries)
-        for geo in geos:
-            if not isinstance(geo, RngGeometry):
-                raise TypeError(f"geometry must be an RngGeometry, not {geo!r}")
-        if len({geo.sweep.update_lanes for geo in geos}) != 1:
-            raise ValueError("the layers of one RngEngine must have the same update_lanes")
+        geos = per_layer(geometry, geometries, RngGeometry, key=lambda g: g.sweep.update_lanes, unit="RngEngine",
+                         agree="update_lanes")
         self._geos = geos
         self._geometry = geos[0]
         U = geos[0].sweep.update_lanes
-        ports = {"layer": In(range(len(geos)))} if len(geos) > 1 else {}
         super().__init__(
             {
-                **ports,
+                **layer_port(len(geos)),
                 "start": In(1),
                 "busy": Out(1),
                 "u": Out(stream.Signature(rng_layout(U))),

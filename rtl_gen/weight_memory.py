@@ -50,6 +50,7 @@ from amaranth.lib.wiring import In, Out
 
 from sim.hw.optim import PROB_BITS, state_bits
 
+from .shared import layer_port, per_layer
 from .xnor_engine import WeightReadSignature, XnorGeometry, _check_int, popcount
 
 __all__ = [
@@ -377,16 +378,9 @@ class WeightMemory(wiring.Component):
     """
 
     def __init__(self, *, geometry: WeightMemoryGeometry | None = None, geometries=None):
-        if (geometry is None) == (geometries is None):
-            raise TypeError("give exactly one of geometry (a WeightMemoryGeometry) and geometries (a list of them)")
-        geos = [geometry] if geometries is None else list(geometries)
-        for g in geos:
-            if not isinstance(g, WeightMemoryGeometry):
-                raise TypeError(f"geometry must be a WeightMemoryGeometry, not {g!r}")
-        key = {(g.bank.lanes_in, g.bank.lanes_out, g.sweep.update_lanes, g.optimizer) for g in geos}
-        if len(key) != 1:
-            raise ValueError("the layers of one WeightMemory must have the same lanes_in, lanes_out, update_lanes "
-                             "and optimiser")
+        geos = per_layer(geometry, geometries, WeightMemoryGeometry,
+                         key=lambda g: (g.bank.lanes_in, g.bank.lanes_out, g.sweep.update_lanes, g.optimizer),
+                         unit="WeightMemory", agree="lanes_in, lanes_out, update_lanes and optimiser")
         self._geos = geos
         self._geometry = geo = geos[0]
         # the ports are built for the deepest layer (read addresses, host addresses) and the largest flip count
@@ -395,10 +389,9 @@ class WeightMemory(wiring.Component):
         self._host_layout = data.StructLayout(
             {"write": 1, "space": 2, "lane": range(geo.bank.lanes_out), "addr": range(n_addr), "data": geo.data_width}
         )
-        ports = {"layer": In(range(len(geos)))} if len(geos) > 1 else {}
         super().__init__(
             {
-                **ports,
+                **layer_port(len(geos)),
                 "cmd": In(stream.Signature(geo.cmd_layout)),
                 "grad": In(stream.Signature(grad_layout(bank))),
                 "rng": In(stream.Signature(rng_layout(geo.sweep.update_lanes))),

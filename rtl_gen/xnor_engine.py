@@ -37,6 +37,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from .shared import layer_port, per_layer
 from .streams import StreamFIFO
 
 __all__ = [
@@ -266,23 +267,16 @@ class XnorEngineCore(wiring.Component):
     """
 
     def __init__(self, *, geometry: XnorGeometry | None = None, geometries=None):
-        if (geometry is None) == (geometries is None):
-            raise TypeError("give exactly one of geometry (an XnorGeometry) and geometries (a list of them)")
-        geos = [geometry] if geometries is None else list(geometries)
-        for g in geos:
-            if not isinstance(g, XnorGeometry):
-                raise TypeError(f"geometry must be an XnorGeometry, not {g!r}")
-        if len({(g.lanes_in, g.lanes_out) for g in geos}) != 1:
-            raise ValueError("the layers of one XnorEngineCore must have the same lanes_in and lanes_out")
+        geos = per_layer(geometry, geometries, XnorGeometry, key=lambda g: (g.lanes_in, g.lanes_out),
+                         unit="XnorEngineCore", agree="lanes_in and lanes_out")
         self._geos = geos
         # the ports' geometry: the largest fan-in (|y|) and a depth that covers every layer's
         self._geometry = env = geos[0] if len(geos) == 1 else XnorGeometry(
             n_in=max(g.n_in for g in geos), n_out=max(g.n_out for g in geos), lanes_in=geos[0].lanes_in,
             lanes_out=geos[0].lanes_out)
-        ports = {"layer": In(range(len(geos)))} if len(geos) > 1 else {}
         super().__init__(
             {
-                **ports,
+                **layer_port(len(geos)),
                 "x": In(stream.Signature(env.x_layout)),
                 "y": Out(stream.Signature(env.y_layout)),
                 "weights": Out(WeightReadSignature(env)),
