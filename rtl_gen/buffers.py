@@ -17,13 +17,14 @@ Beats per word are a run-time input (``beats``), so one instance serves quantiti
 
 from __future__ import annotations
 
-from amaranth import Const, Module, Mux, Signal
+from amaranth import Const, Elaboratable, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .streams import StreamFIFO
 
-__all__ = ["BEAT_BITS", "BeatWriter", "MemoryReader", "WordSerializer", "beat_layout", "beats_for"]
+__all__ = ["BEAT_BITS", "BeatWriter", "MemoryReader", "SplitMemory", "WordSerializer", "beat_layout", "beats_for"]
 
 BEAT_BITS = 32
 
@@ -645,3 +646,64 @@ def _and(values):
     for v in values:
         out = out & v
     return out
+
+
+class _MemPort:
+    """The signals of one port of a :class:`SplitMemory`: ``addr``, ``en``, ``data``."""
+
+    def __init__(self, shape, depth: int, name: str):
+        self.addr = Signal(range(max(depth, 2)), name=f"{name}_addr")
+        self.en = Signal(name=f"{name}_en")
+        self.data = Signal(shape, name=f"{name}_data")
+
+
+def _bits(v):
+    return v.as_value() if hasattr(v, "as_value") else v
+
+
+def split_segments(depth: int, block: int) -> list[tuple[int, int]]:
+    """``(base, words)`` of the segments of a :class:`SplitMemory`: the bulk (a multiple of ``block``) and the
+    tail, or one segment when ``depth <= block`` or ``block`` divides ``depth``."""
+    if depth < 1 or block < 1:
+        raise ValueError(f"depth and block must be >= 1, not {depth} and {block}")
+    bulk = depth - depth % block if depth > block else depth
+    return [(0, bulk)] + ([(bulk, depth - bulk)] if depth > bulk else [])
+
+
+class SplitMemory(Elaboratable):
+    """A memory of ``depth`` words with one synchronous read port (``read``) and one write port (``write``),
+    kept as a bulk of ``depth - depth % block`` words and a tail of ``depth % block`` words (one memory when
+    ``depth <= block`` or ``block`` divides it).
+
+    Why: Yosys maps a deep, wide memory to block RAMs of one aspect ratio, ``4096 x 9`` for the widths of the
+    weight memory's optimiser state, so a depth just past a multiple of 4,096 takes a whole extra row of
+    RAMB36s (25,008 x 112 bits: 7 x 13 = 91 RAMB36). With the tail as its own memory the tail maps to a
+    shallow, wide mode (432 x 112 bits: 2 RAMB36), 6 x 13 + 2 = 80 in that example. Never more block RAMs:
+    the tail alone needs at most as many as one row of the bulk. The read data follow the segment of the address
+    that was read (a registered select); ports behave like :meth:`amaranth.lib.memory.Memory.read_port` and
+    ``write_port`` without granularity."""
+
+    def __init__(self, *, shape, depth: int, block: int = 4096, name: str = "mem"):
+        self.segments = split_segments(depth, block)
+        self.shape, self.depth, self.name = shape, depth, name
+        self.read = _MemPort(shape, depth, f"{name}_rd")
+        self.write = _MemPort(shape, depth, f"{name}_wr")
+
+    def elaborate(self, platform):
+        m = Module()
+        rd_data = []
+        sel = Signal(range(max(len(self.segments), 2)), name=f"{self.name}_seg")
+        for i, (base, n) in enumerate(self.segments):
+            mem = m.submodules[f"seg{i}"] = Memory(shape=self.shape, depth=max(n, 2), init=[])
+            rd, wr = mem.read_port(), mem.write_port()
+            here = (self.write.addr >= base) & (self.write.addr < base + n)
+            m.d.comb += [
+                rd.addr.eq(self.read.addr - base), rd.en.eq(self.read.en),
+                wr.addr.eq(self.write.addr - base), _bits(wr.data).eq(_bits(self.write.data)),
+                wr.en.eq(self.write.en & here),
+            ]  # fmt: skip
+            rd_data.append(_bits(rd.data))
+            with m.If(self.read.en & (self.read.addr >= base)):
+                m.d.sync += sel.eq(i)
+        m.d.comb += _bits(self.read.data).eq(rd_data[0] if len(rd_data) == 1 else Mux(sel, rd_data[1], rd_data[0]))
+        return m

@@ -75,7 +75,7 @@ def forward_cycles(plan, j: int) -> int:
         stats_per_ch = run_per_ch + epi3_per_ch - 3
     out = engine + 1 + bn["epi1"] + bn["pass2"] + bn["epi2"] + bn["pass3"] + G
     if lp.top:
-        geo = OutputGeometry.from_config(cfg, lanes=lp.lanes_out, div_steps=cfg.hw.div_steps)
+        geo = OutputGeometry.from_config(cfg, lanes=plan.loss_lanes, div_steps=cfg.hw.div_steps)
         stats_per_ch = max(stats_per_ch, geo.channel_cycles())
         out += int(M * stats_per_ch)
         # third Y replay -> logits -> loss; the loss unit's per-sample period paces it for cross-entropy

@@ -77,6 +77,11 @@ included): weight read, plane sums, accumulate and queue."""
 DW_LATENCY = 3
 """dW: cycles beyond one per input beat, from the first ``xdy`` transfer to the last ``dw`` transfer."""
 
+DSP_A_BITS, DSP_B_BITS, DSP_P_BITS = 25, 18, 48
+"""Multiplier operand and accumulator widths of a Xilinx 7-series DSP48E1 slice (signed): the dW unit's
+packed multiply-accumulates (:attr:`Po2Geometry.dsp_fields`) stay within them so synthesis maps each to one
+slice."""
+
 
 def passes_for(cfg, unit: str, lanes_in: int) -> int:
     """Passes of the ``"dw"`` or ``"dx"`` unit of a layer with ``lanes_in`` input bits per word:
@@ -104,7 +109,8 @@ class Po2Geometry:
     and the dX/dW tile); ``batch``; ``dy_bits`` (k); ``x_max`` (1 binary, 128 int8 activations);
     ``lanes_b`` (samples per dW beat); ``dx_width`` (dX register bits, 0 = no dX unit, the first layer);
     ``dw_width`` (dW accumulator bits); ``dw_passes`` (dW passes per tile) and ``dx_passes`` (dX passes per
-    word), both dividing ``lanes_in``.
+    word), both dividing ``lanes_in``; ``dw_dsp``: build the dW accumulators as multiply-accumulates that
+    synthesis maps to DSP48 slices, two weights per slice where the widths allow (:attr:`dsp_fields`).
     :meth:`Po2Backward.from_config` takes the widths from :mod:`sim.hw.widths`.
     """
 
@@ -117,6 +123,7 @@ class Po2Geometry:
     dw_width: int
     dw_passes: int = 1
     dx_passes: int = 1
+    dw_dsp: bool = False
 
     def __post_init__(self):
         if not isinstance(self.bank, XnorGeometry):
@@ -156,7 +163,24 @@ class Po2Geometry:
             dw_width=widths["dW"],
             dw_passes=passes_for(cfg, "dw", lanes_in) if dw_passes is None else dw_passes,
             dx_passes=passes_for(cfg, "dx", lanes_in) if dx_passes is None else dx_passes,
+            dw_dsp=cfg.hw.dw_dsp,
         )
+
+    @property
+    def dsp_fields(self) -> int:
+        """Weights per DSP48 multiply-accumulate in the dW unit: 0 (fabric accumulators), 1 or 2.
+
+        Only for binary activations and one sample per beat, with ``dw_dsp``. Each slice computes
+        ``P = (first ? 0 : P) + A v``: ``v`` the lane's signed addend (``B`` port, at most
+        :data:`DSP_B_BITS` bits), ``A = sum_f (+-1) 2^(f F)`` the weights' activation signs packed ``F =
+        dw_width`` bits apart (``A`` port, :data:`DSP_A_BITS` bits signed), ``P`` :data:`DSP_P_BITS` bits. Two
+        fields fit when ``F <= DSP_A_BITS - 2`` and ``2 F <= DSP_P_BITS``."""
+        if not self.dw_dsp or self.x_max != 1 or self.lanes_b != 1 or self.span + 2 > DSP_B_BITS:
+            return 0
+        F = self.dw_width
+        if F <= DSP_A_BITS - 2 and 2 * F <= DSP_P_BITS:
+            return 2
+        return 1 if F <= DSP_P_BITS else 0
 
     @property
     def planes(self) -> int:
@@ -342,7 +366,7 @@ def envelope(shapes) -> Po2Geometry:
     if not shapes or not all(isinstance(g, Po2Geometry) for g in shapes):
         raise TypeError("shapes must be a non-empty list of Po2Geometry")
     first = shapes[0]
-    for name in ("batch", "dy_bits", "x_max", "lanes_b", "dw_passes", "dx_passes"):
+    for name in ("batch", "dy_bits", "x_max", "lanes_b", "dw_passes", "dx_passes", "dw_dsp"):
         values = {getattr(g, name) for g in shapes}
         if len(values) > 1:
             raise ValueError(f"layers sharing a po2 backward engine must agree on {name}, not {sorted(values)}")
@@ -559,12 +583,11 @@ class _Dw(wiring.Component):
     def elaborate(self, platform):
         geo = self._geo
         bank = geo.bank
-        K, G, LI, LO, S = bank.words, bank.groups, bank.lanes_in, bank.lanes_out, geo.lanes_b
+        K, G, LI, S = bank.words, bank.groups, bank.lanes_in, geo.lanes_b
         P = geo.dw_passes
         LS = LI // P  # inputs per pass
         NB = geo.beats_per_tile
         samples_last = geo.batch - (NB - 1) * S
-        binary = geo.x_max == 1
         m = Module()
         sz = _Sizes(m, self._shapes, self.layer)
 
@@ -608,6 +631,7 @@ class _Dw(wiring.Component):
         s1_valid = Signal()
         s1_fin = Signal()
         s1_last = Signal()  # the pass's last beat (its padding samples are masked)
+        s1_first = Signal()  # the pass's first beat
         s1_pass = Signal.like(pas)
         s1_replay = Signal()
         s1_last_g = Signal()
@@ -619,6 +643,7 @@ class _Dw(wiring.Component):
                 s1_valid.eq(take),
                 s1_fin.eq(fin),
                 s1_last.eq(slot == NB - 1),
+                s1_first.eq(slot == 0),
                 s1_pass.eq(pas),
                 s1_replay.eq(replay),
                 s1_last_g.eq(g == sz.g_last),
@@ -638,17 +663,71 @@ class _Dw(wiring.Component):
         else:
             m.d.comb += [x1[s][i].eq(op.x[s][i]) for s in range(S) for i in range(LS)]
 
-        # Binary activations: the addend of weight (i, lane) and sample s is +v where x = 1 and -v where x = 0,
-        # v = (-1)^neg 2^(field - 1) (0 for a zero code or a padding sample). Summed over the pass this is
-        # 2 Q - T, Q the sum of v over the samples with x = 1 and T over all samples. T is one accumulator per
-        # lane; each weight accumulates 2 Q, choosing among the lane's subset sums of 2 v by its x bits (with
-        # one sample per beat: 2 v or nothing, i.e. the accumulator's clock enable). The finish slot adds -T.
-        # int8 activations: each weight adds the sign-flipped values shifted by field - 1.
-        acc_width = geo.dw_width + 1
+        # The pass's sum of every weight of the slice, then its sign and zero flag in the finish slot: packed
+        # multiply-accumulates (DSP48 slices) or fabric adders (_fabric_accumulators explains their arithmetic).
         step = Signal()
         m.d.comb += step.eq(adv & s1_valid & ~s1_fin)
         finish = Signal()
         m.d.comb += finish.eq(adv & s1_valid & s1_fin)
+        if geo.dsp_fields:
+            signs = self._dsp_accumulators(m, geo, d1, x1, step, s1_first)
+        else:
+            signs = self._fabric_accumulators(m, geo, d1, x1, step, finish, s1_fin, s1_last, samples_last)
+
+        # Stage 2: push the tile after the finish slot of its last pass.
+        s2_valid = Signal()
+        s2_fin = Signal()
+        s2_pass = Signal.like(pas)
+        s2_last_tile = Signal()
+        with m.If(adv):
+            m.d.sync += [
+                s2_valid.eq(s1_valid),
+                s2_fin.eq(s1_fin),
+                s2_pass.eq(s1_pass),
+                s2_last_tile.eq(s1_last_tile),
+            ]
+        m.submodules.queue = queue = StreamFIFO(shape=grad_layout(bank), depth=2)
+        push = Signal()
+        kept = Signal(grad_layout(bank))  # signs of the tile's passes
+        m.d.comb += [
+            push.eq(s2_valid & s2_fin & (s2_pass == P - 1)),
+            adv.eq(~push | queue.i.ready),
+            queue.i.valid.eq(push),
+            queue.i.payload.g.eq(kept.g),
+            queue.i.payload.last.eq(s2_last_tile),
+        ]
+        pad_bits = Signal(LS)  # inputs of this pass that are padding in the last word
+        if P > 1:
+            with m.Switch(s1_pass):
+                for p in range(P):
+                    with m.Case(p):
+                        m.d.comb += pad_bits.eq(~sz.bit_ok[p * LS : (p + 1) * LS])
+        else:
+            m.d.comb += pad_bits.eq(~sz.bit_ok)
+        for (i, lane), (neg, zero) in signs.items():
+            # padding: lanes past n_out in the last group, inputs past n_in in the last word
+            padded = (s1_last_g & ~sz.lane_ok[lane]) | (s1_last_k & pad_bits[i])
+            signal = Signal(signed(2), name=f"sign{i}_{lane}")
+            m.d.comb += signal.eq(Mux(padded | zero, 0, Mux(neg, -1, 1)))
+            for p in range(P):
+                with m.If(finish & (s1_pass == p)):
+                    m.d.sync += kept.g[lane][p * LS + i].eq(signal)
+        wiring.connect(m, queue.o, wiring.flipped(self.dw))
+        return m
+
+    def _fabric_accumulators(self, m, geo, d1, x1, step, finish, s1_fin, s1_last, samples_last):
+        """Fabric adders; returns ``(input, lane) -> (neg, zero)`` of the pass's sum, valid in the finish slot.
+
+        Binary activations: the addend of weight (i, lane) and sample s is +v where x = 1 and -v where x = 0,
+        v = (-1)^neg 2^(field - 1) (0 for a zero code or a padding sample). Summed over the pass this is
+        2 Q - T, Q the sum of v over the samples with x = 1 and T over all samples. T is one accumulator per
+        lane; each weight accumulates 2 Q, choosing among the lane's subset sums of 2 v by its x bits (with
+        one sample per beat: 2 v or nothing, i.e. the accumulator's clock enable). The finish slot adds -T.
+        int8 activations: each weight adds the sign-flipped values shifted by field - 1."""
+        LO, S = geo.bank.lanes_out, geo.lanes_b
+        LS = geo.bank.lanes_in // geo.dw_passes
+        binary = geo.x_max == 1
+        acc_width = geo.dw_width + 1
         vw = geo.span + 2
         adds = {}  # (input, lane) -> (addend, enable)
         for lane in range(LO):
@@ -704,36 +783,7 @@ class _Dw(wiring.Component):
                     m.d.comb += c.eq(_tree_sum(terms))
                     adds[i, lane] = (c, 1)
 
-        # Stage 2: push the tile after the finish slot of its last pass.
-        s2_valid = Signal()
-        s2_fin = Signal()
-        s2_pass = Signal.like(pas)
-        s2_last_tile = Signal()
-        with m.If(adv):
-            m.d.sync += [
-                s2_valid.eq(s1_valid),
-                s2_fin.eq(s1_fin),
-                s2_pass.eq(s1_pass),
-                s2_last_tile.eq(s1_last_tile),
-            ]
-        m.submodules.queue = queue = StreamFIFO(shape=grad_layout(bank), depth=2)
-        push = Signal()
-        kept = Signal(grad_layout(bank))  # signs of the tile's passes
-        m.d.comb += [
-            push.eq(s2_valid & s2_fin & (s2_pass == P - 1)),
-            adv.eq(~push | queue.i.ready),
-            queue.i.valid.eq(push),
-            queue.i.payload.g.eq(kept.g),
-            queue.i.payload.last.eq(s2_last_tile),
-        ]
-        pad_bits = Signal(LS)  # inputs of this pass that are padding in the last word
-        if P > 1:
-            with m.Switch(s1_pass):
-                for p in range(P):
-                    with m.Case(p):
-                        m.d.comb += pad_bits.eq(~sz.bit_ok[p * LS : (p + 1) * LS])
-        else:
-            m.d.comb += pad_bits.eq(~sz.bit_ok)
+        signs = {}
         shape = signed(acc_width)
         for (i, lane), (addend, enable) in adds.items():
             acc = Signal(shape, name=f"acc{i}_{lane}")
@@ -743,15 +793,48 @@ class _Dw(wiring.Component):
                 m.d.sync += acc.eq(0)
             with m.Elif(step & enable):
                 m.d.sync += acc.eq(tot)
-            # padding: lanes past n_out in the last group, inputs past n_in in the last word
-            padded = (s1_last_g & ~sz.lane_ok[lane]) | (s1_last_k & pad_bits[i])
-            signal = Signal(signed(2), name=f"sign{i}_{lane}")
-            m.d.comb += signal.eq(Mux(padded | (tot == 0), 0, Mux(tot[-1], -1, 1)))
-            for p in range(P):
-                with m.If(finish & (s1_pass == p)):
-                    m.d.sync += kept.g[lane][p * LS + i].eq(signal)
-        wiring.connect(m, queue.o, wiring.flipped(self.dw))
-        return m
+            signs[i, lane] = (tot[-1], tot == 0)
+        return signs
+
+    def _dsp_accumulators(self, m, geo, d1, x1, step, s1_first):
+        """Packed multiply-accumulates (:attr:`Po2Geometry.dsp_fields`): the weights ``(i, lane)`` and
+        ``(i + 1, lane)`` share one ``P = (first ? 0 : P) + A v`` with ``v`` the lane's addend ``+-2^(f-1)`` (0 for
+        a zero code or a padding sample) and ``A = s_i + s_(i+1) 2^F``, ``s = +1`` where the activation bit is 1
+        and ``-1`` where it is 0. Each field then holds its weight's sum ``2 Q - T`` exactly: the fields are
+        recovered from ``P`` with the borrow of the fields below (a negative field ``i`` leaves field ``i + 1``
+        one less). The sums are complete in the finish slot (a bubble here); the next pass's first beat loads
+        ``P`` afresh. Returns ``(input, lane) -> (neg, zero)``."""
+        LO = geo.bank.lanes_out
+        LS = geo.bank.lanes_in // geo.dw_passes
+        nf, F = geo.dsp_fields, geo.dw_width
+        vw = geo.span + 2
+        signs = {}
+        for lane in range(LO):
+            real = d1[0][lane].field != 0  # one sample per beat: no padding samples
+            mag = Signal(unsigned(vw - 1), name=f"mag_{lane}")
+            v = Signal(signed(vw), name=f"v_{lane}")
+            m.d.comb += [
+                mag.eq(Mux(real, Const(1, vw) << d1[0][lane].field >> 1, 0)),
+                v.eq(Mux(d1[0][lane].neg, -mag, mag)),
+            ]
+            for i0 in range(0, LS, nf):
+                inputs = list(range(i0, min(i0 + nf, LS)))
+                a = Signal(signed(DSP_A_BITS), name=f"dsp_a{i0}_{lane}")
+                m.d.comb += a.eq(sum(Mux(x1[0][i], 1, -1) << (f * F) for f, i in enumerate(inputs)))
+                p = Signal(signed(DSP_P_BITS), name=f"dsp_p{i0}_{lane}")
+                with m.If(step):
+                    m.d.sync += p.eq(Mux(s1_first, 0, p) + a * v)
+                borrow = Const(0, 1)
+                for f, i in enumerate(inputs):
+                    field = p[f * F : (f + 1) * F]  # = S_f - borrow (mod 2^F), |S_f| < 2^(F-1)
+                    ones = Signal(name=f"ones{i}_{lane}")
+                    zeros = Signal(name=f"zeros{i}_{lane}")
+                    neg = Signal(name=f"neg{i}_{lane}")
+                    m.d.comb += [ones.eq(field.all()), zeros.eq(field == 0), neg.eq(field[-1] & ~(borrow & ones))]
+                    signs[i, lane] = (neg, Mux(borrow, ones, zeros))
+                    borrow = neg
+        return signs
+
 
 
 class Po2Backward(wiring.Component):

@@ -206,6 +206,14 @@ class SystemPlan:
             self.layers.append(LayerPlan(j, n_in, n_out, li, lo, lb, u, B, j == L - 1, widths[j],
                                          passes_for(cfg, "dw", li), passes_for(cfg, "dx", li)))
         self.features = self.layers[0].n_in
+        top = self.layers[-1]
+        # the logit and loss units work on loss_lanes classes per beat: the output layer's Y beats are split and
+        # its gradient beats joined to lanes_out (the output layer is used once per step; few lanes are enough)
+        self.loss_lanes = min(h.loss_lanes, top.lanes_out)
+        if top.lanes_out % self.loss_lanes:
+            raise ConfigError(f"hw.loss_lanes = {h.loss_lanes} must divide the output layer's lanes_out = "
+                              f"{top.lanes_out} (hw.lanes_out)")
+        self.loss_groups = -(-self.classes // self.loss_lanes)  # logit / gradient beats per sample
         # layers whose po2 backward engines have the same lanes, batch, code bits, x_max and passes share one
         # engine (their phases never overlap); the engine picks the layer's words, groups and padding at run time
         self.backward_groups = self._groups(self._backward_key)
@@ -348,10 +356,11 @@ class SystemPlan:
             self._add("e_beta", j, (), target=("bnp", j), space=SPACE_E, count=1, inner=1, width=E_WIDTH,
                       elem_bits=E_WIDTH, elems_per_word=1, signed=True)
         top = self.layers[-1]
+        nl, ng = self.loss_lanes, self.loss_groups
         self._add("logits", top.index, (self.batch, top.n_out), target=("logits",), space=0,
-                  count=self.batch * top.groups, inner=1, width=top.lanes_out * self.logit_width,
-                  elem_bits=self.logit_width, elems_per_word=top.lanes_out,
-                  pad=(self.batch, top.groups * top.lanes_out), reshape=(self.batch * top.groups * top.lanes_out,),
+                  count=self.batch * ng, inner=1, width=nl * self.logit_width,
+                  elem_bits=self.logit_width, elems_per_word=nl,
+                  pad=(self.batch, ng * nl), reshape=(self.batch * ng * nl,),
                   transpose=(0,), signed=True, access="ro")
 
         n_ph = len(self.phases())
@@ -571,8 +580,8 @@ class Accelerator(wiring.Component):
             for j in grp:
                 po2b[j] = unit
         top = LP[-1]
-        logit = sub("logit", OutputLogitUnit.from_config(cfg, lanes=top.lanes_out, div_steps=cfg.hw.div_steps))
-        loss = sub("loss", LossGradUnit.from_config(cfg, lanes=top.lanes_out, div_steps=cfg.hw.div_steps))
+        logit = sub("logit", OutputLogitUnit.from_config(cfg, lanes=plan.loss_lanes, div_steps=cfg.hw.div_steps))
+        loss = sub("loss", LossGradUnit.from_config(cfg, lanes=plan.loss_lanes, div_steps=cfg.hw.div_steps))
 
         # ---- memories ----------------------------------------------------------------------------------------
         def mem(name, width, depth, init=None):
@@ -601,8 +610,8 @@ class Accelerator(wiring.Component):
         # output layer: loss gradient g, logits; labels
         g_w = top.lanes_out * len(loss.g.payload.g[0])
         gb_r, gb_wp = mem("gbuf", g_w, top.beats)
-        lg_w = top.lanes_out * plan.logit_width
-        lgb_r, lgb_wp = mem("logits", lg_w, top.beats)
+        lg_w = plan.loss_lanes * plan.logit_width
+        lgb_r, lgb_wp = mem("logits", lg_w, B * plan.loss_groups)
         lab_r, lab_wp = mem("labels", plan.label_bits, B)
         plog_r, plog_wp = mem("phase_log", 32, n_ph)
 
@@ -981,7 +990,7 @@ class Accelerator(wiring.Component):
                 rv, rd, rr = u.host_rdata.valid, u.host_rdata.payload, u.host.ready
             else:  # a plain memory: the logits buffer or the phase log
                 rp = mems[t[0]]
-                depth = plan.batch * plan.layers[-1].groups if t[0] == "logits" else len(plan.phases())
+                depth = plan.batch * plan.loss_groups if t[0] == "logits" else len(plan.phases())
                 tgt = m.submodules[f"{t[0]}_target"] = MemoryTarget(outer=depth, inner=1, width=len(rp.data))
                 m.d.comb += [
                     tgt.req.valid.eq(here & seq.req.valid),
@@ -1107,25 +1116,45 @@ class Accelerator(wiring.Component):
         m.d.comb += done[key].eq(fin)
 
     def _output(self, m, plan, lp, a, st, rr, to_bn, rg, logit, loss, ports, correct):
-        """Logits (third Y replay), loss gradient into the g buffer, logits into their buffer, correct count."""
+        """Logits (third Y replay), loss gradient into the g buffer, logits into their buffer, correct count.
+
+        The logit and loss units take ``nl = plan.loss_lanes`` classes per beat: each Y beat of ``lo`` lanes is
+        split into ``lo / nl`` beats (those past the classes dropped), and the gradient beats are joined back
+        into words of ``lo`` lanes for the g buffer (lanes past the classes 0)."""
         B, G, lo = plan.batch, lp.groups, lp.lanes_out
+        nl, C = plan.loss_lanes, plan.classes
+        parts = lo // nl
         yw = lp.widths["y"]
-        for lane in range(lo):
-            m.d.comb += logit.y.payload.y[lane].eq(rr.o.payload.data[lane * yw:(lane + 1) * yw].as_signed())
+        sb = Signal(range(max(parts, 2)), name="logit_part")  # part of the Y beat going to the logit unit
+        c0 = Signal(range(G * lo + 1), name="logit_class")  # its first class
+        end = Signal(name="logit_sample_end")  # the sample's last part
+        part_end = Signal(name="logit_part_end")  # the Y beat's last part
+        m.d.comb += [c0.eq(rg * lo + sb * nl), end.eq(c0 + nl >= C), part_end.eq((sb == parts - 1) | end)]
+        part = Signal(nl * yw, name="logit_y_part")
+        with m.Switch(sb):
+            for s_ in range(parts):
+                with m.Case(s_):
+                    m.d.comb += part.eq(rr.o.payload.data[s_ * nl * yw:(s_ + 1) * nl * yw])
+        for lane in range(nl):
+            m.d.comb += logit.y.payload.y[lane].eq(part[lane * yw:(lane + 1) * yw].as_signed())
         m.d.comb += [
-            logit.y.payload.last.eq(rg == G - 1),
+            logit.y.payload.last.eq(end),
             logit.y.valid.eq(a & ~to_bn & rr.o.valid),
-            rr.o.ready.eq(a & Mux(to_bn, self._bn_replay_ready, logit.y.ready)),
+            rr.o.ready.eq(a & Mux(to_bn, self._bn_replay_ready, logit.y.ready & part_end)),
         ]
+        with m.If(st):
+            m.d.sync += sb.eq(0)
+        with m.Elif(logit.y.valid & logit.y.ready):
+            m.d.sync += sb.eq(Mux(part_end, 0, sb + 1))
         # logits -> loss unit and the logits buffer
         lw = plan.logit_width
-        lg_count = Signal(range(lp.beats + 1), name="logit_count")
+        lg_count = Signal(range(B * plan.loss_groups + 1), name="logit_count")
         m.d.comb += [loss.x.payload.eq(logit.x.payload), loss.x.valid.eq(a & logit.x.valid),
                      logit.x.ready.eq(a & loss.x.ready)]
         lg_take = Signal(name="logit_take")
         m.d.comb += lg_take.eq(a & logit.x.valid & loss.x.ready)
-        lg_word = Signal(lo * lw, name="logit_word")
-        for lane in range(lo):
+        lg_word = Signal(nl * lw, name="logit_word")
+        for lane in range(nl):
             m.d.comb += lg_word[lane * lw:(lane + 1) * lw].eq(logit.x.payload.x[lane])
         ports["lgb_w"].add(lg_take, addr=lg_count, data=lg_word, en=1)
         with m.If(st):
@@ -1138,18 +1167,35 @@ class Accelerator(wiring.Component):
         ports["lab_r"].add(a, addr=labr.r_addr, en=labr.r_en)
         m.d.comb += [labr.r_data.eq(ports["lab_r"].port.data), loss.label.payload.eq(labr.o.payload.data),
                      loss.label.valid.eq(a & labr.o.valid), labr.o.ready.eq(a & loss.label.ready)]
-        # gradient
+        # gradient: nl lanes per beat joined into words of lo lanes (a word ends after lo / nl parts or with the
+        # sample); the parts taken so far wait in g_held
         gw = len(loss.g.payload.g[0])
         g_count = Signal(range(lp.beats + 1), name="g_count")
         g_take = Signal(name="g_take")
         m.d.comb += [loss.g.ready.eq(a), g_take.eq(a & loss.g.valid)]
+        incoming = Signal(nl * gw, name="g_part")
+        for lane in range(nl):
+            m.d.comb += incoming[lane * gw:(lane + 1) * gw].eq(loss.g.payload.g[lane])
         g_word = Signal(lo * gw, name="g_word")
-        for lane in range(lo):
-            m.d.comb += g_word[lane * gw:(lane + 1) * gw].eq(loss.g.payload.g[lane])
-        ports["gb_w"].add(g_take, addr=g_count, data=g_word, en=1)
+        if parts == 1:
+            g_flush = g_take
+            m.d.comb += g_word.eq(incoming)
+        else:
+            gs = Signal(range(parts), name="g_part_index")
+            g_held = Signal(lo * gw, name="g_held")
+            g_flush = Signal(name="g_flush")
+            m.d.comb += g_flush.eq(g_take & ((gs == parts - 1) | loss.g.payload.last))
+            for s_ in range(parts):
+                sl = slice(s_ * nl * gw, (s_ + 1) * nl * gw)
+                m.d.comb += g_word[sl].eq(Mux(gs == s_, incoming, g_held[sl]))
+            with m.If(st | g_flush):
+                m.d.sync += [gs.eq(0), g_held.eq(0)]
+            with m.Elif(g_take):
+                m.d.sync += [gs.eq(gs + 1), g_held.eq(g_word)]
+        ports["gb_w"].add(g_flush, addr=g_count, data=g_word, en=1)
         with m.If(st):
             m.d.sync += g_count.eq(0)
-        with m.Elif(g_take):
+        with m.Elif(g_flush):
             m.d.sync += g_count.eq(g_count + 1)
         loss_done = Signal(name="loss_done")
         with m.If(st):

@@ -50,6 +50,7 @@ from amaranth.lib.wiring import In, Out
 
 from sim.hw.optim import PROB_BITS, state_bits
 
+from .buffers import SplitMemory
 from .shared import layer_port, per_layer
 from .xnor_engine import WeightReadSignature, XnorGeometry, _check_int, popcount
 
@@ -595,9 +596,8 @@ class WeightMemory(wiring.Component):
         host_state_rd = host_rd & (h.space == SPACE_STATE)
         for name, _ in opt.fields:
             layout = data.ArrayLayout(opt.field_shape(name), U)
-            mem = m.submodules[f"state_{name}"] = Memory(shape=layout, depth=max(V_all, 2), init=[])
-            rd = mem.read_port()
-            wr = mem.write_port()
+            mem = m.submodules[f"state_{name}"] = SplitMemory(shape=layout, depth=max(V_all, 2), name=f"state_{name}")
+            rd, wr = mem.read, mem.write
             m.d.comb += [
                 rd.addr.eq(Mux(busy, vidx, sbase + h.addr)),
                 rd.en.eq(Mux(busy, issue, host_state_rd)),

@@ -86,6 +86,13 @@ class HwConfig:
     dx_passes: int = opt(
         4, lo=1, hi=32, doc="dX engine: passes over the groups per input word (power of two; fewer adder trees)"
     )
+    dw_dsp: bool = opt(
+        True, doc="dW engine: accumulate in DSP48 multiply-accumulates, two weights per slice (binary activations, "
+        "lanes_b = 1); false: fabric adders"
+    )
+    loss_lanes: int = opt(
+        2, lo=1, hi=4096, doc="logit and loss units: classes per cycle (divides lanes_out; at most lanes_out)"
+    )
     update_lanes: int = opt(16, lo=1, hi=4096, doc="weight update sweep: weights per cycle (divides lanes_in)")
     div_steps: int = opt(2, lo=1, hi=64, doc="quotient bits per cycle of the per-channel sequential dividers")
     mul_steps: int = opt(4, lo=1, hi=64, doc="po2 unit: bits per cycle of the per-channel sqrt2 multiplier")

@@ -178,8 +178,11 @@ SWEEP = [
     # binary layer 10 -> 7, B = 13, k = 6 (31 planes, dX 34 bits): partial last word, group and sample beat;
     # two dW and two dX passes, the second one all padding in the last word
     pytest.param((small_config(**{"approx.dy_bits": 6}), 1, 4, 3, 3, 2, 2, 120, 4), id="l1-n10x7-k6-li4-lo3-b3-p2"),
-    # one word and one group per row, one sample per beat; four dW and dX passes (the third one half padding)
+    # one word and one group per row, one sample per beat; four dW and dX passes (the third one half padding);
+    # dW in packed multiply-accumulates (two weights per DSP48: hw.dw_dsp, the default) and in fabric adders
     pytest.param((small_config(), 1, 16, 8, 1, 4, 4, 120, 4), id="l1-n10x7-li16-lo8-b1-p4"),
+    pytest.param((small_config(**{"hw.dw_dsp": False}), 1, 16, 8, 1, 4, 4, 120, 2),
+                 id="l1-n10x7-li16-lo8-b1-p4-fabric"),
     # first layer: 8-bit activations (x_max 128), no dX unit, two dW passes
     pytest.param((small_config(), 0, 8, 4, 2, 2, 1, 0, 4), id="l0-int8-n37x10-li8-lo4-b2-p2"),
     # the MLP's hidden layer 256 x 256, B = 100, one dW and one dX pass
@@ -209,6 +212,7 @@ def test_po2_backward_rtl(case, request):
         for j in shared
     ]
     geo = shapes[shared.index(layer)]
+    assert geo.dsp_fields == (2 if lanes_b == 1 and geo.x_max == 1 and "fabric" not in request.node.callspec.id else 0)
     params = {"overrides": overrides, "layer": layer, "lanes_in": lanes_in, "lanes_out": lanes_out, "lanes_b": lanes_b,
               "dw_passes": dw_passes, "dx_passes": dx_passes, "shared": shared}
     build = {k: v for k, v in params.items() if k != "layer"} if len(shared) > 1 else params

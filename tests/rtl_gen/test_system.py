@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import numpy as np
 import pytest
@@ -443,14 +444,16 @@ def test_layers_of_equal_lanes_share_the_engine_bn_and_po2_units():
 
 @pytest.mark.rtl
 def test_shared_units_whole_steps():
-    """784-32-32-32-10 (B = 4, 16 lanes out): one po2 backward engine serves all four layers (25, 1, 1 and 1
-    words; 2, 2, 2 and 1 groups, the output layer's with 6 padding lanes), layers 1 and 2 share their XNOR
-    engine and layers 0 .. 2 their BN and po2 units (fan-in 784 and 32); two whole steps bit-exact and within
-    5 % of the cycle model."""
+    """784-32-32-32-10 (B = 4, 16 lanes out, one sample per dW beat: dW in DSP48 multiply-accumulates): one po2
+    backward engine serves all four layers (25, 1, 1 and 1 words; 2, 2, 2 and 1 groups, the output layer's with
+    6 padding lanes), layers 1 and 2 share their XNOR engine and layers 0 .. 2 their BN and po2 units (fan-in
+    784 and 32); the logit and loss units take 2 of the 10 classes per beat; two whole steps bit-exact and
+    within 5 % of the cycle model."""
     from rtl_gen.generate import run_system
 
-    cfg = small_cfg(SHARED_LAYERS, SHARED_LANES)
+    cfg = small_cfg(SHARED_LAYERS, SHARED_LANES, "hw.lanes_b=1")  # dW in DSP48 multiply-accumulates (hw.dw_dsp)
     assert [lp.lanes_out for lp in SystemPlan(cfg).layers] == [16, 16, 16, 16]
+    assert SystemPlan(cfg).po2_geometry(1).dsp_fields == 2
     assert SystemPlan(cfg).backward_groups == [[0, 1, 2, 3]]
     rep = run_system(cfg, mode="train", steps=2)
     _assert_steps(rep, 2)
@@ -494,3 +497,12 @@ def test_paper_mlp_three_steps():
         assert abs(c - res.model_cycles) <= 0.05 * res.model_cycles, (c, res.model_cycles)
     print(json.dumps({"cycles": res.cycles, "model_cycles": res.model_cycles, "wall_s": round(time.time() - t0),
                       "steps": res.steps}))
+
+
+def test_logit_and_loss_units_take_loss_lanes_classes_per_beat():
+    plan = SystemPlan(small_cfg())  # 10 classes, 8 lanes out: the output layer's Y beats split into 2-class parts
+    assert (plan.loss_lanes, plan.loss_groups) == (2, 5)
+    assert plan.quantity("logits", 1).layout.elems_per_word == 2
+    assert SystemPlan(small_cfg("hw.loss_lanes=64")).loss_lanes == 8  # at most lanes_out
+    with pytest.raises(ConfigError, match=re.escape("hw.loss_lanes = 3 must divide the output layer's lanes_out = 8")):
+        SystemPlan(small_cfg("hw.loss_lanes=3"))
