@@ -93,7 +93,8 @@ def backward_cycles(plan, j: int) -> int:
 
     cfg = plan.cfg
     bnb = _probe(BnBackwardUnit(layer=plan.bn_unit_layer(j))).cycles()
-    po2 = _probe(Po2Unit(layer=plan.bn_unit_layer(j), mul_steps=cfg.hw.mul_steps)).cycles()
+    lay = plan.bn_unit_layer(j)
+    po2 = _probe(Po2Unit(layer=lay, mul_steps=cfg.hw.mul_steps, pass1_lanes=plan.po2_lanes(lay.lanes))).cycles()
     first = max(bnb["pass1"] + bnb["epi"], po2["pro"])
     return first + max(bnb["pass2"], po2["pass1"]) + po2["bias"] + po2["pass2"] + 4 + PHASE_OVERHEAD
 

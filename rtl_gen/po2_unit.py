@@ -21,7 +21,8 @@ Schedule (one layer, then it starts over):
 PRO     ``s_eff``: one ``S'`` per channel in channel order -> ``t``, ``d`` per channel (``1 + ceil(Wd /
         mul_steps)`` cycles per channel, ``Wd`` the width of ``S'``; can overlap the BN backward pass)
 PASS1   ``q`` in (batch-major, the BN backward unit's ``q`` layout) -> ``scratch`` out: per element ``e0``,
-        sign and nonzero flag (the controller keeps them in the exponent scratch), layer maximum ``top0``
+        sign and nonzero flag (the controller keeps them in the exponent scratch), layer maximum ``top0``;
+        the datapath holds ``pass1_lanes`` lanes, so a beat takes ``parts = lanes / pass1_lanes`` cycles
 BIAS    one ``bias`` beat: ``bias`` and ``unit_exp = e_min - bias`` (``scale`` sampled here)
 PASS2   ``scratch_in`` (the scratch, in the same order) -> ``codes`` out
 ======= =================================================================================================
@@ -29,14 +30,14 @@ PASS2   ``scratch_in`` (the scratch, in the same order) -> ``codes`` out
 Cycle model (:meth:`Po2Unit.cycles`), from the first ``s_eff`` transfer to the last ``codes`` transfer,
 inputs always offered and outputs always taken::
 
-    M (1 + ceil(Wd / mul_steps)) + (B G + 3) + 2 + (B G + 2)
+    M (1 + ceil(Wd / mul_steps)) + (B G parts + 3) + 2 + (B G + 2)
 """
 
 from __future__ import annotations
 
 import math
 
-from amaranth import Const, Module, Mux, Signal, signed, unsigned
+from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -77,22 +78,35 @@ def normalise(m: Module, value, width: int, name: str) -> tuple[Signal, Signal]:
     return lz, v
 
 
-def po2_cycles(layer: BnLayer, mul_steps: int = 1) -> dict[str, int]:
+def po2_cycles(layer: BnLayer, mul_steps: int = 1, pass1_lanes: int | None = None) -> dict[str, int]:
     """Cycles of every phase of :class:`Po2Unit` and their ``total`` for one layer with no stalls: ``pro`` (from
-    the first ``s_eff`` transfer), ``pass1`` (to the push of the last scratch beat), ``bias`` (FIN and BIAS),
-    ``pass2`` (to the last ``codes`` transfer)."""
+    the first ``s_eff`` transfer), ``pass1`` (to the push of the last scratch beat; ``lanes / pass1_lanes``
+    cycles per beat), ``bias`` (FIN and BIAS), ``pass2`` (to the last ``codes`` transfer)."""
     dw = layer.s_width
     iters = -(-dw // _check_int("mul_steps", mul_steps, 1, dw))
-    out = {"pro": layer.channels * (1 + iters), "pass1": layer.beats + 3, "bias": 2, "pass2": layer.beats + 2}
+    parts = layer.lanes // _pass1_lanes(layer, pass1_lanes)
+    out = {"pro": layer.channels * (1 + iters), "pass1": layer.beats * parts + 3, "bias": 2,
+           "pass2": layer.beats + 2}
     out["total"] = sum(out.values())
     return out
+
+
+def _pass1_lanes(layer: BnLayer, pass1_lanes: int | None) -> int:
+    if pass1_lanes is None:
+        return layer.lanes
+    _check_int("pass1_lanes", pass1_lanes, 1, layer.lanes)
+    if layer.lanes % pass1_lanes:
+        raise ValueError(f"pass1_lanes ({pass1_lanes}) must divide the lanes ({layer.lanes})")
+    return pass1_lanes
 
 
 class Po2Unit(wiring.Component):
     """po2_k codes of one layer (see the module docstring).
 
     Parameters (keyword-only): ``layer`` (:class:`rtl_gen.bn_unit.BnLayer`; ``layer.top`` selects the
-    operand ``|Q|``), ``mul_steps`` (bits of the per-channel threshold multiplier per cycle).
+    operand ``|Q|``), ``mul_steps`` (bits of the per-channel threshold multiplier per cycle), ``pass1_lanes``
+    (lanes of the PASS1 datapath, dividing ``layer.lanes``; default all: a beat takes ``lanes / pass1_lanes``
+    cycles of PASS1, and the per-lane normalise / compare logic shrinks by the same factor).
 
     Ports:
         s_eff: ``In(stream.Signature(unsigned(Wd)))`` ``S'`` per channel (PRO).
@@ -109,10 +123,11 @@ class Po2Unit(wiring.Component):
 
     PRO, PASS1, FIN, BIAS, PASS2 = range(5)
 
-    def __init__(self, *, layer: BnLayer, mul_steps: int = 1, channels=None, tops=None):
+    def __init__(self, *, layer: BnLayer, mul_steps: int = 1, channels=None, tops=None, pass1_lanes=None):
         if not isinstance(layer, BnLayer):
             raise TypeError(f"layer must be a BnLayer, not {layer!r}")
         self._layer = layer
+        self._pass1_lanes = _pass1_lanes(layer, pass1_lanes)
         self._channels = _check_channels(layer, channels)
         self._tops = [layer.top] * len(self._channels) if tops is None else [bool(t) for t in tops]
         if len(self._tops) != len(self._channels):
@@ -176,7 +191,7 @@ class Po2Unit(wiring.Component):
         return data.StructLayout({"bias": signed(SCALE_WIDTH), "unit_exp": signed(SCALE_WIDTH)})
 
     def cycles(self) -> dict[str, int]:
-        return po2_cycles(self._layer, self._mul_steps)
+        return po2_cycles(self._layer, self._mul_steps, self._pass1_lanes)
 
     def elaborate(self, platform):
         lay = self._layer
@@ -247,32 +262,59 @@ class Po2Unit(wiring.Component):
         with m.If(accept & cnt.last):
             m.d.sync += in_done.eq(1)
 
-        # PASS1: s1 |Q| (x B) -> s2 normalise -> s3 compare with t, e0, push; then the running maximum.
+        # PASS1: s1 |Q| (x B) -> s2 normalise -> s3 compare with t, e0, push; then the running maximum. The
+        # datapath holds ``pl = pass1_lanes`` lanes: a beat of L lanes goes through it as ``parts = L / pl`` parts
+        # (one per cycle), their results are joined in ``joined`` and the beat is pushed with its last part.
+        pl, parts = self._pass1_lanes, L // self._pass1_lanes
         m.submodules.scratch_queue = sq = StreamFIFO(shape=self.scratch_layout, depth=2)
         adv1 = Signal()
         s_valid = [Signal(name=f"s{i}_valid") for i in (1, 2, 3)]
-        s_last = [Signal(name=f"s{i}_last") for i in (1, 2, 3)]
+        s_last = [Signal(name=f"s{i}_last") for i in (1, 2, 3)]  # the layer's last part
         s_lg = [Signal(name=f"s{i}_last_group") for i in (1, 2, 3)]
         s_g = [Signal(range(G), name=f"s{i}_g") for i in (1, 2, 3)]
+        s_part = [Signal(range(max(parts, 2)), name=f"s{i}_part") for i in (1, 2, 3)]
+        s_push = [Signal(name=f"s{i}_push") for i in (1, 2, 3)]  # the beat's last part
+        part = Signal(range(max(parts, 2)), name="part")
+        last_part = Signal(name="last_part")
         m.d.comb += [
-            adv1.eq(~s_valid[2] | sq.i.ready),
-            self.q.ready.eq((phase == PASS1) & ~in_done & adv1),
+            last_part.eq(part == parts - 1),
+            adv1.eq(~(s_valid[2] & s_push[2]) | sq.i.ready),
         ]
+        take = Signal(name="part_take")  # a part of the q beat enters s1
+        m.d.comb += [
+            take.eq((phase == PASS1) & ~in_done & adv1 & self.q.valid),
+            self.q.ready.eq((phase == PASS1) & ~in_done & adv1 & last_part),
+        ]
+        if parts > 1:
+            with m.If(take):
+                m.d.sync += part.eq(Mux(last_part, 0, part + 1))
         q_shape = signed(lay.widths["Q"])
-        s1_q = Signal(data.ArrayLayout(q_shape, L))
-        s2_u = Signal(data.ArrayLayout(unsigned(W), L))
-        s2_neg = Signal(L)
-        s2_nz = Signal(L)
-        s3_n = Signal(data.ArrayLayout(unsigned(max((W - 1).bit_length(), 1)), L))
-        s3_mant = Signal(data.ArrayLayout(unsigned(W), L))
-        s3_neg = Signal(L)
-        s3_nz = Signal(L)
+        q_part = Signal(data.ArrayLayout(q_shape, pl))
+        real_part = Signal(pl)
+        real_all = Signal(L)
+        m.d.comb += real_all.eq(Cat(ch.real(lane, cnt.last_group) for lane in range(L)))
+        with m.Switch(part):
+            for pi in range(parts):
+                with m.Case(pi):
+                    m.d.comb += [
+                        q_part.as_value().eq(self.q.payload.q.as_value().word_select(pi, pl * q_shape.width)),
+                        real_part.eq(real_all[pi * pl : (pi + 1) * pl]),
+                    ]
+        s1_q = Signal(data.ArrayLayout(q_shape, pl))
+        s1_real = Signal(pl)
+        s2_u = Signal(data.ArrayLayout(unsigned(W), pl))
+        s2_neg = Signal(pl)
+        s2_nz = Signal(pl)
+        s3_n = Signal(data.ArrayLayout(unsigned(max((W - 1).bit_length(), 1)), pl))
+        s3_mant = Signal(data.ArrayLayout(unsigned(W), pl))
+        s3_neg = Signal(pl)
+        s3_nz = Signal(pl)
         with m.If(adv1):
             m.d.sync += [
-                s_valid[0].eq(self.q.valid & self.q.ready),
+                s_valid[0].eq(take),
                 s_valid[1].eq(s_valid[0]),
                 s_valid[2].eq(s_valid[1]),
-                s_last[0].eq(cnt.last),
+                s_last[0].eq(cnt.last & last_part),
                 s_last[1].eq(s_last[0]),
                 s_last[2].eq(s_last[1]),
                 s_lg[0].eq(cnt.last_group),
@@ -281,51 +323,72 @@ class Po2Unit(wiring.Component):
                 s_g[0].eq(cnt.g),
                 s_g[1].eq(s_g[0]),
                 s_g[2].eq(s_g[1]),
-                s1_q.eq(self.q.payload.q),
+                s_part[0].eq(part),
+                s_part[1].eq(s_part[0]),
+                s_part[2].eq(s_part[1]),
+                s_push[0].eq(last_part),
+                s_push[1].eq(s_push[0]),
+                s_push[2].eq(s_push[1]),
+                s1_q.eq(q_part),
+                s1_real.eq(real_part),
             ]
         scratch = sq.i.payload
+        joined = Signal(self.scratch_layout)  # the parts of the beat so far
+        lane_layout = self.scratch_layout["e"].shape.elem_shape
+        new = Signal(data.ArrayLayout(lane_layout, pl))  # this part's results
+        t_part = Signal(data.ArrayLayout(t_layout, pl))
+        with m.Switch(s_part[2]):
+            for pi in range(parts):
+                with m.Case(pi):
+                    m.d.comb += t_part.as_value().eq(t_rd.data.as_value().word_select(pi, pl * t_layout.size))
         mx_valid = Signal()
-        mx_e = Signal(data.ArrayLayout(signed(ew), L))
-        mx_nz = Signal(L)
-        for lane in range(L):
+        mx_e = Signal(data.ArrayLayout(signed(ew), pl))
+        mx_nz = Signal(pl)
+        for lane in range(pl):
             q = s1_q[lane]
             a = Signal(unsigned(lay.widths["Q"]), name=f"abs{lane}")
             m.d.comb += a.eq(Mux(q < 0, -q, q))
             lz, mant = normalise(m, s2_u[lane], W, f"norm{lane}")
-            t = t_rd.data[lane]
+            t = t_part[lane]
             rho = Signal(signed(2), name=f"rho{lane}")
             e0 = Signal(signed(ew), name=f"e0_{lane}")
             m.d.comb += [
                 rho.eq(Mux(s3_mant[lane] > t.t, 1, Mux(s3_mant[lane] <= (t.t >> 1), -1, 0))),
                 e0.eq(s3_n[lane] - t.d + rho),
-                scratch.e[lane].e0.eq(e0),
-                scratch.e[lane].neg.eq(s3_neg[lane]),
-                scratch.e[lane].nz.eq(s3_nz[lane]),
+                new[lane].e0.eq(e0),
+                new[lane].neg.eq(s3_neg[lane]),
+                new[lane].nz.eq(s3_nz[lane]),
             ]
-            real = ch.real(lane, s_lg[0])
             with m.If(adv1):
                 m.d.sync += [
                     s2_u[lane].eq(self._operand(a, B, is_top)),
                     s2_neg[lane].eq(q < 0),
-                    s2_nz[lane].eq((q != 0) & real),
+                    s2_nz[lane].eq((q != 0) & s1_real[lane]),
                     s3_n[lane].eq(W - 1 - lz),
                     s3_mant[lane].eq(mant),
                     s3_neg[lane].eq(s2_neg[lane]),
                     s3_nz[lane].eq(s2_nz[lane]),
                 ]
+        lane_bits = lane_layout.size
+        for pi in range(parts):
+            sl = slice(pi * pl * lane_bits, (pi + 1) * pl * lane_bits)
+            m.d.comb += scratch.e.as_value()[sl].eq(Mux(s_part[2] == pi, new.as_value(), joined.e.as_value()[sl]))
+        if parts > 1:
+            with m.If(adv1 & s_valid[2]):
+                m.d.sync += joined.eq(scratch)
         m.d.comb += [
             t_rd.addr.eq(s_g[1]),
             t_rd.en.eq(adv1),
-            sq.i.valid.eq(s_valid[2]),
+            sq.i.valid.eq(s_valid[2] & s_push[2]),
             scratch.last.eq(s_lg[2]),
         ]
         wiring.connect(m, sq.o, wiring.flipped(self.scratch))
         m.d.sync += mx_valid.eq(s_valid[2] & adv1)
-        for lane in range(L):
-            m.d.sync += [mx_e[lane].eq(scratch.e[lane].e0), mx_nz[lane].eq(scratch.e[lane].nz)]
-        # Maximum over the beat's nonzero lanes (a tree), then into the running maximum.
+        for lane in range(pl):
+            m.d.sync += [mx_e[lane].eq(new[lane].e0), mx_nz[lane].eq(new[lane].nz)]
+        # Maximum over the part's nonzero lanes (a tree), then into the running maximum.
         terms = []
-        for lane in range(L):
+        for lane in range(pl):
             v = Signal(signed(ew), name=f"max_in{lane}")
             m.d.comb += v.eq(Mux(mx_nz[lane], mx_e[lane], -(1 << (ew - 1))))
             terms.append(v)

@@ -214,6 +214,10 @@ class SystemPlan:
             raise ConfigError(f"hw.loss_lanes = {h.loss_lanes} must divide the output layer's lanes_out = "
                               f"{top.lanes_out} (hw.lanes_out)")
         self.loss_groups = -(-self.classes // self.loss_lanes)  # logit / gradient beats per sample
+        for lp in self.layers:
+            if lp.lanes_out % self.po2_lanes(lp.lanes_out):
+                raise ConfigError(f"hw.po2_lanes = {h.po2_lanes} must divide lanes_out = {lp.lanes_out} (layer "
+                                  f"{lp.index})")
         # layers whose po2 backward engines have the same lanes, batch, code bits, x_max and passes share one
         # engine (their phases never overlap); the engine picks the layer's words, groups and padding at run time
         self.backward_groups = self._groups(self._backward_key)
@@ -273,6 +277,11 @@ class SystemPlan:
         """Layer ``j`` as the shared BN parameter unit sees it: every bound the largest of all layers' (widths,
         divider), the layer's own channels (cycles)."""
         return merge_bounds([self.bn_layer(i) for i in range(len(self.layers))], channels=self.layers[j].n_out)
+
+    def po2_lanes(self, lanes: int) -> int:
+        """Lanes of the po2 unit's first-pass datapath for a unit of ``lanes`` lanes (``hw.po2_lanes``, at most
+        ``lanes``)."""
+        return min(self.cfg.hw.po2_lanes, lanes)
 
     def po2_geometry(self, j: int) -> Po2Geometry:
         lp = self.layers[j]
@@ -573,7 +582,8 @@ class Accelerator(wiring.Component):
                                  lambda grp: BnBackwardUnit(layer=plan.bn_envelope(grp), channels=chans(grp)))
         po2 = self._shared_state(m, sub, "po2_", groups["bn"], lambda j: bwd_act[j],
                                  lambda grp: Po2Unit(layer=plan.bn_envelope(grp), mul_steps=cfg.hw.mul_steps,
-                                                     channels=chans(grp), tops=[LP[j].top for j in grp]))
+                                                     channels=chans(grp), tops=[LP[j].top for j in grp],
+                                                     pass1_lanes=plan.po2_lanes(LP[grp[0]].lanes_out)))
         for grp in plan.backward_groups:  # one po2 backward engine per group of layers
             unit = sub("po2b_" + "_".join(map(str, grp)),
                        Po2Backward(shapes=[plan.po2_geometry(j) for j in grp]))

@@ -90,11 +90,15 @@ class HwConfig:
         True, doc="dW engine: accumulate in DSP48 multiply-accumulates, two weights per slice (binary activations, "
         "lanes_b = 1); false: fabric adders"
     )
+    po2_lanes: int = opt(
+        4, lo=1, hi=4096, doc="po2 unit: lanes of the first pass's normalise / compare datapath (divides lanes_out; "
+        "a beat takes lanes_out / po2_lanes cycles)"
+    )
     loss_lanes: int = opt(
         2, lo=1, hi=4096, doc="logit and loss units: classes per cycle (divides lanes_out; at most lanes_out)"
     )
     update_lanes: int = opt(16, lo=1, hi=4096, doc="weight update sweep: weights per cycle (divides lanes_in)")
-    div_steps: int = opt(2, lo=1, hi=64, doc="quotient bits per cycle of the per-channel sequential dividers")
+    div_steps: int = opt(4, lo=1, hi=64, doc="quotient bits per cycle of the per-channel sequential dividers")
     mul_steps: int = opt(4, lo=1, hi=64, doc="po2 unit: bits per cycle of the per-channel sqrt2 multiplier")
 
     def _validate(self, path):

@@ -3,8 +3,8 @@
 exponent) and, for the scratch exponents of pass 1, :func:`sim.hw.arith.round_log2_ratio`.
 
 Parameters (``$XNT_TB_PARAMS``, JSON): ``layer`` (:meth:`rtl_gen.bn_unit.BnLayer.as_dict` of the build),
-``mul_steps``, ``batches`` (random layers per test, default 4). The no-stall cycle count is written to
-``cycles-po2.json`` in the run folder.
+``mul_steps``, ``pass1_lanes`` (default: all lanes), ``batches`` (random layers per test, default 4). The
+no-stall cycle count is written to ``cycles-po2.json`` in the run folder.
 
 Pass 2 reads the scratch back. In the exact-timing test the bench offers the scratch it expects (from
 ``round_log2_ratio``) from the start, as a controller streaming its scratch buffer would; the stress tests loop
@@ -27,7 +27,8 @@ from sim.tb.common import Bench, tb_params, to_signed
 
 PARAMS = tb_params()
 LAYER = BnLayer.from_dict(PARAMS["layer"]) if PARAMS else None
-UNIT = Po2Unit(layer=LAYER, mul_steps=int(PARAMS.get("mul_steps", 1))) if PARAMS else None
+UNIT = (Po2Unit(layer=LAYER, mul_steps=int(PARAMS.get("mul_steps", 1)), pass1_lanes=PARAMS.get("pass1_lanes"))
+        if PARAMS else None)
 BATCHES = int(PARAMS.get("batches", 4))
 
 

@@ -78,13 +78,19 @@ def test_parameters_and_cycle_model():
         Po2Unit(layer=BnLayer.from_config(cfg, 1, lanes=16), mul_steps=24)
     with pytest.raises(TypeError, match="layer must be a BnLayer"):
         Po2Unit(layer=None)
+    u_parts = Po2Unit(layer=BnLayer.from_config(cfg, 1, lanes=16), pass1_lanes=4)  # 4 cycles per PASS1 beat
+    assert u_parts.cycles()["pass1"] == 4 * 1600 + 3
+    with pytest.raises(ValueError, match=re.escape("pass1_lanes (3) must divide the lanes (16)")):
+        Po2Unit(layer=BnLayer.from_config(cfg, 1, lanes=16), pass1_lanes=3)
     text = to_verilog(Po2Unit(layer=BnLayer.from_config(small_config(4, 3, 5), 0, lanes=2)), "po2")
     assert re.search(r"input signed \[15:0\] scale;", text) or re.search(r"input \[15:0\] scale;", text)
 
 
-def test_po2_in_amaranth_simulator():
+@pytest.mark.parametrize("pass1_lanes", [None, 1])
+def test_po2_in_amaranth_simulator(pass1_lanes):
+    """Random codes under no stalls; ``pass1_lanes = 1`` takes each 2-lane beat through PASS1 in two parts."""
     lay = BnLayer.from_config(small_config(5, 5, 7), 0, lanes=2)
-    dut = Po2Unit(layer=lay, mul_steps=2)
+    dut = Po2Unit(layer=lay, mul_steps=2, pass1_lanes=pass1_lanes)
     rng = np.random.default_rng(7)
     B, M, G = lay.batch, lay.channels, lay.groups
     q = (rng.integers(0, lay.bounds.Q + 1, (B, M)) >> rng.integers(0, 40, (B, M))) * rng.choice([-1, 1], (B, M))
@@ -137,12 +143,12 @@ def test_po2_in_amaranth_simulator():
 
 MLP = {}
 SWEEP = [
-    # (config overrides or MLP, layer, lanes, mul_steps, batches); one Verilator build each
-    pytest.param((dict(batch=8, channels=10, fan_in=20), 0, 4, 1, 24), id="b8-m10-hidden-l4"),  # |Q| B
-    pytest.param((dict(batch=6, channels=5, fan_in=7), 1, 2, 3, 24), id="b6-top3-l2-s3"),  # output layer: |Q|
-    pytest.param((MLP, 1, 16, 4, 1), id="mlp-layer1"),  # W = 49, S' 23 bits
-    pytest.param((MLP, 4, 4, 2, 8), id="mlp-layer4", marks=pytest.mark.rtl_slow),  # output layer, W = 37
-    pytest.param((MLP, 3, 16, 1, 4), id="mlp-layer3", marks=pytest.mark.rtl_slow),
+    # (config overrides or MLP, layer, lanes, mul_steps, batches, PASS1 lanes); one Verilator build each
+    pytest.param((dict(batch=8, channels=10, fan_in=20), 0, 4, 1, 24, 2), id="b8-m10-hidden-l4-p2"),  # |Q| B
+    pytest.param((dict(batch=6, channels=5, fan_in=7), 1, 2, 3, 24, None), id="b6-top3-l2-s3"),  # output layer
+    pytest.param((MLP, 1, 16, 4, 1, 4), id="mlp-layer1-p4"),  # W = 49, S' 23 bits, the default 4 PASS1 lanes
+    pytest.param((MLP, 4, 4, 2, 8, None), id="mlp-layer4", marks=pytest.mark.rtl_slow),  # output layer, W = 37
+    pytest.param((MLP, 3, 16, 1, 4, None), id="mlp-layer3", marks=pytest.mark.rtl_slow),
 ]
 
 
@@ -151,16 +157,18 @@ SWEEP = [
 def test_po2_rtl(case):
     """Rerun one case with waveforms: ``XNT_WAVES=1 pytest -k b8-m10 ...``; repeat a random run with
     ``COCOTB_RANDOM_SEED=<seed from the log>``."""
-    spec, layer_index, lanes, steps, batches = case
+    spec, layer_index, lanes, steps, batches, pass1_lanes = case
     cfg = load_config("mlp") if spec is MLP else small_config(**spec)
     lay = BnLayer.from_config(cfg, layer_index, lanes=lanes)
-    dut = Po2Unit(layer=lay, mul_steps=steps)
+    dut = Po2Unit(layer=lay, mul_steps=steps, pass1_lanes=pass1_lanes)
     run = run_cocotb(
         verilog=to_verilog(dut, "po2"),
         toplevel="po2",
         test_module="po2_unit_tb",
-        name=f"po2_b{lay.batch}_m{lay.channels}_n{lay.fan_in}_l{lanes}_s{steps}_t{int(lay.top)}_q{lay.widths['Q']}",
-        extra_env={"XNT_TB_PARAMS": json.dumps({"layer": lay.as_dict(), "mul_steps": steps, "batches": batches})},
+        name=f"po2_b{lay.batch}_m{lay.channels}_n{lay.fan_in}_l{lanes}_s{steps}_t{int(lay.top)}_q{lay.widths['Q']}"
+        f"_p{pass1_lanes or lanes}",
+        extra_env={"XNT_TB_PARAMS": json.dumps({"layer": lay.as_dict(), "mul_steps": steps, "batches": batches,
+                                                "pass1_lanes": pass1_lanes})},
         waves=bool(os.environ.get("XNT_WAVES")),
     )
     assert run.tests == 5
