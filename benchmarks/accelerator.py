@@ -20,7 +20,7 @@ Commands used for docs/results.md::
 
 ``--set key=value`` applies configuration overrides; ``--sweep`` prints the cycle model over the lane
 parameters (``hw.lanes_out``, ``hw.lanes_b``, ``hw.lanes_in``, ``hw.div_steps``, ``hw.dw_passes``,
-``hw.dx_passes``) to show how the step scales.
+``hw.dx_passes``, ``hw.po2_lanes``, ``hw.loss_lanes``) to show how the step scales.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ def lane_sweep(base: list[str]) -> list[dict]:
     rows = []
     for key, values in (("hw.lanes_out", [4, 8, 16, 32]), ("hw.lanes_b", [1, 2, 4, 8]),
                         ("hw.lanes_in", [32, 64, 128]), ("hw.div_steps", [1, 2, 4, 8]),
-                        ("hw.dw_passes", [1, 2, 4, 8]), ("hw.dx_passes", [1, 2, 4, 8])):
+                        ("hw.dw_passes", [1, 2, 4, 8]), ("hw.dx_passes", [1, 2, 4, 8]),
+                        ("hw.po2_lanes", [2, 4, 8, 16]), ("hw.loss_lanes", [1, 2, 4, 16])):
         for v in values:
             cfg = apply_overrides(load_config("mlp"), [*base, f"{key}={v}"])
             rep = step_cycles(SystemPlan(cfg))

@@ -470,6 +470,24 @@ class _PortMux:
             first = False
 
 
+class _OffsetPort:
+    """One layer's view of a :class:`_PortMux` of a memory that holds every layer's words from ``base`` on:
+    ``add`` offsets the address; ``port`` is the shared port (its data)."""
+
+    def __init__(self, mux: _PortMux, base: int):
+        self.mux, self.base = mux, base
+
+    @property
+    def port(self):
+        return self.mux.port
+
+    def add(self, cond, addr, **values):
+        self.mux.add(cond, addr=addr + self.base, **values)
+
+    def emit(self, m):
+        pass  # the shared _PortMux assigns the port
+
+
 class Accelerator(wiring.Component):
     """The accelerator for one :class:`SystemPlan` (see the module docstring and docs/architecture.md)."""
 
@@ -604,12 +622,18 @@ class Accelerator(wiring.Component):
             xb[lp.index] = [mem(f"xb{lp.index}_{i}", lp.lanes_in, lp.tiles * lp.words) for i in range(lp.lanes_b)]
         # x_hat | mask of every layer's BN output, BN beat order
         mx = {lp.index: mem(f"mx{lp.index}", 2 * lp.lanes_out, lp.beats) for lp in LP}
-        # per-channel S' and alpha_q
-        seff = {lp.index: mem(f"seff{lp.index}", plan.bn_layer(lp.index).s_width, lp.n_out) for lp in LP}
-        alpha = {lp.index: mem(f"alpha{lp.index}", lp.widths["alpha_q"], lp.n_out) for lp in LP}
+        # per-channel S' and alpha_q of every layer, each in one memory (layer j's channels from chan_base[j]): a
+        # few hundred words per layer would leave most of a block RAM per layer empty
+        chan_base = {lp.index: sum(q.n_out for q in LP[: k]) for k, lp in enumerate(LP)}
+        chans_all = sum(lp.n_out for lp in LP)
+        seff_mem = mem("seff", max(plan.bn_layer(lp.index).s_width for lp in LP), chans_all)
+        alpha_mem = mem("alpha", max(lp.widths["alpha_q"] for lp in LP), chans_all)
         # shared: Y (forward) / dX (backward) buffer, codes (banked), po2 scratch
         ydx_w = max(max(lp.lanes_out * lp.widths["y"], lp.lanes_out * lp.widths["dx"]) for lp in LP)
-        ydx_d = max(lp.beats for lp in LP)
+        # the output layer's loss gradient g is kept in the top top.beats words of YDX (written while the logits
+        # replay reads Y from the bottom words, read in bwd of the output layer, overwritten by its dX after that)
+        ydx_d = max(max(lp.beats for lp in LP), 2 * top.beats)
+        self._g_base = ydx_d - top.beats
         ydx_r, ydx_wp = mem("ydx", ydx_w, ydx_d)
         lo_max = max(lp.lanes_out for lp in LP)
         lb = LP[0].lanes_b
@@ -618,8 +642,8 @@ class Accelerator(wiring.Component):
         scr_w = max(len(po2[lp.index].scratch.payload.as_value()) - 1 for lp in LP)
         scr_r, scr_wp = mem("scratch", scr_w, ydx_d)
         # output layer: loss gradient g, logits; labels
-        g_w = top.lanes_out * len(loss.g.payload.g[0])
-        gb_r, gb_wp = mem("gbuf", g_w, top.beats)
+        self._g_lane = len(loss.g.payload.g[0])  # bits per lane of a g word in YDX
+        assert top.lanes_out * self._g_lane <= ydx_w, "g words must fit the YDX buffer"
         lg_w = plan.loss_lanes * plan.logit_width
         lgb_r, lgb_wp = mem("logits", lg_w, B * plan.loss_groups)
         lab_r, lab_wp = mem("labels", plan.label_bits, B)
@@ -635,7 +659,7 @@ class Accelerator(wiring.Component):
             for i, (r, w) in enumerate(xb[j]):
                 pm(f"xb{j}_{i}_r", r)
                 pm(f"xb{j}_{i}_w", w)
-        for name, (r, w) in [("ydx", (ydx_r, ydx_wp)), ("scr", (scr_r, scr_wp)), ("gb", (gb_r, gb_wp)),
+        for name, (r, w) in [("ydx", (ydx_r, ydx_wp)), ("scr", (scr_r, scr_wp)),
                              ("lgb", (lgb_r, lgb_wp)), ("lab", (lab_r, lab_wp))]:
             pm(f"{name}_r", r)
             pm(f"{name}_w", w)
@@ -645,9 +669,14 @@ class Accelerator(wiring.Component):
         pm("plog_r", plog_r)
         for j in LP:
             jj = j.index
-            for name, (r, w) in (("mx", mx[jj]), ("seff", seff[jj]), ("alpha", alpha[jj])):
-                pm(f"{name}{jj}_r", r)
-                pm(f"{name}{jj}_w", w)
+            pm(f"mx{jj}_r", mx[jj][0])
+            pm(f"mx{jj}_w", mx[jj][1])
+        for name, (r, w) in (("seff", seff_mem), ("alpha", alpha_mem)):
+            pm(f"{name}_r", r)
+            pm(f"{name}_w", w)
+            for lp in LP:
+                for rw in "rw":
+                    ports[f"{name}{lp.index}_{rw}"] = _OffsetPort(ports[f"{name}_{rw}"], chan_base[lp.index])
 
         # ---- host interface --------------------------------------------------------------------------------
         l0 = LP[0]
@@ -776,9 +805,9 @@ class Accelerator(wiring.Component):
             scale[j] = s_
 
         for lp in LP:
-            self._forward(m, plan, lp, act, start, done, eng, wm, bnf, bnp, xb, mx, seff, alpha, ports, logit, loss,
+            self._forward(m, plan, lp, act, start, done, eng, wm, bnf, bnp, xb, mx, ports, logit, loss,
                           sub, correct)
-            self._backward(m, plan, lp, act, start, done, bnb, bnp, po2, mx, seff, alpha, ports, scale, unit_exp,
+            self._backward(m, plan, lp, act, start, done, bnb, bnp, po2, mx, ports, scale, unit_exp,
                            sub, lb)
             if lp.index > 0:
                 self._dx(m, plan, lp, act, start, done, po2b, wm, ports, sub, lb)
@@ -1019,7 +1048,7 @@ class Accelerator(wiring.Component):
         ]
 
     # ---- forward phase of one layer ----------------------------------------------------------------------------
-    def _forward(self, m, plan, lp, act, start, done, eng, wm, bnf, bnp, xb, mx, seff, alpha, ports, logit, loss,
+    def _forward(self, m, plan, lp, act, start, done, eng, wm, bnf, bnp, xb, mx, ports, logit, loss,
                  sub, correct):
         j = lp.index
         B, G, W, lo = plan.batch, lp.groups, lp.words, lp.lanes_out
@@ -1126,11 +1155,11 @@ class Accelerator(wiring.Component):
         m.d.comb += done[key].eq(fin)
 
     def _output(self, m, plan, lp, a, st, rr, to_bn, rg, logit, loss, ports, correct):
-        """Logits (third Y replay), loss gradient into the g buffer, logits into their buffer, correct count.
+        """Logits (third Y replay), loss gradient g into the top of YDX, logits into their buffer, correct count.
 
         The logit and loss units take ``nl = plan.loss_lanes`` classes per beat: each Y beat of ``lo`` lanes is
         split into ``lo / nl`` beats (those past the classes dropped), and the gradient beats are joined back
-        into words of ``lo`` lanes for the g buffer (lanes past the classes 0)."""
+        into words of ``lo`` lanes for YDX (lanes past the classes 0)."""
         B, G, lo = plan.batch, lp.groups, lp.lanes_out
         nl, C = plan.loss_lanes, plan.classes
         parts = lo // nl
@@ -1202,7 +1231,7 @@ class Accelerator(wiring.Component):
                 m.d.sync += [gs.eq(0), g_held.eq(0)]
             with m.Elif(g_take):
                 m.d.sync += [gs.eq(gs + 1), g_held.eq(g_word)]
-        ports["gb_w"].add(g_flush, addr=g_count, data=g_word, en=1)
+        ports["ydx_w"].add(g_flush, addr=self._g_base + g_count, data=g_word, en=1)
         with m.If(st):
             m.d.sync += g_count.eq(0)
         with m.Elif(g_flush):
@@ -1251,7 +1280,7 @@ class Accelerator(wiring.Component):
             ports[f"xb{j + 1}_{i}_w"].add(flush, addr=wr.w_addr, data=wr.w_data, en=wr.w_en[i])
 
     # ---- backward: BN backward and po2 codes -----------------------------------------------------------------
-    def _backward(self, m, plan, lp, act, start, done, bnb, bnp, po2, mx, seff, alpha, ports, scale, unit_exp, sub,
+    def _backward(self, m, plan, lp, act, start, done, bnb, bnp, po2, mx, ports, scale, unit_exp, sub,
                   lb):
         j = lp.index
         B, G, lo = plan.batch, lp.groups, lp.lanes_out
@@ -1265,13 +1294,14 @@ class Accelerator(wiring.Component):
             ports[f"{name}{j}_r"].add(a, addr=rd.r_addr, en=rd.r_en)
             m.d.comb += [rd.r_data.eq(ports[f"{name}{j}_r"].port.data), dst.payload.eq(rd.o.payload.data),
                          dst.valid.eq(a & rd.o.valid), rd.o.ready.eq(a & dst.ready)]
-        # dx (twice): g buffer (output layer) or the dX buffer times the mask, with x_hat
+        # dx (twice): g (output layer) or dX times the mask, both from YDX, with x_hat
         dxw = lp.widths["dx"]
-        src_name = "gb" if lp.top else "ydx"
+        src_name = "ydx"  # dX of the layer above, or (output layer) the loss gradient g from YDX word _g_base on
+        src_base = self._g_base if lp.top else 0
         src_w = len(ports[f"{src_name}_r"].port.data)
         feed = sub(f"dx_feed{j}", MemoryReader(width=src_w + 2 * lo, depth=lp.beats, repeat=2))
         m.d.comb += [feed.start.eq(st), feed.base.eq(0), feed.count.eq(2 * lp.beats), feed.wrap.eq(lp.beats)]
-        ports[f"{src_name}_r"].add(a, addr=feed.r_addr, en=feed.r_en)
+        ports[f"{src_name}_r"].add(a, addr=feed.r_addr + src_base, en=feed.r_en)
         ports[f"mx{j}_r"].add(a, addr=feed.r_addr, en=feed.r_en)
         m.d.comb += feed.r_data.eq(Cat(ports[f"{src_name}_r"].port.data, ports[f"mx{j}_r"].port.data))
         fd = feed.o.payload.data
@@ -1289,7 +1319,7 @@ class Accelerator(wiring.Component):
         for dst in (bu.dx, bu.dx_replay):
             for lane in range(lo):
                 if lp.top:
-                    gw = src_w // lo
+                    gw = self._g_lane
                     v = fd[lane * gw:(lane + 1) * gw].as_signed()
                 else:
                     v = Mux(mask[lane], fd[lane * dxw:(lane + 1) * dxw].as_signed(), 0)
