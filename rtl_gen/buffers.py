@@ -406,15 +406,17 @@ class RowWriter(wiring.Component):
 
 
 class TileReader(wiring.Component):
-    """The dW operand stream: for every bank row ``g * words + k`` (``g`` outer), ``tiles`` beats ``t``; beat
-    ``t`` reads address ``t * words + k`` of every bank of the activation buffer ``a`` and address
-    ``t * groups + g`` of every bank of the code buffer ``c`` (both sample-banked: bank ``i`` of beat ``t``
-    holds sample ``t * banks + i``). Output ``o``: ``a`` (all banks), ``c`` (all banks), ``last`` (the tile's
-    last beat); one beat per cycle."""
+    """The dW operand stream: for every bank row ``g * words + k`` (``g`` outer), ``passes`` times ``tiles``
+    beats ``t`` (the dW unit's passes over the tile; it keeps no copy of them); beat ``t`` reads address
+    ``t * words + k`` of every bank of the activation buffer ``a`` and address ``t * groups + g`` of every bank
+    of the code buffer ``c`` (both sample-banked: bank ``i`` of beat ``t`` holds sample ``t * banks + i``).
+    Output ``o``: ``a`` (all banks), ``c`` (all banks), ``last`` (the tile's last beat of each pass); one beat
+    per cycle."""
 
     def __init__(self, *, a_width: int, c_width: int, banks: int, words: int, groups: int, tiles: int,
-                 fifo_depth: int = 4):
+                 fifo_depth: int = 4, passes: int = 1):
         self._aw, self._cw = _check("a_width", a_width, 1), _check("c_width", c_width, 1)
+        self._passes = _check("passes", passes, 1, 4096)
         self._banks = _check("banks", banks, 1, 4096)
         self._words, self._groups, self._tiles = words, groups, tiles
         self._fifo_depth = fifo_depth
@@ -434,17 +436,18 @@ class TileReader(wiring.Component):
 
     @property
     def beats(self) -> int:
-        return self._words * self._groups * self._tiles
+        return self._words * self._groups * self._tiles * self._passes
 
     def elaborate(self, platform):
         m = Module()
         D = self._fifo_depth
-        W, G, T = self._words, self._groups, self._tiles
+        W, G, T, P = self._words, self._groups, self._tiles, self._passes
         m.submodules.fifo = fifo = StreamFIFO(shape=self._layout, depth=D)
         running = Signal()
         g = Signal(range(G))
         k = Signal(range(W))
         t = Signal(range(T))
+        p = Signal(range(max(P, 2)))
         a_addr = Signal(range(max(T * W, 2)))
         c_addr = Signal(range(max(T * G, 2)))
         inflight = Signal()
@@ -467,8 +470,10 @@ class TileReader(wiring.Component):
         ]
         m.d.sync += [inflight.eq(issue), s1_last.eq(t == T - 1)]
         with m.If(issue):
-            with m.If(t == T - 1):
-                m.d.sync += t.eq(0)
+            with m.If((t == T - 1) & (p != P - 1)):  # the same tile again for the next pass
+                m.d.sync += [t.eq(0), p.eq(p + 1), a_addr.eq(k), c_addr.eq(g)]
+            with m.Elif(t == T - 1):
+                m.d.sync += [t.eq(0), p.eq(0)]
                 with m.If(k == W - 1):
                     m.d.sync += [k.eq(0), g.eq(g + 1), a_addr.eq(0), c_addr.eq(g + 1)]
                     with m.If(g == G - 1):
@@ -478,7 +483,7 @@ class TileReader(wiring.Component):
             with m.Else():
                 m.d.sync += [t.eq(t + 1), a_addr.eq(a_addr + W), c_addr.eq(c_addr + G)]
         with m.If(self.start):
-            m.d.sync += [running.eq(1), g.eq(0), k.eq(0), t.eq(0), a_addr.eq(0), c_addr.eq(0)]
+            m.d.sync += [running.eq(1), g.eq(0), k.eq(0), t.eq(0), p.eq(0), a_addr.eq(0), c_addr.eq(0)]
         with m.If(self.abort):
             m.d.sync += [running.eq(0), flushing.eq(1)]
         with m.Elif(flushing & ~fifo.o.valid & ~inflight):

@@ -37,8 +37,9 @@ dW unit: the tile of bank row ``g * words + k`` (``lanes_in x lanes_out`` weight
 order) is computed in ``dw_passes`` passes (``P``, ``hw.dw_passes``) over the batch, pass ``p`` for inputs
 ``p * lanes_in / P .. (p + 1) * lanes_in / P - 1`` of the word, so the unit holds only
 ``lanes_in / P x lanes_out`` accumulators. Each pass takes ``lanes_b`` samples per cycle (input word ``k`` of
-``X`` and group ``g`` of ``dY``), ``ceil(batch / lanes_b)`` beats; pass 0 reads them from ``xdy`` and keeps
-them in a small replay memory (one tile's beats) that the other passes read. The signs of passes
+``X`` and group ``g`` of ``dY``), ``ceil(batch / lanes_b)`` beats, and every pass reads them from ``xdy``
+again (the source repeats each tile ``P`` times: :class:`rtl_gen.buffers.TileReader` re-reads the sample-banked
+buffers, which costs no storage; a replay memory here was ~2,400 LUTs of distributed RAM). The signs of passes
 ``0 .. P-2`` are held until the last pass ends; then ``sgn(dW)`` of the tile leaves as one
 :func:`rtl_gen.weight_memory.grad_layout` beat, the weight memory's gradient input.
 ``depth * (ceil(batch / lanes_b) + 1) * P`` cycles. ``P`` trades cycles for LUTs: the accumulators are
@@ -267,7 +268,7 @@ class Po2Geometry:
 
     def xdy_beats(self, x, neg, field) -> list[int]:
         """``xdy`` payloads for activations ``x [batch, n_in]`` (bits or int8) and codes ``[batch, n_out]``:
-        tiles in bank-row order, ``beats_per_tile`` beats each, padding samples zero."""
+        tiles in bank-row order, each ``dw_passes`` times ``beats_per_tile`` beats, padding samples zero."""
         b = self.bank
         B, S, nb = self.batch, self.lanes_b, self.beats_per_tile
         x = np.asarray(x, dtype=np.int64)
@@ -287,7 +288,7 @@ class Po2Geometry:
                 xt = xs[:, :, k, :].reshape(nb, S * b.lanes_in)
                 ct = cs[:, :, g, :].reshape(nb, S * b.lanes_out)
                 last = (np.arange(nb) == nb - 1).astype(np.int64)[:, None]
-                rows.append(np.concatenate([xt, ct, last], axis=1))
+                rows.extend([np.concatenate([xt, ct, last], axis=1)] * self.dw_passes)
         widths = [xw] * (S * b.lanes_in) + [self.dy_bits] * (S * b.lanes_out) + [1]
         return _pack(np.concatenate(rows, axis=0), widths)
 
@@ -591,18 +592,17 @@ class _Dw(wiring.Component):
         m = Module()
         sz = _Sizes(m, self._shapes, self.layer)
 
-        # Stage 0: slot, pass and tile counters. A pass has NB beat slots and one finish slot. Pass 0 takes the
-        # tile's beats from ``xdy`` and keeps them in the replay memory; passes 1 .. P-1 read them back.
+        # Stage 0: slot, pass and tile counters. A pass has NB beat slots and one finish slot; every pass takes
+        # the tile's beats from ``xdy`` (the source repeats them, e.g. TileReader(passes=P)).
         adv = Signal()
         slot = Signal(range(NB + 1))
         pas = Signal(range(max(P, 2)))
         k = Signal(range(K))
         g = Signal(range(G))
         fin = Signal()  # the finish slot
-        replay = Signal()
-        m.d.comb += [fin.eq(slot == NB), replay.eq(pas != 0), self.xdy.ready.eq(adv & ~replay & ~fin)]
+        m.d.comb += [fin.eq(slot == NB), self.xdy.ready.eq(adv & ~fin)]
         take = Signal()
-        m.d.comb += take.eq(adv & (replay | fin | self.xdy.valid))
+        m.d.comb += take.eq(adv & (fin | self.xdy.valid))
         with m.If(take):
             with m.If(fin):
                 m.d.sync += slot.eq(0)
@@ -618,22 +618,14 @@ class _Dw(wiring.Component):
                 m.d.sync += slot.eq(slot + 1)
         operands = data.StructLayout({"x": self.xdy.payload.x.shape(), "dy": self.xdy.payload.dy.shape()})
         incoming = Cat(self.xdy.payload.x.as_value(), self.xdy.payload.dy.as_value())
-        if P > 1:
-            m.submodules.replay = mem = Memory(shape=operands.size, depth=max(NB, 2), init=[])
-            rd, wr = mem.read_port(), mem.write_port()
-            m.d.comb += [
-                wr.addr.eq(slot), wr.data.eq(incoming), wr.en.eq(take & ~replay & ~fin),
-                rd.addr.eq(slot), rd.en.eq(adv),
-            ]  # fmt: skip
 
-        # Stage 1: the beat (from the stream or the replay memory) is added into the accumulators; in the finish
+        # Stage 1: the beat is added into the accumulators; in the finish
         # slot each weight's sign is kept and the accumulators are cleared.
         s1_valid = Signal()
         s1_fin = Signal()
         s1_last = Signal()  # the pass's last beat (its padding samples are masked)
         s1_first = Signal()  # the pass's first beat
         s1_pass = Signal.like(pas)
-        s1_replay = Signal()
         s1_last_g = Signal()
         s1_last_k = Signal()
         s1_last_tile = Signal()
@@ -645,14 +637,13 @@ class _Dw(wiring.Component):
                 s1_last.eq(slot == NB - 1),
                 s1_first.eq(slot == 0),
                 s1_pass.eq(pas),
-                s1_replay.eq(replay),
                 s1_last_g.eq(g == sz.g_last),
                 s1_last_k.eq(k == sz.k_last),
                 s1_last_tile.eq((g == sz.g_last) & (k == sz.k_last)),
                 held.eq(incoming),
             ]
         op = Signal(operands)
-        m.d.comb += op.as_value().eq(Mux(s1_replay, rd.data, held) if P > 1 else held)
+        m.d.comb += op.as_value().eq(held)
         d1 = op.dy
         x1 = Signal(data.ArrayLayout(data.ArrayLayout(geo.x_shape, LS), S))  # this pass's inputs
         if P > 1:

@@ -1449,7 +1449,7 @@ class Accelerator(wiring.Component):
         u, w, g, par = po2b[j], wm[j], rng[j], bnp[j]
         k_bits = plan.p.k
         tr = sub(f"tiles{j}", TileReader(a_width=li, c_width=lo * k_bits, banks=lb, words=W, groups=G,
-                                         tiles=lp.tiles))
+                                         tiles=lp.tiles, passes=lp.dw_passes))
         m.d.comb += tr.start.eq(st)
         for i in range(lb):
             ports[f"xb{j}_{i}_r"].add(a, addr=tr.a_addr, en=tr.r_en)

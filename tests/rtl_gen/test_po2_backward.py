@@ -8,6 +8,7 @@ import importlib.metadata
 import json
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -167,6 +168,10 @@ def test_packing_round_trips():
     assert (beats[0] & 0x1F) == field[0, 0] | neg[0, 0] << 4
     xdy = geo.xdy_beats(rng.integers(0, 2, (5, 10)), neg, field)
     assert len(xdy) == geo.bank.depth * 3 and geo.xdy_layout.size == 2 * 4 + 2 * 3 * 5 + 1
+    two = replace(geo, dw_passes=2)  # each tile's beats once per pass
+    x = rng.integers(0, 2, (5, 10))
+    assert two.xdy_beats(x, neg, field) == [b for i in range(geo.bank.depth)
+                                            for b in geo.xdy_beats(x, neg, field)[3 * i:3 * i + 3] * 2]
     with pytest.raises(ValueError, match="po2 fields must be in 0..15"):
         geo.dy_beats(neg, field + 16)
 

@@ -211,7 +211,12 @@ def test_row_writer_reader_and_tiles_follow_the_banked_layout():
     assert [la for _, _, la in out] == [0] * (len(data) - 1) + [1]
 
     groups, tiles = 2, depth // words
-    tr = TileReader(a_width=8, c_width=4, banks=banks, words=words, groups=groups, tiles=tiles)
+    for passes in (1, 3):  # the dW unit's passes: each tile's beats again per pass
+        _check_tile_reader(banks, words, groups, tiles, passes)
+
+
+def _check_tile_reader(banks, words, groups, tiles, passes):
+    tr = TileReader(a_width=8, c_width=4, banks=banks, words=words, groups=groups, tiles=tiles, passes=passes)
     beats = []
 
     async def tiles_bench(ctx):
@@ -219,7 +224,7 @@ def test_row_writer_reader_and_tiles_follow_the_banked_layout():
         await ctx.tick()
         ctx.set(tr.start, 0)
         pa = pc = None
-        for _ in range(100):
+        for _ in range(40 * passes):
             if pa is not None:
                 ctx.set(tr.a_data, [pa * 16 + b for b in range(banks)])
                 ctx.set(tr.c_data, [(pc + b) % 16 for b in range(banks)])
@@ -232,8 +237,8 @@ def test_row_writer_reader_and_tiles_follow_the_banked_layout():
             await ctx.tick()
 
     _run(tr, tiles_bench)
-    want = [(g, k, t) for g in range(groups) for k in range(words) for t in range(tiles)]
-    assert len(beats) == len(want)
+    want = [(g, k, t) for g in range(groups) for k in range(words) for _ in range(passes) for t in range(tiles)]
+    assert len(beats) == len(want) == tr.beats
     for (a, c, last), (g, k, t) in zip(beats, want, strict=True):
         assert a[0] == (t * words + k) * 16 and c[0] == (t * groups + g) % 16 and last == int(t == tiles - 1)
 
