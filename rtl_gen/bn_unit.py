@@ -43,7 +43,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 
-from amaranth import Const, Module, Mux, Signal, signed, unsigned
+from amaranth import Cat, Const, Module, Mux, Shape, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -865,9 +865,14 @@ class BnForwardUnit(wiring.Component):
         return m
 
 
-def backward_cycles(layer: BnLayer) -> dict[str, int]:
-    """Cycles of every phase of :class:`BnBackwardUnit` and their ``total`` for one batch with no stalls."""
-    out = {"pass1": layer.beats + 1, "epi": layer.groups + layer.channels, "pass2": layer.beats + 2}
+def backward_cycles(layer: BnLayer, pass2_lanes: int | None = None) -> dict[str, int]:
+    """Cycles of every phase of :class:`BnBackwardUnit` and their ``total`` for one batch with no stalls (pass 2:
+    ``lanes / pass2_lanes`` cycles per beat)."""
+    pl = layer.lanes if pass2_lanes is None else pass2_lanes
+    if pl < 1 or layer.lanes % pl:
+        raise ValueError(f"pass2_lanes ({pass2_lanes}) must divide the lanes ({layer.lanes})")
+    out = {"pass1": layer.beats + 1, "epi": layer.groups + layer.channels,
+           "pass2": layer.beats * (layer.lanes // pl) + 2}
     out["total"] = sum(out.values())
     return out
 
@@ -877,7 +882,10 @@ class BnBackwardUnit(wiring.Component):
     ``Q_b = 2^Fa (B dx_b - P1) - alpha_q P2 x_hat_b`` per element.
 
     Parameters (keyword-only): ``layer`` (:class:`BnLayer`; the ``dx`` width is the layer's
-    ``sim.hw.widths`` bound: the loss gradient for the output layer, ``dX`` above times the mask otherwise).
+    ``sim.hw.widths`` bound: the loss gradient for the output layer, ``dX`` above times the mask otherwise);
+    ``pass2_lanes`` (lanes of the pass-2 ``Q`` datapath, dividing ``layer.lanes``; default all): a pass-2 beat
+    takes ``lanes / pass2_lanes`` cycles, its parts joined into one ``q`` beat. The po2 unit's first pass, which
+    takes ``q``, runs at its own ``pass1_lanes`` per cycle, so the same number here costs no cycles.
 
     Ports:
         dx: ``In(stream.Signature(layer.dx_layout))`` pass 1: ``dx`` and the retained ``x_hat`` bits.
@@ -896,11 +904,13 @@ class BnBackwardUnit(wiring.Component):
 
     PASS1, EPI, PASS2 = range(3)
 
-    def __init__(self, *, layer: BnLayer, channels=None):
+    def __init__(self, *, layer: BnLayer, channels=None, pass2_lanes=None):
         if not isinstance(layer, BnLayer):
             raise TypeError(f"layer must be a BnLayer, not {layer!r}")
         self._layer = layer
         self._channels = _check_channels(layer, channels)
+        backward_cycles(layer, pass2_lanes)  # checks pass2_lanes
+        self._pass2_lanes = layer.lanes if pass2_lanes is None else pass2_lanes
         super().__init__(
             {
                 **layer_port(len(self._channels)),
@@ -922,7 +932,7 @@ class BnBackwardUnit(wiring.Component):
         return self._layer
 
     def cycles(self) -> dict[str, int]:
-        return backward_cycles(self._layer)
+        return backward_cycles(self._layer, self._pass2_lanes)
 
     def elaborate(self, platform):
         lay = self._layer
@@ -946,6 +956,8 @@ class BnBackwardUnit(wiring.Component):
         k_rd, k_wr = k_mem.read_port(), k_mem.write_port(granularity=1)
 
         m.submodules.q_queue = q_queue = StreamFIFO(shape=lay.q_layout, depth=2)
+        pl = self._pass2_lanes
+        parts = L // pl
         adv = Signal()
         in_done = Signal()
         accept = Signal()
@@ -956,14 +968,23 @@ class BnBackwardUnit(wiring.Component):
         s1_last_group = Signal()
         s1_g = Signal(range(G))
         in_payload = Signal(lay.dx_layout)
+        # pass 2: the beat in s1 goes through the Q datapath in ``parts`` parts of ``pl`` lanes (part index pp)
+        pp = Signal(range(max(parts, 2)), name="q_part")
+        last_pp = Signal()
+        m.d.comb += last_pp.eq(pp == parts - 1)
         cnt = _BeatCounter(m, ch, B, accept, "in")
         m.d.comb += [
-            adv.eq(~(s1_valid & (phase == PASS2)) | q_queue.i.ready),
+            adv.eq(~(s1_valid & (phase == PASS2)) | (q_queue.i.ready & last_pp)),
             self.dx.ready.eq((phase == PASS1) & ~in_done & adv),
             self.dx_replay.ready.eq((phase == PASS2) & ~in_done & adv),
             accept.eq((self.dx.valid & self.dx.ready) | (self.dx_replay.valid & self.dx_replay.ready)),
             in_payload.eq(Mux(phase == PASS1, self.dx.payload, self.dx_replay.payload)),
         ]
+        if parts > 1:
+            with m.If(adv):
+                m.d.sync += pp.eq(0)
+            with m.Elif(s1_valid & (phase == PASS2) & ~last_pp):
+                m.d.sync += pp.eq(pp + 1)
         with m.If(accept & cnt.last):
             m.d.sync += in_done.eq(1)
         with m.If(adv):
@@ -981,20 +1002,51 @@ class BnBackwardUnit(wiring.Component):
         p2_new = Signal(data.ArrayLayout(k_shape, L))
         p1_old = _forward_words(m, ch, p1_new, p1_rd.data, writes, data.ArrayLayout(p_shape, L), "p1")
         p2_old = _forward_words(m, ch, p2_new, k_rd.data, writes, data.ArrayLayout(k_shape, L), "p2")
-        q_out = Signal(data.ArrayLayout(signed(w["Q"]), L))
         for lane in range(L):
             dx = s1.dx[lane]
             xh = s1.x_hat[lane]
-            k2 = k_rd.data[lane]
-            q = Signal(signed(w["Q"]), name=f"q{lane}")
             m.d.comb += [
                 p1_new[lane].eq(Mux(s1_first, 0, p1_old[lane]) + dx),
                 p2_new[lane].eq(Mux(s1_first, 0, p2_old[lane]) + Mux(xh, dx, -dx)),
-                q.eq(((mul_const(dx, B) - p1_rd.data[lane]) << fa) - Mux(xh, k2, -k2)),
             ]
-            m.d.comb += q_out[lane].eq(Mux(ch.real(lane, s1_last_group), q, 0))
+        # Q of the part's lanes, from the part of dx, x_hat, P1 and alpha_q P2
+        dx_shape = lay.dx_layout["dx"].shape.elem_shape
+        part_dx = Signal(data.ArrayLayout(dx_shape, pl))
+        part_xh = Signal(pl)
+        part_p1 = Signal(data.ArrayLayout(p_shape, pl))
+        part_k2 = Signal(data.ArrayLayout(k_shape, pl))
+        part_real = Signal(pl)
+        real_all = Signal(L)
+        m.d.comb += real_all.eq(Cat(ch.real(lane, s1_last_group) for lane in range(L)))
+        with m.Switch(pp):
+            for pi in range(parts):
+                with m.Case(pi):
+                    m.d.comb += [
+                        part_dx.as_value().eq(s1.dx.as_value().word_select(pi, pl * Shape.cast(dx_shape).width)),
+                        part_xh.eq(s1.x_hat.word_select(pi, pl)),
+                        part_p1.as_value().eq(p1_rd.data.as_value().word_select(pi, pl * p_shape.width)),
+                        part_k2.as_value().eq(k_rd.data.as_value().word_select(pi, pl * k_shape.width)),
+                        part_real.eq(real_all.word_select(pi, pl)),
+                    ]
+        q_part = Signal(data.ArrayLayout(signed(w["Q"]), pl))
+        for lane in range(pl):
+            k2 = part_k2[lane]
+            q = Signal(signed(w["Q"]), name=f"q{lane}")
+            m.d.comb += [
+                q.eq(((mul_const(part_dx[lane], B) - part_p1[lane]) << fa) - Mux(part_xh[lane], k2, -k2)),
+                q_part[lane].eq(Mux(part_real[lane], q, 0)),
+            ]
+        q_out = Signal(data.ArrayLayout(signed(w["Q"]), L))
+        q_held = Signal(data.ArrayLayout(signed(w["Q"]), L))  # the beat's parts so far
+        part_bits = pl * w["Q"]
+        for pi in range(parts):
+            m.d.comb += q_out.as_value().word_select(pi, part_bits).eq(
+                Mux(pp == pi, q_part.as_value(), q_held.as_value().word_select(pi, part_bits)))
+        if parts > 1:
+            with m.If(s1_valid & (phase == PASS2)):
+                m.d.sync += q_held.eq(q_out)
         m.d.comb += [
-            q_queue.i.valid.eq(s1_valid & (phase == PASS2)),
+            q_queue.i.valid.eq(s1_valid & (phase == PASS2) & last_pp),
             q_queue.i.payload.q.eq(q_out),
             q_queue.i.payload.last.eq(s1_last_group),
             p1_wr.addr.eq(s1_g),

@@ -92,8 +92,9 @@ def backward_cycles(plan, j: int) -> int:
     from .po2_unit import Po2Unit
 
     cfg = plan.cfg
-    bnb = _probe(BnBackwardUnit(layer=plan.bn_unit_layer(j))).cycles()
     lay = plan.bn_unit_layer(j)
+    # BN backward's pass 2 (Q) runs at the po2 unit's first-pass rate: the same lanes per cycle
+    bnb = _probe(BnBackwardUnit(layer=lay, pass2_lanes=plan.po2_lanes(lay.lanes))).cycles()
     po2 = _probe(Po2Unit(layer=lay, mul_steps=cfg.hw.mul_steps, pass1_lanes=plan.po2_lanes(lay.lanes))).cycles()
     first = max(bnb["pass1"] + bnb["epi"], po2["pro"])
     return first + max(bnb["pass2"], po2["pass1"]) + po2["bias"] + po2["pass2"] + 4 + PHASE_OVERHEAD

@@ -597,7 +597,8 @@ class Accelerator(wiring.Component):
                                  lambda grp: BnForwardUnit(layer=plan.bn_envelope(grp), div_steps=cfg.hw.div_steps,
                                                            channels=chans(grp)))
         bnb = self._shared_state(m, sub, "bn_bwd", groups["bn"], lambda j: bwd_act[j],
-                                 lambda grp: BnBackwardUnit(layer=plan.bn_envelope(grp), channels=chans(grp)))
+                                 lambda grp: BnBackwardUnit(layer=plan.bn_envelope(grp), channels=chans(grp),
+                                                            pass2_lanes=plan.po2_lanes(LP[grp[0]].lanes_out)))
         po2 = self._shared_state(m, sub, "po2_", groups["bn"], lambda j: bwd_act[j],
                                  lambda grp: Po2Unit(layer=plan.bn_envelope(grp), mul_steps=cfg.hw.mul_steps,
                                                      channels=chans(grp), tops=[LP[j].top for j in grp],

@@ -186,7 +186,9 @@ def test_forward_in_amaranth_simulator(geo):
     _pysim_forward(lay, y, beta, seed=4, p_idle=0.3, p_stall=0.4)
 
 
-def test_backward_in_amaranth_simulator():
+@pytest.mark.parametrize("pass2_lanes", [None, 1])
+def test_backward_in_amaranth_simulator(pass2_lanes):
+    """Random stalls and backpressure; ``pass2_lanes = 1`` computes each 2-lane Q beat in two parts."""
     lay = BnLayer.from_config(small_config(5, 5, 7), 0, lanes=2)
     rng = np.random.default_rng(2)
     b, m = lay.batch, lay.channels
@@ -194,7 +196,7 @@ def test_backward_in_amaranth_simulator():
     dx[:, 1] = 0  # all masked: Q = 0
     xh = rng.choice([-1, 1], (b, m))
     alpha = rng.integers(0, lay.bounds.alpha_q + 1, m)
-    dut = BnBackwardUnit(layer=lay)
+    dut = BnBackwardUnit(layer=lay, pass2_lanes=pass2_lanes)
     coin = random.Random(5)
 
     def x_bits(r, g):
