@@ -568,6 +568,7 @@ class Accelerator(wiring.Component):
         # ---- per-layer units ---------------------------------------------------------------------------------
         po2b = {}
         self.unit_names = []  # the shared units' submodule names
+        self._pool = {}  # (name, params) -> [unit, uses]: readers shared by the phases of several layers (_pooled)
         fwd_act = {lp.index: act[("fwd", lp.index)] for lp in LP}
         bwd_act = {lp.index: act[("bwd", lp.index)] for lp in LP}
         upd_act = {lp.index: act[("upd", lp.index)] for lp in LP}
@@ -988,6 +989,30 @@ class Accelerator(wiring.Component):
                     m.d.comb += out[j].layer.eq(i)
         return out
 
+    def _pooled(self, m, sub, name, params: tuple, make, active):
+        """A facade of the one ``make()`` unit per ``(name, params)``, shared by every caller (the same phase of
+        different layers, which never overlap; the unit restarts with each phase's ``start``). Wiring as in
+        :meth:`_shared`: outputs follow the unit, the first caller's wide inputs are the default, every other
+        input reaches the unit while ``active``. Used for the per-phase buffer readers, which would otherwise be
+        built once per layer."""
+        key = (name, params)
+        if key not in self._pool:
+            n = sum(1 for k in self._pool if k[0] == name)
+            self._pool[key] = [sub(f"{name}_pool{n}", make()), 0]
+        unit, uses = self._pool[key]
+        self._pool[key][1] += 1
+        sig = unit.signature
+        facade = sig.create(path=(f"{name}_use{len(self._pool)}_{uses}",))
+        for (_, member, uval), (_, _, fval) in zip(sig.flatten(unit), sig.flatten(facade), strict=True):
+            if member.flow == wiring.Out:
+                m.d.comb += fval.eq(uval)
+            elif Value.cast(uval).shape().width > 1 and uses == 0:
+                m.d.comb += uval.eq(fval)
+            else:
+                with m.If(active):
+                    m.d.comb += uval.eq(fval)
+        return facade
+
     # ---- host targets -----------------------------------------------------------------------------------------
     def _connect_targets(self, m, plan, seq, targets, tsel, host_on, wm, rng, bnp, host_sel, mems, ports):
         req = seq.req.payload
@@ -1089,7 +1114,9 @@ class Accelerator(wiring.Component):
             m.d.sync += y_count.eq(y_count + 1)
         # replays of Y: two for BN (passes 2, 3), a third for the logits of the output layer
         reps = 3 if lp.top else 2
-        rr = sub(f"y_replay{j}", MemoryReader(width=lo * yw, depth=lp.beats, repeat=reps))
+        rd_depth = max(q.beats for q in plan.layers)
+        ry = max(q.lanes_out * q.widths["y"] for q in plan.layers)  # one reader for every layer's Y words
+        rr = self._pooled(m, sub, "y_replay", (ry,), lambda: MemoryReader(width=ry, depth=rd_depth, repeat=3), a)
         replay_started = Signal(name=f"replay_started{j}")
         with m.If(st):
             m.d.sync += replay_started.eq(0)
@@ -1097,7 +1124,7 @@ class Accelerator(wiring.Component):
             m.d.sync += replay_started.eq(1)
             m.d.comb += [rr.start.eq(1), rr.base.eq(0), rr.count.eq(reps * lp.beats), rr.wrap.eq(lp.beats)]
         ports["ydx_r"].add(a, addr=rr.r_addr, en=rr.r_en)
-        m.d.comb += rr.r_data.eq(ports["ydx_r"].port.data[: lo * yw])
+        m.d.comb += rr.r_data.eq(ports["ydx_r"].port.data[:ry])
         r_count = Signal(range(reps * lp.beats + 1), name=f"replay_count{j}")
         to_bn = Signal(name=f"replay_to_bn{j}")
         m.d.comb += to_bn.eq(r_count < 2 * lp.beats)
@@ -1290,7 +1317,10 @@ class Accelerator(wiring.Component):
         bu, pu, par = bnb[j], po2[j], bnp[j]
         # per-channel S' -> po2 (PRO); alpha -> BN backward (EPI)
         for name, dst in (("seff", pu.s_eff), ("alpha", bu.alpha)):
-            rd = sub(f"{name}_reader{j}", MemoryReader(width=len(ports[f"{name}{j}_r"].port.data), depth=lp.n_out))
+            rw = len(ports[f"{name}{j}_r"].port.data)
+            ch_max = max(q.n_out for q in plan.layers)
+            rd = self._pooled(m, sub, f"{name}_reader", (rw,),
+                              lambda rw=rw, ch_max=ch_max: MemoryReader(width=rw, depth=ch_max), a)
             m.d.comb += [rd.start.eq(st), rd.base.eq(0), rd.count.eq(lp.n_out), rd.wrap.eq(0)]
             ports[f"{name}{j}_r"].add(a, addr=rd.r_addr, en=rd.r_en)
             m.d.comb += [rd.r_data.eq(ports[f"{name}{j}_r"].port.data), dst.payload.eq(rd.o.payload.data),
@@ -1300,7 +1330,9 @@ class Accelerator(wiring.Component):
         src_name = "ydx"  # dX of the layer above, or (output layer) the loss gradient g from YDX word _g_base on
         src_base = self._g_base if lp.top else 0
         src_w = len(ports[f"{src_name}_r"].port.data)
-        feed = sub(f"dx_feed{j}", MemoryReader(width=src_w + 2 * lo, depth=lp.beats, repeat=2))
+        rd_depth = max(q.beats for q in plan.layers)
+        feed = self._pooled(m, sub, "dx_feed", (src_w + 2 * lo,),
+                            lambda: MemoryReader(width=src_w + 2 * lo, depth=rd_depth, repeat=2), a)
         m.d.comb += [feed.start.eq(st), feed.base.eq(0), feed.count.eq(2 * lp.beats), feed.wrap.eq(lp.beats)]
         ports[f"{src_name}_r"].add(a, addr=feed.r_addr + src_base, en=feed.r_en)
         ports[f"mx{j}_r"].add(a, addr=feed.r_addr, en=feed.r_en)
@@ -1348,7 +1380,8 @@ class Accelerator(wiring.Component):
             m.d.sync += scr_count.eq(0)
         with m.Elif(scr_take):
             m.d.sync += scr_count.eq(scr_count + 1)
-        srd = sub(f"scratch_reader{j}", MemoryReader(width=sbits, depth=lp.beats))
+        rd_depth = max(q.beats for q in plan.layers)
+        srd = self._pooled(m, sub, "scratch_reader", (sbits,), lambda: MemoryReader(width=sbits, depth=rd_depth), a)
         m.d.comb += pu.bias.ready.eq(a)
         with m.If(a & pu.bias.valid):
             m.d.sync += unit_exp[j].eq(pu.bias.payload.unit_exp)
