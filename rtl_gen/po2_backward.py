@@ -39,7 +39,7 @@ order) is computed in ``dw_passes`` passes (``P``, ``hw.dw_passes``) over the ba
 ``lanes_in / P x lanes_out`` accumulators. Each pass takes ``lanes_b`` samples per cycle (input word ``k`` of
 ``X`` and group ``g`` of ``dY``), ``ceil(batch / lanes_b)`` beats, and every pass reads them from ``xdy``
 again (the source repeats each tile ``P`` times: :class:`rtl_gen.buffers.TileReader` re-reads the sample-banked
-buffers, which costs no storage; a replay memory here was ~2,400 LUTs of distributed RAM). The signs of passes
+buffers, which costs no storage; a replay memory here took 2 RAMB36). The signs of passes
 ``0 .. P-2`` are held until the last pass ends; then ``sgn(dW)`` of the tile leaves as one
 :func:`rtl_gen.weight_memory.grad_layout` beat, the weight memory's gradient input.
 ``depth * (ceil(batch / lanes_b) + 1) * P`` cycles. ``P`` trades cycles for LUTs: the accumulators are
