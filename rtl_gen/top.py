@@ -957,21 +957,27 @@ class Accelerator(wiring.Component):
             if len(grp) == 1:
                 out[grp[0]] = unit
                 continue
-            sig = unit.signature
             for i, j in enumerate(grp):
-                facade = sig.create(path=(f"{name}{j}",))
-                for (_, member, uval), (_, _, fval) in zip(sig.flatten(unit), sig.flatten(facade), strict=True):
-                    if member.flow == wiring.Out:
-                        m.d.comb += fval.eq(uval)
-                    elif Value.cast(uval).shape().width > 1 and i == 0:
-                        # payloads, addresses, data: the first layer's value unless another layer is active
-                        # (no gating logic; they only count with a 1-bit valid / enable / pulse)
-                        m.d.comb += uval.eq(fval)
-                    else:  # valid, ready, enables, pulses (0 unless the layer is active); other layers' data
-                        with m.If(active[j]):
-                            m.d.comb += uval.eq(fval)
-                out[j] = facade
+                out[j] = self._facade(m, unit, f"{name}{j}", i == 0, active[j])
         return out
+
+    @staticmethod
+    def _facade(m, unit, path: str, first: bool, active):
+        """An interface of ``unit``'s signature for one of its users: outputs follow the unit; 1-bit inputs
+        (valid, ready, enables, pulses) reach it only while ``active``; wider inputs (payloads, addresses, data)
+        too, except that the ``first`` user's are the default while no user is active (no gating logic on wide
+        paths: they only count with a 1-bit valid / enable / pulse)."""
+        sig = unit.signature
+        facade = sig.create(path=(path,))
+        for (_, member, uval), (_, _, fval) in zip(sig.flatten(unit), sig.flatten(facade), strict=True):
+            if member.flow == wiring.Out:
+                m.d.comb += fval.eq(uval)
+            elif Value.cast(uval).shape().width > 1 and first:
+                m.d.comb += uval.eq(fval)
+            else:
+                with m.If(active):
+                    m.d.comb += uval.eq(fval)
+        return facade
 
     def _shared_state(self, m, sub, name, groups, active, make):
         """Like :meth:`_shared` for units that take the layer at their ``layer`` input (per-layer state or
@@ -1001,17 +1007,7 @@ class Accelerator(wiring.Component):
             self._pool[key] = [sub(f"{name}_pool{n}", make()), 0]
         unit, uses = self._pool[key]
         self._pool[key][1] += 1
-        sig = unit.signature
-        facade = sig.create(path=(f"{name}_use{len(self._pool)}_{uses}",))
-        for (_, member, uval), (_, _, fval) in zip(sig.flatten(unit), sig.flatten(facade), strict=True):
-            if member.flow == wiring.Out:
-                m.d.comb += fval.eq(uval)
-            elif Value.cast(uval).shape().width > 1 and uses == 0:
-                m.d.comb += uval.eq(fval)
-            else:
-                with m.If(active):
-                    m.d.comb += uval.eq(fval)
-        return facade
+        return self._facade(m, unit, f"{name}_use{len(self._pool)}_{uses}", uses == 0, active)
 
     # ---- host targets -----------------------------------------------------------------------------------------
     def _connect_targets(self, m, plan, seq, targets, tsel, host_on, wm, rng, bnp, host_sel, mems, ports):
