@@ -53,7 +53,7 @@ from sim.hw.widths import LayerBounds, hw_supported, layer_bounds, signed_bits
 
 from .divider import Divider
 from .shared import layer_port
-from .streams import StreamFIFO
+from .streams import StreamRegister
 
 __all__ = [
     "BnBackwardUnit",
@@ -544,7 +544,7 @@ class BnForwardCore(wiring.Component):
         # ---- element passes --------------------------------------------------------------------------------
         # Stage 0 accepts a beat and reads the group's words; stage 1 compares, accumulates (read-modify-write)
         # and, in pass 3, pushes x_hat / mask into the output queue.
-        m.submodules.x_queue = x_queue = StreamFIFO(shape=lay.x_layout, depth=2)
+        m.submodules.x_queue = x_queue = StreamRegister(shape=lay.x_layout)
         adv = Signal()
         in_done = Signal()  # every beat of this pass accepted
         accept = Signal()
@@ -955,7 +955,7 @@ class BnBackwardUnit(wiring.Component):
         p1_rd, p1_wr = p1_mem.read_port(), p1_mem.write_port()
         k_rd, k_wr = k_mem.read_port(), k_mem.write_port(granularity=1)
 
-        m.submodules.q_queue = q_queue = StreamFIFO(shape=lay.q_layout, depth=2)
+        m.submodules.q_queue = q_queue = StreamRegister(shape=lay.q_layout)
         pl = self._pass2_lanes
         parts = L // pl
         adv = Signal()

@@ -101,14 +101,15 @@ def backward_cycles(plan, j: int) -> int:
 
 
 def dx_cycles(plan, j: int) -> int:
-    """``dx j``: the dX engine (``rows * depth * dx_passes``), unless splitting each dX word into the BN beats of layer
-    ``j-1`` (``li / lo'`` cycles per word) is slower."""
+    """``dx j``: the dX engine (``rows * depth * dx_passes``), unless cutting each pass's beat of ``ls`` values into
+    the BN beats of layer ``j-1`` (``ls / lo'`` cycles per beat) is slower."""
     lp = plan.layers[j]
     below = plan.layers[j - 1]
     B, W, G = plan.batch, lp.words, lp.groups
-    r = lp.lanes_in // below.lanes_out
-    per_word = max(G * lp.dx_passes, r)
-    return B * W * per_word + 3 + 2 + PHASE_OVERHEAD
+    ls = lp.lanes_in // lp.dx_passes
+    r = max(1, ls // below.lanes_out)
+    per_word = lp.dx_passes * max(G, r)
+    return B * W * per_word + 3 + (2 if ls >= below.lanes_out else 1) + PHASE_OVERHEAD
 
 
 def update_cycles(plan, j: int) -> int:

@@ -26,12 +26,12 @@ dX unit (layers above the first): the weight banks of :class:`~rtl_gen.xnor_engi
 read through ``weights`` (:class:`~rtl_gen.xnor_engine.WeightReadSignature`, e.g. from
 :class:`rtl_gen.weight_memory.WeightMemory`). Per row ``b`` of ``dY``: for each input word ``k``, for each
 output group ``g``, bank row ``g * words + k`` (a ``lanes_in x lanes_out`` tile of ``W``) meets the group's
-``lanes_out`` codes; each of the ``lanes_in`` inputs sums ``lanes_out`` addends, accumulated over the
-groups, and word ``k`` of ``dX[b]`` leaves as one beat. The codes arrive on ``dy`` (``groups`` beats per row)
-during the first word and are replayed from a one-row buffer for the others. With ``dx_passes`` ``P``
-(``hw.dx_passes``) the word's inputs are taken ``lanes_in / P`` at a time, one pass over the groups each (the
-weight rows are read again), so the unit holds ``lanes_in / P`` adder trees and accumulators.
-``rows * depth * P`` cycles.
+``lanes_out`` codes; each input sums ``lanes_out`` addends, accumulated over the groups. The codes arrive on
+``dy`` (``groups`` beats per row) during the first word and are replayed from a one-row buffer for the others.
+With ``dx_passes`` ``P`` (``hw.dx_passes``) the word's inputs are taken ``lanes_in / P`` at a time, one pass
+over the groups each (the weight rows are read again), so the unit holds ``lanes_in / P`` adder trees and
+accumulators, and each pass's ``lanes_in / P`` sums leave as one beat (``P`` beats per word, in input
+order) through a one-entry output register (flip-flops, no distributed RAM). ``rows * depth * P`` cycles.
 
 dW unit: the tile of bank row ``g * words + k`` (``lanes_in x lanes_out`` weights, rows in increasing
 order) is computed in ``dw_passes`` passes (``P``, ``hw.dw_passes``) over the batch, pass ``p`` for inputs
@@ -63,7 +63,7 @@ from amaranth.lib.wiring import In, Out
 from sim.hw.arith import ArithParams
 from sim.hw.widths import layer_bounds
 
-from .streams import StreamFIFO
+from .streams import StreamRegister
 from .weight_memory import grad_layout
 from .xnor_engine import WeightReadSignature, XnorGeometry, _check_int
 
@@ -208,8 +208,16 @@ class Po2Geometry:
 
     @property
     def dx_layout(self) -> data.StructLayout:
-        """dX output, one beat per input word: ``dx`` (``lanes_in`` signed values), ``last`` (last word)."""
-        return data.StructLayout({"dx": data.ArrayLayout(signed(max(self.dx_width, 1)), self.bank.lanes_in), "last": 1})
+        """dX output, one beat per pass of an input word: ``dx`` (the pass's ``lanes_in / dx_passes`` signed
+        values, inputs in order), ``last`` (the row's last beat)."""
+        return data.StructLayout(
+            {"dx": data.ArrayLayout(signed(max(self.dx_width, 1)), self.dx_lanes), "last": 1}
+        )
+
+    @property
+    def dx_lanes(self) -> int:
+        """dX values per output beat: the inputs of one pass, ``lanes_in / dx_passes``."""
+        return self.bank.lanes_in // self.dx_passes
 
     @property
     def xdy_layout(self) -> data.StructLayout:
@@ -258,12 +266,13 @@ class Po2Geometry:
     def unpack_dx(self, beats: list[int]) -> np.ndarray:
         """``dX [rows, n_in]`` from ``dx`` payloads (checks ``last``)."""
         b = self.bank
-        vals = _unpack(beats, [self.dx_width] * b.lanes_in + [1], signed_fields=b.lanes_in)
-        if len(vals) % b.words:
-            raise ValueError(f"{len(vals)} dx beats is not a whole number of rows of {b.words}")
-        last = vals[:, -1].reshape(-1, b.words)
-        if not (last == (np.arange(b.words) == b.words - 1)).all():
-            raise AssertionError("dx last flags do not mark each row's last word")
+        per_row = b.words * self.dx_passes
+        vals = _unpack(beats, [self.dx_width] * self.dx_lanes + [1], signed_fields=self.dx_lanes)
+        if len(vals) % per_row:
+            raise ValueError(f"{len(vals)} dx beats is not a whole number of rows of {per_row}")
+        last = vals[:, -1].reshape(-1, per_row)
+        if not (last == (np.arange(per_row) == per_row - 1)).all():
+            raise AssertionError("dx last flags do not mark each row's last beat")
         return vals[:, :-1].reshape(-1, b.words * b.lanes_in)[:, : b.n_in]
 
     def xdy_beats(self, x, neg, field) -> list[int]:
@@ -542,29 +551,30 @@ class _Dx(wiring.Component):
             ]
             m.d.sync += [c2[i].eq(contrib[i]) for i in range(LS)]
 
-        m.submodules.queue = queue = StreamFIFO(shape=geo.dx_layout, depth=2)
+        m.submodules.queue = queue = StreamRegister(shape=geo.dx_layout)
         push = Signal()
         m.d.comb += [
-            push.eq(s2_valid & s2_last_g & (s2_pass == P - 1)),
+            push.eq(s2_valid & s2_last_g),
             adv.eq(~push | queue.i.ready),
             queue.i.valid.eq(push),
-            queue.i.payload.last.eq(s2_last_word),
+            queue.i.payload.last.eq(s2_last_word & (s2_pass == P - 1)),
         ]
+        pad = Signal(LS)  # this pass's inputs that are padding in the last word: they leave as 0
+        if P > 1:
+            with m.Switch(s2_pass):
+                for p in range(P):
+                    with m.Case(p):
+                        m.d.comb += pad.eq(~sz.bit_ok[p * LS : (p + 1) * LS])
+        else:
+            m.d.comb += pad.eq(~sz.bit_ok)
         shape = signed(geo.dx_width)
-        kept = [Signal(shape, name=f"kept{i}") for i in range((P - 1) * LS)]  # sums of passes 0 .. P-2
         for i in range(LS):
             acc = Signal(shape, name=f"acc{i}")
             tot = Signal(shape, name=f"sum{i}")
             m.d.comb += tot.eq(Mux(s2_first_g, 0, acc) + c2[i])
             with m.If(adv & s2_valid):
                 m.d.sync += acc.eq(tot)
-            for p in range(P):
-                out = tot if p == P - 1 else kept[p * LS + i]
-                if p < P - 1:
-                    with m.If(adv & s2_valid & s2_last_g & (s2_pass == p)):
-                        m.d.sync += out.eq(tot)
-                pos_i = p * LS + i  # padding inputs of the last word leave as 0
-                m.d.comb += queue.i.payload.dx[pos_i].eq(Mux(s2_last_word & ~sz.bit_ok[pos_i], 0, out))
+            m.d.comb += queue.i.payload.dx[i].eq(Mux(s2_last_word & pad[i], 0, tot))
         wiring.connect(m, queue.o, wiring.flipped(self.dx))
         return m
 
@@ -677,7 +687,7 @@ class _Dw(wiring.Component):
                 s2_pass.eq(s1_pass),
                 s2_last_tile.eq(s1_last_tile),
             ]
-        m.submodules.queue = queue = StreamFIFO(shape=grad_layout(bank), depth=2)
+        m.submodules.queue = queue = StreamRegister(shape=grad_layout(bank))
         push = Signal()
         kept = Signal(grad_layout(bank))  # signs of the tile's passes
         m.d.comb += [

@@ -46,7 +46,7 @@ from sim.hw.widths import signed_bits
 
 from .bn_unit import BnLayer, _BeatCounter, _Channels, _check_channels, _check_int, _LaneWalker, mul_const
 from .shared import layer_port
-from .streams import StreamFIFO
+from .streams import StreamRegister
 
 __all__ = ["SCALE_WIDTH", "Po2Unit", "normalise", "po2_cycles", "sqrt2_constant"]
 
@@ -266,7 +266,7 @@ class Po2Unit(wiring.Component):
         # datapath holds ``pl = pass1_lanes`` lanes: a beat of L lanes goes through it as ``parts = L / pl`` parts
         # (one per cycle), their results are joined in ``joined`` and the beat is pushed with its last part.
         pl, parts = self._pass1_lanes, L // self._pass1_lanes
-        m.submodules.scratch_queue = sq = StreamFIFO(shape=self.scratch_layout, depth=2)
+        m.submodules.scratch_queue = sq = StreamRegister(shape=self.scratch_layout)
         adv1 = Signal()
         s_valid = [Signal(name=f"s{i}_valid") for i in (1, 2, 3)]
         s_last = [Signal(name=f"s{i}_last") for i in (1, 2, 3)]  # the layer's last part
@@ -424,7 +424,7 @@ class Po2Unit(wiring.Component):
             m.d.sync += phase.eq(PASS2)
 
         # PASS2: field = max(e0 - top0 + span, 0) + 1 for nonzero elements.
-        m.submodules.codes_queue = cq = StreamFIFO(shape=self.codes_layout, depth=2)
+        m.submodules.codes_queue = cq = StreamRegister(shape=self.codes_layout)
         adv2 = Signal()
         r_valid = Signal()
         r = Signal(self.scratch_layout)

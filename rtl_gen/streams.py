@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from amaranth import Module, Shape
+from amaranth import Module, Shape, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["StreamFIFO"]
+__all__ = ["StreamFIFO", "StreamRegister"]
 
 
 class StreamFIFO(wiring.Component):
@@ -57,4 +57,37 @@ class StreamFIFO(wiring.Component):
             fifo.r_en.eq(self.o.ready),
             self.level.eq(fifo.level),
         ]
+        return m
+
+
+class StreamRegister(wiring.Component):
+    """One-entry output register between two :mod:`amaranth.lib.stream` interfaces, one transfer per cycle.
+
+    The payload is held in flip-flops loaded with a clock enable, so the data path needs no LUTs (a
+    :class:`StreamFIFO` keeps its entries in distributed RAM, about 0.7 LUT per payload bit at depth 2). The
+    price is a combinational ready: ``i.ready = ~full | o.ready``, so the producer's stall logic sees the
+    consumer's ``o.ready`` in the same cycle.
+
+    Ports:
+        i: ``In(stream.Signature(shape))``.
+        o: ``Out(stream.Signature(shape))``; an accepted payload is offered from the next cycle on.
+    """
+
+    def __init__(self, *, shape):
+        self._shape = shape
+        super().__init__({"i": In(stream.Signature(shape)), "o": Out(stream.Signature(shape))})
+
+    def elaborate(self, platform):
+        m = Module()
+        full = Signal()
+        held = Signal(Shape.cast(self._shape).width)
+        m.d.comb += [
+            self.i.ready.eq(~full | self.o.ready),
+            self.o.valid.eq(full),
+            self.o.payload.eq(held),
+        ]
+        with m.If(self.i.valid & self.i.ready):
+            m.d.sync += [full.eq(1), held.eq(self.i.payload)]
+        with m.Elif(self.o.ready):
+            m.d.sync += full.eq(0)
         return m

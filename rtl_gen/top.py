@@ -197,6 +197,11 @@ class SystemPlan:
                 if lis[j + 1] % lo:
                     raise ConfigError(f"hw.lanes_out = {h.lanes_out}: layer {j} packs {lo} channels per beat into "
                                       f"words of {lis[j + 1]} bits for layer {j + 1}; use powers of two")
+                ls = lis[j + 1] // passes_for(cfg, "dx", lis[j + 1])  # dX values per beat of layer j + 1
+                if ls % lo and lo % ls:
+                    raise ConfigError(f"hw.dx_passes = {h.dx_passes}: layer {j + 1}'s dX beats of {ls} values do not "
+                                      f"cut into layer {j}'s BN beats of {lo} channels (hw.lanes_out); use powers "
+                                      f"of two for hw.lanes_in")
             if h.rng_block % li:
                 raise ConfigError(f"hw.rng_block = {h.rng_block} must be a multiple of layer {j}'s lanes_in = {li}")
             u = min(h.update_lanes, li)
@@ -1435,38 +1440,64 @@ class Accelerator(wiring.Component):
         with m.If(a):
             m.d.comb += [wm[j].read.addr.eq(u.weights.addr), wm[j].read.en.eq(u.weights.en),
                          u.weights.data.eq(wm[j].read.data)]
-        # split each dX word (li values) into the BN beats of layer j-1 (lo' values), dropping padding beats
+        # re-cut the dX beats (ls values: one pass of an input word) into the BN beats of layer j-1 (lo' values),
+        # dropping padding beats: split each beat in r, or join c beats
         lo2, G2 = below.lanes_out, below.groups
-        r = li // lo2
+        ls = u.dx.payload.dx.shape().length
         dxw = below.widths["dx"]
-        full = Signal(name=f"split_full{j}")
-        hold = Signal(len(u.dx.payload.dx.as_value()), name=f"split_hold{j}")
-        sub_i = Signal(range(max(r, 2)), name=f"split_sub{j}")
-        q = Signal(range(max(lp.words * r, 2)), name=f"split_q{j}")
-        wcount = Signal(range(below.beats + 1), name=f"split_count{j}")
-        with m.If(a):
-            m.d.comb += u.dx.ready.eq(~full | (sub_i == r - 1))
         vw = len(u.dx.payload.dx[0])
+        per_row = lp.words * li // lo2  # BN beats per dX row, padding included
+        q = Signal(range(max(per_row, 2)), name=f"split_q{j}")
+        wcount = Signal(range(below.beats + 1), name=f"split_count{j}")
         word = Signal(lo2 * dxw, name=f"split_word{j}")
-        with m.Switch(sub_i):
-            for s in range(r):
-                with m.Case(s):
-                    for lane in range(lo2):
-                        src = (s * lo2 + lane) * vw
-                        m.d.comb += word[lane * dxw:(lane + 1) * dxw].eq(hold[src:src + vw].as_signed())
         keep = Signal(name=f"split_keep{j}")
-        m.d.comb += keep.eq(a & full & (q < G2))
+        emit = Signal(name=f"split_emit{j}")  # a BN beat (real or padding) is complete this cycle
+        m.d.comb += keep.eq(emit & (q < G2))
         ports["ydx_w"].add(keep, addr=wcount, data=word, en=1)
-        with m.If(a & full):
-            m.d.sync += [sub_i.eq(sub_i + 1), q.eq(Mux(q == lp.words * r - 1, 0, q + 1))]
+        with m.If(emit):
+            m.d.sync += q.eq(Mux(q == per_row - 1, 0, q + 1))
             with m.If(keep):
                 m.d.sync += wcount.eq(wcount + 1)
-            with m.If(sub_i == r - 1):
-                m.d.sync += full.eq(0)
-        with m.If(u.dx.valid & u.dx.ready):  # (re)load: the next word follows the last sub-beat directly
-            m.d.sync += [full.eq(1), hold.eq(u.dx.payload.dx.as_value()), sub_i.eq(0)]
+
+        if ls >= lo2:
+            r = ls // lo2
+            full = Signal(name=f"split_full{j}")
+            hold = Signal(len(u.dx.payload.dx.as_value()), name=f"split_hold{j}")
+            sub_i = Signal(range(max(r, 2)), name=f"split_sub{j}")
+            with m.If(a):
+                m.d.comb += u.dx.ready.eq(~full | (sub_i == r - 1))
+            with m.Switch(sub_i):
+                for s_ in range(r):
+                    with m.Case(s_):
+                        for lane in range(lo2):
+                            src = (s_ * lo2 + lane) * vw
+                            m.d.comb += word[lane * dxw:(lane + 1) * dxw].eq(hold[src:src + vw].as_signed())
+            m.d.comb += emit.eq(a & full)
+            with m.If(a & full):
+                m.d.sync += sub_i.eq(sub_i + 1)
+                with m.If(sub_i == r - 1):
+                    m.d.sync += full.eq(0)
+            with m.If(u.dx.valid & u.dx.ready):  # (re)load: the next beat follows the last sub-beat directly
+                m.d.sync += [full.eq(1), hold.eq(u.dx.payload.dx.as_value()), sub_i.eq(0)]
+            with m.If(st):
+                m.d.sync += [full.eq(0), sub_i.eq(0)]
+        else:
+            c = lo2 // ls
+            gath = Signal(lo2 * dxw, name=f"split_gather{j}")  # beats shift in from the top
+            n = Signal(range(c), name=f"split_n{j}")
+            take = Signal(name=f"split_take{j}")
+            incoming = Signal(ls * dxw, name=f"split_in{j}")
+            for lane in range(ls):
+                m.d.comb += incoming[lane * dxw:(lane + 1) * dxw].eq(u.dx.payload.dx[lane])
+            m.d.comb += [take.eq(a & u.dx.valid), word.eq(Cat(gath[ls * dxw:], incoming)), emit.eq(take & (n == c - 1))]
+            with m.If(a):
+                m.d.comb += u.dx.ready.eq(1)
+            with m.If(take):
+                m.d.sync += [gath.eq(word), n.eq(Mux(n == c - 1, 0, n + 1))]
+            with m.If(st):
+                m.d.sync += n.eq(0)
         with m.If(st):
-            m.d.sync += [full.eq(0), sub_i.eq(0), q.eq(0), wcount.eq(0)]
+            m.d.sync += [q.eq(0), wcount.eq(0)]
         m.d.comb += done[key].eq(wcount == below.beats)
 
     # ---- dW, the update sweep and the beta update -------------------------------------------------------------

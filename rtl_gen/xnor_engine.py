@@ -38,7 +38,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .shared import layer_port, per_layer
-from .streams import StreamFIFO
+from .streams import StreamRegister
 
 __all__ = [
     "LATENCY",
@@ -399,11 +399,11 @@ class XnorEngineCore(wiring.Component):
             ]
             m.d.sync += [counts[lane].eq(popcount(agree[lane])) for lane in range(lo)]
 
-        m.submodules.queue = queue = StreamFIFO(shape=geo.y_layout, depth=2)
+        m.submodules.queue = queue = StreamRegister(shape=geo.y_layout)
         push = Signal()
         m.d.comb += [
             push.eq(s2_valid & s2_last),
-            adv.eq(~push | queue.i.ready),  # i.ready is registered: no path from y.ready to x.ready
+            adv.eq(~push | queue.i.ready),
             queue.i.valid.eq(push),
             queue.i.payload.last.eq(s2_last_group),
         ]

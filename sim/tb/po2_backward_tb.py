@@ -122,7 +122,7 @@ class TB(Bench):
         first_in, first_out = len(self.dy.stamps), len(self.dx.stamps)
         sender = cocotb.start_soon(self.dy.send(beats_in))
         rows = len(field)
-        out = await self.dx.receive(rows * BANK.words, max_cycles=30 * GEO.dx_cycles(rows) + 500)
+        out = await self.dx.receive(rows * BANK.words * GEO.dx_passes, max_cycles=30 * GEO.dx_cycles(rows) + 500)
         await sender
         assert self.dx.stamps[first_out] > self.dy.stamps[first_in]
         return replace(GEO, dx_width=ENV.dx_width).unpack_dx(out), self.dx.stamps[-1] - self.dy.stamps[first_in] + 1

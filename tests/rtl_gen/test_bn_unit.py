@@ -138,6 +138,10 @@ def _pysim_forward(lay, y, beta, *, seed, p_idle, p_stall):
         n = [0, 0, 0]
         cycle = 0
         while len(stats) < lay.channels:
+            # the output readies first: an input's ready may depend on them in the same cycle
+            take_x, take_s = coin.random() >= p_stall, coin.random() >= p_stall
+            ctx.set(dut.x.ready, take_x)
+            ctx.set(dut.stats.ready, take_s)
             for k, (port, items) in enumerate(
                 ((dut.y, words), (dut.y_replay, words + words), (dut.beta, [int(v) for v in beta]))
             ):
@@ -145,9 +149,6 @@ def _pysim_forward(lay, y, beta, *, seed, p_idle, p_stall):
                     n[k] += 1
                     if k == 0 and n[0] == 1:
                         stamps.append(cycle)
-            take_x, take_s = coin.random() >= p_stall, coin.random() >= p_stall
-            ctx.set(dut.x.ready, take_x)
-            ctx.set(dut.stats.ready, take_s)
             if take_x and ctx.get(dut.x.valid):
                 xs.append((ctx.get(dut.x.payload.x_hat), ctx.get(dut.x.payload.mask)))
             if take_s and ctx.get(dut.stats.valid):
@@ -208,11 +209,12 @@ def test_backward_in_amaranth_simulator(pass2_lanes):
     async def bench(ctx):
         n = [0, 0, 0]
         while len(qs) < lay.beats:
+            # the output readies first: an input's ready may depend on them in the same cycle
+            ctx.set(dut.q.ready, coin.random() >= 0.4)
+            ctx.set(dut.p1.ready, coin.random() >= 0.4)
             sources = ((dut.dx, words), (dut.dx_replay, words), (dut.alpha, [int(v) for v in alpha]))
             for k, (port, items) in enumerate(sources):
                 n[k] += _drive(ctx, port, items, n[k], coin, 0.3)
-            ctx.set(dut.q.ready, coin.random() >= 0.4)
-            ctx.set(dut.p1.ready, coin.random() >= 0.4)
             if ctx.get(dut.q.ready) and ctx.get(dut.q.valid):
                 qs.append([int(v) for v in ctx.get(dut.q.payload.q)])
             if ctx.get(dut.p1.ready) and ctx.get(dut.p1.valid):
