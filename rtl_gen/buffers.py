@@ -22,8 +22,6 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from .streams import StreamFIFO
-
 __all__ = ["BEAT_BITS", "BeatWriter", "MemoryReader", "SplitMemory", "WordSerializer", "beat_layout", "beats_for"]
 
 BEAT_BITS = 32
@@ -156,8 +154,13 @@ class MemoryReader(wiring.Component):
     ``r_en``, ``r_data`` one cycle later) and offers the words on ``o`` (``last`` on the final word), one
     per cycle while ``o.ready`` is high.
 
-    Parameters: ``width`` (word bits), ``depth`` (address range), ``fifo_depth`` (output queue, >= 3
-    for full rate), ``repeat`` (largest ``count`` in units of ``depth``).
+    Parameters: ``width`` (word bits), ``depth`` (address range), ``repeat`` (largest ``count`` in units of
+    ``depth``).
+
+    No output queue: a word read stays on the read port's output (the port's enable is low while it waits), so
+    ``o.payload.data`` is ``r_data`` itself and ``r_en`` depends on ``o.ready`` in the same cycle (the next read
+    is issued as the word leaves). The read port must hold its data while ``r_en`` is low and nothing else may
+    read through it while the reader runs.
 
     Ports: ``start`` (pulse, with ``base``, ``count`` and ``wrap``), ``abort`` (pulse: stop issuing and empty
     the queue), ``base``, ``count``, ``wrap`` (nonzero: the address returns to 0 after ``wrap - 1``, to read
@@ -165,10 +168,9 @@ class MemoryReader(wiring.Component):
     (until the last word is taken).
     """
 
-    def __init__(self, *, width: int, depth: int, fifo_depth: int = 4, repeat: int = 1):
+    def __init__(self, *, width: int, depth: int, repeat: int = 1):
         self._width = _check("width", width, 1)
         self._depth = _check("depth", depth, 1)
-        self._fifo_depth = _check("fifo_depth", fifo_depth, 3, 64)
         self._repeat = _check("repeat", repeat, 1, 16)
         self._layout = data.StructLayout({"data": width, "last": 1})
         super().__init__({
@@ -190,39 +192,30 @@ class MemoryReader(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        D = self._fifo_depth
-        m.submodules.fifo = fifo = StreamFIFO(shape=self._layout, depth=D)
         addr = Signal(range(max(self._depth, 2)))
         left = Signal(range(self._repeat * self._depth + 1))  # reads still to issue
         wrap = Signal(range(self._depth + 1))
-        inflight = Signal()
-        inflight_last = Signal()
-        flushing = Signal()
+        have = Signal()  # a word waits on r_data
+        have_last = Signal()
         issue = Signal()
         m.d.comb += [
-            issue.eq((left != 0) & (fifo.level + inflight + 1 <= D) & ~self.abort),
+            issue.eq((left != 0) & (~have | self.o.ready) & ~self.abort),
             self.r_addr.eq(addr),
             self.r_en.eq(issue),
-            fifo.i.valid.eq(inflight & ~flushing),
-            fifo.i.payload.data.eq(self.r_data),
-            fifo.i.payload.last.eq(inflight_last),
-            self.busy.eq((left != 0) | inflight | fifo.o.valid),
+            self.o.valid.eq(have),
+            self.o.payload.data.eq(self.r_data),
+            self.o.payload.last.eq(have_last),
+            self.busy.eq((left != 0) | have),
         ]
-        m.d.sync += [inflight.eq(issue), inflight_last.eq(issue & (left == 1))]
         with m.If(issue):
-            m.d.sync += [addr.eq(Mux((wrap != 0) & (addr == wrap - 1), 0, addr + 1)), left.eq(left - 1)]
+            m.d.sync += [have.eq(1), have_last.eq(left == 1),
+                         addr.eq(Mux((wrap != 0) & (addr == wrap - 1), 0, addr + 1)), left.eq(left - 1)]
+        with m.Elif(self.o.ready):
+            m.d.sync += have.eq(0)
         with m.If(self.start):
             m.d.sync += [addr.eq(self.base), left.eq(self.count), wrap.eq(self.wrap)]
-        # abort: stop issuing, drop what is queued
-        with m.If(self.abort):
-            m.d.sync += [left.eq(0), flushing.eq(1)]
-        with m.Elif(flushing & ~fifo.o.valid & ~inflight):
-            m.d.sync += flushing.eq(0)
-        m.d.comb += [
-            self.o.valid.eq(fifo.o.valid & ~flushing),
-            self.o.payload.eq(fifo.o.payload),
-            fifo.o.ready.eq(self.o.ready | flushing),
-        ]
+        with m.If(self.abort):  # stop issuing, drop the waiting word
+            m.d.sync += [left.eq(0), have.eq(0)]
         return m
 
 
@@ -278,18 +271,18 @@ class RowReader(wiring.Component):
     """Rows of a sample-banked buffer, in sample order: ``rows`` rows of ``words`` words each, row ``s`` in
     bank ``s % banks`` at addresses ``(s // banks) * words + k``. All banks get the same ``r_addr``/``r_en``;
     the word is taken from bank ``s % banks`` (``r_data`` is the banks' outputs, bank 0 lowest). Output ``o``:
-    ``data``, ``row_last`` (word ``words - 1``), ``last`` (the final word); one word per cycle.
+    ``data``, ``row_last`` (word ``words - 1``), ``last`` (the final word); one word per cycle. No output queue
+    (as :class:`MemoryReader`: the word waits on the read port, whose enable depends on ``o.ready``).
 
     Ports: ``start``, ``abort`` (pulses), ``r_addr``, ``r_en``, ``r_data``, ``o``, ``busy``.
     """
 
-    def __init__(self, *, width: int, banks: int, words: int, rows: int, fifo_depth: int = 4):
+    def __init__(self, *, width: int, banks: int, words: int, rows: int):
         self._width = _check("width", width, 1)
         self._banks = _check("banks", banks, 1, 4096)
         self._words = _check("words", words, 1)
         self._rows = _check("rows", rows, 1)
         self._depth = -(-rows // banks) * words
-        self._fifo_depth = fifo_depth
         self._layout = data.StructLayout({"data": width, "row_last": 1, "last": 1})
         super().__init__({
             "start": In(1),
@@ -308,36 +301,33 @@ class RowReader(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        D = self._fifo_depth
         W, NB, R = self._words, self._banks, self._rows
-        m.submodules.fifo = fifo = StreamFIFO(shape=self._layout, depth=D)
         running = Signal()
         k = Signal(range(W))
         bank = Signal(range(NB))
         row = Signal(range(R))
         base = Signal(range(max(self._depth, 2)))  # (row // banks) * words
-        inflight = Signal()
+        have = Signal()  # a word waits on r_data
         s1_bank = Signal(range(NB))
         s1_row_last = Signal()
         s1_last = Signal()
-        flushing = Signal()
         issue = Signal()
         m.d.comb += [
-            issue.eq(running & (fifo.level + inflight + 1 <= D) & ~self.abort),
+            issue.eq(running & (~have | self.o.ready) & ~self.abort),
             self.r_addr.eq(base + k),
             self.r_en.eq(issue),
-            fifo.i.valid.eq(inflight & ~flushing),
-            fifo.i.payload.data.eq(self.r_data[s1_bank]),
-            fifo.i.payload.row_last.eq(s1_row_last),
-            fifo.i.payload.last.eq(s1_last),
-            self.busy.eq(running | inflight | fifo.o.valid),
-            self.o.valid.eq(fifo.o.valid & ~flushing),
-            self.o.payload.eq(fifo.o.payload),
-            fifo.o.ready.eq(self.o.ready | flushing),
+            self.busy.eq(running | have),
+            self.o.valid.eq(have),
+            self.o.payload.data.eq(self.r_data[s1_bank]),
+            self.o.payload.row_last.eq(s1_row_last),
+            self.o.payload.last.eq(s1_last),
         ]
         last_word = Signal()
         m.d.comb += last_word.eq((k == W - 1) & (row == R - 1))
-        m.d.sync += [inflight.eq(issue), s1_bank.eq(bank), s1_row_last.eq(k == W - 1), s1_last.eq(last_word)]
+        with m.If(issue):
+            m.d.sync += [have.eq(1), s1_bank.eq(bank), s1_row_last.eq(k == W - 1), s1_last.eq(last_word)]
+        with m.Elif(self.o.ready):
+            m.d.sync += have.eq(0)
         with m.If(issue):
             with m.If(k == W - 1):
                 m.d.sync += [k.eq(0), row.eq(row + 1)]
@@ -352,9 +342,7 @@ class RowReader(wiring.Component):
         with m.If(self.start):
             m.d.sync += [running.eq(1), k.eq(0), bank.eq(0), row.eq(0), base.eq(0)]
         with m.If(self.abort):
-            m.d.sync += [running.eq(0), flushing.eq(1)]
-        with m.Elif(flushing & ~fifo.o.valid & ~inflight):
-            m.d.sync += flushing.eq(0)
+            m.d.sync += [running.eq(0), have.eq(0)]
         return m
 
 
@@ -411,15 +399,15 @@ class TileReader(wiring.Component):
     ``t * words + k`` of every bank of the activation buffer ``a`` and address ``t * groups + g`` of every bank
     of the code buffer ``c`` (both sample-banked: bank ``i`` of beat ``t`` holds sample ``t * banks + i``).
     Output ``o``: ``a`` (all banks), ``c`` (all banks), ``last`` (the tile's last beat of each pass); one beat
-    per cycle."""
+    per cycle. No output queue (as :class:`MemoryReader`: the beat waits on the read ports, whose enable depends
+    on ``o.ready``)."""
 
     def __init__(self, *, a_width: int, c_width: int, banks: int, words: int, groups: int, tiles: int,
-                 fifo_depth: int = 4, passes: int = 1):
+                 passes: int = 1):
         self._aw, self._cw = _check("a_width", a_width, 1), _check("c_width", c_width, 1)
         self._passes = _check("passes", passes, 1, 4096)
         self._banks = _check("banks", banks, 1, 4096)
         self._words, self._groups, self._tiles = words, groups, tiles
-        self._fifo_depth = fifo_depth
         self._layout = data.StructLayout({
             "a": data.ArrayLayout(a_width, banks), "c": data.ArrayLayout(c_width, banks), "last": 1})
         super().__init__({
@@ -440,9 +428,7 @@ class TileReader(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        D = self._fifo_depth
         W, G, T, P = self._words, self._groups, self._tiles, self._passes
-        m.submodules.fifo = fifo = StreamFIFO(shape=self._layout, depth=D)
         running = Signal()
         g = Signal(range(G))
         k = Signal(range(W))
@@ -450,25 +436,24 @@ class TileReader(wiring.Component):
         p = Signal(range(max(P, 2)))
         a_addr = Signal(range(max(T * W, 2)))
         c_addr = Signal(range(max(T * G, 2)))
-        inflight = Signal()
+        have = Signal()  # a beat waits on a_data / c_data
         s1_last = Signal()
-        flushing = Signal()
         issue = Signal()
         m.d.comb += [
-            issue.eq(running & (fifo.level + inflight + 1 <= D) & ~self.abort),
+            issue.eq(running & (~have | self.o.ready) & ~self.abort),
             self.a_addr.eq(a_addr),
             self.c_addr.eq(c_addr),
             self.r_en.eq(issue),
-            fifo.i.valid.eq(inflight & ~flushing),
-            fifo.i.payload.a.eq(self.a_data),
-            fifo.i.payload.c.eq(self.c_data),
-            fifo.i.payload.last.eq(s1_last),
-            self.busy.eq(running | inflight | fifo.o.valid),
-            self.o.valid.eq(fifo.o.valid & ~flushing),
-            self.o.payload.eq(fifo.o.payload),
-            fifo.o.ready.eq(self.o.ready | flushing),
+            self.busy.eq(running | have),
+            self.o.valid.eq(have),
+            self.o.payload.a.eq(self.a_data),
+            self.o.payload.c.eq(self.c_data),
+            self.o.payload.last.eq(s1_last),
         ]
-        m.d.sync += [inflight.eq(issue), s1_last.eq(t == T - 1)]
+        with m.If(issue):
+            m.d.sync += [have.eq(1), s1_last.eq(t == T - 1)]
+        with m.Elif(self.o.ready):
+            m.d.sync += have.eq(0)
         with m.If(issue):
             with m.If((t == T - 1) & (p != P - 1)):  # the same tile again for the next pass
                 m.d.sync += [t.eq(0), p.eq(p + 1), a_addr.eq(k), c_addr.eq(g)]
@@ -485,9 +470,7 @@ class TileReader(wiring.Component):
         with m.If(self.start):
             m.d.sync += [running.eq(1), g.eq(0), k.eq(0), t.eq(0), p.eq(0), a_addr.eq(0), c_addr.eq(0)]
         with m.If(self.abort):
-            m.d.sync += [running.eq(0), flushing.eq(1)]
-        with m.Elif(flushing & ~fifo.o.valid & ~inflight):
-            m.d.sync += flushing.eq(0)
+            m.d.sync += [running.eq(0), have.eq(0)]
         return m
 
 

@@ -172,10 +172,10 @@ class Po2Geometry:
         """Weights per DSP48 multiply-accumulate in the dW unit: 0 (fabric accumulators), 1 or 2.
 
         Only for binary activations and one sample per beat, with ``dw_dsp``. Each slice computes
-        ``P = (first ? 0 : P) + A v``: ``v`` the lane's signed addend (``B`` port, at most
-        :data:`DSP_B_BITS` bits), ``A = sum_f (+-1) 2^(f F)`` the weights' activation signs packed ``F =
-        dw_width`` bits apart (``A`` port, :data:`DSP_A_BITS` bits signed), ``P`` :data:`DSP_P_BITS` bits. Two
-        fields fit when ``F <= DSP_A_BITS - 2`` and ``2 F <= DSP_P_BITS``."""
+        ``P = (first ? K : P) + A v`` (``K`` a constant bias, see ``_Dw._dsp_accumulators``): ``v`` the lane's
+        signed addend (``B`` port, at most :data:`DSP_B_BITS` bits), ``A = sum_f (+-1) 2^(f F)`` the weights'
+        activation signs packed ``F = dw_width`` bits apart (``A`` port, :data:`DSP_A_BITS` bits signed), ``P``
+        :data:`DSP_P_BITS` bits. Two fields fit when ``F <= DSP_A_BITS - 2`` and ``2 F <= DSP_P_BITS``."""
         if not self.dw_dsp or self.x_max != 1 or self.lanes_b != 1 or self.span + 2 > DSP_B_BITS:
             return 0
         F = self.dw_width
@@ -799,12 +799,13 @@ class _Dw(wiring.Component):
 
     def _dsp_accumulators(self, m, geo, d1, x1, step, s1_first):
         """Packed multiply-accumulates (:attr:`Po2Geometry.dsp_fields`): the weights ``(i, lane)`` and
-        ``(i + 1, lane)`` share one ``P = (first ? 0 : P) + A v`` with ``v`` the lane's addend ``+-2^(f-1)`` (0 for
+        ``(i + 1, lane)`` share one ``P = (first ? K : P) + A v`` with ``v`` the lane's addend ``+-2^(f-1)`` (0 for
         a zero code or a padding sample) and ``A = s_i + s_(i+1) 2^F``, ``s = +1`` where the activation bit is 1
-        and ``-1`` where it is 0. Each field then holds its weight's sum ``2 Q - T`` exactly: the fields are
-        recovered from ``P`` with the borrow of the fields below (a negative field ``i`` leaves field ``i + 1``
-        one less). The sums are complete in the finish slot (a bubble here); the next pass's first beat loads
-        ``P`` afresh. Returns ``(input, lane) -> (neg, zero)``."""
+        and ``-1`` where it is 0. With two fields the load value ``K = 2^(F-1)`` biases the lower field into
+        ``0 .. 2^F - 1`` (its sum ``S`` has ``|S| < 2^(F-1)``), so it never borrows from the upper one: the lower
+        field is ``S + 2^(F-1)`` (negative where its top bit is 0, zero where it is exactly ``2^(F-1)``) and the
+        upper field is its sum itself. The sums are complete in the finish slot (a bubble here); the next pass's
+        first beat loads ``P`` afresh. Returns ``(input, lane) -> (neg, zero)``."""
         LO = geo.bank.lanes_out
         LS = geo.bank.lanes_in // geo.dw_passes
         nf, F = geo.dsp_fields, geo.dw_width
@@ -823,19 +824,17 @@ class _Dw(wiring.Component):
                 a = Signal(signed(DSP_A_BITS), name=f"dsp_a{i0}_{lane}")
                 m.d.comb += a.eq(sum(Mux(x1[0][i], 1, -1) << (f * F) for f, i in enumerate(inputs)))
                 p = Signal(signed(DSP_P_BITS), name=f"dsp_p{i0}_{lane}")
+                bias = 1 << (F - 1) if len(inputs) > 1 else 0
                 with m.If(step):
-                    m.d.sync += p.eq(Mux(s1_first, 0, p) + a * v)
-                borrow = Const(0, 1)
+                    m.d.sync += p.eq(Mux(s1_first, bias, p) + a * v)
                 for f, i in enumerate(inputs):
-                    field = p[f * F : (f + 1) * F]  # = S_f - borrow (mod 2^F), |S_f| < 2^(F-1)
-                    ones = Signal(name=f"ones{i}_{lane}")
-                    zeros = Signal(name=f"zeros{i}_{lane}")
-                    neg = Signal(name=f"neg{i}_{lane}")
-                    m.d.comb += [ones.eq(field.all()), zeros.eq(field == 0), neg.eq(field[-1] & ~(borrow & ones))]
-                    signs[i, lane] = (neg, Mux(borrow, ones, zeros))
-                    borrow = neg
+                    field = p[f * F : (f + 1) * F]
+                    if f == 0 and bias:
+                        neg, zero = ~field[-1], field[-1] & (field[:-1] == 0)
+                    else:
+                        neg, zero = field[-1], field == 0
+                    signs[i, lane] = (neg, zero)
         return signs
-
 
 
 class Po2Backward(wiring.Component):

@@ -574,6 +574,7 @@ class Accelerator(wiring.Component):
         po2b = {}
         self.unit_names = []  # the shared units' submodule names
         self._pool = {}  # (name, params) -> [unit, uses]: readers shared by the phases of several layers (_pooled)
+        self._wide_driven = set()  # ids of shared units' wide inputs that already have a default driver (_wide)
         fwd_act = {lp.index: act[("fwd", lp.index)] for lp in LP}
         bwd_act = {lp.index: act[("bwd", lp.index)] for lp in LP}
         upd_act = {lp.index: act[("upd", lp.index)] for lp in LP}
@@ -1407,6 +1408,19 @@ class Accelerator(wiring.Component):
             ports[f"cb{i}_w"].add(c_take, addr=cw.w_addr, data=cw.w_data, en=cw.w_en[i])
         m.d.comb += done[key].eq((cw.count == lp.beats) & ~par.busy)
 
+    def _wide(self, m, active, pairs):
+        """Drive wide inputs (payloads, data) of a unit that several layers' phases share: the first phase to
+        drive an input is its default while no phase is active, the others take it over while active (as in
+        :meth:`_facade`: no gating logic on wide paths; they only count with a 1-bit valid or enable)."""
+        for target, value in pairs:
+            key = id(target)
+            if key in self._wide_driven:
+                with m.If(active):
+                    m.d.comb += target.eq(value)
+            else:
+                self._wide_driven.add(key)
+                m.d.comb += target.eq(value)
+
     @staticmethod
     def _select_layer(m, plan, unit, j):
         """Point a po2 backward engine shared by a group of layers at layer ``j`` (no-op when not shared)."""
@@ -1431,15 +1445,13 @@ class Accelerator(wiring.Component):
         # the engine may serve several layers: its inputs are driven only while this phase is active
         with m.If(a):
             self._select_layer(m, plan, u, j)
-            m.d.comb += [
-                u.dy.payload.as_value().eq(Cat(cr.o.payload.data, cr.o.payload.row_last)),
-                u.dy.valid.eq(cr.o.valid),
-            ]
+            m.d.comb += u.dy.valid.eq(cr.o.valid)
+        self._wide(m, a, [(u.dy.payload.as_value(), Cat(cr.o.payload.data, cr.o.payload.row_last))])
         m.d.comb += cr.o.ready.eq(a & u.dy.ready)
         # the dX unit reads the weights (the memory is idle: no sweep runs during this phase)
         with m.If(a):
-            m.d.comb += [wm[j].read.addr.eq(u.weights.addr), wm[j].read.en.eq(u.weights.en),
-                         u.weights.data.eq(wm[j].read.data)]
+            m.d.comb += [wm[j].read.addr.eq(u.weights.addr), wm[j].read.en.eq(u.weights.en)]
+        self._wide(m, a, [(u.weights.data, wm[j].read.data)])
         # re-cut the dX beats (ls values: one pass of an input word) into the BN beats of layer j-1 (lo' values),
         # dropping padding beats: split each beat in r, or join c beats
         lo2, G2 = below.lanes_out, below.groups
@@ -1519,12 +1531,9 @@ class Accelerator(wiring.Component):
                          tr.c_data[i].eq(ports[f"cb{i}_r"].port.data[: lo * k_bits])]
         with m.If(a):  # the engine may serve several layers
             self._select_layer(m, plan, u, j)
-            m.d.comb += [
-                u.xdy.payload.as_value().eq(Cat(tr.o.payload.a.as_value(), tr.o.payload.c.as_value(),
-                                                tr.o.payload.last)),
-                u.xdy.valid.eq(tr.o.valid),
-                u.dw.ready.eq(w.grad.ready),
-            ]
+            m.d.comb += [u.xdy.valid.eq(tr.o.valid), u.dw.ready.eq(w.grad.ready)]
+        self._wide(m, a, [(u.xdy.payload.as_value(), Cat(tr.o.payload.a.as_value(), tr.o.payload.c.as_value(),
+                                                          tr.o.payload.last))])
         m.d.comb += [tr.o.ready.eq(a & u.xdy.ready), w.grad.valid.eq(a & u.dw.valid), w.grad.payload.eq(u.dw.payload)]
         wiring.connect(m, g.u, w.rng)
         cmd_sent = Signal(name=f"upd_cmd_sent{j}")
