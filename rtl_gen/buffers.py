@@ -669,11 +669,17 @@ class SplitMemory(Elaboratable):
     shallow, wide mode (432 x 112 bits: 2 RAMB36), 6 x 13 + 2 = 80 in that example. Never more block RAMs:
     the tail alone needs at most as many as one row of the bulk. The read data follow the segment of the address
     that was read (a registered select); ports behave like :meth:`amaranth.lib.memory.Memory.read_port` and
-    ``write_port`` without granularity."""
+    ``write_port`` without granularity. ``init``: initial words (as for ``Memory``), split with the segments.
 
-    def __init__(self, *, shape, depth: int, block: int = 4096, name: str = "mem"):
+    The same holds for ``1024 x 36``: the per-channel memories of all layers of the paper's MLP hold 1,034
+    words, which as one memory needs the ``2048``-deep (half as wide) modes."""
+
+    def __init__(self, *, shape, depth: int, block: int = 4096, name: str = "mem", init=()):
         self.segments = split_segments(depth, block)
         self.shape, self.depth, self.name = shape, depth, name
+        self.init = list(init)
+        if len(self.init) > depth:
+            raise ValueError(f"{len(self.init)} initial words for a memory of {depth}")
         self.read = _MemPort(shape, depth, f"{name}_rd")
         self.write = _MemPort(shape, depth, f"{name}_wr")
 
@@ -682,7 +688,7 @@ class SplitMemory(Elaboratable):
         rd_data = []
         sel = Signal(range(max(len(self.segments), 2)), name=f"{self.name}_seg")
         for i, (base, n) in enumerate(self.segments):
-            mem = m.submodules[f"seg{i}"] = Memory(shape=self.shape, depth=max(n, 2), init=[])
+            mem = m.submodules[f"seg{i}"] = Memory(shape=self.shape, depth=max(n, 2), init=self.init[base:base + n])
             rd, wr = mem.read_port(), mem.write_port()
             here = (self.write.addr >= base) & (self.write.addr < base + n)
             m.d.comb += [

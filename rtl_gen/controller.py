@@ -38,11 +38,11 @@ import math
 
 from amaranth import Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from rtl_gen.regmap import Field, Register, RegisterMap
 
+from .buffers import SplitMemory
 from .shared import layer_port, per_layer
 
 __all__ = [
@@ -290,8 +290,10 @@ class BnParamUnit(wiring.Component):
                             ("a", unsigned(self.a_width)), ("mu", signed(self.run_width)),
                             ("s", signed(self.run_width)), ("p1", signed(self.p_width))):
             init = [1 << fr] * total if name == "s" else []
-            mem = m.submodules[f"{name}_mem"] = Memory(shape=shape, depth=max(total, 2), init=init)
-            mems[name] = (mem.read_port(), mem.write_port())
+            # a 1,024-word bulk and a tail: 1,034 channels (the paper's MLP) would need the 2,048-deep modes
+            mem = m.submodules[f"{name}_mem"] = SplitMemory(shape=shape, depth=max(total, 2), block=1024,
+                                                            init=init, name=name)
+            mems[name] = (mem.read, mem.write)
         rd = {k: v[0] for k, v in mems.items()}
         wr = {k: v[1] for k, v in mems.items()}
 

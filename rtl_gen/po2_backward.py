@@ -414,7 +414,10 @@ class _Dx(wiring.Component):
         bank = geo.bank
         K, G, D, LI, LO = bank.words, bank.groups, bank.depth, bank.lanes_in, bank.lanes_out
         m = Module()
-        sz = _Sizes(m, self._shapes, self.layer)
+        # layers without a dX unit (the first) never select it: their sizes are don't-cares, so the tables can be
+        # constants when the layers with dX agree (no padding masks for the paper's MLP's 256-input layers)
+        some = next(g for g in self._shapes if g.dx_width)
+        sz = _Sizes(m, [g if g.dx_width else some for g in self._shapes], self.layer)
 
         # Stage 0: for each word k, for each pass p, for each group g: weight row g * K + k; codes from the stream
         # in the first pass of word 0, from the row buffer after that.

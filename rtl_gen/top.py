@@ -47,6 +47,7 @@ from .buffers import (
     MemoryTarget,
     RowReader,
     RowWriter,
+    SplitMemory,
     TileReader,
     WordSerializer,
     beats_for,
@@ -620,7 +621,11 @@ class Accelerator(wiring.Component):
         loss = sub("loss", LossGradUnit.from_config(cfg, lanes=plan.loss_lanes, div_steps=cfg.hw.div_steps))
 
         # ---- memories ----------------------------------------------------------------------------------------
-        def mem(name, width, depth, init=None):
+        def mem(name, width, depth, init=None, block=None):
+            if block:  # a bulk of whole blocks and a tail (SplitMemory: no half-empty deeper block RAM modes)
+                sm = m.submodules[name] = SplitMemory(shape=width, depth=max(depth, 2), block=block, init=init or [],
+                                                      name=name)
+                return sm.read, sm.write
             mm = m.submodules[name] = Memory(shape=width, depth=max(depth, 2), init=init or [])
             return mm.read_port(), mm.write_port()
 
@@ -629,13 +634,14 @@ class Accelerator(wiring.Component):
         for lp in LP:
             xb[lp.index] = [mem(f"xb{lp.index}_{i}", lp.lanes_in, lp.tiles * lp.words) for i in range(lp.lanes_b)]
         # x_hat | mask of every layer's BN output, BN beat order
-        mx = {lp.index: mem(f"mx{lp.index}", 2 * lp.lanes_out, lp.beats) for lp in LP}
+        # (hidden layers: the mask only; their x_hat is X_{j+1}, read back from XB_{j+1} in bwd j)
+        mx = {lp.index: mem(f"mx{lp.index}", (2 if lp.top else 1) * lp.lanes_out, lp.beats) for lp in LP}
         # per-channel S' and alpha_q of every layer, each in one memory (layer j's channels from chan_base[j]): a
         # few hundred words per layer would leave most of a block RAM per layer empty
         chan_base = {lp.index: sum(q.n_out for q in LP[: k]) for k, lp in enumerate(LP)}
         chans_all = sum(lp.n_out for lp in LP)
-        seff_mem = mem("seff", max(plan.bn_layer(lp.index).s_width for lp in LP), chans_all)
-        alpha_mem = mem("alpha", max(lp.widths["alpha_q"] for lp in LP), chans_all)
+        seff_mem = mem("seff", max(plan.bn_layer(lp.index).s_width for lp in LP), chans_all, block=1024)
+        alpha_mem = mem("alpha", max(lp.widths["alpha_q"] for lp in LP), chans_all, block=1024)
         # shared: Y (forward) / dX (backward) buffer, codes (banked), po2 scratch
         ydx_w = max(max(lp.lanes_out * lp.widths["y"], lp.lanes_out * lp.widths["dx"]) for lp in LP)
         # the output layer's loss gradient g is kept in the top top.beats words of YDX (written while the logits
@@ -1154,7 +1160,8 @@ class Accelerator(wiring.Component):
         x_count = Signal(range(lp.beats + 1), name=f"x_count{j}")
         x_take = Signal(name=f"x_take{j}")
         m.d.comb += [bn.x.ready.eq(a), x_take.eq(a & bn.x.valid)]
-        ports[f"mx{j}_w"].add(x_take, addr=x_count, data=Cat(bn.x.payload.x_hat, bn.x.payload.mask), en=1)
+        mx_data = Cat(bn.x.payload.x_hat, bn.x.payload.mask) if lp.top else bn.x.payload.mask
+        ports[f"mx{j}_w"].add(x_take, addr=x_count, data=mx_data, en=1)
         with m.If(st):
             m.d.sync += x_count.eq(0)
         with m.Elif(x_take):
@@ -1309,6 +1316,56 @@ class Accelerator(wiring.Component):
         for i in range(nxt.lanes_b):
             ports[f"xb{j + 1}_{i}_w"].add(flush, addr=wr.w_addr, data=wr.w_data, en=wr.w_en[i])
 
+    def _x_hat_from_next(self, m, plan, lp, st, a, feed, ports):
+        """x_hat of hidden layer ``j`` in BN beat order, read from ``XB_{j+1}`` (where ``_pack_next`` put it) in
+        step with ``feed`` (beat ``b * G + g`` of each of its two passes): word ``g // r`` of row ``b``, slot ``g % r``
+        (``r = li_{j+1} / lo``). The selects are taken with each read; the word waits on the read port with the
+        feed's."""
+        j = lp.index
+        nxt = plan.layers[j + 1]
+        lo, li, G, B, lb, W = lp.lanes_out, nxt.lanes_in, lp.groups, plan.batch, nxt.lanes_b, nxt.words
+        r = li // lo
+        g = Signal(range(max(G, 2)), name=f"xh_g{j}")
+        slot = Signal(range(max(r, 2)), name=f"xh_slot{j}")
+        k = Signal(range(max(W, 2)), name=f"xh_k{j}")
+        b = Signal(range(max(B, 2)), name=f"xh_b{j}")
+        bank = Signal(range(max(lb, 2)), name=f"xh_bank{j}")
+        base = Signal(range(max(-(-B // lb) * W, 2)), name=f"xh_base{j}")  # (b // lanes_b) * W
+        s_slot = Signal.like(slot, name=f"xh_s_slot{j}")
+        s_bank = Signal.like(bank, name=f"xh_s_bank{j}")
+        issue = Signal(name=f"xh_issue{j}")
+        m.d.comb += issue.eq(a & feed.r_en)
+        for i in range(lb):
+            ports[f"xb{j + 1}_{i}_r"].add(a, addr=base + k, en=feed.r_en)
+        with m.If(st):
+            m.d.sync += [g.eq(0), slot.eq(0), k.eq(0), b.eq(0), bank.eq(0), base.eq(0)]
+        with m.Elif(issue):
+            m.d.sync += [s_slot.eq(slot), s_bank.eq(bank)]
+            with m.If(g == G - 1):  # next row (after the last row: the second pass from row 0)
+                m.d.sync += [g.eq(0), slot.eq(0), k.eq(0)]
+                with m.If(b == B - 1):
+                    m.d.sync += [b.eq(0), bank.eq(0), base.eq(0)]
+                with m.Else():
+                    m.d.sync += b.eq(b + 1)
+                    with m.If(bank == lb - 1):
+                        m.d.sync += [bank.eq(0), base.eq(base + W)]
+                    with m.Else():
+                        m.d.sync += bank.eq(bank + 1)
+            with m.Else():
+                m.d.sync += g.eq(g + 1)
+                with m.If(slot == r - 1):
+                    m.d.sync += [slot.eq(0), k.eq(k + 1)]
+                with m.Else():
+                    m.d.sync += slot.eq(slot + 1)
+        words = Signal(li * lb, name=f"xh_words{j}")
+        for i in range(lb):
+            m.d.comb += words[i * li:(i + 1) * li].eq(ports[f"xb{j + 1}_{i}_r"].port.data)
+        word = Signal(li, name=f"xh_word{j}")
+        xh = Signal(lo, name=f"xh{j}")
+        m.d.comb += word.eq(words.word_select(s_bank, li))
+        m.d.comb += xh.eq(word.word_select(s_slot, lo))
+        return xh
+
     # ---- backward: BN backward and po2 codes -----------------------------------------------------------------
     def _backward(self, m, plan, lp, act, start, done, bnb, bnp, po2, mx, ports, scale, unit_exp, sub,
                   lb):
@@ -1340,8 +1397,12 @@ class Accelerator(wiring.Component):
         ports[f"mx{j}_r"].add(a, addr=feed.r_addr, en=feed.r_en)
         m.d.comb += feed.r_data.eq(Cat(ports[f"{src_name}_r"].port.data, ports[f"mx{j}_r"].port.data))
         fd = feed.o.payload.data
-        xh = fd[src_w:src_w + lo]
-        mask = fd[src_w + lo:src_w + 2 * lo]
+        if lp.top:
+            xh = fd[src_w:src_w + lo]
+            mask = fd[src_w + lo:src_w + 2 * lo]
+        else:
+            mask = fd[src_w:src_w + lo]
+            xh = self._x_hat_from_next(m, plan, lp, st, a, feed, ports)
         f_count = Signal(range(2 * lp.beats + 1), name=f"dx_count{j}")
         first = Signal(name=f"dx_first{j}")
         m.d.comb += first.eq(f_count < lp.beats)
