@@ -109,7 +109,7 @@ def dx_cycles(plan, j: int) -> int:
     ls = lp.lanes_in // lp.dx_passes
     r = max(1, ls // below.lanes_out)
     per_word = lp.dx_passes * max(G, r)
-    return B * W * per_word + 3 + (2 if ls >= below.lanes_out else 1) + PHASE_OVERHEAD
+    return B * W * per_word + 3 + (2 if ls > below.lanes_out else 1) + PHASE_OVERHEAD
 
 
 def update_cycles(plan, j: int) -> int:

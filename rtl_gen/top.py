@@ -1498,7 +1498,8 @@ class Accelerator(wiring.Component):
         a, st = act[key], start[key]
         u = po2b[j]
         k_bits = plan.p.k
-        cr = sub(f"codes_reader{j}", RowReader(width=lo * k_bits, banks=lb, words=G, rows=B))
+        cr = self._pooled(m, sub, "codes_reader", (lo * k_bits, lb, G, B),
+                          lambda: RowReader(width=lo * k_bits, banks=lb, words=G, rows=B), a)
         m.d.comb += cr.start.eq(st)
         for i in range(lb):
             ports[f"cb{i}_r"].add(a, addr=cr.r_addr, en=cr.r_en)
@@ -1532,7 +1533,14 @@ class Accelerator(wiring.Component):
             with m.If(keep):
                 m.d.sync += wcount.eq(wcount + 1)
 
-        if ls >= lo2:
+        if ls == lo2:  # one BN beat per dX beat: written straight from the unit's output register (the same
+            # data for every layer, so the YDX write port needs no multiplexer for it)
+            for lane in range(lo2):
+                m.d.comb += word[lane * dxw:(lane + 1) * dxw].eq(u.dx.payload.dx[lane])
+            m.d.comb += emit.eq(a & u.dx.valid)
+            with m.If(a):
+                m.d.comb += u.dx.ready.eq(1)
+        elif ls > lo2:
             r = ls // lo2
             full = Signal(name=f"split_full{j}")
             hold = Signal(len(u.dx.payload.dx.as_value()), name=f"split_hold{j}")
