@@ -14,7 +14,10 @@ Commands used for docs/results.md::
     .venv/bin/python benchmarks/resource_breakdown.py --out results/breakdown_paper.json
     .venv/bin/python benchmarks/resource_breakdown.py --only po2b --only bn_ --out results/bn.json
 
-``--only PREFIX`` (repeatable) synthesises only the submodules whose name starts with a prefix.
+``--only PREFIX`` (repeatable) synthesises only the submodules whose name starts with a prefix (and not the top
+level). ``--reuse FILE --skip PREFIX`` takes the rows of the skipped submodules from an earlier ``--out`` file
+instead of synthesising them again (the weight memory alone takes about 36 minutes); reused rows are marked in
+the table and the JSON (``"reused": FILE``), and the Verilog of a reused unit must not have changed since.
 """
 
 from __future__ import annotations
@@ -42,14 +45,30 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default="mlp", help="configuration name or TOML file (default: mlp)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="configuration override")
     ap.add_argument("--only", action="append", default=[], metavar="PREFIX", help="submodules to synthesise")
+    ap.add_argument("--skip", action="append", default=[], metavar="PREFIX",
+                    help="submodules not to synthesise (their rows come from --reuse)")
+    ap.add_argument("--reuse", type=Path, help="an earlier --out file with the rows of the skipped submodules")
     ap.add_argument("--out", type=Path, help="write the rows as JSON here")
     args = ap.parse_args(argv)
     cfg = apply_overrides(load_config(args.config), [*PAPER, *args.set])
     plan = SystemPlan(cfg)
     verilog = Accelerator(plan).verilog()
+    if bool(args.skip) != bool(args.reuse):
+        ap.error("--skip and --reuse go together")
+    if args.only and args.skip:
+        ap.error("--only and --skip exclude each other")
     only = (lambda n: any(n.startswith(p) for p in args.only)) if args.only else None
     rows = []
-    for name, rep, _, _ in synthesize_parts(verilog, plan.name, only=only):
+    if args.skip:
+        old = json.loads(args.reuse.read_text())["rows"]
+        for r in old:
+            if any(r["name"].startswith(p) for p in args.skip):
+                rows.append({**r, "reused": str(args.reuse)})
+                print(json.dumps(rows[-1]), flush=True)
+        if not rows:
+            ap.error(f"{args.reuse} has no rows for {args.skip}")
+        only = lambda n: not any(n.startswith(p) for p in args.skip)  # noqa: E731
+    for name, rep, _, _ in synthesize_parts(verilog, plan.name, only=only, include_top=only is None or bool(args.skip)):
         row = {"name": name, **{k: rep.resources.get(k, 0) for k in KEYS}, "seconds": round(rep.elapsed_s or 0)}
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -57,7 +76,7 @@ def main(argv=None) -> int:
     total = {k: sum(r[k] for r in rows) for k in KEYS}
     print(f"\n{'submodule':<28}" + "".join(f"{k:>9}" for k in KEYS))
     for r in rows:
-        print(f"{r['name']:<28}" + "".join(f"{r[k]:>9,}" for k in KEYS))
+        print(f"{r['name'] + (' (reused)' if r.get('reused') else ''):<28}" + "".join(f"{r[k]:>9,}" for k in KEYS))
     print(f"{'total':<28}" + "".join(f"{total[k]:>9,}" for k in KEYS)
           + f"   ({100 * total['LUT'] / DEVICE_LUT:.0f} % of the xc7z020's LUTs)")
     if args.out:

@@ -370,11 +370,12 @@ def synthesize(
 TOP_PART = "(top level)"
 
 
-def synthesize_parts(verilog: str, top: str, *, device: str | Device = "xc7z020", only=None):
+def synthesize_parts(verilog: str, top: str, *, device: str | Device = "xc7z020", only=None,
+                     include_top: bool | None = None):
     """Yield ``(name, SynthReport, index, count)`` for every direct submodule of ``top`` synthesised on its
     own (flattened, with its descendants; ``name`` without the ``<top>.`` prefix), then ``(TOP_PART, ...)``
-    for ``top``'s own logic with the submodules as black boxes. ``only``: a predicate on the short names
-    (then the top level's part is left out).
+    for ``top``'s own logic with the submodules as black boxes. ``only``: a predicate on the short names;
+    ``include_top``: whether the top level's part comes last (default: only when ``only`` is None).
 
     Amaranth names submodules ``<top>.<name>``; each part reads only its own modules, so a design whose
     whole-design synthesis takes hours (the paper's MLP: 11.5 MB of Verilog) is measured in about 25 minutes.
@@ -387,7 +388,7 @@ def synthesize_parts(verilog: str, top: str, *, device: str | Device = "xc7z020"
     subs = sorted(n for n in texts if n.startswith(top + ".") and "." not in n[len(top) + 1:])
     parts = [(n, [t for m, t in texts.items() if m == n or m.startswith(n + ".")], []) for n in subs
              if only is None or only(n[len(top) + 1:])]
-    if only is None:
+    if (only is None) if include_top is None else include_top:
         parts.append((top, [texts[top]], subs))
     for index, (name, blocks, boxes) in enumerate(parts):
         # a plain identifier for the part's top, so synthesize() and its cache can take it
