@@ -251,3 +251,24 @@ def test_synth_memory_and_multiplier():
     assert set(report.memories.values()) <= {"BRAM SDP", "BRAM TDP"} and len(report.memories) == 2
     assert not report.unmapped and report.fits
     check_fit(report)
+
+
+def test_synthesize_parts_selects_units_and_the_top_level(monkeypatch):
+    texts = {}
+
+    def fake(text, alias, device="xc7z020"):
+        texts[alias] = text
+        return synth.SynthReport.from_cells({"LUT4": 1}, top=alias)
+
+    monkeypatch.setattr(synth, "synthesize", fake)
+    v = "module t(input clk);\nendmodule\nmodule \\t.a (input clk);\nendmodule\nmodule \\t.b (input clk);\nendmodule\n"
+
+    def names(**kw):
+        return [name for name, *_ in synth.synthesize_parts(v, "t", **kw)]
+
+    assert names() == ["a", "b", synth.TOP_PART]
+    assert names(only=lambda n: n == "a") == ["a"]  # a selection leaves the top level out by default
+    assert names(only=lambda n: n != "a", include_top=True) == ["b", synth.TOP_PART]
+    assert names(include_top=False) == ["a", "b"]
+    top_text = [t for t in texts.values() if "blackbox" in t]
+    assert top_text and all("module \\t.a" in t for t in top_text)  # the units are black boxes in the top's part
