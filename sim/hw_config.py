@@ -95,7 +95,7 @@ class HwConfig:
         "a beat takes lanes_out / po2_lanes cycles)"
     )
     loss_lanes: int = opt(
-        2, lo=1, hi=4096, doc="logit and loss units: classes per cycle (divides lanes_out; at most lanes_out)"
+        1, lo=1, hi=4096, doc="logit and loss units: classes per cycle (divides lanes_out; at most lanes_out)"
     )
     update_lanes: int = opt(16, lo=1, hi=4096, doc="weight update sweep: weights per cycle (divides lanes_in)")
     div_steps: int = opt(4, lo=1, hi=64, doc="quotient bits per cycle of the per-channel sequential dividers")

@@ -456,7 +456,9 @@ def test_shared_units_whole_steps():
     within 5 % of the cycle model."""
     from rtl_gen.generate import run_system
 
-    cfg = small_cfg(SHARED_LAYERS, SHARED_LANES, "hw.lanes_b=1")  # dW in DSP48 multiply-accumulates (hw.dw_dsp)
+    # dW in DSP48 multiply-accumulates (hw.dw_dsp); logit and loss units in 2-class parts (the default is 1)
+    cfg = small_cfg(SHARED_LAYERS, SHARED_LANES, "hw.lanes_b=1", "hw.loss_lanes=2")
+    assert SystemPlan(cfg).loss_lanes == 2
     assert [lp.lanes_out for lp in SystemPlan(cfg).layers] == [16, 16, 16, 16]
     assert SystemPlan(cfg).po2_geometry(1).dsp_fields == 2
     assert SystemPlan(cfg).backward_groups == [[0, 1, 2, 3]]
@@ -505,7 +507,8 @@ def test_paper_mlp_three_steps():
 
 
 def test_logit_and_loss_units_take_loss_lanes_classes_per_beat():
-    plan = SystemPlan(small_cfg())  # 10 classes, 8 lanes out: the output layer's Y beats split into 2-class parts
+    assert (SystemPlan(small_cfg()).loss_lanes, SystemPlan(small_cfg()).loss_groups) == (1, 10)  # the default
+    plan = SystemPlan(small_cfg("hw.loss_lanes=2"))  # 10 classes, 8 lanes out: Y beats split into 2-class parts
     assert (plan.loss_lanes, plan.loss_groups) == (2, 5)
     assert plan.quantity("logits", 1).layout.elems_per_word == 2
     assert SystemPlan(small_cfg("hw.loss_lanes=64")).loss_lanes == 8  # at most lanes_out
