@@ -368,6 +368,19 @@ class _Sizes:
         self.lane_ok = table("lane_ok", [(1 << (b.n_out - (b.groups - 1) * LO)) - 1 for b in banks], LO)
         self.bit_ok = table("bit_ok", [(1 << (b.n_in - (b.words - 1) * LI)) - 1 for b in banks], LI)
 
+    def pass_padding(self, m: Module, pas, passes: int):
+        """The inputs of pass ``pas`` (``lanes_in / passes`` of them) that are padding in the last word."""
+        LS = len(self.bit_ok) // passes
+        pad = Signal(LS, name="pass_padding")
+        if passes > 1:
+            with m.Switch(pas):
+                for p in range(passes):
+                    with m.Case(p):
+                        m.d.comb += pad.eq(~self.bit_ok[p * LS : (p + 1) * LS])
+        else:
+            m.d.comb += pad.eq(~self.bit_ok)
+        return pad
+
 
 def envelope(shapes) -> Po2Geometry:
     """One geometry that holds every layer of ``shapes`` (the largest words, groups and register widths); the
@@ -562,14 +575,7 @@ class _Dx(wiring.Component):
             queue.i.valid.eq(push),
             queue.i.payload.last.eq(s2_last_word & (s2_pass == P - 1)),
         ]
-        pad = Signal(LS)  # this pass's inputs that are padding in the last word: they leave as 0
-        if P > 1:
-            with m.Switch(s2_pass):
-                for p in range(P):
-                    with m.Case(p):
-                        m.d.comb += pad.eq(~sz.bit_ok[p * LS : (p + 1) * LS])
-        else:
-            m.d.comb += pad.eq(~sz.bit_ok)
+        pad = sz.pass_padding(m, s2_pass, P)  # they leave as 0
         shape = signed(geo.dx_width)
         for i in range(LS):
             acc = Signal(shape, name=f"acc{i}")
@@ -700,14 +706,7 @@ class _Dw(wiring.Component):
             queue.i.payload.g.eq(kept.g),
             queue.i.payload.last.eq(s2_last_tile),
         ]
-        pad_bits = Signal(LS)  # inputs of this pass that are padding in the last word
-        if P > 1:
-            with m.Switch(s1_pass):
-                for p in range(P):
-                    with m.Case(p):
-                        m.d.comb += pad_bits.eq(~sz.bit_ok[p * LS : (p + 1) * LS])
-        else:
-            m.d.comb += pad_bits.eq(~sz.bit_ok)
+        pad_bits = sz.pass_padding(m, s1_pass, P)
         for (i, lane), (neg, zero) in signs.items():
             # padding: lanes past n_out in the last group, inputs past n_in in the last word
             padded = (s1_last_g & ~sz.lane_ok[lane]) | (s1_last_k & pad_bits[i])

@@ -1533,14 +1533,7 @@ class Accelerator(wiring.Component):
             with m.If(keep):
                 m.d.sync += wcount.eq(wcount + 1)
 
-        if ls == lo2:  # one BN beat per dX beat: written straight from the unit's output register (the same
-            # data for every layer, so the YDX write port needs no multiplexer for it)
-            for lane in range(lo2):
-                m.d.comb += word[lane * dxw:(lane + 1) * dxw].eq(u.dx.payload.dx[lane])
-            m.d.comb += emit.eq(a & u.dx.valid)
-            with m.If(a):
-                m.d.comb += u.dx.ready.eq(1)
-        elif ls > lo2:
+        if ls > lo2:
             r = ls // lo2
             full = Signal(name=f"split_full{j}")
             hold = Signal(len(u.dx.payload.dx.as_value()), name=f"split_hold{j}")
@@ -1562,21 +1555,26 @@ class Accelerator(wiring.Component):
                 m.d.sync += [full.eq(1), hold.eq(u.dx.payload.dx.as_value()), sub_i.eq(0)]
             with m.If(st):
                 m.d.sync += [full.eq(0), sub_i.eq(0)]
-        else:
+        else:  # join c beats (c = 1: each beat is written straight from the unit's output register, the same
+            # data for every layer, so the YDX write port needs no multiplexer for it)
             c = lo2 // ls
-            gath = Signal(lo2 * dxw, name=f"split_gather{j}")  # beats shift in from the top
-            n = Signal(range(c), name=f"split_n{j}")
             take = Signal(name=f"split_take{j}")
             incoming = Signal(ls * dxw, name=f"split_in{j}")
             for lane in range(ls):
                 m.d.comb += incoming[lane * dxw:(lane + 1) * dxw].eq(u.dx.payload.dx[lane])
-            m.d.comb += [take.eq(a & u.dx.valid), word.eq(Cat(gath[ls * dxw:], incoming)), emit.eq(take & (n == c - 1))]
+            m.d.comb += take.eq(a & u.dx.valid)
             with m.If(a):
                 m.d.comb += u.dx.ready.eq(1)
-            with m.If(take):
-                m.d.sync += [gath.eq(word), n.eq(Mux(n == c - 1, 0, n + 1))]
-            with m.If(st):
-                m.d.sync += n.eq(0)
+            if c == 1:
+                m.d.comb += [word.eq(incoming), emit.eq(take)]
+            else:
+                gath = Signal(lo2 * dxw, name=f"split_gather{j}")  # beats shift in from the top
+                n = Signal(range(c), name=f"split_n{j}")
+                m.d.comb += [word.eq(Cat(gath[ls * dxw:], incoming)), emit.eq(take & (n == c - 1))]
+                with m.If(take):
+                    m.d.sync += [gath.eq(word), n.eq(Mux(n == c - 1, 0, n + 1))]
+                with m.If(st):
+                    m.d.sync += n.eq(0)
         with m.If(st):
             m.d.sync += [q.eq(0), wcount.eq(0)]
         m.d.comb += done[key].eq(wcount == below.beats)
