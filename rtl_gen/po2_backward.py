@@ -11,8 +11,9 @@ such addends is ``2 Q - T`` with ``Q`` the sum of ``v`` over the 1 bits and ``T`
 shared by every output that sees the same codes, and ``Q`` needs no per-output arithmetic in front of the
 adders: the outputs pick among subset sums of the shared ``v`` values by their bits.
 
-- dX: the ``lanes_out`` codes of a cycle are paired; each pair's four subset sums ``0, v_a, v_b, v_a + v_b``
-  are formed once, each input picks one per pair by its two weight bits, and the picks are added.
+- dX: the ``lanes_out`` codes of a cycle are paired; each pair's four signed sums ``+-v_a +-v_b`` are formed
+  once, each input picks one per pair by its two weight bits, and the picks are added (the signs are in the
+  shared sums, so no input needs a ``- T`` correction).
 - dW: each weight accumulates ``2 Q`` over the batch: with one sample per beat the addend is the lane's
   ``2 v`` and the activation bit is the accumulator's clock enable; with ``lanes_b`` samples per beat the
   weight picks among the lane's ``2^lanes_b`` subset sums. ``T`` is one accumulator per lane; a finish
@@ -510,8 +511,7 @@ class _Dx(wiring.Component):
             m.d.comb += [wseg[lane][i].eq(self.weights.data[lane][i]) for lane in range(LO) for i in range(LS)]
 
         # Signed addend value of each lane, v = (-1)^neg 2^(field - 1) (0 for a zero code or a padding lane),
-        # shared by every input. The addend of input i is +v where its weight bit is 1 and -v where it is 0,
-        # so the input's sum is 2 Q - T with Q the sum of v over its 1 bits and T the sum over all lanes.
+        # shared by every input: the addend of input i is +v where its weight bit is 1 and -v where it is 0.
         v_width = geo.span + 2
         vals = []
         for lane in range(LO):
@@ -523,19 +523,18 @@ class _Dx(wiring.Component):
                 v.eq(Mux(real, Mux(codes[lane].neg, -mag, mag), 0)),
             ]
             vals.append(v)
-        total = Signal(signed(v_width + (LO - 1).bit_length()), name="total")
-        m.d.comb += total.eq(_tree_sum(vals))
         c_width = (LO << geo.span).bit_length() + 2
         contrib = [Signal(signed(c_width), name=f"contrib{i}") for i in range(LS)]
-        # Q by lane pairs: each pair's four subset sums (0, v_a, v_b, v_a + v_b) are shared by the inputs, which
-        # pick one by their two weight bits and add the picks.
+        # By lane pairs: each pair's four signed sums (+-v_a +-v_b) are formed once and shared by the inputs,
+        # which pick one by their two weight bits and add the picks (no per-input correction term).
         pairs = [list(range(lo, min(lo + 2, LO))) for lo in range(0, LO, 2)]
         sums = []
         for n, pair in enumerate(pairs):
             row = []
             for mask in range(1 << len(pair)):
                 ss = Signal(signed(v_width + 1), name=f"pair{n}_{mask}")
-                m.d.comb += ss.eq(_tree_sum(vals[lane] for b, lane in enumerate(pair) if mask >> b & 1))
+                terms = [vals[lane] if mask >> b & 1 else -vals[lane] for b, lane in enumerate(pair)]
+                m.d.comb += ss.eq(_tree_sum(terms))
                 row.append(ss)
             sums.append(row)
         for i in range(LS):
@@ -547,7 +546,7 @@ class _Dx(wiring.Component):
                         with m.Case(mask):
                             m.d.comb += pick.eq(ss)
                 picks.append(pick)
-            m.d.comb += contrib[i].eq((_tree_sum(picks) << 1) - total)
+            m.d.comb += contrib[i].eq(_tree_sum(picks))
 
         # Stage 2: registered contributions; accumulate over the groups; keep each pass's sums; push word k
         # after the last group of its last pass.
