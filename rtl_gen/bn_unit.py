@@ -32,7 +32,8 @@ quotients: each dividend is first saturated and offset so that the quotient is a
 shift (``floor(u / (d 2^f)) = floor(floor(u / 2^f) / d)``).
 
 Schedule of :class:`BnBackwardUnit`: PASS1 ``dx`` (B*G beats): ``P1``, ``P2``; EPI per channel (``alpha``
-consumed): ``alpha_q P2`` and one ``p1`` beat; PASS2 ``dx_replay`` (B*G beats): ``Q`` out.
+consumed and kept): one ``p1`` beat; PASS2 ``dx_replay`` (B*G beats): ``alpha_q P2`` (one multiplier per
+pass-2 lane) and ``Q`` out.
 
 Cycle models (no input stalls, no output backpressure, replay and per-channel inputs offered whenever the
 unit is ready): :meth:`BnForwardUnit.cycles`, :meth:`BnBackwardUnit.cycles`.
@@ -317,19 +318,19 @@ def _check_channels(layer: BnLayer, channels) -> list[int]:
     return chans
 
 
-def _forward_words(m: Module, ch: _Channels, new, rd_data, writes, shape, name: str):
-    """The accumulator words a pass stage reads: from the memory, or, when every beat hits the same word
-    (one group), from a register holding the previous write (a one-cycle read-after-write hazard)."""
+def _raw_hazard(ch: _Channels, s1_valid):
+    """Whether stage 0 must not accept a beat this cycle: in a layer of one group every beat reads the
+    accumulator word that the beat in stage 1 is writing (read-after-write), so such a layer's passes take a beat
+    every other cycle. Layers of two or more groups never wait (a word is read again ``G`` beats later)."""
     if not ch.any_single:
-        return rd_data
-    fw = Signal(shape, name=f"{name}_fw")
-    with m.If(writes):
-        m.d.sync += fw.eq(new)
-    if ch.all_single:
-        return fw
-    out = Signal(shape, name=f"{name}_old")
-    m.d.comb += out.eq(Mux(ch.single, fw, rd_data))
-    return out
+        return Const(0)
+    return ch.single & s1_valid
+
+
+def pass_cycles(layer: BnLayer) -> int:
+    """Cycles of an accumulating element pass of a BN unit, from the first transfer to the last beat's write:
+    ``B G + 1``, or ``2 B`` for a layer of one group (a beat every other cycle, :func:`_raw_hazard`)."""
+    return 2 * layer.batch if layer.groups == 1 else layer.beats + 1
 
 
 class _BeatCounter:
@@ -426,13 +427,14 @@ def forward_cycles(layer: BnLayer, div_steps: int = 1) -> dict[str, int]:
     there), for a divider resolving ``div_steps`` quotient bits per cycle."""
     wq = _divider_widths(layer)[2]
     it = -(-wq // _check_int("div_steps", div_steps, 1, wq))
-    M, G, BG = layer.channels, layer.groups, layer.beats
+    M, G = layer.channels, layer.groups
+    pc = pass_cycles(layer)
     out = {
-        "pass1": BG + 1,
+        "pass1": pc,
         "epi1": G + M * (it + 1),
-        "pass2": BG + 1,
+        "pass2": pc,
         "epi2": G + M * (3 * it + 4),
-        "pass3": BG + 1,
+        "pass3": pc,
         "epi3": G + M * (it + 4),
     }
     out["total"] = sum(out.values())
@@ -557,10 +559,11 @@ class BnForwardCore(wiring.Component):
         in_payload = Signal(lay.y_layout)
         cnt = _BeatCounter(m, ch, B, accept, "in")
         p1 = phase == Phase.PASS1
+        hazard = _raw_hazard(ch, s1_valid)
         m.d.comb += [
             adv.eq(~(s1_valid & (phase == Phase.PASS3)) | x_queue.i.ready),
-            self.y.ready.eq(p1 & ~in_done & adv),
-            self.y_replay.ready.eq(((phase == Phase.PASS2) | (phase == Phase.PASS3)) & ~in_done & adv),
+            self.y.ready.eq(p1 & ~in_done & adv & ~hazard),
+            self.y_replay.ready.eq(((phase == Phase.PASS2) | (phase == Phase.PASS3)) & ~in_done & adv & ~hazard),
             accept.eq((self.y.valid & self.y.ready) | (self.y_replay.valid & self.y_replay.ready)),
             in_payload.eq(Mux(p1, self.y.payload, self.y_replay.payload)),
         ]
@@ -576,15 +579,13 @@ class BnForwardCore(wiring.Component):
                 s1_g.eq(cnt.g),
             ]
 
-        # Stage 1: old accumulator words (forwarded from the previous write when every beat hits one word).
+        # Stage 1: read-modify-write of the group's accumulator words (a one-group layer waits a cycle per beat).
         writes = Signal()
         m.d.comb += writes.eq(s1_valid & adv)
         sum_new = Signal(data.ArrayLayout(sum_shape, L))
         ys_new = Signal(data.ArrayLayout(sum_shape, L))
         ns_new = Signal(data.ArrayLayout(cnt_shape, L))
-        sum_old = _forward_words(m, ch, sum_new, sum_rd.data, writes, data.ArrayLayout(sum_shape, L), "sum")
-        ys_old = _forward_words(m, ch, ys_new, ys_rd.data, writes, data.ArrayLayout(sum_shape, L), "ys")
-        ns_old = _forward_words(m, ch, ns_new, ns_rd.data, writes, data.ArrayLayout(cnt_shape, L), "ns")
+        sum_old, ys_old, ns_old = sum_rd.data, ys_rd.data, ns_rd.data
         x_hat = Signal(L)
         mask = Signal(L)
         for lane in range(L):
@@ -803,7 +804,8 @@ class BnForwardUnit(wiring.Component):
 
         3 (B G + 1) + 3 G + M (5 I + 9)
 
-    (pass ``B G + 1`` each; EPI1 ``G + M (I + 1)``; EPI2 ``G + M (3 I + 4)``; EPI3 ``G + M (I + 4)``).
+    (pass ``B G + 1`` each, ``2 B`` for a layer of one group (:func:`pass_cycles`); EPI1 ``G + M (I + 1)``;
+    EPI2 ``G + M (3 I + 4)``; EPI3 ``G + M (I + 4)``).
     """
 
     def __init__(self, *, layer: BnLayer, div_steps: int = 1, channels=None):
@@ -871,7 +873,7 @@ def backward_cycles(layer: BnLayer, pass2_lanes: int | None = None) -> dict[str,
     pl = layer.lanes if pass2_lanes is None else pass2_lanes
     if pl < 1 or layer.lanes % pl:
         raise ValueError(f"pass2_lanes ({pass2_lanes}) must divide the lanes ({layer.lanes})")
-    out = {"pass1": layer.beats + 1, "epi": layer.groups + layer.channels,
+    out = {"pass1": pass_cycles(layer), "epi": layer.groups + layer.channels,
            "pass2": layer.beats * (layer.lanes // pl) + 2}
     out["total"] = sum(out.values())
     return out
@@ -899,7 +901,8 @@ class BnBackwardUnit(wiring.Component):
 
         (B G + 1) + (G + M) + (B G + 2)
 
-    (pass 1; per group one read cycle and per channel one cycle; pass 2 with its two-cycle drain).
+    (pass 1, ``2 B`` for a layer of one group (:func:`pass_cycles`); per group one read cycle and per channel one
+    cycle; pass 2 with its two-cycle drain).
     """
 
     PASS1, EPI, PASS2 = range(3)
@@ -949,11 +952,15 @@ class BnBackwardUnit(wiring.Component):
         m.d.comb += in_pass.eq(phase != EPI)
 
         p_shape = signed(w["P"])
-        k_shape = signed(max(lay.k2_width, w["P"]))  # P2 (pass 1), then alpha_q P2 in its place (EPI, pass 2)
+        k_shape = signed(lay.k2_width)  # alpha_q P2, formed in pass 2 from the stored P2 and alpha_q
+        a_shape = unsigned(w["alpha_q"])
         m.submodules.p1_mem = p1_mem = Memory(shape=data.ArrayLayout(p_shape, L), depth=G, init=[])
-        m.submodules.k_mem = k_mem = Memory(shape=data.ArrayLayout(k_shape, L), depth=G, init=[])
+        m.submodules.k_mem = k_mem = Memory(shape=data.ArrayLayout(p_shape, L), depth=G, init=[])  # P2
         p1_rd, p1_wr = p1_mem.read_port(), p1_mem.write_port()
-        k_rd, k_wr = k_mem.read_port(), k_mem.write_port(granularity=1)
+        k_rd, k_wr = k_mem.read_port(), k_mem.write_port()
+        # alpha_q per channel, written lane by lane in EPI, read with the group's P1 / P2 words in pass 2
+        m.submodules.a_mem = a_mem = Memory(shape=data.ArrayLayout(a_shape, L), depth=G, init=[])
+        a_rd, a_wr = a_mem.read_port(), a_mem.write_port(granularity=1)
 
         m.submodules.q_queue = q_queue = StreamRegister(shape=lay.q_layout)
         pl = self._pass2_lanes
@@ -973,9 +980,10 @@ class BnBackwardUnit(wiring.Component):
         last_pp = Signal()
         m.d.comb += last_pp.eq(pp == parts - 1)
         cnt = _BeatCounter(m, ch, B, accept, "in")
+        hazard = _raw_hazard(ch, s1_valid)  # pass 1 only: pass 2 writes no accumulator
         m.d.comb += [
             adv.eq(~(s1_valid & (phase == PASS2)) | (q_queue.i.ready & last_pp)),
-            self.dx.ready.eq((phase == PASS1) & ~in_done & adv),
+            self.dx.ready.eq((phase == PASS1) & ~in_done & adv & ~hazard),
             self.dx_replay.ready.eq((phase == PASS2) & ~in_done & adv),
             accept.eq((self.dx.valid & self.dx.ready) | (self.dx_replay.valid & self.dx_replay.ready)),
             in_payload.eq(Mux(phase == PASS1, self.dx.payload, self.dx_replay.payload)),
@@ -998,23 +1006,23 @@ class BnBackwardUnit(wiring.Component):
             ]
         writes = Signal()
         m.d.comb += writes.eq(s1_valid & adv & (phase == PASS1))
+        # P2 is bounded like P1 (both at most sum |dx|)
         p1_new = Signal(data.ArrayLayout(p_shape, L))
-        p2_new = Signal(data.ArrayLayout(k_shape, L))
-        p1_old = _forward_words(m, ch, p1_new, p1_rd.data, writes, data.ArrayLayout(p_shape, L), "p1")
-        p2_old = _forward_words(m, ch, p2_new, k_rd.data, writes, data.ArrayLayout(k_shape, L), "p2")
+        p2_new = Signal(data.ArrayLayout(p_shape, L))
         for lane in range(L):
             dx = s1.dx[lane]
             xh = s1.x_hat[lane]
             m.d.comb += [
-                p1_new[lane].eq(Mux(s1_first, 0, p1_old[lane]) + dx),
-                p2_new[lane].eq(Mux(s1_first, 0, p2_old[lane]) + Mux(xh, dx, -dx)),
+                p1_new[lane].eq(Mux(s1_first, 0, p1_rd.data[lane]) + dx),
+                p2_new[lane].eq(Mux(s1_first, 0, k_rd.data[lane]) + Mux(xh, dx, -dx)),
             ]
         # Q of the part's lanes, from the part of dx, x_hat, P1 and alpha_q P2
         dx_shape = lay.dx_layout["dx"].shape.elem_shape
         part_dx = Signal(data.ArrayLayout(dx_shape, pl))
         part_xh = Signal(pl)
         part_p1 = Signal(data.ArrayLayout(p_shape, pl))
-        part_k2 = Signal(data.ArrayLayout(k_shape, pl))
+        part_p2 = Signal(data.ArrayLayout(p_shape, pl))
+        part_a = Signal(data.ArrayLayout(a_shape, pl))
         part_real = Signal(pl)
         real_all = Signal(L)
         m.d.comb += real_all.eq(Cat(ch.real(lane, s1_last_group) for lane in range(L)))
@@ -1025,14 +1033,16 @@ class BnBackwardUnit(wiring.Component):
                         part_dx.as_value().eq(s1.dx.as_value().word_select(pi, pl * Shape.cast(dx_shape).width)),
                         part_xh.eq(s1.x_hat.word_select(pi, pl)),
                         part_p1.as_value().eq(p1_rd.data.as_value().word_select(pi, pl * p_shape.width)),
-                        part_k2.as_value().eq(k_rd.data.as_value().word_select(pi, pl * k_shape.width)),
+                        part_p2.as_value().eq(k_rd.data.as_value().word_select(pi, pl * p_shape.width)),
+                        part_a.as_value().eq(a_rd.data.as_value().word_select(pi, pl * a_shape.width)),
                         part_real.eq(real_all.word_select(pi, pl)),
                     ]
         q_part = Signal(data.ArrayLayout(signed(w["Q"]), pl))
         for lane in range(pl):
-            k2 = part_k2[lane]
+            k2 = Signal(k_shape, name=f"k2_{lane}")  # alpha_q P2: a multiplier per part lane (DSP48)
             q = Signal(signed(w["Q"]), name=f"q{lane}")
             m.d.comb += [
+                k2.eq(part_a[lane] * part_p2[lane]),
                 q.eq(((mul_const(part_dx[lane], B) - part_p1[lane]) << fa) - Mux(part_xh[lane], k2, -k2)),
                 q_part[lane].eq(Mux(part_real[lane], q, 0)),
             ]
@@ -1062,28 +1072,26 @@ class BnBackwardUnit(wiring.Component):
         rd_cycle = Signal()  # the group's words have been read
         epi_rd = Signal()
         m.d.comb += epi_rd.eq((phase == EPI) & ~rd_cycle)
-        for port in (p1_rd, k_rd):
+        for port in (p1_rd, k_rd, a_rd):
             m.d.comb += [port.addr.eq(Mux(in_pass, cnt.g, walk.g)), port.en.eq(Mux(in_pass, adv, epi_rd))]
         p1_l = _lane(m, p1_rd.data, walk.l, p_shape, "p1_l")
-        p2_l = _lane(m, k_rd.data, walk.l, k_shape, "p2_l")
         fire = Signal()
         m.d.comb += [
             self.p1.payload.p1.eq(p1_l),
             self.p1.payload.last.eq(walk.ch == ch.m1),
-            k_wr.addr.eq(Mux(phase == PASS1, s1_g, walk.g)),
+            k_wr.addr.eq(s1_g),
+            k_wr.data.eq(p2_new),
+            k_wr.en.eq(writes),
+            a_wr.addr.eq(walk.g),
         ]
-        k2 = Signal(k_shape)
-        m.d.comb += k2.eq(self.alpha.payload * p2_l)
         for lane in range(L):
-            m.d.comb += k_wr.data[lane].eq(Mux(phase == PASS1, p2_new[lane], k2))
-        with m.If(writes):
-            m.d.comb += k_wr.en.eq((1 << L) - 1)
+            m.d.comb += a_wr.data[lane].eq(self.alpha.payload)
         with m.If((phase == EPI) & ~epi_rd):
             m.d.comb += [
                 self.p1.valid.eq(self.alpha.valid),
                 self.alpha.ready.eq(self.p1.ready),
                 fire.eq(self.alpha.valid & self.p1.ready),
-                k_wr.en.eq(Mux(fire, 1 << walk.l, 0)),
+                a_wr.en.eq(Mux(fire, 1 << walk.l, 0)),
             ]
         with m.If(epi_rd):
             m.d.sync += rd_cycle.eq(1)
