@@ -389,28 +389,17 @@ def _lane(m: Module, view, index, shape, name: str) -> Signal:
 
 
 def mul_const(value, c: int):
-    """``value * c`` for a constant ``c >= 0`` as shifts and adds of its canonical signed digits (e.g. ``100 = 128
-    - 32 + 4``), so that synthesis builds adders rather than a multiplier for the configuration constants ``B``,
-    ``B 2^Fb`` and ``K``. Pass a Signal (or a slice of one): ``value`` appears once per digit."""
+    """``value * c`` for a configuration constant ``c >= 0`` (``B``, ``B 2^Fb``, ``K``): a multiplication by a
+    constant, which synthesis maps to DSP48 slices (the design leaves most of the device's 220 unused); a
+    power-of-two factor of ``c`` is a shift, outside the multiplier."""
     if c < 0:
         raise ValueError(f"mul_const needs a non-negative constant, not {c}")
-    pos, neg = [], []
-    i, n = 0, c
-    while n:
-        if n & 1:
-            digit = 2 - (n & 3)  # +1 when n = 1 (mod 4), -1 when n = 3 (mod 4): no two adjacent nonzero digits
-            (pos if digit > 0 else neg).append(value << i)
-            n -= digit
-        n >>= 1
-        i += 1
-    if not pos:
+    if c == 0:
         return Const(0)
-    total = pos[0]
-    for term in pos[1:]:
-        total = total + term
-    for term in neg:
-        total = total - term
-    return total
+    shift = (c & -c).bit_length() - 1
+    odd = c >> shift
+    prod = value if odd == 1 else value * Const(odd, unsigned(odd.bit_length()))
+    return prod << shift if shift else prod
 
 
 def _divider_widths(layer: BnLayer) -> tuple[int, int, int]:
