@@ -176,8 +176,8 @@ def bn_param_cycles(layer, hw, div_steps: int) -> dict:
     it = -(-wq // min(div_steps, wq))
     M = layer.channels
     # running, per channel: idle, request, it + 1 waiting for the quotient, request, it + 1
-    # update: maxima pass (M + 2), exponent (1), per channel read, align, ema, request, it + 1, apply
-    return {"running": 2 * it + 5, "update": M + 3 + M * (it + 6)}
+    # update: maxima pass (M + 2), exponent (1), per channel read, align (3: m, a, g), ema, request, it + 1, apply
+    return {"running": 2 * it + 5, "update": M + 3 + M * (it + 8)}
 
 
 class BnParamUnit(wiring.Component):
@@ -404,6 +404,13 @@ class BnParamUnit(wiring.Component):
         pending = Signal()
         with m.If(self.update):
             m.d.sync += [pending.eq(1), scale.eq(self.scale), lr_sh.eq(self.lr_shift)]
+        # one aligner, used for m, a and g in turn (the read words hold while the read enables are low)
+        al_w = max(self.m_width, self.a_width + 1, self.p_width + 1)
+        al_x = Signal(signed(al_w))
+        al_d = Signal.like(dm)
+        al_a = Signal()  # aligning a: its result is a_width + 1 bits wide, the others m_width
+        al_out = _align(m, al_x, al_d, max(self.m_width, self.a_width + 1), "al",
+                        lmax=Mux(al_a, self.a_width, self.m_width - 1))
         with m.FSM() as fsm:
             with m.State("idle"):
                 with m.If(self.stats.valid):
@@ -488,10 +495,16 @@ class BnParamUnit(wiring.Component):
                     m.d.comb += [rd[name].addr.eq(base + ch), rd[name].en.eq(1)]
                 m.next = "align"
             with m.State("align"):
-                am = _align(m, rd["m"].data, dm, self.m_width, "al_m")
-                aa = _align(m, rd["a"].data, dm, self.a_width + 1, "al_a")
-                ag = _align(m, rd["p1"].data, dg, self.m_width, "al_g")
-                m.d.sync += [mv.eq(am), av.eq(aa), gv.eq(ag)]
+                m.d.comb += [al_x.eq(rd["m"].data), al_d.eq(dm)]
+                m.d.sync += mv.eq(al_out)
+                m.next = "align_a"
+            with m.State("align_a"):
+                m.d.comb += [al_x.eq(rd["a"].data), al_d.eq(dm), al_a.eq(1)]
+                m.d.sync += av.eq(al_out)
+                m.next = "align_g"
+            with m.State("align_g"):
+                m.d.comb += [al_x.eq(rd["p1"].data), al_d.eq(dg)]
+                m.d.sync += gv.eq(al_out)
                 m.next = "ema"
             with m.State("ema"):
                 g_abs2 = Signal(signed(self.m_width + 1))
@@ -565,17 +578,21 @@ class _HwView:
         self.beta_momentum_shift, self.beta_scale_shift, self.beta_state_bits = sm, sa, bits
 
 
-def _align(m, x, d, out_width: int, name: str):
+def _align(m, x, d, out_width: int, name: str, lmax=None):
     """``x 2^d`` of :func:`sim.hw.optim._align`: ``x << d`` for ``d >= 0``, else ``(x + 2^(-d-1)) >> -d``
-    (round half up), as a ``signed(out_width)`` Signal. Right shifts past the operand give 0 or -1 exactly
-    as the model (the shift is clamped where the result no longer changes)."""
+    (round half up), as a ``signed(out_width)`` Signal. Right shifts past the operand give 0 exactly as the
+    model (the shift is clamped where the result no longer changes); left shifts are clamped at ``lmax``
+    (default ``out_width - 1``; a value when one aligner serves results of different widths: each result's
+    low bits are then those of its own width's aligner)."""
     xs = Signal(signed(len(x) + 1), name=f"{name}_x")
     m.d.comb += xs.eq(x)
     wx = len(xs)
     out = Signal(signed(out_width), name=name)
-    lmax = max(out_width - 1, 1)
+    lcap = max(out_width - 1, 1)
+    if lmax is None:
+        lmax = lcap
     rmax = wx + 1
-    left = Signal(range(lmax + 1), name=f"{name}_l")
+    left = Signal(range(lcap + 1), name=f"{name}_l")
     right = Signal(range(rmax + 1), name=f"{name}_r")
     m.d.comb += [
         left.eq(Mux(d > lmax, lmax, d.as_unsigned()[: len(left)])),

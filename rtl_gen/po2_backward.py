@@ -7,9 +7,9 @@ activations are bits (1 = +1); the first layer's activations are signed 8-bit va
 
 Arithmetic, no multipliers. With binary operands every addend is ``+v`` or ``-v``, ``v = (-1)^neg 2^(f-1)``
 (a shifted one-hot, 0 for a zero code): ``+v`` where the weight (dX) or activation (dW) bit is 1. A sum of
-such addends is ``2 Q - T`` with ``Q`` the sum of ``v`` over the 1 bits and ``T`` over all of them. ``T`` is
-shared by every output that sees the same codes, and ``Q`` needs no per-output arithmetic in front of the
-adders: the outputs pick among subset sums of the shared ``v`` values by their bits.
+such addends is ``2 Q - T`` with ``Q`` the sum of ``v`` over the 1 bits and ``T`` over all of them. The
+outputs need no per-output arithmetic in front of the adders: they pick among sums of the shared ``v`` values
+by their bits.
 
 - dX: the ``lanes_out`` codes of a cycle are paired; each pair's four signed sums ``+-v_a +-v_b`` are formed
   once, each input picks one per pair by its two weight bits, and the picks are added (the signs are in the
