@@ -944,9 +944,9 @@ class BnBackwardUnit(wiring.Component):
         k_shape = signed(lay.k2_width)  # alpha_q P2, formed in pass 2 from the stored P2 and alpha_q
         a_shape = unsigned(w["alpha_q"])
         m.submodules.p1_mem = p1_mem = Memory(shape=data.ArrayLayout(p_shape, L), depth=G, init=[])
-        m.submodules.k_mem = k_mem = Memory(shape=data.ArrayLayout(p_shape, L), depth=G, init=[])  # P2
+        m.submodules.p2_mem = p2_mem = Memory(shape=data.ArrayLayout(p_shape, L), depth=G, init=[])
         p1_rd, p1_wr = p1_mem.read_port(), p1_mem.write_port()
-        k_rd, k_wr = k_mem.read_port(), k_mem.write_port()
+        p2_rd, p2_wr = p2_mem.read_port(), p2_mem.write_port()
         # alpha_q per channel, written lane by lane in EPI, read with the group's P1 / P2 words in pass 2
         m.submodules.a_mem = a_mem = Memory(shape=data.ArrayLayout(a_shape, L), depth=G, init=[])
         a_rd, a_wr = a_mem.read_port(), a_mem.write_port(granularity=1)
@@ -1003,7 +1003,7 @@ class BnBackwardUnit(wiring.Component):
             xh = s1.x_hat[lane]
             m.d.comb += [
                 p1_new[lane].eq(Mux(s1_first, 0, p1_rd.data[lane]) + dx),
-                p2_new[lane].eq(Mux(s1_first, 0, k_rd.data[lane]) + Mux(xh, dx, -dx)),
+                p2_new[lane].eq(Mux(s1_first, 0, p2_rd.data[lane]) + Mux(xh, dx, -dx)),
             ]
         # Q of the part's lanes, from the part of dx, x_hat, P1 and alpha_q P2
         dx_shape = lay.dx_layout["dx"].shape.elem_shape
@@ -1022,7 +1022,7 @@ class BnBackwardUnit(wiring.Component):
                         part_dx.as_value().eq(s1.dx.as_value().word_select(pi, pl * Shape.cast(dx_shape).width)),
                         part_xh.eq(s1.x_hat.word_select(pi, pl)),
                         part_p1.as_value().eq(p1_rd.data.as_value().word_select(pi, pl * p_shape.width)),
-                        part_p2.as_value().eq(k_rd.data.as_value().word_select(pi, pl * p_shape.width)),
+                        part_p2.as_value().eq(p2_rd.data.as_value().word_select(pi, pl * p_shape.width)),
                         part_a.as_value().eq(a_rd.data.as_value().word_select(pi, pl * a_shape.width)),
                         part_real.eq(real_all.word_select(pi, pl)),
                     ]
@@ -1061,16 +1061,16 @@ class BnBackwardUnit(wiring.Component):
         rd_cycle = Signal()  # the group's words have been read
         epi_rd = Signal()
         m.d.comb += epi_rd.eq((phase == EPI) & ~rd_cycle)
-        for port in (p1_rd, k_rd, a_rd):
+        for port in (p1_rd, p2_rd, a_rd):
             m.d.comb += [port.addr.eq(Mux(in_pass, cnt.g, walk.g)), port.en.eq(Mux(in_pass, adv, epi_rd))]
         p1_l = _lane(m, p1_rd.data, walk.l, p_shape, "p1_l")
         fire = Signal()
         m.d.comb += [
             self.p1.payload.p1.eq(p1_l),
             self.p1.payload.last.eq(walk.ch == ch.m1),
-            k_wr.addr.eq(s1_g),
-            k_wr.data.eq(p2_new),
-            k_wr.en.eq(writes),
+            p2_wr.addr.eq(s1_g),
+            p2_wr.data.eq(p2_new),
+            p2_wr.en.eq(writes),
             a_wr.addr.eq(walk.g),
         ]
         for lane in range(L):

@@ -259,6 +259,16 @@ class WordSerializer(wiring.Component):
         return m
 
 
+def next_sample_row(m: Module, bank, base, banks: int, words: int):
+    """Step a sample-banked buffer's write or read position to the next sample: the next bank, or, after the
+    last of ``banks`` banks, bank 0 at the next ``words``-word base (samples ``b`` live in bank ``b mod banks``,
+    row ``b // banks``)."""
+    with m.If(bank == banks - 1):
+        m.d.sync += [bank.eq(0), base.eq(base + words)]
+    with m.Else():
+        m.d.sync += bank.eq(bank + 1)
+
+
 def zero_extend(value, width: int):
     """``value`` as exactly ``width`` bits (truncated or zero-extended)."""
     v = value.as_value() if hasattr(value, "as_value") else value
@@ -331,10 +341,7 @@ class RowReader(wiring.Component):
         with m.If(issue):
             with m.If(k == W - 1):
                 m.d.sync += [k.eq(0), row.eq(row + 1)]
-                with m.If(bank == NB - 1):
-                    m.d.sync += [bank.eq(0), base.eq(base + W)]
-                with m.Else():
-                    m.d.sync += bank.eq(bank + 1)
+                next_sample_row(m, bank, base, NB, W)
                 with m.If(row == R - 1):
                     m.d.sync += running.eq(0)
             with m.Else():
@@ -382,10 +389,7 @@ class RowWriter(wiring.Component):
             m.d.sync += self.count.eq(self.count + 1)
             with m.If(k == W - 1):
                 m.d.sync += k.eq(0)
-                with m.If(bank == NB - 1):
-                    m.d.sync += [bank.eq(0), base.eq(base + W)]
-                with m.Else():
-                    m.d.sync += bank.eq(bank + 1)
+                next_sample_row(m, bank, base, NB, W)
             with m.Else():
                 m.d.sync += k.eq(k + 1)
         with m.If(self.start):

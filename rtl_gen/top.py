@@ -52,6 +52,7 @@ from .buffers import (
     WordSerializer,
     beats_for,
     fork,
+    next_sample_row,
 )
 from .controller import (
     SPACE_A,
@@ -1347,10 +1348,7 @@ class Accelerator(wiring.Component):
                     m.d.sync += [b.eq(0), bank.eq(0), base.eq(0)]
                 with m.Else():
                     m.d.sync += b.eq(b + 1)
-                    with m.If(bank == lb - 1):
-                        m.d.sync += [bank.eq(0), base.eq(base + W)]
-                    with m.Else():
-                        m.d.sync += bank.eq(bank + 1)
+                    next_sample_row(m, bank, base, lb, W)
             with m.Else():
                 m.d.sync += g.eq(g + 1)
                 with m.If(slot == r - 1):
