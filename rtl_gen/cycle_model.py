@@ -102,8 +102,11 @@ def backward_cycles(plan, j: int) -> int:
 
 def dx_cycles(plan, j: int) -> int:
     """``dx j``: the dX engine (``rows * depth * dx_passes``), unless cutting each pass's beat of ``ls`` values into
-    the BN beats of layer ``j-1`` (``ls / lo'`` cycles per beat) is slower."""
+    the BN beats of layer ``j-1`` (``ls / lo'`` cycles per beat) is slower; on the dW array
+    (:meth:`~rtl_gen.po2_backward.Po2Geometry.array_dx_cycles`) the whole batch in blocks of samples."""
     lp = plan.layers[j]
+    if plan.po2_array(j):  # on the dW array, which writes the buffer words itself
+        return plan.po2_geometry(j).array_dx_cycles() - 1 + PHASE_OVERHEAD
     below = plan.layers[j - 1]
     B, W, G = plan.batch, lp.words, lp.groups
     ls = lp.lanes_in // lp.dx_passes
@@ -120,8 +123,13 @@ def update_cycles(plan, j: int) -> int:
     g = lp.geometry
     per_row_sweep = sweep.visits / g.depth
     per_tile = (lp.tiles + 1) * lp.dw_passes  # dW cycles per bank row: per pass the beats and a finish cycle
+    tail = 0
+    if plan.po2_array(j):  # the array's passes last at least their drain (one cycle per lane, one more per tile)
+        P, LO = lp.dw_passes, lp.lanes_out
+        per_tile = (P - 1) * max(lp.tiles + 1, LO) + max(lp.tiles + 1, LO + 1)
+        tail = LO + 1  # the last drain and the push
     per_row = max(per_tile, per_row_sweep)
-    tiles = int(g.depth * per_row) + per_tile + 4
+    tiles = int(g.depth * per_row) + per_tile + 4 + tail
     from .controller import bn_param_cycles
 
     beta = bn_param_cycles(plan.bn_param_layer(j), plan.cfg.hw, plan.cfg.hw.div_steps)["update"]

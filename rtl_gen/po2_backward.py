@@ -69,7 +69,8 @@ from .weight_memory import grad_layout
 from .xnor_engine import WeightReadSignature, XnorGeometry, _check_int
 
 __all__ = [
-    "DW_LATENCY", "DX_LATENCY", "Po2Backward", "Po2Geometry", "envelope", "passes_for",
+    "ARRAY_FIELD", "CodeReadSignature", "DW_LATENCY", "DX_LATENCY", "Po2Backward", "Po2Geometry", "array_mode",
+    "envelope", "passes_for",
 ]  # fmt: skip
 
 DX_LATENCY = 3
@@ -79,10 +80,20 @@ included): weight read, plane sums, accumulate and queue."""
 DW_LATENCY = 3
 """dW: cycles beyond one per input beat, from the first ``xdy`` transfer to the last ``dw`` transfer."""
 
+ARRAY_DX_LATENCY = 3
+"""Array dX: cycles beyond the windows, finish cycles and drain lanes (see :meth:`Po2Geometry.array_dx_cycles`)."""
+
+ARRAY_DW_LATENCY = 3
+"""Array dW: cycles beyond the passes and the last drain (see :meth:`Po2Geometry.array_dw_cycles`)."""
+
 DSP_A_BITS, DSP_B_BITS, DSP_P_BITS = 25, 18, 48
 """Multiplier operand and accumulator widths of a Xilinx 7-series DSP48E1 slice (signed): the dW unit's
 packed multiply-accumulates (:attr:`Po2Geometry.dsp_fields`) stay within them so synthesis maps each to one
 slice."""
+
+
+ARRAY_FIELD = DSP_A_BITS - 1
+"""Bits of each of the two sums a DSP48 slice of the array accumulates (:func:`array_mode`)."""
 
 
 def passes_for(cfg, unit: str, lanes_in: int) -> int:
@@ -112,7 +123,8 @@ class Po2Geometry:
     ``lanes_b`` (samples per dW beat); ``dx_width`` (dX register bits, 0 = no dX unit, the first layer);
     ``dw_width`` (dW accumulator bits); ``dw_passes`` (dW passes per tile) and ``dx_passes`` (dX passes per
     word), both dividing ``lanes_in``; ``dw_dsp``: build the dW accumulators as multiply-accumulates that
-    synthesis maps to DSP48 slices, two weights per slice where the widths allow (:attr:`dsp_fields`).
+    synthesis maps to DSP48 slices, two weights per slice where the widths allow (:attr:`dsp_fields`);
+    ``dx_dsp``: compute dX on those slices too where the layers allow it (:func:`array_mode`).
     :meth:`Po2Backward.from_config` takes the widths from :mod:`sim.hw.widths`.
     """
 
@@ -126,6 +138,7 @@ class Po2Geometry:
     dw_passes: int = 1
     dx_passes: int = 1
     dw_dsp: bool = False
+    dx_dsp: bool = False
 
     def __post_init__(self):
         if not isinstance(self.bank, XnorGeometry):
@@ -146,11 +159,12 @@ class Po2Geometry:
     @classmethod
     def from_config(
         cls, cfg, layer_index: int, *, lanes_in: int, lanes_out: int, lanes_b: int, dw_passes: int | None = None,
-        dx_passes: int | None = None,
+        dx_passes: int | None = None, dx_dsp: bool | None = None,
     ) -> Po2Geometry:
         """Weight layer ``layer_index`` of ``cfg``: shape, batch, ``x_max`` and the dX / dW register widths from
         :func:`sim.hw.widths.layer_bounds`, ``k`` from ``approx.dy_bits``. The first layer has no dX unit (its
-        dX is not computed)."""
+        dX is not computed). ``dx_dsp`` defaults to ``hw.dx_dsp`` (a system passes false where the layer below
+        cannot take the array's dX words)."""
         bounds = layer_bounds(cfg)
         _check_int("layer_index", layer_index, 0, len(bounds) - 1)
         b = bounds[layer_index]
@@ -166,6 +180,7 @@ class Po2Geometry:
             dw_passes=passes_for(cfg, "dw", lanes_in) if dw_passes is None else dw_passes,
             dx_passes=passes_for(cfg, "dx", lanes_in) if dx_passes is None else dx_passes,
             dw_dsp=cfg.hw.dw_dsp,
+            dx_dsp=cfg.hw.dx_dsp if dx_dsp is None else dx_dsp,
         )
 
     @property
@@ -244,6 +259,54 @@ class Po2Geometry:
         """dW cycles for one batch with no stalls (see :data:`DW_LATENCY`): per tile and pass, one cycle per
         beat and one finish cycle."""
         return self.bank.depth * (self.beats_per_tile + 1) * self.dw_passes + DW_LATENCY
+
+    # --- the array (dX and dW on the same DSP48 slices: array_mode) ---
+
+    @property
+    def array_samples(self) -> int:
+        """Samples of one dX block of the array: ``lanes_out / dw_passes`` (each DSP lane holds one sample and
+        one ``lanes_in / dw_passes``-input part of the word)."""
+        return max(1, self.bank.lanes_out // self.dw_passes)
+
+    @property
+    def array_dx_layout(self) -> data.StructLayout:
+        """dX output of the array, one word of the layer below's buffer per beat: ``dx`` (``lanes_in /
+        dw_passes`` signed values, one sample's inputs in order) and ``addr`` (``sample * words_below + part``,
+        ``words_below = n_in / (lanes_in / dw_passes)``)."""
+        b = self.bank
+        words = self.batch * b.words * self.dw_passes
+        return data.StructLayout(
+            {"dx": data.ArrayLayout(signed(max(self.dx_width, 1)), b.lanes_in // self.dw_passes),
+             "addr": unsigned(max(1, (words - 1).bit_length()))}
+        )
+
+    def array_dx_words(self) -> int:
+        """dX words the array writes for this layer: ``batch * n_in / (lanes_in / dw_passes)``."""
+        return self.batch * (self.bank.n_in // (self.bank.lanes_in // self.dw_passes))
+
+    def array_dx_cycles(self) -> int:
+        """Array dX cycles with no stalls, from the ``dx_start`` cycle to the last ``dx`` transfer (both
+        included): a window of ``lanes_out`` cycles that loads the first codes, then per block (``NS`` samples,
+        one word) ``groups`` windows of ``lanes_out`` cycles and a finish cycle, then the last block's drain up
+        to its last real word."""
+        b, NS, P = self.bank, self.array_samples, self.dw_passes
+        blocks = -(-self.batch // NS)
+        s_last = self.batch - (blocks - 1) * NS
+        parts_last = self.bank.n_in // (b.lanes_in // P) - (b.words - 1) * P  # real parts of the last word
+        last_lane = max(q * NS + s for q in range(parts_last) for s in range(s_last))
+        return b.lanes_out + blocks * b.words * (b.groups * b.lanes_out + 1) + ARRAY_DX_LATENCY + last_lane
+
+    def array_dw_cycles(self) -> int:
+        """Array dW cycles for one batch with no stalls, from the first ``xdy`` transfer to the last ``dw``
+        transfer: per pass the beats and a finish cycle, but at least the drain of the previous pass
+        (``lanes_out`` cycles, one more after a tile's last pass, which pushes the tile)."""
+        LO, P, NB = self.bank.lanes_out, self.dw_passes, self.beats_per_tile
+        t = 0
+        gap_after_last = max(NB + 1, LO + 1)
+        gap = max(NB + 1, LO)
+        n = self.bank.depth * P
+        t = NB + 1 + sum(gap_after_last if (i + 1) % P == 0 else gap for i in range(n - 1))
+        return t + LO + ARRAY_DW_LATENCY
 
     # --- host-side packing (controller model and tests) ---
 
@@ -340,6 +403,18 @@ def _unpack(words: list[int], widths: list[int], signed_fields: int) -> np.ndarr
     return out
 
 
+def _table(m: Module, layer, name: str, values, width: int):
+    """A per-layer constant selected by ``layer`` (a constant when all layers agree)."""
+    if len(set(values)) == 1:
+        return Const(values[0], width)
+    sig = Signal(width, name=name)
+    with m.Switch(layer):
+        for j, v in enumerate(values):
+            with m.Case(j):
+                m.d.comb += sig.eq(v)
+    return sig
+
+
 class _Sizes:
     """The per-layer sizes of a unit built for ``shapes`` (:class:`Po2Geometry` of one or more layers with the
     same lanes), selected by ``layer`` at run time: ``K`` (words), ``k_last``, ``g_last``, ``lane_ok`` (bit
@@ -353,14 +428,7 @@ class _Sizes:
         gw = max(1, env.bank.groups.bit_length())
 
         def table(name, values, width):
-            if len(set(values)) == 1:
-                return Const(values[0], width)
-            sig = Signal(width, name=name)
-            with m.Switch(layer):
-                for j, v in enumerate(values):
-                    with m.Case(j):
-                        m.d.comb += sig.eq(v)
-            return sig
+            return _table(m, layer, name, values, width)
 
         banks = [g.bank for g in shapes]
         self.K = table("words", [b.words for b in banks], kw)
@@ -390,7 +458,7 @@ def envelope(shapes) -> Po2Geometry:
     if not shapes or not all(isinstance(g, Po2Geometry) for g in shapes):
         raise TypeError("shapes must be a non-empty list of Po2Geometry")
     first = shapes[0]
-    for name in ("batch", "dy_bits", "x_max", "lanes_b", "dw_passes", "dx_passes", "dw_dsp"):
+    for name in ("batch", "dy_bits", "x_max", "lanes_b", "dw_passes", "dx_passes", "dw_dsp", "dx_dsp"):
         values = {getattr(g, name) for g in shapes}
         if len(values) > 1:
             raise ValueError(f"layers sharing a po2 backward engine must agree on {name}, not {sorted(values)}")
@@ -587,8 +655,35 @@ class _Dx(wiring.Component):
         return m
 
 
+class _TileCounters:
+    """Stage 0 of a dW unit: per tile (group ``g``, word ``k``, in bank-row order) ``P`` passes of ``NB`` beat slots
+    and a finish slot (``fin``); ``take`` advances one slot (a beat taken, or the finish slot)."""
+
+    def __init__(self, m: Module, sz: _Sizes, *, NB: int, P: int, K: int, G: int):
+        self.slot = slot = Signal(range(NB + 1))
+        self.pas = pas = Signal(range(max(P, 2)))
+        self.k = k = Signal(range(K))
+        self.g = g = Signal(range(G))
+        self.fin = Signal()  # the finish slot
+        self.take = Signal()
+        m.d.comb += self.fin.eq(slot == NB)
+        with m.If(self.take):
+            with m.If(self.fin):
+                m.d.sync += slot.eq(0)
+                with m.If(pas == P - 1):
+                    m.d.sync += pas.eq(0)
+                    with m.If(k == sz.k_last):
+                        m.d.sync += [k.eq(0), g.eq(Mux(g == sz.g_last, 0, g + 1))]
+                    with m.Else():
+                        m.d.sync += k.eq(k + 1)
+                with m.Else():
+                    m.d.sync += pas.eq(pas + 1)
+            with m.Else():
+                m.d.sync += slot.eq(slot + 1)
+
+
 class _Dw(wiring.Component):
-    def __init__(self, shapes):
+    def __init__(self, shapes, **more_ports):
         self._shapes = shapes
         self._geo = geo = envelope(shapes)
         super().__init__(
@@ -596,6 +691,7 @@ class _Dw(wiring.Component):
                 "layer": In(range(max(len(shapes), 2))),
                 "xdy": In(stream.Signature(geo.xdy_layout)),
                 "dw": Out(stream.Signature(grad_layout(geo.bank))),
+                **more_ports,
             }
         )
 
@@ -613,27 +709,9 @@ class _Dw(wiring.Component):
         # Stage 0: slot, pass and tile counters. A pass has NB beat slots and one finish slot; every pass takes
         # the tile's beats from ``xdy`` (the source repeats them, e.g. TileReader(passes=P)).
         adv = Signal()
-        slot = Signal(range(NB + 1))
-        pas = Signal(range(max(P, 2)))
-        k = Signal(range(K))
-        g = Signal(range(G))
-        fin = Signal()  # the finish slot
-        m.d.comb += [fin.eq(slot == NB), self.xdy.ready.eq(adv & ~fin)]
-        take = Signal()
-        m.d.comb += take.eq(adv & (fin | self.xdy.valid))
-        with m.If(take):
-            with m.If(fin):
-                m.d.sync += slot.eq(0)
-                with m.If(pas == P - 1):
-                    m.d.sync += pas.eq(0)
-                    with m.If(k == sz.k_last):
-                        m.d.sync += [k.eq(0), g.eq(Mux(g == sz.g_last, 0, g + 1))]
-                    with m.Else():
-                        m.d.sync += k.eq(k + 1)
-                with m.Else():
-                    m.d.sync += pas.eq(pas + 1)
-            with m.Else():
-                m.d.sync += slot.eq(slot + 1)
+        tc = _TileCounters(m, sz, NB=NB, P=P, K=K, G=G)
+        slot, pas, k, g, fin, take = tc.slot, tc.pas, tc.k, tc.g, tc.fin, tc.take
+        m.d.comb += [self.xdy.ready.eq(adv & ~fin), take.eq(adv & (fin | self.xdy.valid))]
         operands = data.StructLayout({"x": self.xdy.payload.x.shape(), "dy": self.xdy.payload.dy.shape()})
         incoming = Cat(self.xdy.payload.x.as_value(), self.xdy.payload.dy.as_value())
 
@@ -838,6 +916,387 @@ class _Dw(wiring.Component):
         return signs
 
 
+def array_mode(shapes) -> bool:
+    """Whether the po2 backward engine of ``shapes`` computes dX and dW on one array of DSP48 slices.
+
+    The dW unit's ``lanes_in / dw_passes x lanes_out / 2`` slices (:attr:`Po2Geometry.dsp_fields`) are idle
+    while dX runs (the phases never overlap), and dX has the same form: sums of ``+-v`` over the outputs, the
+    sign given by a weight bit. So both run there: needs ``dw_dsp`` and ``dx_dsp``, binary activations, one
+    sample per dW beat, ``lanes_out`` a multiple of ``dw_passes``, an even ``lanes_in / dw_passes`` that divides
+    every dX layer's ``n_in``, and dX and dW bounds that fit :data:`ARRAY_FIELD` bits (signed)."""
+    shapes = list(shapes)
+    env = envelope(shapes)
+    LI, LO, P = env.bank.lanes_in, env.bank.lanes_out, env.dw_passes
+    LS = LI // P
+    return bool(
+        env.dx_width and env.dw_dsp and env.dx_dsp and env.x_max == 1 and env.lanes_b == 1
+        and env.span + 2 <= DSP_B_BITS and LO % P == 0 and LS % 2 == 0
+        and env.dx_width <= ARRAY_FIELD and env.dw_width <= ARRAY_FIELD
+        and all(g.bank.n_in % LS == 0 for g in shapes if g.dx_width)
+    )
+
+
+class CodeReadSignature(wiring.Signature):
+    """Read access to the po2 codes of a batch, seen from the array: address ``sample * groups + g`` holds
+    the ``lanes_out`` codes of group ``g`` of a sample (the codes buffer of :mod:`rtl_gen.top`).
+
+    Members: ``addr`` Out, ``en`` Out(1), ``data`` In(ArrayLayout(code_layout, lanes_out)); synchronous read
+    like :class:`~rtl_gen.xnor_engine.WeightReadSignature` (``data`` holds while ``en`` is low)."""
+
+    def __init__(self, geometry: Po2Geometry):
+        rows = geometry.batch * geometry.bank.groups
+        super().__init__({
+            "addr": Out(unsigned(max(1, (rows - 1).bit_length()))),
+            "en": Out(1),
+            "data": In(data.ArrayLayout(geometry.code_layout, geometry.bank.lanes_out)),
+        })
+
+
+class _Array(_Dw):
+    """dX and sgn(dW) on one array of DSP48 multiply-accumulates (:func:`array_mode`).
+
+    Slice ``(c, l)`` (``c < LS / 2`` with ``LS = lanes_in / dw_passes``, lane ``l < lanes_out``) computes
+    ``P = (first ? 2^(F-1) : P) + A v_l`` with ``F = ARRAY_FIELD``, ``A = b_0 - b_1 2^F`` (two sign bits, fits
+    the 25-bit A port) and ``v_l`` the lane's addend ``+-2^(field-1)`` (0 for a zero code or padding). The
+    lower field then holds ``Q_0 + 2^(F-1)`` (never negative, so it never borrows) and the upper ``-Q_1``, with
+    ``Q`` the sum of ``v`` where the bit is 1. One more slice per lane sums ``v_l (2^F - 1)``, whose lower
+    field is ``-T_l`` (``T`` the sum of all ``v``). The wanted sums are ``2 Q - T``: ``2 L + (-T)`` and
+    ``(-T) - 2 U`` modulo ``2^F`` (exact, the bounds are below ``2^(F-1)``).
+
+    - dW (``xdy`` beats, tiles and passes as in the dW unit): bit = the activation of input ``2 c + f`` of the
+      pass, ``v_l`` from the sample's code of output lane ``l``; a pass's sums are weights
+      ``(p LS + 2 c + f, l)``.
+    - dX (``dx_start``): blocks of ``NS = lanes_out / dw_passes`` samples and one input word ``k``; lane ``l``
+      holds sample ``l mod NS`` and inputs ``(l div NS) LS + 2 c + f`` of the word. Per block, for each output
+      group ``g`` (weight row ``g words + k``, read once), for each output lane ``o`` of the group, one cycle:
+      bit = the weight of (input, ``o``), ``v_l`` from the code of (sample, ``g lanes_out + o``). The codes of
+      the ``NS`` samples for a group are read from ``codes`` during the previous window (two buffers).
+
+    After a pass (dW) or a block (dX) a finish cycle copies the sums to capture registers, and the drain takes
+    one lane per cycle (``lanes_out`` cycles) while the array goes on: dX writes the lane's ``LS`` values as one
+    ``dx`` word (sample, part), dW keeps their signs until the tile's last pass and pushes the tile.
+    """
+
+    def __init__(self, shapes):
+        geo = envelope(shapes)
+        super().__init__(
+            shapes, dx_start=In(1), codes=Out(CodeReadSignature(geo)), weights=Out(WeightReadSignature(geo.bank)),
+            dx=Out(stream.Signature(geo.array_dx_layout)),
+        )
+
+    def elaborate(self, platform):
+        geo = self._geo
+        bank = geo.bank
+        K, G, D, LI, LO = bank.words, bank.groups, bank.depth, bank.lanes_in, bank.lanes_out
+        P = geo.dw_passes
+        LS, NS, F = LI // P, geo.array_samples, ARRAY_FIELD
+        NB = geo.beats_per_tile
+        B = geo.batch
+        NSB = -(-B // NS)  # dX sample blocks
+        s_last = B - (NSB - 1) * NS  # samples in the last block
+        m = Module()
+        layer = self.layer
+        sz = _Sizes(m, self._shapes, layer)  # dW (every layer)
+        some = next(g for g in self._shapes if g.dx_width)
+        xs = [g if g.dx_width else some for g in self._shapes]  # dX (layers without dX never select it)
+        kw, gw = max(1, K.bit_length()), max(1, G.bit_length())
+        x_words = _table(m, layer, "x_words", [g.bank.words for g in xs], kw)
+        x_groups = _table(m, layer, "x_groups", [g.bank.groups for g in xs], gw)
+        x_k_last = _table(m, layer, "x_k_last", [g.bank.words - 1 for g in xs], kw)
+        x_g_last = _table(m, layer, "x_g_last", [g.bank.groups - 1 for g in xs], gw)
+        x_lane_ok = _table(m, layer, "x_lane_ok", [(1 << (g.bank.n_out - (g.bank.groups - 1) * LO)) - 1 for g in xs],
+                           LO)
+        parts = [g.bank.n_in // LS for g in xs]  # dX words per sample in the layer below
+        pw = max(1, max(parts).bit_length())
+        x_parts = _table(m, layer, "x_parts", parts, pw)
+        x_parts_ok = _table(m, layer, "x_parts_ok",
+                            [(1 << (n - (g.bank.words - 1) * P)) - 1 for n, g in zip(parts, xs, strict=True)], P)
+        addr_w = len(self.dx.payload.addr)
+        x_block_stride = _table(m, layer, "x_block_stride", [NS * n for n in parts], addr_w)  # dx words per block
+        rows_w = len(self.codes.addr)
+        x_code_stride = _table(m, layer, "x_code_stride", [NS * g.bank.groups for g in xs], rows_w + 1)
+
+        adv = Signal()
+        xmode = Signal()  # a dX job is issuing
+
+        # ---- Stage 0, dW: slot, pass and tile counters (as the dW unit) ----
+        tc = _TileCounters(m, sz, NB=NB, P=P, K=K, G=G)
+        slot, pas, k, g, fin, take_w = tc.slot, tc.pas, tc.k, tc.g, tc.fin, tc.take
+        m.d.comb += [self.xdy.ready.eq(adv & ~xmode & ~fin), take_w.eq(adv & ~xmode & (fin | self.xdy.valid))]
+
+        # ---- Stage 0, dX: a prologue window (loads the first codes), then per block (sample block sb, word xk)
+        # the windows of the groups xg (one cycle per output lane o) and a finish cycle ----
+        pre = Signal()
+        xfin = Signal()
+        o = Signal(range(LO))
+        sb = Signal(range(NSB))
+        xk = Signal(range(K))
+        xg = Signal(range(G))
+        par = Signal()  # buffer of the window's codes
+        waddr = Signal(range(D))
+        xbase = Signal(addr_w)  # first dx word of sample block sb
+        # the window after this one, whose codes load during this one: group ng, word nk, sample block nsb
+        n_ok = Signal()
+        ng = Signal(range(G))
+        nk = Signal(range(K))
+        nsb = Signal(range(NSB))
+        nbase = Signal(rows_w + 1)  # code row of its first sample
+        lsg = Signal(rows_w + 1)  # o * groups: the row offset of sample o of the block
+        take_x = Signal()
+        load = Signal()
+        m.d.comb += [
+            take_x.eq(adv & xmode),
+            load.eq(~xfin & (o < NS) & n_ok),
+            self.codes.addr.eq(nbase + lsg + ng),
+            self.codes.en.eq(take_x & load),
+            self.weights.addr.eq(waddr),
+            self.weights.en.eq(take_x & ~xfin & ~pre & (o == 0)),
+        ]
+        with m.If(take_x):
+            with m.If(xfin):
+                m.d.sync += xfin.eq(0)
+                with m.If(xk == x_k_last):
+                    m.d.sync += [xk.eq(0), waddr.eq(0)]
+                    with m.If(sb == NSB - 1):
+                        m.d.sync += xmode.eq(0)
+                    with m.Else():
+                        m.d.sync += [sb.eq(sb + 1), xbase.eq(xbase + x_block_stride)]
+                with m.Else():
+                    m.d.sync += [xk.eq(xk + 1), waddr.eq(xk + 1)]
+            with m.Elif(o == LO - 1):
+                m.d.sync += [o.eq(0), par.eq(~par), lsg.eq(0)]
+                with m.If(pre):
+                    m.d.sync += pre.eq(0)
+                with m.Elif(xg == x_g_last):
+                    m.d.sync += [xg.eq(0), xfin.eq(1)]
+                with m.Else():
+                    m.d.sync += [xg.eq(xg + 1), waddr.eq(waddr + x_words)]
+                with m.If(ng == x_g_last):
+                    m.d.sync += ng.eq(0)
+                    with m.If(nk == x_k_last):
+                        m.d.sync += nk.eq(0)
+                        with m.If(nsb == NSB - 1):
+                            m.d.sync += n_ok.eq(0)
+                        with m.Else():
+                            m.d.sync += [nsb.eq(nsb + 1), nbase.eq(nbase + x_code_stride)]
+                    with m.Else():
+                        m.d.sync += nk.eq(nk + 1)
+                with m.Else():
+                    m.d.sync += ng.eq(ng + 1)
+            with m.Else():
+                m.d.sync += o.eq(o + 1)
+                with m.If(o < NS):
+                    m.d.sync += lsg.eq(lsg + x_groups)
+        with m.If(self.dx_start):
+            m.d.sync += [xmode.eq(1), pre.eq(1), xfin.eq(0), o.eq(0), sb.eq(0), xk.eq(0), xg.eq(0), par.eq(1),
+                         waddr.eq(0), xbase.eq(0), n_ok.eq(1), ng.eq(0), nk.eq(0), nsb.eq(0), nbase.eq(0),
+                         lsg.eq(0)]
+
+        # ---- Stage 1: operands and the multiply-accumulates ----
+        s1_valid = Signal()
+        s1_fin = Signal()
+        s1_first = Signal()
+        s1_x = Signal()  # a dX operation
+        s1_o = Signal.like(o)
+        s1_par = Signal()
+        s1_sb_last = Signal()
+        s1_last_g = Signal()
+        s1_last_k = Signal()
+        s1_pass = Signal.like(pas)
+        s1_last_tile = Signal()
+        s1_base = Signal(addr_w)
+        s1_load = Signal()
+        s1_lrow = Signal(range(max(NS, 2)))
+        s1_lbuf = Signal()
+        held = Signal(len(self.xdy.payload.x.as_value()) + len(self.xdy.payload.dy.as_value()))
+        with m.If(adv):
+            m.d.sync += [
+                s1_valid.eq(take_w | (take_x & ~pre)),
+                s1_x.eq(xmode),
+                s1_load.eq(take_x & load),
+                s1_lrow.eq(o),
+                s1_lbuf.eq(~par),
+                held.eq(Cat(self.xdy.payload.x.as_value(), self.xdy.payload.dy.as_value())),
+            ]
+            with m.If(xmode):
+                m.d.sync += [
+                    s1_fin.eq(xfin),
+                    s1_first.eq((xg == 0) & (o == 0)),
+                    s1_o.eq(o),
+                    s1_par.eq(par),
+                    s1_sb_last.eq(sb == NSB - 1),
+                    s1_last_g.eq(xg == x_g_last),
+                    s1_last_k.eq(xk == x_k_last),
+                    s1_base.eq(xbase + (xk << (P.bit_length() - 1))),
+                ]
+            with m.Else():
+                m.d.sync += [
+                    s1_fin.eq(fin),
+                    s1_first.eq(slot == 0),
+                    s1_pass.eq(pas),
+                    s1_last_g.eq(g == sz.g_last),
+                    s1_last_k.eq(k == sz.k_last),
+                    s1_last_tile.eq((g == sz.g_last) & (k == sz.k_last)),
+                ]
+        operands = data.StructLayout({"x": self.xdy.payload.x.shape(), "dy": self.xdy.payload.dy.shape()})
+        op = Signal(operands)
+        m.d.comb += op.as_value().eq(held)
+
+        # the codes of the NS samples for the current window and the next (loaded one row per cycle)
+        row_layout = data.ArrayLayout(geo.code_layout, LO)
+        buf = [[Signal(row_layout, name=f"codes{b}_{s}") for s in range(NS)] for b in range(2)]
+        for b in range(2):
+            for s in range(NS):
+                with m.If(s1_load & (s1_lbuf == b) & (s1_lrow == s)):
+                    m.d.sync += buf[b][s].eq(self.codes.data)
+        xcode = [Signal(geo.code_layout, name=f"xcode{s}") for s in range(NS)]
+        wcol = Signal(LI)  # the weights of output lane o: input bits of word k
+        with m.Switch(s1_o):
+            for oo in range(LO):
+                with m.Case(oo):
+                    m.d.comb += wcol.eq(self.weights.data[oo])
+                    for s in range(NS):
+                        m.d.comb += xcode[s].eq(Mux(s1_par, buf[1][s][oo], buf[0][s][oo]))
+        o_pad = Signal()
+        m.d.comb += o_pad.eq(s1_last_g & ~x_lane_ok.bit_select(s1_o, 1))
+        x1 = Signal(LS)  # dW: this pass's activations
+        if P > 1:
+            with m.Switch(s1_pass):
+                for p in range(P):
+                    with m.Case(p):
+                        m.d.comb += x1.eq(Cat(op.x[0][p * LS + i] for i in range(LS)))
+        else:
+            m.d.comb += x1.eq(Cat(op.x[0][i] for i in range(LS)))
+        bits = [Signal(LS, name=f"bits{q}") for q in range(P)]  # the sign bits of the lanes of part q
+        for q in range(P):
+            m.d.comb += bits[q].eq(Mux(s1_x, wcol[q * LS:(q + 1) * LS], x1))
+
+        step = Signal()
+        m.d.comb += step.eq(adv & s1_valid & ~s1_fin)
+        vw = geo.span + 2
+        acc, tacc = {}, []
+        for lane in range(LO):
+            s = lane % NS
+            code = Signal(geo.code_layout, name=f"code{lane}")
+            m.d.comb += code.eq(Mux(s1_x, xcode[s], op.dy[0][lane]))
+            pad = o_pad | (s1_sb_last if s >= s_last else 0)
+            real = (code.field != 0) & ~(s1_x & pad)
+            mag = Signal(unsigned(vw - 1), name=f"mag{lane}")
+            v = Signal(signed(vw), name=f"v{lane}")
+            m.d.comb += [
+                mag.eq(Mux(real, Const(1, vw) << code.field >> 1, 0)),
+                v.eq(Mux(code.neg, -mag, mag)),
+            ]
+            for c in range(LS // 2):
+                b = bits[lane // NS]
+                a = Signal(signed(DSP_A_BITS), name=f"dsp_a{c}_{lane}")
+                m.d.comb += a.eq(Cat(b[2 * c], Const(0, DSP_A_BITS - 2), b[2 * c + 1]))
+                p_ = Signal(signed(DSP_P_BITS), name=f"dsp_p{c}_{lane}")
+                with m.If(step):
+                    m.d.sync += p_.eq(Mux(s1_first, 1 << (F - 1), p_) + a * v)
+                acc[c, lane] = p_
+            t = Signal(signed(DSP_P_BITS), name=f"dsp_t{lane}")  # lower field: -T
+            with m.If(step):
+                m.d.sync += t.eq(Mux(s1_first, 0, t) + v * Const((1 << F) - 1, unsigned(F)))
+            tacc.append(t)
+
+        # ---- capture and drain ----
+        cap = Signal()
+        d_free = Signal()
+        m.d.comb += [adv.eq(~(s1_valid & s1_fin & ~d_free)), cap.eq(adv & s1_valid & s1_fin)]
+        cap_p = {key: Signal(2 * F, name=f"cap{key[0]}_{key[1]}") for key in acc}
+        cap_t = [Signal(F, name=f"cap_t{lane}") for lane in range(LO)]
+        d_busy = Signal()
+        d_push = Signal()
+        d_x = Signal()
+        dl = Signal(range(LO))
+        d_s = Signal(range(max(NS, 2)))
+        d_soff = Signal(addr_w)
+        d_qbase = Signal(addr_w)
+        d_mask = Signal(LO)  # dX: the lanes whose word is real
+        d_pass = Signal.like(pas)
+        d_last_g = Signal()
+        d_last_k = Signal()
+        d_last_tile = Signal()
+        mask = Signal(LO)
+        for lane in range(LO):
+            s, q = lane % NS, lane // NS
+            no_sample = s1_sb_last if s >= s_last else Const(0)
+            m.d.comb += mask[lane].eq(~no_sample & ~(s1_last_k & ~x_parts_ok[q]))
+
+        sel_p = [Signal(2 * F, name=f"drain_p{c}") for c in range(LS // 2)]
+        sel_t = Signal(F)
+        with m.Switch(dl):
+            for lane in range(LO):
+                with m.Case(lane):
+                    m.d.comb += [sel_p[c].eq(cap_p[c, lane]) for c in range(LS // 2)]
+                    m.d.comb += sel_t.eq(cap_t[lane])
+        vals = []
+        for c in range(LS // 2):
+            lo_ = Signal(F, name=f"drain_v{2 * c}")
+            hi_ = Signal(F, name=f"drain_v{2 * c + 1}")
+            m.d.comb += [lo_.eq((sel_p[c][:F] << 1) + sel_t), hi_.eq(sel_t - (sel_p[c][F:] << 1))]
+            vals += [lo_, hi_]
+        lane_real = Signal()
+        d_go = Signal()
+        last_lane = Signal()
+        pushes = Signal()  # this drain ends a tile (dW, its last pass)
+        m.submodules.queue = queue = StreamRegister(shape=grad_layout(bank))
+        m.d.comb += [
+            lane_real.eq(d_mask.bit_select(dl, 1)),
+            self.dx.valid.eq(d_busy & d_x & lane_real),
+            self.dx.payload.addr.eq(d_qbase + d_soff),
+            d_go.eq(d_busy & ~(self.dx.valid & ~self.dx.ready)),
+            last_lane.eq(dl == LO - 1),
+            pushes.eq(~d_x & (d_pass == P - 1)),
+            d_free.eq((~d_busy | (d_go & last_lane & ~pushes)) & (~d_push | queue.i.ready)),
+        ]
+        for i in range(LS):
+            m.d.comb += self.dx.payload.dx[i].eq(vals[i][: geo.dx_width].as_signed())
+        with m.If(d_go):
+            with m.If(last_lane):
+                m.d.sync += d_busy.eq(0)
+                with m.If(pushes):
+                    m.d.sync += d_push.eq(1)
+            with m.Else():
+                m.d.sync += dl.eq(dl + 1)
+                with m.If(d_s == NS - 1):
+                    m.d.sync += [d_s.eq(0), d_soff.eq(0), d_qbase.eq(d_qbase + 1)]
+                with m.Else():
+                    m.d.sync += [d_s.eq(d_s + 1), d_soff.eq(d_soff + x_parts)]
+        kept = Signal(grad_layout(bank))
+        m.d.comb += [
+            queue.i.valid.eq(d_push),
+            queue.i.payload.g.eq(kept.g),
+            queue.i.payload.last.eq(d_last_tile),
+        ]
+        with m.If(d_push & queue.i.ready):
+            m.d.sync += d_push.eq(0)
+        pad_bits = sz.pass_padding(m, d_pass, P)
+        lane_pad = Signal()
+        m.d.comb += lane_pad.eq(d_last_g & ~sz.lane_ok.bit_select(dl, 1))
+        signs = []
+        for i in range(LS):
+            sig = Signal(signed(2), name=f"sign{i}")
+            m.d.comb += sig.eq(Mux(lane_pad | (d_last_k & pad_bits[i]) | (vals[i] == 0), 0,
+                                   Mux(vals[i][-1], -1, 1)))
+            signs.append(sig)
+        for lane in range(LO):
+            for p in range(P):
+                with m.If(d_go & ~d_x & (dl == lane) & (d_pass == p)):
+                    m.d.sync += [kept.g[lane][p * LS + i].eq(signs[i]) for i in range(LS)]
+        with m.If(cap):
+            m.d.sync += [cap_p[key].eq(acc[key][: 2 * F]) for key in acc]
+            m.d.sync += [cap_t[lane].eq(tacc[lane][:F]) for lane in range(LO)]
+            m.d.sync += [
+                d_busy.eq(1), dl.eq(0), d_s.eq(0), d_soff.eq(0), d_qbase.eq(s1_base), d_mask.eq(mask),
+                d_x.eq(s1_x), d_pass.eq(s1_pass), d_last_g.eq(s1_last_g), d_last_k.eq(s1_last_k),
+                d_last_tile.eq(s1_last_tile),
+            ]
+        wiring.connect(m, queue.o, wiring.flipped(self.dw))
+        return m
+
+
 class Po2Backward(wiring.Component):
     """dX and sgn(dW) of one dense layer by exponent planes (see the module docstring).
 
@@ -868,7 +1327,15 @@ class Po2Backward(wiring.Component):
         ports = {}
         if len(self._shapes) > 1:
             ports["layer"] = In(range(len(self._shapes)))
-        if geo.dx_width:
+        self._array = array_mode(self._shapes)
+        if self._array:
+            ports.update(
+                dx_start=In(1),
+                codes=Out(CodeReadSignature(geo)),
+                weights=Out(WeightReadSignature(geo.bank)),
+                dx=Out(stream.Signature(geo.array_dx_layout)),
+            )
+        elif geo.dx_width:
             ports.update(
                 dy=In(stream.Signature(geo.dy_layout)),
                 dx=Out(stream.Signature(geo.dx_layout)),
@@ -898,10 +1365,24 @@ class Po2Backward(wiring.Component):
     def shapes(self) -> list[Po2Geometry]:
         return list(self._shapes)
 
+    @property
+    def array(self) -> bool:
+        """dX and dW share one array of DSP48 slices (:func:`array_mode`): the dX ports are ``dx_start``,
+        ``codes``, ``weights`` and ``dx`` (:attr:`Po2Geometry.array_dx_layout`) instead of ``dy``, ``weights``
+        and ``dx``."""
+        return self._array
+
     def elaborate(self, platform):
         m = Module()
         geo = self._geometry
         layer = self.layer if len(self._shapes) > 1 else 0
+        if self._array:
+            m.submodules.array = arr = _Array(self._shapes)
+            m.d.comb += [arr.layer.eq(layer), arr.dx_start.eq(self.dx_start)]
+            for name in ("codes", "weights", "dx", "dw"):
+                wiring.connect(m, getattr(arr, name), wiring.flipped(getattr(self, name)))
+            wiring.connect(m, wiring.flipped(self.xdy), arr.xdy)
+            return m
         if geo.dx_width:
             m.submodules.dx_unit = dxu = _Dx(self._shapes)
             m.d.comb += dxu.layer.eq(layer)

@@ -66,7 +66,7 @@ from .controller import (
     build_regmap,
 )
 from .loss_unit import LossGradUnit, OutputLogitUnit
-from .po2_backward import Po2Backward, Po2Geometry, passes_for
+from .po2_backward import Po2Backward, Po2Geometry, array_mode, passes_for
 from .po2_unit import Po2Unit
 from .rng import RngEngine, RngGeometry
 from .weight_memory import UPDATE, OptimizerSpec, SweepGeometry, WeightMemory, WeightMemoryGeometry
@@ -293,7 +293,20 @@ class SystemPlan:
     def po2_geometry(self, j: int) -> Po2Geometry:
         lp = self.layers[j]
         return Po2Geometry.from_config(self.cfg, j, lanes_in=lp.lanes_in, lanes_out=lp.lanes_out, lanes_b=lp.lanes_b,
-                                       dw_passes=lp.dw_passes, dx_passes=lp.dx_passes)
+                                       dw_passes=lp.dw_passes, dx_passes=lp.dx_passes, dx_dsp=self._dx_dsp)
+
+    @property
+    def _dx_dsp(self) -> bool:
+        """``hw.dx_dsp``, where every layer's array dX words (``lanes_in / dw_passes`` values) are the BN beats
+        of the layer below (``lanes_out``): the array writes them straight into its buffer."""
+        L = self.layers
+        return self.cfg.hw.dx_dsp and all(L[j].lanes_in // L[j].dw_passes == L[j - 1].lanes_out
+                                          for j in range(1, len(L)))
+
+    def po2_array(self, j: int) -> bool:
+        """Layer ``j``'s po2 backward engine computes dX and dW on one array (:func:`array_mode`)."""
+        grp = next(g for g in self.backward_groups if j in g)
+        return array_mode([self.po2_geometry(i) for i in grp])
 
     def _groups(self, key) -> list[list[int]]:
         """The layers partitioned by ``key(j)`` (equal keys: one group), in layer order."""
@@ -309,7 +322,8 @@ class SystemPlan:
 
     def _backward_key(self, j: int) -> tuple:
         g = self.po2_geometry(j)
-        return (g.bank.lanes_in, g.bank.lanes_out, g.batch, g.dy_bits, g.x_max, g.lanes_b, g.dw_passes, g.dx_passes)
+        return (g.bank.lanes_in, g.bank.lanes_out, g.batch, g.dy_bits, g.x_max, g.lanes_b, g.dw_passes, g.dx_passes,
+                g.dx_dsp)
 
     def wmem_geometry(self, j: int) -> WeightMemoryGeometry:
         return WeightMemoryGeometry(sweep=self.layers[j].sweep, optimizer=self.opt)
@@ -1496,6 +1510,9 @@ class Accelerator(wiring.Component):
         a, st = act[key], start[key]
         u = po2b[j]
         k_bits = plan.p.k
+        if u.array:
+            self._array_dx(m, plan, lp, a, st, done[key], u, wm, ports)
+            return
         cr = self._pooled(m, sub, "codes_reader", (lo * k_bits, lb, G, B),
                           lambda: RowReader(width=lo * k_bits, banks=lb, words=G, rows=B), a)
         m.d.comb += cr.start.eq(st)
@@ -1576,6 +1593,35 @@ class Accelerator(wiring.Component):
         with m.If(st):
             m.d.sync += [q.eq(0), wcount.eq(0)]
         m.d.comb += done[key].eq(wcount == below.beats)
+
+    def _array_dx(self, m, plan, lp, a, st, done, u, wm, ports):
+        """dX on the po2 backward engine's array: it reads the codes and the weights itself and writes each word
+        of the layer below's buffer (one sample's BN beat) with its address."""
+        j = lp.index
+        below = plan.layers[j - 1]
+        with m.If(a):
+            self._select_layer(m, plan, u, j)
+            m.d.comb += [u.dx_start.eq(st), u.dx.ready.eq(1)]
+        cb = ports["cb0_r"]
+        cb.add(a, addr=u.codes.addr, en=u.codes.en)
+        self._wide(m, a, [(u.codes.data.as_value(), cb.port.data[: len(u.codes.data.as_value())])])
+        with m.If(a):
+            m.d.comb += [wm[j].read.addr.eq(u.weights.addr), wm[j].read.en.eq(u.weights.en)]
+        self._wide(m, a, [(u.weights.data, wm[j].read.data)])
+        dxw = below.widths["dx"]
+        vals = u.dx.payload.dx
+        word = Signal(len(vals) * dxw, name=f"array_dx_word{j}")
+        for lane in range(len(vals)):
+            m.d.comb += word[lane * dxw:(lane + 1) * dxw].eq(vals[lane])
+        keep = Signal(name=f"array_dx_keep{j}")
+        wcount = Signal(range(below.beats + 1), name=f"array_dx_count{j}")
+        m.d.comb += keep.eq(a & u.dx.valid)
+        ports["ydx_w"].add(keep, addr=u.dx.payload.addr, data=word, en=1)
+        with m.If(st):
+            m.d.sync += wcount.eq(0)
+        with m.Elif(keep):
+            m.d.sync += wcount.eq(wcount + 1)
+        m.d.comb += done.eq(wcount == below.beats)
 
     # ---- dW, the update sweep and the beta update -------------------------------------------------------------
     def _update(self, m, plan, lp, act, start, done, po2b, wm, rng, bnp, xb, ports, sub, scale, regs, sched_shift,

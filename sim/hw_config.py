@@ -90,6 +90,11 @@ class HwConfig:
         True, doc="dW engine: accumulate in DSP48 multiply-accumulates, two weights per slice (binary activations, "
         "lanes_b = 1); false: fabric adders"
     )
+    dx_dsp: bool = opt(
+        True, doc="dX engine: run on the dW engine's DSP48 multiply-accumulates where the layers allow it (dw_dsp, "
+        "binary activations, lanes_b = 1, lanes_out a multiple of dw_passes, dX words of lanes_in / dw_passes values "
+        "equal to the layer below's lanes_out); false: fabric adder trees (dx_passes)"
+    )
     po2_lanes: int = opt(
         4, lo=1, hi=4096, doc="po2 unit: lanes of the first pass's normalise / compare datapath (divides lanes_out; "
         "a beat takes lanes_out / po2_lanes cycles)"

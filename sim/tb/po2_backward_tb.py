@@ -20,14 +20,14 @@ from pathlib import Path
 import cocotb
 import numpy as np
 
-from rtl_gen.po2_backward import Po2Geometry, envelope
+from rtl_gen.po2_backward import Po2Geometry, array_mode, envelope
 from sim.config import apply_overrides, load_config
 from sim.hw.arith import ArithParams, Po2Codes, po2_backward_dw, po2_backward_dx
 from sim.hw.widths import layer_bounds
-from sim.tb.common import Bench, StreamSink, StreamSource, pack, tb_params
+from sim.tb.common import Bench, StreamSink, StreamSource, pack, tb_params, to_signed
 
 PARAMS = tb_params()
-HAS_DX = False
+HAS_DX = ARRAY = False
 if PARAMS:
     CFG = apply_overrides(load_config(PARAMS.get("preset", "mlp")), PARAMS.get("overrides", {}))
     LAYER = int(PARAMS["layer"])
@@ -46,7 +46,8 @@ if PARAMS:
     P = ArithParams.from_config(CFG)
     BOUNDS = layer_bounds(CFG)[LAYER]
     HAS_DX = GEO.dx_width > 0
-ROWS = int(PARAMS.get("rows", 120))
+    ARRAY = array_mode(SHAPES)  # dX and dW on one array: dX reads the codes of the whole batch from memory
+ROWS = B if ARRAY else int(PARAMS.get("rows", 120))  # the array takes the whole batch
 BATCHES = int(PARAMS.get("batches", 3))
 
 
@@ -98,7 +99,10 @@ class TB(Bench):
         self.xdy = StreamSource(self, "xdy", p_idle=p_idle)
         self.dw = StreamSink(self, "dw", p_stall=p_stall)
         if HAS_DX:
-            self.dy = StreamSource(self, "dy", p_idle=p_idle)
+            if ARRAY:
+                self.c = StreamSource(self, "c_load", p_idle=0.2)
+            else:
+                self.dy = StreamSource(self, "dy", p_idle=p_idle)
             self.dx = StreamSink(self, "dx", p_stall=p_stall)
             self.w = StreamSource(self, "w_load", p_idle=0.2)
         self.np_rng = np.random.default_rng(self.rng.getrandbits(64))
@@ -118,6 +122,8 @@ class TB(Bench):
         await super().reset(cycles)
 
     async def run_dx(self, neg, field) -> tuple[np.ndarray, int]:
+        if ARRAY:
+            return await self.run_array_dx(neg, field)
         beats_in = GEO.dy_beats(neg, field)
         first_in, first_out = len(self.dy.stamps), len(self.dx.stamps)
         sender = cocotb.start_soon(self.dy.send(beats_in))
@@ -127,13 +133,55 @@ class TB(Bench):
         assert self.dx.stamps[first_out] > self.dy.stamps[first_in]
         return replace(GEO, dx_width=ENV.dx_width).unpack_dx(out), self.dx.stamps[-1] - self.dy.stamps[first_in] + 1
 
+    async def run_array_dx(self, neg, field) -> tuple[np.ndarray, int]:
+        """Array engines: the codes of the batch into the codes memory (padding lanes of the last group get
+        random codes, which the engine must ignore), a ``dx_start`` pulse, then every word of the layer below
+        (``sample * parts + part``) once."""
+        assert field.shape == (B, M), "the array computes dX for the whole batch"
+        G, LO = BANK.groups, BANK.lanes_out
+        codes = np.zeros((B, G * LO), dtype=np.int64)
+        codes[:, :M] = GEO._codes(neg, field)
+        codes[:, M:] = self.np_rng.integers(0, 1 << GEO.dy_bits, (B, G * LO - M))
+        rows = len(self.dut.c_load__payload) - GEO.dy_bits * LO
+        await self.c.send([
+            pack([(int(c), GEO.dy_bits) for c in codes[b, g * LO:(g + 1) * LO]] + [(b * G + g, rows)])
+            for b in range(B) for g in range(G)
+        ])
+        await self.cycles(2)
+        self.dut.dx_start.value = 1
+        start = self.cycle
+        await self.cycles(1)
+        self.dut.dx_start.value = 0
+        first_out = len(self.dx.stamps)
+        words = GEO.array_dx_words()
+        out = await self.dx.receive(words, max_cycles=30 * GEO.array_dx_cycles() + 500)
+        LS, w = BANK.lanes_in // GEO.dw_passes, ENV.dx_width
+        parts = N // LS
+        dx = np.full((B, N), 1 << 40, dtype=np.int64)
+        for word in out:
+            vals = [to_signed((word >> (i * w)) & ((1 << w) - 1), w) for i in range(LS)]
+            addr = word >> (LS * w)
+            b, part = divmod(addr, parts)
+            assert b < B, f"dx word address {addr} is past the batch"
+            assert (dx[b, part * LS:(part + 1) * LS] == 1 << 40).all(), f"dx word {addr} written twice"
+            dx[b, part * LS:(part + 1) * LS] = vals
+        return dx, self.dx.stamps[-1] - start + 1 if len(self.dx.stamps) > first_out else 0
+
     async def run_dw(self, x, neg, field) -> tuple[np.ndarray, int]:
         beats_in = GEO.xdy_beats(x, neg, field)
         first_in = len(self.xdy.stamps)
         sender = cocotb.start_soon(self.xdy.send(beats_in))
-        out = await self.dw.receive(BANK.depth, max_cycles=30 * GEO.dw_cycles() + 500)
+        out = await self.dw.receive(BANK.depth, max_cycles=30 * dw_model() + 500)
         await sender
         return GEO.unpack_dw(out), self.dw.stamps[-1] - self.xdy.stamps[first_in] + 1
+
+
+def dx_model(rows: int) -> int:
+    return GEO.array_dx_cycles() if ARRAY else GEO.dx_cycles(rows)
+
+
+def dw_model() -> int:
+    return GEO.array_dw_cycles() if ARRAY else GEO.dw_cycles()
 
 
 def assert_equal(what: str, got, want) -> None:
@@ -159,8 +207,8 @@ async def test_dx_random_full_rate(dut):
     neg, field = random_codes(tb.np_rng, ROWS)
     dx, cycles = await tb.run_dx(neg, field)
     assert_equal("dX", dx, ref_dx(neg, field, w))
-    record("dx", cycles, GEO.dx_cycles(ROWS))
-    assert cycles == GEO.dx_cycles(ROWS), f"{ROWS} rows took {cycles} cycles, model {GEO.dx_cycles(ROWS)}"
+    record("dx", cycles, dx_model(ROWS))
+    assert cycles == dx_model(ROWS), f"{ROWS} rows took {cycles} cycles, model {dx_model(ROWS)}"
 
 
 @cocotb.test(skip=not HAS_DX)
@@ -170,11 +218,11 @@ async def test_dx_under_stress(dut):
     await tb.reset()
     w = tb.np_rng.choice(np.array([-1, 1]), (N, M))
     await tb.load(w)
-    for rows in (max(ROWS // 4, 1), max(ROWS // 5, 1)):
+    for rows in (B, B) if ARRAY else (max(ROWS // 4, 1), max(ROWS // 5, 1)):
         neg, field = random_codes(tb.np_rng, rows)
         dx, cycles = await tb.run_dx(neg, field)
         assert_equal("dX under stress", dx, ref_dx(neg, field, w))
-        assert cycles >= GEO.dx_cycles(rows)
+        assert cycles >= dx_model(rows)
 
 
 @cocotb.test(skip=not HAS_DX)
@@ -185,11 +233,12 @@ async def test_dx_worst_case(dut):
     w = np.ones((N, M), dtype=np.int64)
     w[:, : M // 2] = -1
     await tb.load(w)
-    field = np.full((4, M), GEO.planes)
-    neg = np.zeros((4, M), dtype=bool)
-    neg[0, : M // 2] = True  # row 0: every addend +2^span
-    neg[1, M // 2 :] = True  # row 1: every addend -2^span
-    neg[2] = True
+    rows = B if ARRAY else 4  # the array takes whole batches: rows 4, 5, ... repeat rows 0 .. 3
+    field = np.full((rows, M), GEO.planes)
+    neg = np.zeros((rows, M), dtype=bool)
+    neg[0::4, : M // 2] = True  # row 0: every addend +2^span
+    neg[1::4, M // 2 :] = True  # row 1: every addend -2^span
+    neg[2::4] = True
     want = ref_dx(neg, field, w)
     assert want[0].min() == BOUNDS.dX and want[1].max() == -BOUNDS.dX
     assert BOUNDS.dX < 1 << (GEO.dx_width - 1)
@@ -212,8 +261,8 @@ async def test_dw_random_full_rate(dut):
         assert_equal(f"sgn(dW), batch {n}", dw, want)
         counts += np.bincount(want.ravel() + 1, minlength=3)
         if n == 0:
-            record("dw", cycles, GEO.dw_cycles())
-        assert cycles == GEO.dw_cycles(), f"a batch took {cycles} cycles, model {GEO.dw_cycles()}"
+            record("dw", cycles, dw_model())
+        assert cycles == dw_model(), f"a batch took {cycles} cycles, model {dw_model()}"
     assert counts.min() > 0, f"signs (-1, 0, +1) seen {counts.tolist()}: the cases do not cover all three"
 
 
@@ -227,7 +276,7 @@ async def test_dw_under_stress(dut):
         neg, field = random_codes(tb.np_rng, B)
         dw, cycles = await tb.run_dw(x, neg, field)
         assert_equal(f"sgn(dW) under stress, batch {n}", dw, ref_dw_sign(x, neg, field))
-        assert cycles >= GEO.dw_cycles()
+        assert cycles >= dw_model()
 
 
 @cocotb.test()
@@ -246,3 +295,21 @@ async def test_dw_worst_case(dut):
     for flip in (False, True):
         dw, _ = await tb.run_dw(x, neg ^ flip, field)
         assert_equal(f"sgn(dW) worst case (flip {flip})", dw, ref_dw_sign(x, neg ^ flip, field))
+
+
+@cocotb.test(skip=not (ARRAY and HAS_DX))
+async def test_array_dx_and_dw_in_turn(dut):
+    """Array engines: dW batches and dX jobs alternate on the same slices (as the layers' phases do), with
+    output backpressure; each result equals the model."""
+    tb = TB(dut, p_stall=0.3)
+    await tb.reset()
+    w = tb.np_rng.choice(np.array([-1, 1]), (N, M))
+    await tb.load(w)
+    for n in range(2):
+        x = random_x(tb.np_rng)
+        neg, field = random_codes(tb.np_rng, B)
+        dw, _ = await tb.run_dw(x, neg, field)
+        assert_equal(f"sgn(dW), round {n}", dw, ref_dw_sign(x, neg, field))
+        neg, field = random_codes(tb.np_rng, B)
+        dx, _ = await tb.run_dx(neg, field)
+        assert_equal(f"dX, round {n}", dx, ref_dx(neg, field, w))

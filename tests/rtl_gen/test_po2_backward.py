@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from amaranth import Module
-from amaranth.lib import stream, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In
 
-from rtl_gen.po2_backward import DW_LATENCY, DX_LATENCY, Po2Backward, Po2Geometry
+from rtl_gen.po2_backward import DW_LATENCY, DX_LATENCY, Po2Backward, Po2Geometry, array_mode
 from rtl_gen.toolchain import REPO_ROOT, build_root, run_cocotb, to_verilog
 from rtl_gen.xnor_engine import XnorGeometry
 from sim.config import apply_overrides, load_config
@@ -67,14 +67,20 @@ def cached_verilog(name: str, make, key: dict) -> str:
 
 class Po2WithBanks(wiring.Component):
     """Test top: the engine, plus (with a dX unit) weight banks in the XnorEngine layout on its ``weights``
-    port, written through ``w_load`` (always ready)."""
+    port, written through ``w_load`` (always ready), and (array engines) a codes memory on its ``codes`` port,
+    written through ``c_load`` (``addr``, ``data``; always ready)."""
 
     def __init__(self, shapes: list[Po2Geometry]):
         self._engine = Po2Backward(shapes=shapes)
         geometry = self._engine.geometry  # the envelope of the shapes
-        members = {name: mem for name, mem in self._engine.signature.members.items() if name != "weights"}
+        members = {name: mem for name, mem in self._engine.signature.members.items()
+                   if name not in ("weights", "codes")}
         if geometry.dx_width:
             members["w_load"] = In(stream.Signature(geometry.bank.w_layout))
+        if self._engine.array:
+            codes = self._engine.codes.signature.members
+            self._c_layout = data.StructLayout({"data": codes["data"].shape, "addr": codes["addr"].shape})
+            members["c_load"] = In(stream.Signature(self._c_layout))
         super().__init__(members)
 
     def elaborate(self, platform):
@@ -83,6 +89,16 @@ class Po2WithBanks(wiring.Component):
         geo = eng.geometry
         if "layer" in self.signature.members:
             m.d.comb += eng.layer.eq(self.layer)
+        if eng.array:
+            m.d.comb += eng.dx_start.eq(self.dx_start)
+            rows = geo.batch * geo.bank.groups
+            cmem = m.submodules.codes = Memory(shape=len(self.c_load.payload.data.as_value()), depth=rows, init=[])
+            crd, cwr = cmem.read_port(), cmem.write_port()
+            m.d.comb += [
+                crd.addr.eq(eng.codes.addr), crd.en.eq(eng.codes.en), eng.codes.data.as_value().eq(crd.data),
+                cwr.addr.eq(self.c_load.payload.addr), cwr.data.eq(self.c_load.payload.data.as_value()),
+                cwr.en.eq(self.c_load.valid), self.c_load.ready.eq(1),
+            ]
         for name in ("xdy", "dy"):
             if name in self.signature.members:
                 wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(eng, name))
@@ -194,17 +210,30 @@ SWEEP = [
     pytest.param(({}, 1, 32, 8, 4, 1, 1, 100, 1), id="mlp-l1-n256x256-li32-lo8-b4"),
 ]
 
+# dX and dW on one array of DSP48 slices (hw.dx_dsp, the default where the layers allow it): 37 -> 12 -> 7
+# (layer 1: 12 inputs = 3 of the word's 4 parts, 7 outputs = one group with a padding lane); B = 13 in blocks
+# of 2 samples (the last one half padding); B = 5 has passes shorter than the drain (the array waits for it)
+ARRAY = dict(small_config(**{"model.layers": [{"type": "dense", "units": 12}, {"type": "dense", "units": 7}]}))
+ARRAY_CASES = [
+    pytest.param((ARRAY, 1, 16, 8, 1, 4, 4, 0, 3), id="array-l1-n12x7-li16-lo8-p4"),
+    pytest.param(({**ARRAY, "train.batch_size": 5}, 1, 16, 8, 1, 4, 4, 0, 3), id="array-l1-b5-li16-lo8-p4"),
+    # the paper MLP's hidden layer: 256 x 256, B = 100, 64 x 16 lanes, 4 passes (blocks of 4 samples)
+    pytest.param(({}, 1, 64, 16, 1, 4, 4, 0, 1), id="array-mlp-l1-n256x256-li64-lo16-p4"),
+]
 BINARY = small_config(**{"model.input_format": "binary"})
 SHARED = [
     # one engine for layers 0 (37 -> 10: 5 words, 3 groups) and 1 (10 -> 7: 2 words, 2 groups), run as layer 1
     # (dX and dW) and as layer 0 (dW only): run-time words, groups and padding
     pytest.param((BINARY, 1, 8, 4, 2, 2, 2, 60, 3), id="shared-l0l1-run-l1"),
     pytest.param((BINARY, 0, 8, 4, 2, 1, 1, 0, 3), id="shared-l0l1-run-l0"),
+    # an array engine for layers 0 (37 -> 12, dW only) and 1 (12 -> 7)
+    pytest.param(({**ARRAY, "model.input_format": "binary"}, 1, 16, 8, 1, 4, 4, 0, 2), id="shared-array-run-l1"),
+    pytest.param(({**ARRAY, "model.input_format": "binary"}, 0, 16, 8, 1, 4, 4, 0, 2), id="shared-array-run-l0"),
 ]
 
 
 @pytest.mark.rtl
-@pytest.mark.parametrize("case", SWEEP + SHARED)
+@pytest.mark.parametrize("case", SWEEP + ARRAY_CASES + SHARED)
 def test_po2_backward_rtl(case, request):
     """Rerun one case with waveforms: ``XNT_WAVES=1 pytest -k l0-int8 ...``. The ``shared`` cases build one
     engine for layers 0 and 1 and run one of them."""
@@ -217,11 +246,14 @@ def test_po2_backward_rtl(case, request):
         for j in shared
     ]
     geo = shapes[shared.index(layer)]
+    arr = array_mode(shapes)
+    assert arr == ("array" in request.node.callspec.id)
     assert geo.dsp_fields == (2 if lanes_b == 1 and geo.x_max == 1 and "fabric" not in request.node.callspec.id else 0)
     params = {"overrides": overrides, "layer": layer, "lanes_in": lanes_in, "lanes_out": lanes_out, "lanes_b": lanes_b,
               "dw_passes": dw_passes, "dx_passes": dx_passes, "shared": shared}
     build = {k: v for k, v in params.items() if k != "layer"} if len(shared) > 1 else params
-    name = "po2_backward_" + (request.node.callspec.id if len(shared) == 1 else "shared").replace("-", "_")
+    name = "po2_backward_" + (request.node.callspec.id if len(shared) == 1
+                              else "shared_array" if arr else "shared").replace("-", "_")
     run = run_cocotb(
         verilog=cached_verilog(name, lambda: to_verilog(Po2WithBanks(shapes), "po2_backward", emit_src=False), build),
         toplevel="po2_backward",
@@ -230,11 +262,19 @@ def test_po2_backward_rtl(case, request):
         extra_env={"XNT_TB_PARAMS": json.dumps({**params, "rows": rows, "batches": batches})},
         waves=bool(os.environ.get("XNT_WAVES")),
     )
-    assert run.tests == 6
+    assert run.tests == 7
     dw = json.loads((run.build_dir / "cycles-dw.json").read_text())
-    assert dw["measured"] == dw["model"] == geo.dw_cycles() == (
-        geo.bank.depth * (geo.beats_per_tile + 1) * dw_passes + DW_LATENCY
-    )
+    if arr:
+        assert dw["measured"] == dw["model"] == geo.array_dw_cycles()
+    else:
+        assert dw["measured"] == dw["model"] == geo.dw_cycles() == (
+            geo.bank.depth * (geo.beats_per_tile + 1) * dw_passes + DW_LATENCY
+        )
     if geo.dx_width:
         dx = json.loads((run.build_dir / "cycles-dx.json").read_text())
-        assert dx["measured"] == dx["model"] == geo.dx_cycles(rows) == rows * geo.bank.depth * dx_passes + DX_LATENCY
+        if arr:
+            assert dx["measured"] == dx["model"] == geo.array_dx_cycles()
+        else:
+            assert dx["measured"] == dx["model"] == geo.dx_cycles(rows) == (
+                rows * geo.bank.depth * dx_passes + DX_LATENCY
+            )

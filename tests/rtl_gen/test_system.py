@@ -449,18 +449,21 @@ def test_layers_of_equal_lanes_share_the_engine_bn_and_po2_units():
 
 @pytest.mark.rtl
 def test_shared_units_whole_steps():
-    """784-32-32-32-10 (B = 4, 16 lanes out, one sample per dW beat: dW in DSP48 multiply-accumulates): one po2
+    """784-32-32-32-10 (B = 4, 16 lanes out, one sample per dW beat, two dW passes of 16 inputs: dX and dW on one
+    array of DSP48 multiply-accumulates, dX in blocks of 8 samples, half of them padding): one po2
     backward engine serves all four layers (25, 1, 1 and 1 words; 2, 2, 2 and 1 groups, the output layer's with
     6 padding lanes), layers 1 and 2 share their XNOR engine and layers 0 .. 2 their BN and po2 units (fan-in
     784 and 32); the logit and loss units take 2 of the 10 classes per beat; two whole steps bit-exact and
     within 5 % of the cycle model."""
     from rtl_gen.generate import run_system
 
-    # dW in DSP48 multiply-accumulates (hw.dw_dsp); logit and loss units in 2-class parts (the default is 1)
-    cfg = small_cfg(SHARED_LAYERS, SHARED_LANES, "hw.lanes_b=1", "hw.loss_lanes=2")
+    # dX and dW on the DSP48 array (hw.dw_dsp, hw.dx_dsp); logit and loss units in 2-class parts (the default is 1)
+    cfg = small_cfg(SHARED_LAYERS, SHARED_LANES, "hw.lanes_b=1", "hw.loss_lanes=2", "hw.dw_passes=2")
     assert SystemPlan(cfg).loss_lanes == 2
     assert [lp.lanes_out for lp in SystemPlan(cfg).layers] == [16, 16, 16, 16]
     assert SystemPlan(cfg).po2_geometry(1).dsp_fields == 2
+    assert all(SystemPlan(cfg).po2_array(j) for j in range(4))
+    assert not SystemPlan(small_cfg()).po2_array(1)  # two samples per dW beat: fabric dX
     assert SystemPlan(cfg).backward_groups == [[0, 1, 2, 3]]
     rep = run_system(cfg, mode="train", steps=2)
     _assert_steps(rep, 2)
