@@ -669,7 +669,11 @@ class Accelerator(wiring.Component):
         cb_d = max(lp.tiles * lp.groups for lp in LP)
         cb = [mem(f"cb{i}", lo_max * k_bits, cb_d) for i in range(lb)]
         scr_w = max(len(po2[lp.index].scratch.payload.as_value()) - 1 for lp in LP)
-        scr_r, scr_wp = mem("scratch", scr_w, ydx_d)
+        # the po2 scratch of bwd j goes into YDX where it fits: word b is written after BN backward's second
+        # pass has read dX word b (its input), which nothing reads after that; the output layer's g lies above
+        # its words. Otherwise a memory of its own.
+        scr_in_ydx = scr_w <= ydx_w
+        scr_r, scr_wp = (ydx_r, ydx_wp) if scr_in_ydx else mem("scratch", scr_w, ydx_d)
         # output layer: loss gradient g, logits; labels
         self._g_lane = len(loss.g.payload.g[0])  # bits per lane of a g word in YDX
         assert top.lanes_out * self._g_lane <= ydx_w, "g words must fit the YDX buffer"
@@ -690,6 +694,9 @@ class Accelerator(wiring.Component):
                 pm(f"xb{j}_{i}_w", w)
         for name, (r, w) in [("ydx", (ydx_r, ydx_wp)), ("scr", (scr_r, scr_wp)),
                              ("lgb", (lgb_r, lgb_wp)), ("lab", (lab_r, lab_wp))]:
+            if name == "scr" and scr_in_ydx:
+                ports["scr_r"], ports["scr_w"] = ports["ydx_r"], ports["ydx_w"]
+                continue
             pm(f"{name}_r", r)
             pm(f"{name}_w", w)
         for i, (r, w) in enumerate(cb):
@@ -965,7 +972,7 @@ class Accelerator(wiring.Component):
             m.d.comb += err_set["busy"].eq(1)
         m.d.comb += [writer.abort.eq(abort), seq.abort.eq(abort)]
 
-        for pmux in ports.values():
+        for pmux in {id(p): p for p in ports.values()}.values():  # (scratch may share YDX's ports)
             pmux.emit(m)
         self.debug = {"training": training, "ph": ph, "cycles": cycles, "done": done, "act": act, "wm": wm,
                       "rng": rng, "bnp": bnp, "po2b": po2b, "po2": po2, "bnb": bnb, "bnf": bnf}
@@ -1405,7 +1412,8 @@ class Accelerator(wiring.Component):
         feed = self._pooled(m, sub, "dx_feed", (src_w + 2 * lo,),
                             lambda: MemoryReader(width=src_w + 2 * lo, depth=rd_depth, repeat=2), a)
         m.d.comb += [feed.start.eq(st), feed.base.eq(0), feed.count.eq(2 * lp.beats), feed.wrap.eq(lp.beats)]
-        ports[f"{src_name}_r"].add(a, addr=feed.r_addr + src_base, en=feed.r_en)
+        # (the port is the feed's until its last word is taken; then the po2 scratch reader's, which may share it)
+        ports[f"{src_name}_r"].add(a & feed.busy, addr=feed.r_addr + src_base, en=feed.r_en)
         ports[f"mx{j}_r"].add(a, addr=feed.r_addr, en=feed.r_en)
         m.d.comb += feed.r_data.eq(Cat(ports[f"{src_name}_r"].port.data, ports[f"mx{j}_r"].port.data))
         fd = feed.o.payload.data
