@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 
-from amaranth import Cat, Module, Mux, ResetInserter, Signal, Value, signed
+from amaranth import Cat, Const, Module, Mux, ResetInserter, Signal, Value, signed
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -484,11 +485,61 @@ class _PortMux:
 
     def emit(self, m):
         first = True
+        full = len(getattr(self.port, "en", Const(0, 1))) > 1  # a write port with lanes: en=1 writes all of them
         for cond, values in self.cases:
+            if full and isinstance(values.get("en"), int) and values["en"] == 1:
+                values = {**values, "en": Const(-1, len(self.port.en))}
             ctx = m.If(cond) if first else m.Elif(cond)
             with ctx:
                 m.d.comb += [getattr(self.port, k).eq(v) for k, v in values.items()]
             first = False
+
+
+class _PackedPort:
+    """A narrow memory seen through a :class:`_PortMux` of a wider one: word ``a`` of the narrow memory is lane
+    ``a mod n`` (``gran`` bits) of row ``base + a div n`` (``n`` a power of two; the wide write port has lanes of
+    ``gran`` bits). ``add`` as a :class:`_PortMux`. The callers are multiplexed at the narrow width and reach the
+    wide port as one caller (a write's data is replicated into every lane after the multiplexer, its lane
+    enabled). ``port.data`` (read) is the lane of the last row read, which holds while no read is issued (the
+    read port contract)."""
+
+    def __init__(self, mux: _PortMux, *, base: int, n: int, gran: int, width: int, read: bool):
+        self.mux, self.base, self.n, self.gran, self.width, self.read = mux, base, n, gran, width, read
+        self.shift = n.bit_length() - 1
+        self.cases: list[tuple] = []
+        name = mux.name
+        self.port = SimpleNamespace(data=Signal(width, name=f"{name}_packed_data"))
+        self._any = Signal(name=f"{name}_packed_any")
+        self._addr = Signal(len(mux.port.addr), name=f"{name}_packed_addr")
+        self._en = Signal(name=f"{name}_packed_en")
+        self._lane = Signal(range(max(n, 2)), name=f"{name}_packed_lane")
+        if read:
+            mux.add(self._any, addr=self._addr, en=self._en)
+        else:
+            self._data = Signal(width, name=f"{name}_packed_wdata")
+            word = Cat(*([self._data, Const(0, gran - width)] * n))
+            mux.add(self._any, addr=self._addr, data=word, en=Mux(self._en, Const(1, n) << self._lane, 0))
+
+    def add(self, cond, addr, en, data=None):
+        self.cases.append((cond, addr, en, data))
+
+    def emit(self, m):
+        lane = Signal.like(self._lane, name=f"{self.mux.name}_packed_next_lane")
+        for i, (cond, addr, en, data) in enumerate(self.cases):
+            with (m.If if i == 0 else m.Elif)(cond):
+                m.d.comb += [self._any.eq(1), self._addr.eq(self.base + (addr >> self.shift)), self._en.eq(en),
+                             lane.eq(addr[: self.shift] if self.shift else 0)]
+                if not self.read:
+                    m.d.comb += self._data.eq(data)
+        if not self.read:
+            m.d.comb += self._lane.eq(lane)
+            return
+        with m.If(self._any & self._en):
+            m.d.sync += self._lane.eq(lane)
+        with m.Switch(self._lane):
+            for i in range(self.n):
+                with m.Case(i):
+                    m.d.comb += self.port.data.eq(self.mux.port.data[i * self.gran:i * self.gran + self.width])
 
 
 class _OffsetPort:
@@ -646,8 +697,15 @@ class Accelerator(wiring.Component):
 
         # activations X_j (input of layer j), banked by sample
         xb = {}
-        for lp in LP:
-            xb[lp.index] = [mem(f"xb{lp.index}_{i}", lp.lanes_in, lp.tiles * lp.words) for i in range(lp.lanes_b)]
+        # one sample bank and one word width: all layers' X in one memory (layer j's words from xb_base[j]); the
+        # phases read at most one layer's X and write at most one other's (fwd j: X_j in, X_{j+1} out)
+        xb_one = len({(lp.lanes_b, lp.lanes_in) for lp in LP}) == 1 and LP[0].lanes_b == 1 and len(LP) > 1
+        xb_base = {lp.index: sum(q.tiles * q.words for q in LP[:k]) for k, lp in enumerate(LP)}
+        if xb_one:
+            xb_all = mem("xb", LP[0].lanes_in, sum(lp.tiles * lp.words for lp in LP))
+        else:
+            for lp in LP:
+                xb[lp.index] = [mem(f"xb{lp.index}_{i}", lp.lanes_in, lp.tiles * lp.words) for i in range(lp.lanes_b)]
         # x_hat | mask of every layer's BN output, BN beat order
         # (hidden layers: the mask only; their x_hat is X_{j+1}, read back from XB_{j+1} in bwd j)
         mx = {lp.index: mem(f"mx{lp.index}", (2 if lp.top else 1) * lp.lanes_out, lp.beats) for lp in LP}
@@ -663,11 +721,26 @@ class Accelerator(wiring.Component):
         # replay reads Y from the bottom words, read in bwd of the output layer, overwritten by its dX after that)
         ydx_d = max(max(lp.beats for lp in LP), 2 * top.beats)
         self._g_base = ydx_d - top.beats
-        ydx_r, ydx_wp = mem("ydx", ydx_w, ydx_d)
         lo_max = max(lp.lanes_out for lp in LP)
         lb = LP[0].lanes_b
         cb_d = max(lp.tiles * lp.groups for lp in LP)
-        cb = [mem(f"cb{i}", lo_max * k_bits, cb_d) for i in range(lb)]
+        # the codes (one bank) in rows of YDX above its words, n per row, where YDX's block RAMs have the rows free
+        # (or YDX is small): codes are written in bwd j (YDX: the scratch is read) and read in dx j (YDX: dX is
+        # written) and upd j (YDX idle), so YDX's one read and one write port serve both
+        cw_bits = lo_max * k_bits
+        cb_n = 1 << max(0, (ydx_w // cw_bits).bit_length() - 1) if cw_bits <= ydx_w else 0
+        while cb_n and ydx_w % cb_n:
+            cb_n //= 2
+        cb_rows = -(-cb_d // cb_n) if cb_n else 0
+        cb_in_ydx = (lb == 1 and cb_n > 0
+                     and ydx_d + cb_rows <= max(1 << (ydx_d - 1).bit_length(), 512))
+        self._cb_packing = (ydx_d, cb_n) if cb_in_ydx else None
+        cb = [] if cb_in_ydx else [mem(f"cb{i}", cw_bits, cb_d) for i in range(lb)]
+        if cb_in_ydx:
+            ydx_mem = m.submodules["ydx"] = Memory(shape=ydx_w, depth=ydx_d + cb_rows, init=[])
+            ydx_r, ydx_wp = ydx_mem.read_port(), ydx_mem.write_port(granularity=ydx_w // cb_n)
+        else:
+            ydx_r, ydx_wp = mem("ydx", ydx_w, ydx_d)
         scr_w = max(len(po2[lp.index].scratch.payload.as_value()) - 1 for lp in LP)
         # the po2 scratch of bwd j goes into YDX where it fits: word b is written after BN backward's second
         # pass has read dX word b (its input), which nothing reads after that; the output layer's g lies above
@@ -692,6 +765,12 @@ class Accelerator(wiring.Component):
             for i, (r, w) in enumerate(xb[j]):
                 pm(f"xb{j}_{i}_r", r)
                 pm(f"xb{j}_{i}_w", w)
+        if xb_one:
+            pm("xb_r", xb_all[0])
+            pm("xb_w", xb_all[1])
+            for lp in LP:
+                for rw in "rw":
+                    ports[f"xb{lp.index}_0_{rw}"] = _OffsetPort(ports[f"xb_{rw}"], xb_base[lp.index])
         for name, (r, w) in [("ydx", (ydx_r, ydx_wp)), ("scr", (scr_r, scr_wp)),
                              ("lgb", (lgb_r, lgb_wp)), ("lab", (lab_r, lab_wp))]:
             if name == "scr" and scr_in_ydx:
@@ -702,6 +781,10 @@ class Accelerator(wiring.Component):
         for i, (r, w) in enumerate(cb):
             pm(f"cb{i}_r", r)
             pm(f"cb{i}_w", w)
+        if cb_in_ydx:
+            for rw in "rw":
+                ports[f"cb0_{rw}"] = _PackedPort(ports[f"ydx_{rw}"], base=ydx_d, n=cb_n, gran=ydx_w // cb_n,
+                                                 width=cw_bits, read=rw == "r")
         pm("plog_r", plog_r)
         for j in LP:
             jj = j.index
