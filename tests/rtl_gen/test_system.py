@@ -517,3 +517,16 @@ def test_logit_and_loss_units_take_loss_lanes_classes_per_beat():
     assert SystemPlan(small_cfg("hw.loss_lanes=64")).loss_lanes == 8  # at most lanes_out
     with pytest.raises(ConfigError, match=re.escape("hw.loss_lanes = 3 must divide the output layer's lanes_out = 8")):
         SystemPlan(small_cfg("hw.loss_lanes=3"))
+
+
+def test_buffers_share_memories_where_the_ports_allow():
+    """One sample bank: all layers' X in one memory, the codes in YDX's rows above its words (four beats per
+    row); two sample banks: banked X and codes memories of their own. The po2 scratch is in YDX's words in both."""
+    def memories(cfg):
+        m = Accelerator(SystemPlan(cfg)).elaborate(None)
+        return {name for name, (sub, *_r) in m._named_submodules.items() if type(sub).__name__ == "Memory"}
+
+    one = memories(small_cfg(SHARED_LAYERS, SHARED_LANES, "hw.lanes_b=1", "hw.dw_passes=2"))
+    assert {"xb", "ydx"} <= one and not one & {"scratch", "cb0", "xb0_0", "xb1_0"}
+    two = memories(small_cfg())
+    assert {"cb0", "cb1", "xb0_0", "xb0_1", "xb1_0", "ydx"} <= two and not two & {"xb", "scratch"}
