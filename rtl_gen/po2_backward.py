@@ -301,7 +301,6 @@ class Po2Geometry:
         transfer: per pass the beats and a finish cycle, but at least the drain of the previous pass
         (``lanes_out`` cycles, one more after a tile's last pass, which pushes the tile)."""
         LO, P, NB = self.bank.lanes_out, self.dw_passes, self.beats_per_tile
-        t = 0
         gap_after_last = max(NB + 1, LO + 1)
         gap = max(NB + 1, LO)
         n = self.bank.depth * P

@@ -142,9 +142,9 @@ class TB(Bench):
         codes = np.zeros((B, G * LO), dtype=np.int64)
         codes[:, :M] = GEO._codes(neg, field)
         codes[:, M:] = self.np_rng.integers(0, 1 << GEO.dy_bits, (B, G * LO - M))
-        rows = len(self.dut.c_load__payload) - GEO.dy_bits * LO
+        addr_bits = len(self.dut.c_load__payload) - GEO.dy_bits * LO
         await self.c.send([
-            pack([(int(c), GEO.dy_bits) for c in codes[b, g * LO:(g + 1) * LO]] + [(b * G + g, rows)])
+            pack([(int(c), GEO.dy_bits) for c in codes[b, g * LO:(g + 1) * LO]] + [(b * G + g, addr_bits)])
             for b in range(B) for g in range(G)
         ])
         await self.cycles(2)
