@@ -34,7 +34,7 @@ from amaranth.lib.wiring import In, Out
 
 from host.driver import AcceleratorDescription, QuantityLayout
 from sim.hw.arith import ArithParams, loss_grad_scale
-from sim.hw.optim import PROB_BITS, state_bits
+from sim.hw.optim import PROB_BITS
 from sim.hw.widths import derive_widths, hw_supported
 from sim.schema import ConfigError
 
@@ -168,13 +168,7 @@ class SystemPlan:
                               "set hw.input = 'binary' (or model.input_format = 'binary')")
         if h.optimizer == "switch" and h.switch_undo:
             raise ConfigError("hw.switch_undo = true: the RTL controller does not re-run the batch yet; set it false")
-        fields = state_bits(h)
-        if len(fields) != 2:  # the weight plus one state field
-            raise ConfigError(f"hw.optimizer = {h.optimizer!r} with state {sorted(fields)}: the RTL host path reads "
-                              f"back one optimiser field per weight; use switch, bop, or sgd with "
-                              f"sgd_momentum_shift = 0")
         self.opt = OptimizerSpec.from_hw(h)
-        self.opt_field, self.opt_bits = self.opt.fields[0]
         self.batch = B = int(cfg.train.batch_size)
         self.classes = int(cfg.model.num_classes)
         self.p = ArithParams.from_config(cfg)
@@ -362,12 +356,15 @@ class SystemPlan:
             self._add("w", j, (lp.n_in, lp.n_out), target=("wm", j), space=0, count=g.depth * lo, inner=lo,
                       width=li, elem_bits=1, elems_per_word=li, pad=(W * li, G * lo), reshape=(W, li, G, lo),
                       transpose=(2, 0, 3, 1), encoding="sign")
-            # optimiser state: one row of U values per visit of the update sweep (padding visits skipped)
+            # optimiser state, each field in its own space: one row of U values per visit of the update sweep
+            # (padding visits skipped)
             chunks = li // U
-            self._add(self.opt_field, j, (lp.n_in, lp.n_out), target=("wm", j), space=1, count=sweep.visits,
-                      inner=1, width=U * self.opt_bits, elem_bits=self.opt_bits, elems_per_word=U,
-                      pad=(W * li, G * lo), reshape=(W, chunks, U, G, lo), transpose=(3, 0, 4, 1, 2), signed=True,
-                      skip=True)
+            wm_geo = self.wmem_geometry(j)
+            for fname, bits in self.opt.fields:
+                self._add(fname, j, (lp.n_in, lp.n_out), target=("wm", j), space=wm_geo.field_space(fname),
+                          count=sweep.visits, inner=1, width=U * bits, elem_bits=bits, elems_per_word=U,
+                          pad=(W * li, G * lo), reshape=(W, chunks, U, G, lo), transpose=(3, 0, 4, 1, 2),
+                          signed=True, skip=True)
             ng = RngGeometry(sweep=sweep, block=h.rng_block).generators
             self._add("rng", j, (ng,), target=("rng", j), space=0, count=ng, inner=1, width=32, elem_bits=32,
                       elems_per_word=1)

@@ -59,7 +59,9 @@ __all__ = [
     "LATENCY",
     "OP_NAMES",
     "SPACE_STATE",
+    "SPACE_STATE2",
     "SPACE_TABLE",
+    "STATE_SPACES",
     "SPACE_WEIGHTS",
     "UNDO",
     "UPDATE",
@@ -73,7 +75,9 @@ __all__ = [
 
 INIT, UPDATE, UNDO = 0, 1, 2
 OP_NAMES = {INIT: "init", UPDATE: "update", UNDO: "undo"}
-SPACE_WEIGHTS, SPACE_STATE, SPACE_TABLE = 0, 1, 2  # host port address spaces
+SPACE_WEIGHTS, SPACE_STATE, SPACE_TABLE, SPACE_STATE2 = 0, 1, 2, 3  # host port address spaces
+STATE_SPACES = (SPACE_STATE, SPACE_STATE2)
+"""The host port space of each optimiser state field, in :attr:`OptimizerSpec.fields` order (at most two)."""
 
 LATENCY = 2
 """Cycles of a sweep beyond one per visit, counted from the cycle the command is transferred to the last
@@ -309,10 +313,19 @@ class WeightMemoryGeometry:
         U, opt = self.sweep.update_lanes, self.optimizer
         return data.StructLayout({name: data.ArrayLayout(opt.field_shape(name), U) for name, _ in opt.fields})
 
+    def field_width(self, name: str) -> int:
+        """Bits of one state row of field ``name`` (``update_lanes`` values)."""
+        return self.sweep.update_lanes * self.optimizer.field_shape(name).width
+
+    def field_space(self, name: str) -> int:
+        """The host port space of state field ``name`` (:data:`STATE_SPACES`)."""
+        return STATE_SPACES[[n for n, _ in self.optimizer.fields].index(name)]
+
     @property
     def data_width(self) -> int:
+        """Host port data: a weight row, one state field's row, or a table entry (whichever is widest)."""
         table = PROB_BITS + 1 if self.optimizer.kind == "switch" else 0
-        return max(self.bank.lanes_in, Shape.cast(self.state_layout).width, table)
+        return max([self.bank.lanes_in, table] + [self.field_width(n) for n, _ in self.optimizer.fields])
 
     @property
     def host_layout(self) -> data.StructLayout:
@@ -322,28 +335,32 @@ class WeightMemoryGeometry:
             {"write": 1, "space": 2, "lane": range(self.bank.lanes_out), "addr": range(n_addr), "data": self.data_width}
         )
 
-    def pack_state(self, state: dict[str, np.ndarray]) -> list[int]:
-        """State rows (one int per visit) from per-weight arrays ``{field: (n_in, n_out)}``."""
-        words = np.zeros(self.sweep.visits, dtype=object)
+    def pack_state(self, state: dict[str, np.ndarray]) -> dict[str, list[int]]:
+        """Per field, its host rows (one int per visit, the field's space) from per-weight arrays
+        ``{field: (n_in, n_out)}``."""
+        out = {}
         U = self.sweep.update_lanes
-        for name, field in self.state_layout:
-            width = field.width // U
+        for name, _ in self.optimizer.fields:
+            width = self.optimizer.field_shape(name).width
             v = self.sweep.gather(np.asarray(state[name], dtype=np.int64)) & ((1 << width) - 1)
+            words = np.zeros(self.sweep.visits, dtype=object)
             for j in range(U):
-                words += v[:, j].astype(object) << (field.offset + j * width)
-        return words.tolist()
+                words += v[:, j].astype(object) << (j * width)
+            out[name] = words.tolist()
+        return out
 
-    def unpack_state(self, words) -> dict[str, np.ndarray]:
+    def unpack_state(self, rows: dict[str, list[int]]) -> dict[str, np.ndarray]:
         """Inverse of :meth:`pack_state` (padding positions dropped)."""
         out = {}
         U = self.sweep.update_lanes
-        for name, field in self.state_layout:
-            width = field.width // U
+        for name, words in rows.items():
+            shape = self.optimizer.field_shape(name)
+            width = shape.width
             v = np.zeros((len(words), U), dtype=np.int64)
             for i, w in enumerate(words):
                 for j in range(U):
-                    x = (int(w) >> (field.offset + j * width)) & ((1 << width) - 1)
-                    if name != "undo" and x >> (width - 1):
+                    x = (int(w) >> (j * width)) & ((1 << width) - 1)
+                    if shape.signed and x >> (width - 1):
                         x -= 1 << width
                     v[i, j] = x
             out[name] = self.sweep.scatter(v)
@@ -369,9 +386,10 @@ class WeightMemory(wiring.Component):
             :class:`~rtl_gen.xnor_engine.XnorEngineCore` (or the po2 backward engine); valid while idle
             and no host read is in progress.
         host: ``In(stream.Signature(host_layout))`` ``write``, ``space`` (0 weights: ``lane``, ``addr`` = bank
-            row, ``data`` = the row; 1 state: ``addr`` = visit, ``data`` = :attr:`~WeightMemoryGeometry.state_layout`;
-            2 switch table: ``addr`` = p, ``data`` = T[p], write only), ``lane``, ``addr``, ``data``. Ready while
-            idle; one read outstanding.
+            row, ``data`` = the row; 1 and 3 (:data:`STATE_SPACES`) the first and second state field:
+            ``addr`` = visit, ``data`` = the field's ``update_lanes`` values (low bits); 2 switch table:
+            ``addr`` = p, ``data`` = T[p], write only), ``lane``, ``addr``, ``data``. Ready while idle; one
+            read outstanding.
         host_rdata: ``Out(stream.Signature(data_width))`` one word per host read (table reads return 0).
         busy: ``Out(1)`` a sweep is running. flips: ``Out(range(n_in * n_out + 1))`` weights changed by
             the last sweep (valid once ``busy`` is low).
@@ -593,14 +611,16 @@ class WeightMemory(wiring.Component):
 
         # --- state memories ---
         st_rd, st_wr = {}, {}
-        host_state_rd = host_rd & (h.space == SPACE_STATE)
+        if len(opt.fields) > len(STATE_SPACES):
+            raise ValueError(f"{len(opt.fields)} optimiser state fields; the host port has spaces for "
+                             f"{len(STATE_SPACES)}")
         for name, _ in opt.fields:
             layout = data.ArrayLayout(opt.field_shape(name), U)
             mem = m.submodules[f"state_{name}"] = SplitMemory(shape=layout, depth=max(V_all, 2), name=f"state_{name}")
             rd, wr = mem.read, mem.write
             m.d.comb += [
                 rd.addr.eq(Mux(busy, vidx, sbase + h.addr)),
-                rd.en.eq(Mux(busy, issue, host_state_rd)),
+                rd.en.eq(Mux(busy, issue, host_rd & (h.space == geo.field_space(name)))),
             ]
             st_rd[name], st_wr[name] = rd, wr
         table_ports = []
@@ -641,16 +661,13 @@ class WeightMemory(wiring.Component):
                     )
                 ),
             ]
-        state_offset = 0
         for name, _ in opt.fields:
             wr = st_wr[name]
-            width = Shape.cast(data.ArrayLayout(opt.field_shape(name), U)).width
             m.d.comb += [
                 wr.addr.eq(Mux(busy, s1_vidx, sbase + h.addr)),
-                wr.data.eq(Mux(busy, new_state[name].as_value(), h.data[state_offset : state_offset + width])),
-                wr.en.eq(Mux(busy, s1_write, host_wr & (h.space == SPACE_STATE))),
+                wr.data.eq(Mux(busy, new_state[name].as_value(), h.data[: geo.field_width(name)])),
+                wr.en.eq(Mux(busy, s1_write, host_wr & (h.space == geo.field_space(name)))),
             ]
-            state_offset += width
 
         # --- flip counter ---
         changed = Signal(U)
@@ -665,8 +682,9 @@ class WeightMemory(wiring.Component):
             with m.Switch(rd_space):
                 with m.Case(SPACE_WEIGHTS):
                     m.d.sync += resp_data.eq(Array(rd.data for rd in bank_rd)[rd_lane])
-                with m.Case(SPACE_STATE):
-                    m.d.sync += resp_data.eq(Cat(*(st_rd[name].data.as_value() for name, _ in opt.fields)))
+                for name, _ in opt.fields:
+                    with m.Case(geo.field_space(name)):
+                        m.d.sync += resp_data.eq(st_rd[name].data.as_value())
                 with m.Default():
                     m.d.sync += resp_data.eq(0)
         return m
