@@ -2,9 +2,10 @@
 """Random configurations through the generator and the simulator (marker ``random_configs``,
 ``make test-random``): the generator is verified, not one design.
 
-Each case draws a network depth, layer widths, batch size, lane parameters and hardware optimiser from a
-seeded generator, builds the accelerator, runs one whole training step on real MNIST in Verilator and
-compares every read-back quantity with the bit-exact model. ``XNT_RANDOM_CONFIGS`` sets the number of cases
+Each case draws a network depth, layer widths, batch size, lane parameters and hardware optimiser (switch
+with and without undo, bop, iir, sgd with and without momentum) from a seeded generator, builds the
+accelerator, runs one whole training step on real MNIST in Verilator and compares every read-back quantity
+with the bit-exact model. ``XNT_RANDOM_CONFIGS`` sets the number of cases
 (default 6), ``XNT_RANDOM_SEED`` the seed (default 2026). Draws the generator rejects with a ConfigError are
 counted and replaced (the rejection itself is what the fast tests of test_system.py check).
 """
@@ -31,7 +32,7 @@ def draw_config(rng: random.Random):
         depth = rng.randint(1, 3)  # hidden layers
         widths = [rng.choice([8, 12, 16, 24, 32, 40]) for _ in range(depth)]
         layers = ",".join(f'{{type="dense",units={w}}}' for w in widths) + ',{type="dense",units=10}'
-        opt = rng.choice(["switch", "bop", "sgd"])
+        opt = rng.choice(["switch", "bop", "sgd", "iir"])
         over = [
             "model.input_format=binary",
             f"model.layers=[{layers}]",
@@ -47,8 +48,10 @@ def draw_config(rng: random.Random):
             f"hw.rng_seed={rng.randint(1, 1 << 20)}",
             f"train.seed={rng.randint(0, 1000)}",
         ]
-        if opt == "sgd":
-            over.append("hw.sgd_momentum_shift=0")
+        if opt == "switch":  # with or without the re-run and undo
+            over.append(f"hw.switch_undo={rng.choice(['false', 'true'])}")
+        if opt == "sgd":  # with or without the momentum field
+            over.append(f"hw.sgd_momentum_shift={rng.choice([0, 2])}")
         try:
             cfg = apply_overrides(load_config("mlp"), over)
             SystemPlan(cfg)
