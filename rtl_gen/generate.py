@@ -152,6 +152,7 @@ def verify(cfg, steps: int, *, data=None, log=print, stress: bool = False) -> Ve
             dev = 100.0 * (cyc - model.step) / model.step
             log(f"  step {st['step']}: {cyc:,} cycles ({cyc / plan.batch:,.0f} per image; model {dev:+.1f} %), "
                 f"loss {st.get('loss', float('nan')):.4f}, correct {st.get('correct')}/{plan.batch}"
+                + (", update undone (the re-run's loss rose)" if st.get("undone") else "")
                 + (f", {st['wall_s']:.1f} s simulated" if "wall_s" in st else "")
                 + ("" if mm is None else "  MISMATCH"))
         if mm is not None and res.mismatch is None:

@@ -70,7 +70,7 @@ from .loss_unit import LossGradUnit, OutputLogitUnit
 from .po2_backward import Po2Backward, Po2Geometry, array_mode, passes_for
 from .po2_unit import Po2Unit
 from .rng import RngEngine, RngGeometry
-from .weight_memory import UPDATE, OptimizerSpec, SweepGeometry, WeightMemory, WeightMemoryGeometry
+from .weight_memory import UNDO, UPDATE, OptimizerSpec, SweepGeometry, WeightMemory, WeightMemoryGeometry
 from .xnor_engine import XnorEngineCore, XnorGeometry
 
 __all__ = ["Accelerator", "LayerPlan", "SystemPlan", "TOP_NAME", "top_ports"]
@@ -165,9 +165,11 @@ class SystemPlan:
         self.input_kind = h.input_kind(cfg)
         if self.input_kind != "binary":
             raise ConfigError("hw.input = 'int8': the generated RTL has no 8-bit first-layer engine yet; "
-                              "set hw.input = 'binary' (or model.input_format = 'binary')")
-        if h.optimizer == "switch" and h.switch_undo:
-            raise ConfigError("hw.switch_undo = true: the RTL controller does not re-run the batch yet; set it false")
+                              "set hw.input = 'binary' (or model.input_format = 'binary'); "
+                              "benchmarks/int8_first_layer.py estimates what an 8-bit first layer would cost")
+        # switch_undo: after the update the batch runs forward again (running statistics, logits and the correct
+        # count kept from the first run); if its integer loss rose, every layer's weights are copied back
+        self.undo = h.optimizer == "switch" and bool(h.switch_undo)
         self.opt = OptimizerSpec.from_hw(h)
         self.batch = B = int(cfg.train.batch_size)
         self.classes = int(cfg.model.num_classes)
@@ -361,6 +363,8 @@ class SystemPlan:
             chunks = li // U
             wm_geo = self.wmem_geometry(j)
             for fname, bits in self.opt.fields:
+                if fname == "undo":  # lives within one step (written by UPDATE, read by UNDO): not state
+                    continue
                 self._add(fname, j, (lp.n_in, lp.n_out), target=("wm", j), space=wm_geo.field_space(fname),
                           count=sweep.visits, inner=1, width=U * bits, elem_bits=bits, elems_per_word=U,
                           pad=(W * li, G * lo), reshape=(W, chunks, U, G, lo), transpose=(3, 0, 4, 1, 2),
@@ -460,6 +464,8 @@ class SystemPlan:
             if j > 0:
                 out.append(("dx", j))
             out.append(("upd", j))
+        if self.undo:  # the re-run of the forward pass, then the undo of each layer (skipped if the loss fell)
+            out += [("rfwd", j) for j in range(L)] + [("undo", j) for j in range(L)]
         return out
 
 
@@ -639,7 +645,7 @@ class Accelerator(wiring.Component):
         self.unit_names = []  # the shared units' submodule names
         self._pool = {}  # (name, params) -> [unit, uses]: readers shared by the phases of several layers (_pooled)
         self._wide_driven = set()  # ids of shared units' wide inputs that already have a default driver (_wide)
-        fwd_act = {lp.index: act[("fwd", lp.index)] for lp in LP}
+        fwd_act = {lp.index: act[("fwd", lp.index)] | act.get(("rfwd", lp.index), 0) for lp in LP}
         bwd_act = {lp.index: act[("bwd", lp.index)] for lp in LP}
         upd_act = {lp.index: act[("upd", lp.index)] for lp in LP}
         # units that keep every layer's state (in their memories, one region per layer) and take the layer
@@ -651,7 +657,8 @@ class Accelerator(wiring.Component):
         # weight memories: layer j's is read in fwd j (XNOR engine) and dx j (po2 backward engine) and swept in
         # upd j; one memory (banks, state, sweep datapath) per group of layers with equal lanes
         wm = self._shared_state(m, sub, "wmem", plan.wmem_groups,
-                                lambda j: (fwd_act[j] | act.get(("dx", j), 0) | upd_act[j] | host_sel[("wm", j)]),
+                                lambda j: (fwd_act[j] | act.get(("dx", j), 0) | upd_act[j] | act.get(("undo", j), 0)
+                                           | host_sel[("wm", j)]),
                                 lambda grp: WeightMemory(geometries=[plan.wmem_geometry(j) for j in grp]))
         bnp = self._shared_state(m, sub, "bn_param", [[lp.index for lp in LP]],
                                  lambda j: fwd_act[j] | bwd_act[j] | upd_act[j] | host_sel[("bnp", j)],
@@ -825,6 +832,7 @@ class Accelerator(wiring.Component):
         cycles = Signal(32)
         steps = Signal(32)
         correct = Signal(16)
+        self._loss_rose = Signal()  # switch_undo: the re-run's integer loss is above the first run's
         target_x = Signal()
         uploading = Signal()
         restoring = Signal()
@@ -847,6 +855,7 @@ class Accelerator(wiring.Component):
             regs.cycles.value.eq(cycles),
             regs.steps.value.eq(steps),
             regs.correct.value.eq(correct),
+            regs.undone.value.eq(self._loss_rose),
             self.irq.eq(Cat(*[getattr(regs.done, k) for k in done_set], *[getattr(regs.error, k) for k in err_set])
                         .any()),
         ]
@@ -929,6 +938,8 @@ class Accelerator(wiring.Component):
                 self._dx(m, plan, lp, act, start, done, po2b, wm, ports, sub, lb)
             self._update(m, plan, lp, act, start, done, po2b, wm, rng, bnp, xb, ports, sub, scale, regs,
                          sched_shift, lb)
+            if plan.undo:
+                self._undo(m, lp, act, start, done, wm)
 
         # ---- the controller FSM ----------------------------------------------------------------------------
         counting = Signal()
@@ -1013,7 +1024,8 @@ class Accelerator(wiring.Component):
                 with m.Switch(ph):
                     for i, key in enumerate(phases):
                         with m.Case(i):
-                            m.d.comb += state_code.eq({"fwd": 2, "bwd": 4, "dx": 4, "upd": 5}[key[0]])
+                            m.d.comb += state_code.eq({"fwd": 2, "rfwd": 2, "bwd": 4, "dx": 4, "upd": 5,
+                                                       "undo": 5}[key[0]])
                 m.d.sync += ph_start.eq(0)
                 with m.If(abort):
                     m.d.sync += [counting.eq(0), training.eq(0)]
@@ -1189,7 +1201,13 @@ class Accelerator(wiring.Component):
         j = lp.index
         B, G, W, lo = plan.batch, lp.groups, lp.words, lp.lanes_out
         key = ("fwd", j)
-        a, st = act[key], start[key]
+        # the switch_undo re-run (rfwd j) runs the same datapath; it leaves the running statistics, the logits
+        # and the correct count of the first run alone
+        rkey = ("rfwd", j)
+        rerun = act.get(rkey, Const(0))
+        a = Signal(name=f"fwd_any{j}")
+        st = Signal(name=f"fwd_any_start{j}")
+        m.d.comb += [a.eq(act[key] | rerun), st.eq(start[key] | start.get(rkey, 0))]
         e, bn, par = eng[j], bnf[j], bnp[j]
         # rows of X_j -> engine
         xr = sub(f"fwd_rows{j}", RowReader(width=lp.lanes_in, banks=lp.lanes_b, words=W, rows=B))
@@ -1272,7 +1290,9 @@ class Accelerator(wiring.Component):
             self._pack_next(m, plan, lp, st, x_take, bn.x.payload.x_hat, ports, sub)
         # per-channel statistics: S', alpha; running statistics; (output layer) logit constants
         st_count = Signal(range(lp.n_out + 1), name=f"stats_count{j}")
-        dsts = [par.stats] + ([logit.consts] if lp.top else [])
+        to_par = _StreamView(Signal(name=f"stats_par_valid{j}"), Signal(name=f"stats_par_ready{j}"))
+        m.d.comb += [par.stats.valid.eq(to_par.valid & ~rerun), to_par.ready.eq(par.stats.ready | rerun)]
+        dsts = [to_par] + ([logit.consts] if lp.top else [])
         stats_valid = Signal(name=f"stats_valid{j}")
         m.d.comb += stats_valid.eq(a & bn.stats.valid)
         src = _StreamView(stats_valid, bn.stats.ready)
@@ -1290,10 +1310,12 @@ class Accelerator(wiring.Component):
             m.d.sync += st_count.eq(st_count + 1)
         fin = (st_count == lp.n_out) & (x_count == lp.beats) & ~par.busy
         if lp.top:
-            fin = fin & self._output(m, plan, lp, a, st, rr, to_bn, rg, logit, loss, ports, correct)
+            fin = fin & self._output(m, plan, lp, a, st, rr, to_bn, rg, logit, loss, ports, correct, rerun)
         m.d.comb += done[key].eq(fin)
+        if rkey in done:
+            m.d.comb += done[rkey].eq(fin)
 
-    def _output(self, m, plan, lp, a, st, rr, to_bn, rg, logit, loss, ports, correct):
+    def _output(self, m, plan, lp, a, st, rr, to_bn, rg, logit, loss, ports, correct, rerun):
         """Logits (third Y replay), loss gradient g into the top of YDX, logits into their buffer, correct count.
 
         The logit and loss units take ``nl = plan.loss_lanes`` classes per beat: each Y beat of ``lo`` lanes is
@@ -1334,7 +1356,7 @@ class Accelerator(wiring.Component):
         lg_word = Signal(nl * lw, name="logit_word")
         for lane in range(nl):
             m.d.comb += lg_word[lane * lw:(lane + 1) * lw].eq(logit.x.payload.x[lane])
-        ports["lgb_w"].add(lg_take, addr=lg_count, data=lg_word, en=1)
+        ports["lgb_w"].add(lg_take & ~rerun, addr=lg_count, data=lg_word, en=1)
         with m.If(st):
             m.d.sync += lg_count.eq(0)
         with m.Elif(lg_take):
@@ -1379,7 +1401,15 @@ class Accelerator(wiring.Component):
         with m.If(st):
             m.d.sync += loss_done.eq(0)
         with m.Elif(loss.done):
-            m.d.sync += [loss_done.eq(1), correct.eq(loss.correct)]
+            m.d.sync += loss_done.eq(1)
+            if plan.undo:
+                loss_first = Signal.like(loss.loss_q, name="loss_first")
+                with m.If(rerun):
+                    m.d.sync += self._loss_rose.eq(loss.loss_q > loss_first)
+                with m.Else():
+                    m.d.sync += [loss_first.eq(loss.loss_q), self._loss_rose.eq(0), correct.eq(loss.correct)]
+            else:
+                m.d.sync += correct.eq(loss.correct)
         return loss_done & (g_count == lp.beats)
 
     def _sub(self, name, unit):
@@ -1746,6 +1776,26 @@ class Accelerator(wiring.Component):
             m.d.sync += cmd_sent.eq(1)
         m.d.comb += [g.start.eq(st), par.update.eq(st), par.scale.eq(scale[j]), par.lr_shift.eq(regs.sched.lr_shift)]
         m.d.comb += done[key].eq(cmd_sent & (settle == 3) & ~w.busy & ~g.busy & ~tr.busy & ~par.busy)
+
+
+    def _undo(self, m, lp, act, start, done, wm):
+        """switch_undo, layer j: an ``UNDO`` sweep of its weight memory if the re-run's loss rose; else nothing."""
+        j = lp.index
+        key = ("undo", j)
+        a, st = act[key], start[key]
+        w = wm[j]
+        sent = Signal(name=f"undo_sent{j}")
+        settle = Signal(2, name=f"undo_settle{j}")
+        with m.If(a):  # overrides the update phase's command (the same port)
+            m.d.comb += [w.cmd.valid.eq(self._loss_rose & ~sent), w.cmd.payload.op.eq(UNDO),
+                         w.cmd.payload.shift.eq(0)]
+        with m.If(st):
+            m.d.sync += [sent.eq(0), settle.eq(0)]
+        with m.Elif(a & (settle != 3)):
+            m.d.sync += settle.eq(settle + 1)
+        with m.If(a & w.cmd.valid & w.cmd.ready):
+            m.d.sync += sent.eq(1)
+        m.d.comb += done[key].eq(~st & (~self._loss_rose | (sent & (settle == 3) & ~w.busy)))
 
 
 class _StreamView:
