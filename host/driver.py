@@ -529,12 +529,14 @@ COMMANDS = ("upload", "train", "readback", "restore", "abort")
 class StepResult:
     """What one training step reports: ``loss`` (computed by the host from the read-back logits, as the
     bit-exact model does), ``correct``, ``cycles`` (measured by the accelerator from the train command
-    to its completion), ``logits`` (int64 ``[B, classes]`` in Q.logit_frac)."""
+    to its completion), ``logits`` (int64 ``[B, classes]`` in Q.logit_frac), ``undone`` (``hw.switch_undo``:
+    the update was reverted because the re-run's loss rose)."""
 
     loss: float
     correct: int
     cycles: int
     logits: np.ndarray
+    undone: bool = False
 
 
 class Driver:
@@ -617,7 +619,7 @@ class Driver:
         out = {}
         for reg in ("status", "done", "error"):
             out[reg] = yield from self._read_fields(reg)
-        for reg in ("cycles", "steps", "correct"):
+        for reg in ("cycles", "steps", "correct", "undone"):
             out[reg] = (yield from self._read_fields(reg))["value"]
         return out
 
@@ -738,10 +740,11 @@ class Driver:
         yield from self._wait_done("train")
         cycles = (yield from self._read_fields("cycles"))["value"]
         correct = (yield from self._read_fields("correct"))["value"]
+        undone = (yield from self._read_fields("undone"))["value"]
         logits = yield from self._readback(self.desc.quantity("logits", len(self.desc.layers) - 1))
         p = ArithParams(**self.desc.schedule.get("arith", {}))
         _, loss, _ = loss_grad(logits, labels, p)
-        return StepResult(loss=loss, correct=int(correct), cycles=int(cycles), logits=logits)
+        return StepResult(loss=loss, correct=int(correct), cycles=int(cycles), logits=logits, undone=bool(undone))
 
     def _readback(self, q: QuantityLayout) -> Program:
         if q.access == "wo":

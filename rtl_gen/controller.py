@@ -114,6 +114,8 @@ def build_regmap(*, name: str, layers: int, batch: int, classes: int, input_int8
         Register("cycles", "ro", width=32, desc="clock cycles of the last train command"),
         Register("steps", "ro", width=32, desc="training steps completed since reset"),
         Register("correct", "ro", width=16, desc="correctly classified samples of the last step"),
+        Register("undone", "ro", width=1,
+                 desc="hw.switch_undo: the last step's weight update was reverted (the re-run's loss rose)"),
     ]  # fmt: skip
     return RegisterMap(regs, name=name, addr_width=12)
 

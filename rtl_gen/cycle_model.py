@@ -39,6 +39,8 @@ class CycleReport:
         lines = [f"cycles per training step: {self.step:,} ({self.per_image:,.0f} per image, batch {self.batch})"]
         for k, v in self.phases.items():
             lines.append(f"  {k:<8} {v:>10,}  ({100 * v / max(self.step, 1):4.1f} %)")
+        if any(k.startswith("undo") for k in self.phases):
+            lines.append("  (hw.switch_undo: an upper bound; the undo sweeps run only when the re-run's loss rose)")
         return "\n".join(lines)
 
 
@@ -136,9 +138,19 @@ def update_cycles(plan, j: int) -> int:
     return max(tiles, beta) + 2 + PHASE_OVERHEAD
 
 
+def undo_cycles(plan, j: int) -> int:
+    """``undo j`` (``hw.switch_undo``): the ``UNDO`` sweep of layer ``j``'s weight memory, counted as if it runs
+    (it runs only when the re-run's loss rose; otherwise the phase takes ``PHASE_OVERHEAD + 1`` cycles), so the
+    step of a switch_undo configuration is an upper bound."""
+    from .weight_memory import LATENCY
+
+    return plan.layers[j].sweep.visits + LATENCY + 2 + PHASE_OVERHEAD
+
+
 def step_cycles(plan) -> CycleReport:
     rep = CycleReport(batch=plan.batch)
-    fn = {"fwd": forward_cycles, "bwd": backward_cycles, "dx": dx_cycles, "upd": update_cycles}
+    fn = {"fwd": forward_cycles, "rfwd": forward_cycles, "bwd": backward_cycles, "dx": dx_cycles,
+          "upd": update_cycles, "undo": undo_cycles}
     for kind, j in plan.phases():
         rep.phases[f"{kind}{j}"] = int(fn[kind](plan, j))
     rep.step = sum(rep.phases.values()) + 2

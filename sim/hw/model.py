@@ -98,7 +98,8 @@ class HwModel:
                     (u & np.uint32(0xFFFF)).astype(np.int64) << (mag_bits - 16))
                 lat.append(np.where(w > 0, mag, -1 - mag).astype(np.int32))
             self.opt["latent"] = lat
-            self.opt["m"] = [np.zeros(s, dtype=np.int32) for s in self.wshapes]
+            if h.sgd_momentum_shift > 0:  # without momentum there is no second state field (optim.state_bits)
+                self.opt["m"] = [np.zeros(s, dtype=np.int32) for s in self.wshapes]
         self.steps = 0
 
     def state_dict(self) -> dict[str, np.ndarray]:
@@ -251,10 +252,13 @@ class HwModel:
                     h.iir_m_frac_bits, h.iir_g_frac_bits,
                 )
             else:
-                nw, self.opt["latent"][j], self.opt["m"][j] = O.sgd_update(
-                    self.opt["latent"][j], self.opt["m"][j], g, u, O.lr_shift(lr), h.sgd_latent_bits - 1,
-                    h.sgd_momentum_shift, h.sgd_momentum_frac_bits,
+                mom = self.opt.get("m")
+                nw, self.opt["latent"][j], m_new = O.sgd_update(
+                    self.opt["latent"][j], mom[j] if mom else np.zeros(w.shape, np.int32), g, u, O.lr_shift(lr),
+                    h.sgd_latent_bits - 1, h.sgd_momentum_shift, h.sgd_momentum_frac_bits,
                 )
+                if mom:
+                    mom[j] = m_new
             flips += int(np.count_nonzero(nw != w))
             self.w[j] = nw
         return flips

@@ -247,6 +247,8 @@ async def compare_state(tb: TB, step: int, trace=None, result=None) -> dict | No
     if mm is None and trace is not None:
         if result.correct != trace.correct:
             mm = {"quantity": "correct", "layer": None, "index": [], "expected": trace.correct, "got": result.correct}
+        elif result.undone != trace.undone:
+            mm = {"quantity": "undone", "layer": None, "index": [], "expected": trace.undone, "got": result.undone}
         elif result.loss != trace.loss:
             mm = {"quantity": "loss", "layer": None, "index": [], "expected": trace.loss, "got": result.loss}
         elif not np.array_equal(result.logits, trace.logits_q):
@@ -274,7 +276,7 @@ async def train_and_check(tb: TB, x, y, step: int, lr: float) -> dict:
     ends = [int(v) for v in np.asarray(await tb.drv.read("phase_cycles")).ravel()]  # cycle count at each phase end
     names = [f"{kind}{j}" for kind, j in SystemPlan(tb.cfg).phases()]
     entry = {"step": step, "cycles": int(result.cycles), "mismatch": mm, "loss": result.loss,
-             "correct": int(result.correct), "wall_s": round(wall, 3),
+             "correct": int(result.correct), "undone": bool(result.undone), "wall_s": round(wall, 3),
              "sim_cycles_per_s": round(int(result.cycles) / wall, 1),
              "phases": dict(zip(names, np.diff([0, *ends]).tolist(), strict=True))}
     tb.report["steps"].append(entry)

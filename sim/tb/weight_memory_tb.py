@@ -18,7 +18,7 @@ import cocotb
 import numpy as np
 from cocotb.triggers import FallingEdge, ReadOnly
 
-from rtl_gen.weight_memory import INIT, SPACE_STATE, SPACE_TABLE, SPACE_WEIGHTS, UNDO, UPDATE, WeightMemoryGeometry
+from rtl_gen.weight_memory import INIT, SPACE_TABLE, SPACE_WEIGHTS, UNDO, UPDATE, WeightMemoryGeometry
 from sim.config import apply_overrides, load_config
 from sim.hw import optim as O
 from sim.hw.arith import xnor_popcount
@@ -197,11 +197,17 @@ class TB(Bench):
         return np.where(bits[:N, :M] > 0, 1, -1).astype(np.int8)
 
     async def write_state(self, state) -> None:
-        rows = GEO.pack_state(state)
-        await self.host_write([{"space": SPACE_STATE, "addr": v, "data": word} for v, word in enumerate(rows)])
+        # each field through its own space (the other field's rows are left alone)
+        for name, rows in GEO.pack_state(state).items():
+            space = GEO.field_space(name)
+            await self.host_write([{"space": space, "addr": v, "data": word} for v, word in enumerate(rows)])
 
     async def read_state(self) -> dict:
-        return GEO.unpack_state(await self.host_read([{"space": SPACE_STATE, "addr": v} for v in range(SW.visits)]))
+        rows = {}
+        for name, _ in GEO.optimizer.fields:
+            space = GEO.field_space(name)
+            rows[name] = await self.host_read([{"space": space, "addr": v} for v in range(SW.visits)])
+        return GEO.unpack_state(rows)
 
     async def write_table(self, table) -> None:
         await self.host_write([{"space": SPACE_TABLE, "addr": p, "data": int(t)} for p, t in enumerate(table)])

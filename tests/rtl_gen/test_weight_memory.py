@@ -135,9 +135,14 @@ def test_state_rows_pack_and_unpack():
     geo = WeightMemoryGeometry.from_config(cfg, 0, lanes_in=8, lanes_out=4, update_lanes=4)
     rng = np.random.default_rng(0)
     state = {"m": rng.integers(-64, 65, (37, 10)), "g": rng.integers(-256, 257, (37, 10))}
-    back = geo.unpack_state(geo.pack_state(state))
+    rows = geo.pack_state(state)
+    back = geo.unpack_state(rows)
     assert all((back[k] == state[k]).all() for k in state)
-    assert geo.data_width == 4 * (8 + 10) and len(geo.pack_state(state)) == geo.sweep.visits
+    # one field per host space: m (8 bits) at space 1, g (10 bits) at space 3; the port carries the wider one
+    assert [geo.field_space(k) for k in ("m", "g")] == [1, 3]
+    assert geo.data_width == 4 * 10 and {k: len(v) for k, v in rows.items()} == {"m": geo.sweep.visits,
+                                                                                 "g": geo.sweep.visits}
+    assert max(rows["m"]) < 1 << 32 and max(rows["g"]) < 1 << 40
     assert grad_layout(geo.bank).size == 2 * 8 * 4 + 1
 
 
@@ -169,7 +174,7 @@ FOUR_LAYERS = {"model.layers": [{"type": "dense", "units": 10}, {"type": "dense"
                                  {"type": "dense", "units": 10}, {"type": "dense", "units": 7}]}
 
 
-@pytest.mark.parametrize("optimizer", ["switch", "bop"])
+@pytest.mark.parametrize("optimizer", ["switch", "bop", "iir"])
 def test_one_memory_for_several_layers_equals_one_memory_each(optimizer):
     """A WeightMemory shared by the four layers of 37 -> 10 -> 10 -> 10 -> 7 (8-bit words, 4 banks, 4 update
     lanes; 5, 2, 2 and 2 words; partial last chunks, groups of 4, 4, 4 and 3 columns) behaves exactly like
@@ -179,7 +184,7 @@ def test_one_memory_for_several_layers_equals_one_memory_each(optimizer):
     from amaranth.sim import Simulator
     from pysim_host import host_access  # same folder
 
-    from rtl_gen.weight_memory import SPACE_STATE, SPACE_TABLE, SPACE_WEIGHTS, UPDATE
+    from rtl_gen.weight_memory import SPACE_TABLE, SPACE_WEIGHTS, UPDATE
     from sim.hw.optim import PROB_BITS
 
     cfg = apply_overrides(load_config("mlp"), small_config(**FOUR_LAYERS, **{"hw.optimizer": optimizer}))
@@ -198,10 +203,11 @@ def test_one_memory_for_several_layers_equals_one_memory_each(optimizer):
     U, L = 4, 4
     table = rng.integers(0, 1 << PROB_BITS, geos[0].optimizer.cutoff + 1) if optimizer == "switch" else []
     init = []
-    state_w = geos[0].state_layout.size
+    fields = [(geos[0].field_space(n), geos[0].field_width(n)) for n, _ in geos[0].optimizer.fields]
     for g in geos:
         init.append({"w": rng.integers(0, 1 << 8, (L, g.bank.depth)).tolist(),
-                     "s": [int(x) for x in rng.integers(0, 1 << 62, g.sweep.visits) % (1 << state_w)]})
+                     "s": [[int(x) % (1 << width) for x in rng.integers(0, 1 << 62, g.sweep.visits)]
+                           for _, width in fields]})
     sweeps = []
     for _ in range(2):
         for g in geos:
@@ -258,8 +264,9 @@ def test_one_memory_for_several_layers_equals_one_memory_each(optimizer):
             for lane in range(L):
                 for r in range(g.bank.depth):
                     await host(ctx, dut, SPACE_WEIGHTS, r, lane, init[j]["w"][lane][r])
-            for v, word in enumerate(init[j]["s"]):
-                await host(ctx, dut, SPACE_STATE, v, data=word)
+            for (space, _), rows in zip(fields, init[j]["s"], strict=True):
+                for v, word in enumerate(rows):
+                    await host(ctx, dut, space, v, data=word)
             for p, t in enumerate(table):
                 await host(ctx, dut, SPACE_TABLE, p, data=int(t))
         for n, (grads, nums, shift) in enumerate(sweeps):
@@ -269,7 +276,8 @@ def test_one_memory_for_several_layers_equals_one_memory_each(optimizer):
             dut = pick(ctx, j)
             out.append(("w", j, [await host(ctx, dut, SPACE_WEIGHTS, r, lane) for lane in range(L)
                                  for r in range(g.bank.depth)]))
-            out.append(("s", j, [await host(ctx, dut, SPACE_STATE, v) for v in range(g.sweep.visits)]))
+            for space, _ in fields:
+                out.append(("s", j, [await host(ctx, dut, space, v) for v in range(g.sweep.visits)]))
         results[name] = out
 
     def pick_shared(ctx, j):
@@ -284,7 +292,7 @@ def test_one_memory_for_several_layers_equals_one_memory_each(optimizer):
     sim.add_clock(1e-8)
     sim.add_testbench(bench)
     sim.run()
-    assert len(results["single"]) == len(sweeps) + 2 * len(geos)
+    assert len(results["single"]) == len(sweeps) + (1 + len(fields)) * len(geos)
     assert any(f for kind, _, f in results["single"] if kind == "flips")  # the sweeps changed weights
     for a, b in zip(results["single"], results["shared"], strict=True):
         assert a == b, (a[0], a[1])
