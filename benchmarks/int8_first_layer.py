@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = ap.parse_args(argv)
-    cfg = apply_overrides(load_config("mlp"), ["model.input_format=binary", *args.set])
+    cfg = apply_overrides(load_config("mlp"), ["hw.input=binary", *args.set])
     est = estimate(cfg)
     print(json.dumps(est, indent=1))
     print(f"cycles per image: binary {est['binary']['per_image']:,}, int8 with bit planes "

@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="configuration override")
     ap.add_argument("--out", type=Path, help="also append the JSON lines to this file")
     args = ap.parse_args(argv)
-    cfg = apply_overrides(load_config(args.config), ["model.input_format=binary", *args.set])
+    cfg = apply_overrides(load_config(args.config), ["hw.input=binary", *args.set])
     for case in args.cases:
         line = json.dumps(run_case(cfg, case))
         print(line, flush=True)

@@ -14,7 +14,7 @@ from amaranth.sim import Simulator
 
 from rtl_gen.bn_unit import BnBackwardUnit, BnForwardUnit, BnLayer, forward_cycles, mul_const
 from rtl_gen.toolchain import run_cocotb, to_verilog
-from sim.config import load_config
+from sim.config import apply_overrides, load_config
 from sim.hw.arith import ArithParams, bn_backward, bn_forward
 from sim.hw.widths import layer_bounds
 from sim.tb.bn_unit_tb import small_config
@@ -23,7 +23,7 @@ from sim.tb.bn_unit_tb import small_config
 
 
 def test_layer_from_config_is_the_sim_hw_layer():
-    cfg = load_config("mlp")
+    cfg = apply_overrides(load_config("mlp"), ["hw.input=int8"])  # layer 0 at its widest
     bounds = layer_bounds(cfg)
     for j in range(5):
         lay = BnLayer.from_config(cfg, j, lanes=16)
@@ -62,7 +62,7 @@ def test_bad_parameters_are_rejected(kwargs, error, message):
 
 
 def test_cycle_models():
-    cfg = load_config("mlp")
+    cfg = apply_overrides(load_config("mlp"), ["hw.input=int8"])  # layer 0 at its widest
     fwd = BnForwardUnit(layer=BnLayer.from_config(cfg, 0, lanes=16))
     # divider: quotient width max(bitlen(2 Ymax), bitlen(2 Ymax + 2), alpha 14) = 18 bits, 1 per cycle
     assert fwd.div_widths[2] == 18 and fwd.div_iterations == 18
@@ -231,7 +231,7 @@ def test_backward_in_amaranth_simulator(pass2_lanes):
 
 # --- cocotb on Verilator --------------------------------------------------------------------------------------
 
-MLP = {}  # the preset itself
+MLP = {}  # the preset, with the 8-bit first-layer input so that layer 0 is at its widest
 FORWARD = [
     # (config overrides or MLP, layer, lanes, div_steps, batches); one Verilator build each
     pytest.param((dict(batch=8, channels=10, fan_in=20), 0, 4, 1, 16), id="b8-m10-n20-l4"),  # partial last group
@@ -250,7 +250,7 @@ BACKWARD = [
 
 
 def _config(spec):
-    return load_config("mlp") if spec is MLP else small_config(**spec)
+    return apply_overrides(load_config("mlp"), ["hw.input=int8"]) if spec is MLP else small_config(**spec)
 
 
 def _run(unit, case):

@@ -52,10 +52,10 @@ def test_generate_writes_verilog_regmap_and_report(tmp_path, capsys):
 
 
 def test_verify_names_the_unsupported_field(capsys):
-    # the preset's real-valued input needs the 8-bit first-layer engine, which the RTL does not have yet
-    assert main(["verify", "--model", "mlp", "--steps", "1"]) == EXIT_USER_ERROR
+    # an 8-bit first layer needs the engine the RTL does not have yet
+    assert main(["verify", "--model", "mlp", "--set", "hw.input=int8", "--steps", "1"]) == EXIT_USER_ERROR
     err = capsys.readouterr().err
-    assert "hw.input = 'int8'" in err and "model.input_format" in err
+    assert "hw.input = 'int8'" in err and "hw.input = 'binary'" in err
 
 
 def test_verify_rejects_a_bad_step_count(capsys):

@@ -28,7 +28,8 @@ from sim.config import apply_overrides, load_config
 from sim.hw.arith import ArithParams, bn_forward, exp2_table, loss_grad, output_logits
 from sim.hw.widths import derive_widths, layer_bounds, signed_bits
 
-INT8_ONE_LAYER = {"model.layers": [{"type": "dense", "units": 10}]}  # the output layer sees int8 pixels: Y 18 bits
+# the output layer sees int8 pixels: Y 18 bits
+INT8_ONE_LAYER = {"model.layers": [{"type": "dense", "units": 10}], "hw.input": "int8"}
 
 
 def small(classes: int, batch: int, loss: str = "cross_entropy") -> dict:

@@ -33,6 +33,7 @@ def small_config(**overrides):
         "model.layers": [{"type": "dense", "units": 10}, {"type": "dense", "units": 7}],
         "model.num_classes": 7,
         "train.batch_size": 13,
+        "hw.input": "auto",  # the first layer's input follows model.input_format: 8-bit unless it says binary
     }
     d.update(overrides)
     return d
@@ -126,7 +127,7 @@ class Po2WithBanks(wiring.Component):
 
 
 def test_geometry_and_widths_come_from_the_configuration():
-    mlp = load_config("mlp")
+    mlp = apply_overrides(load_config("mlp"), ["hw.input=int8"])  # layer 0 with 8-bit activations
     bounds = layer_bounds(mlp)
     g0 = Po2Geometry.from_config(mlp, 0, lanes_in=64, lanes_out=16, lanes_b=1)
     g1 = Po2Geometry.from_config(mlp, 1, lanes_in=32, lanes_out=8, lanes_b=4)

@@ -25,7 +25,7 @@ from rtl_gen.controller import SPACE_A, SPACE_BETA, SPACE_E, SPACE_M, SPACE_MU, 
 from rtl_gen.cycle_model import step_cycles
 from rtl_gen.top import Accelerator, SystemPlan
 from rtl_gen.weight_memory import WeightMemoryGeometry
-from sim.config import apply_overrides, load_config
+from sim.config import CONFIG_DIR, apply_overrides, load_config
 from sim.hw import arith as A
 from sim.hw import optim as O
 from sim.schema import ConfigError
@@ -48,7 +48,8 @@ def small_cfg(*extra):
 
 
 def paper_cfg(*extra):
-    return apply_overrides(load_config("mlp"), ["model.input_format=binary", *extra])
+    """The paper's MLP exactly as configs/mlp_mnist.toml gives it (its hardware input is binarised)."""
+    return apply_overrides(load_config(CONFIG_DIR / "mlp_mnist.toml"), list(extra))
 
 
 # --- plan, layouts, configuration errors ----------------------------------------------------------------
@@ -121,9 +122,10 @@ def test_two_field_optimiser_state_layouts(over):
 
 
 @pytest.mark.parametrize("over, message", [
-    (["model.input_format=float"], "hw.input = 'int8'"),
-    (["hw.lanes_in=48", "model.input_format=binary"], "hw.lanes_in = 48"),
-    (["hw.update_lanes=3", "model.input_format=binary"], "update_lanes"),
+    (["hw.input=int8"], "hw.input = 'int8'"),
+    (["hw.input=auto"], "hw.input = 'int8'"),  # auto: int8 for the preset's real-valued input
+    (["hw.lanes_in=48"], "hw.lanes_in = 48"),
+    (["hw.update_lanes=3"], "update_lanes"),
 ])
 def test_unsupported_configurations_are_rejected(over, message):
     with pytest.raises(ConfigError, match=message):
@@ -576,8 +578,8 @@ def _flips_without_undo(cfg) -> int:
 
 @pytest.mark.paper
 def test_paper_mlp_three_steps():
-    """What CI runs for the paper's MLP (784-256-256-256-256-10, B = 100, configs/mlp_mnist.toml with
-    binarised input): ``xnortrain verify`` for 3 steps; every read-back quantity equals the bit-exact model
+    """What CI runs for the paper's MLP (784-256-256-256-256-10, B = 100, configs/mlp_mnist.toml as it is):
+    ``xnortrain verify`` for 3 steps; every read-back quantity equals the bit-exact model
     after every step, and the measured cycles are within 5 % of the cycle model."""
     import time
 

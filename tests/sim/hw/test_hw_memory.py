@@ -17,7 +17,7 @@ def test_default_fits_zynq7020():
 
 
 def test_latent_baselines_do_not_fit_and_binary_input_shrinks_buffers():
-    cfg = load_config("mlp")
+    cfg = apply_overrides(load_config("mlp"), ["hw.input=int8"])
     assert not memory_report(apply_overrides(cfg, ["hw.optimizer=sgd"]))["fits"]
     assert not memory_report(apply_overrides(cfg, ["hw.optimizer=iir"]))["fits"]
     a = memory_report(cfg)["buffers_kib"]

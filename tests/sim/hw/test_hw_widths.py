@@ -15,7 +15,8 @@ def _fits(v, bits: int, signed: bool = True) -> bool:
 
 @pytest.fixture(scope="module")
 def cfg():
-    return load_config("mlp")
+    # the contract's widths table (docs/arithmetic.md) is for the 8-bit first-layer input, the widest case
+    return apply_overrides(load_config("mlp"), ["hw.input=int8"])
 
 
 def test_mlp_widths_documented(cfg):
