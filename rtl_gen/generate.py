@@ -65,8 +65,11 @@ def _compile_flags(opt: str) -> list[str]:
 
 def run_system(cfg, *, mode: str = "train", steps: int = 1, data=None, stress: bool = False,
                name: str | None = None, lr: float | None = None, waves: bool = False, verbose: bool = False,
-               timeout_cycles: int | None = None) -> dict:
+               timeout_cycles: int | None = None, model_overrides: list[str] | None = None) -> dict:
     """Build the accelerator for ``cfg`` and run ``sim/tb/system_tb.py`` in ``mode``; returns its report.
+
+    ``model_overrides`` (for tests of the comparison itself) give the testbench's bit-exact model a configuration
+    that differs from the hardware's by these ``key=value`` settings, so that every step must mismatch.
 
     Raises :class:`rtl_gen.toolchain.CocotbFailure` when the testbench fails (a mismatch, a hang); the
     report written so far is then in the exception's ``report`` attribute.
@@ -90,6 +93,12 @@ def run_system(cfg, *, mode: str = "train", steps: int = 1, data=None, stress: b
     params = {"description": str(desc_path), "config": str(cfg_path), "data": str(data_path) if data_path else None,
               "steps": steps, "mode": mode, "report": str(report_path), "stress": int(stress),
               "verbose": int(verbose)}
+    if model_overrides:
+        from sim.config import apply_overrides
+
+        model_path = folder / f"model-config-{os.getpid()}.toml"
+        model_path.write_text(apply_overrides(cfg, list(model_overrides)).to_toml())
+        params["model_config"] = str(model_path)
     if timeout_cycles is None:
         # a command that takes 20 training steps' worth of cycles is hung: fail in minutes, not hours
         from .cycle_model import step_cycles
@@ -124,10 +133,12 @@ class VerifyResult:
         return [s["cycles"] for s in self.steps if s.get("cycles") is not None]
 
 
-def verify(cfg, steps: int, *, data=None, log=print, stress: bool = False) -> VerifyResult:
+def verify(cfg, steps: int, *, data=None, log=print, stress: bool = False,
+           model_overrides: list[str] | None = None) -> VerifyResult:
     """Build the accelerator for ``cfg``, run ``steps`` training steps on real batches (``data``: an
     ``.npz`` with ``x``/``y`` or a dataset folder; default the configured dataset) in Verilator through the
-    host driver, and compare every quantity with :class:`sim.hw.model.HwModel` after every step."""
+    host driver, and compare every quantity with :class:`sim.hw.model.HwModel` after every step.
+    ``model_overrides``: see :func:`run_system` (a model that disagrees with the hardware, to test the check)."""
     from .cycle_model import step_cycles
     from .toolchain import CocotbFailure
     from .top import SystemPlan
@@ -139,7 +150,7 @@ def verify(cfg, steps: int, *, data=None, log=print, stress: bool = False) -> Ve
     log(f"xnortrain verify: {cfg.name}, {len(plan.layers)} layers, batch {plan.batch}, {steps} step(s); "
         f"cycle model {model.step:,} cycles per step")
     try:
-        report = run_system(cfg, mode="train", steps=steps, data=data, stress=stress)
+        report = run_system(cfg, mode="train", steps=steps, data=data, stress=stress, model_overrides=model_overrides)
         failure = None
     except CocotbFailure as e:
         report = getattr(e, "report", None) or {"steps": []}

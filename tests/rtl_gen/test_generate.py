@@ -87,6 +87,21 @@ def test_verify_command_on_a_small_mlp(capsys):
     assert out.count("cycles (") == 2
 
 
+@pytest.mark.rtl
+def test_verify_finds_a_model_that_disagrees_with_the_hardware():
+    """The comparison can fail: the same accelerator (same Verilog, so the cached build) checked against a model
+    whose running statistics follow another EMA rate must mismatch at step 0, in those statistics only."""
+    from rtl_gen.generate import verify
+
+    cfg = apply_overrides(load_config("mlp"), SMALL_SET)
+    lines = []
+    res = verify(cfg, 1, log=lines.append, model_overrides=[f"hw.running_shift={cfg.hw.running_shift + 1}"])
+    assert not res.ok and res.mismatch is not None and res.mismatch["step"] == 0
+    assert res.mismatch["quantity"] == "mu_r", res.mismatch  # the first differing quantity in sorted order
+    assert {k.rstrip("0123456789") for k in res.mismatch["all"]} == {"mu_r", "s_r"}, res.mismatch
+    assert lines[-1].startswith("FAILED: first mismatch at step 0"), lines[-1]
+
+
 @pytest.mark.synth
 def test_generate_with_synthesis_reports_resources_and_fit(tmp_path):
     """``generate`` with Yosys: report.json holds the xc7z020 resource counts and percentages, and the fit
