@@ -164,7 +164,9 @@ class SystemPlan:
                               f"only (got {bad.spec.type!r})")
         self.input_kind = h.input_kind(cfg)
         if self.input_kind != "binary":
-            raise ConfigError("hw.input = 'int8': the generated RTL has no 8-bit first-layer engine yet; "
+            given = ("hw.input = 'int8'" if h.input == "int8" else
+                     f"hw.input = 'auto' (int8 for model.input_format = {cfg.model.input_format!r})")
+            raise ConfigError(f"{given}: the generated RTL has no 8-bit first-layer engine yet; "
                               "set hw.input = 'binary' (or model.input_format = 'binary'); "
                               "benchmarks/int8_first_layer.py estimates what an 8-bit first layer would cost")
         # switch_undo: after the update the batch runs forward again (running statistics, logits and the correct

@@ -123,7 +123,7 @@ def test_two_field_optimiser_state_layouts(over):
 
 @pytest.mark.parametrize("over, message", [
     (["hw.input=int8"], "hw.input = 'int8'"),
-    (["hw.input=auto"], "hw.input = 'int8'"),  # auto: int8 for the preset's real-valued input
+    (["hw.input=auto"], "hw.input = 'auto' \\(int8 for model.input_format = 'float'\\)"),
     (["hw.lanes_in=48"], "hw.lanes_in = 48"),
     (["hw.update_lanes=3"], "update_lanes"),
 ])
