@@ -69,7 +69,8 @@ def run_system(cfg, *, mode: str = "train", steps: int = 1, data=None, stress: b
     """Build the accelerator for ``cfg`` and run ``sim/tb/system_tb.py`` in ``mode``; returns its report.
 
     ``model_overrides`` (for tests of the comparison itself) give the testbench's bit-exact model a configuration
-    that differs from the hardware's by these ``key=value`` settings, so that every step must mismatch.
+    that differs from the hardware's by these ``key=value`` settings: a setting the datapath depends on must then
+    show up as a mismatch (the way to check that the comparison can fail).
 
     Raises :class:`rtl_gen.toolchain.CocotbFailure` when the testbench fails (a mismatch, a hang); the
     report written so far is then in the exception's ``report`` attribute.
