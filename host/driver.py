@@ -21,7 +21,15 @@ buffer logic drives the simulated accelerator and the board::
 
     drv = Driver(AcceleratorDescription.from_json("out/accelerator.json"), PynqTransport(overlay))
     result = drv.train_step(x, labels, lr=1e-3)             # on the board
-    result = await drv.train_step(x, labels, lr=1e-3)       # in a cocotb test (AsyncTransport)
+    await drv.connect()                                     # in a cocotb test (AsyncTransport) ...
+    result = await drv.train_step(x, labels, lr=1e-3)       # ... every call returns a coroutine
+
+Before anything else the driver checks that the hardware is the accelerator the description describes
+(:meth:`Driver.connect`: the identification, geometry and batch registers; the constructor runs it on a
+blocking transport). Every wait is bounded in accelerator cycles and in wall time: a command that does not
+finish is aborted (:class:`AcceleratorTimeout`), a stream transfer that does not complete is stopped
+(:class:`TransferTimeout`, naming the transfer). A restore checks the whole state before it writes
+anything (:meth:`Driver.check_state`, :class:`StateError`).
 
 No register address or bit position is written here: registers and fields are looked up by name in
 the map (:class:`rtl_gen.regmap.RegisterMap`), quantities by name in the description.
@@ -55,13 +63,16 @@ __all__ = [
     "AsyncTransport",
     "BlockingTransport",
     "Driver",
+    "HardwareMismatch",
     "PynqTransport",
     "QuantityLayout",
     "Read",
     "Receive",
     "Send",
     "Sleep",
+    "StateError",
     "StepResult",
+    "TransferTimeout",
     "Transport",
     "Write",
     "pack_words",
@@ -116,10 +127,17 @@ Program = Generator[Op, Any, Any]
 
 
 class Transport:
-    """Runs driver programs (generators of bus operations)."""
+    """Runs driver programs (generators of bus operations).
+
+    An operation that raises (an ``Exception``) is raised inside the program at its ``yield``, so the
+    program can clean up (the driver aborts the accelerator's command when a stream transfer times out)
+    before the error leaves :meth:`execute`."""
 
     def execute(self, program: Program):  # pragma: no cover - interface
         raise NotImplementedError
+
+    def attach(self, desc: AcceleratorDescription) -> None:
+        """Called once by the :class:`Driver` with the accelerator's description (e.g. to size buffers)."""
 
 
 class BlockingTransport(Transport):
@@ -141,11 +159,15 @@ class BlockingTransport(Transport):
         pass
 
     def execute(self, program: Program):
-        result = None
+        result, error = None, None
         try:
             while True:
-                op = program.send(result)
-                result = self._do(op)
+                op = program.send(result) if error is None else program.throw(error)
+                result, error = None, None
+                try:
+                    result = self._do(op)
+                except Exception as e:  # handed to the program (see Transport); KeyboardInterrupt is not
+                    error = e
         except StopIteration as stop:
             return stop.value
 
@@ -188,24 +210,30 @@ class AsyncTransport(Transport):
         return self._run(program)
 
     async def _run(self, program: Program):
-        result = None
+        result, error = None, None
         try:
             while True:
-                op = program.send(result)
-                if isinstance(op, Read):
-                    result = int(await self.read(op.addr))
-                elif isinstance(op, Write):
-                    result = await self.write(op.addr, op.value)
-                elif isinstance(op, Send):
-                    result = await self.send(op.words)
-                elif isinstance(op, Receive):
-                    result = np.asarray(await self.receive(op.count), dtype=np.uint32)
-                elif isinstance(op, Sleep):
-                    result = await self.sleep(op.cycles)
-                else:
-                    raise TypeError(f"unknown bus operation {op!r}")
+                op = program.send(result) if error is None else program.throw(error)
+                result, error = None, None
+                try:
+                    result = await self._do(op)
+                except Exception as e:  # handed to the program (see Transport)
+                    error = e
         except StopIteration as stop:
             return stop.value
+
+    async def _do(self, op: Op):
+        if isinstance(op, Read):
+            return int(await self.read(op.addr))
+        if isinstance(op, Write):
+            return await self.write(op.addr, op.value)
+        if isinstance(op, Send):
+            return await self.send(op.words)
+        if isinstance(op, Receive):
+            return np.asarray(await self.receive(op.count), dtype=np.uint32)
+        if isinstance(op, Sleep):
+            return await self.sleep(op.cycles)
+        raise TypeError(f"unknown bus operation {op!r}")
 
 
 class PynqTransport(BlockingTransport):
@@ -214,16 +242,52 @@ class PynqTransport(BlockingTransport):
 
     ``overlay``: a loaded ``pynq.Overlay``; ``ip`` and ``dma`` name the accelerator and the DMA in its
     block design. ``pynq`` is imported here, never at module import (it exists only on the board).
+
+    Buffers: one per direction, allocated once (by :meth:`attach`, which the :class:`Driver` calls, sized
+    for the largest transfer of the description) and reused; only :meth:`close` frees them, and never one
+    the DMA may still be using.
+
+    Waits (the DMA in simple mode): a transfer is complete when its channel reports ``idle`` (pynq's
+    ``_SDMAChannel`` properties ``idle``, ``error``, ``running``; its blocking ``wait()`` polls without a
+    deadline and is not used). A transfer not complete after ``timeout_s`` plus 64 cycles per word, or one
+    the DMA flags as failed, is stopped: the channel is halted (``stop_timeout_s`` to do so; then a DMA
+    soft reset, then both channels restarted) and :class:`TransferTimeout` / :class:`AcceleratorError`
+    raised. A channel that does not stop even after the reset leaves the transport unusable (every later
+    transfer raises) with its buffers kept. An interrupt (Ctrl-C) during a wait leaves the transfer marked
+    in flight: the next transfer in that direction first waits for it to finish, or stops it.
     """
 
-    def __init__(self, overlay, *, ip: str = "xnortrain_0", dma: str = "axi_dma_0", clock_mhz: float = 100.0):
-        import pynq  # noqa: F401  (board only)
+    # AXI DMA (PG021) registers used to halt / reset a channel with a deadline (pynq's ``stop()`` polls
+    # without one): DMACR of each channel (bit 0 run/stop, bit 2 soft reset) and S2MM_LENGTH (bytes received)
+    _DMACR = {"send": 0x00, "receive": 0x30}
+    _S2MM_LENGTH = 0x58
+    _RESET = 0x4
+
+    def __init__(self, overlay, *, ip: str = "xnortrain_0", dma: str = "axi_dma_0", clock_mhz: float = 100.0,
+                 timeout_s: float = 5.0, stop_timeout_s: float = 0.5):
+        import pynq  # (board only)
 
         self._pynq = pynq
         self._ip = getattr(overlay, ip)
         self._dma = getattr(overlay, dma)
         self._mmio = self._ip.mmio
         self._period = 1e-6 / clock_mhz
+        self.timeout_s = float(timeout_s)
+        self.stop_timeout_s = float(stop_timeout_s)
+        self._channels = {"send": self._dma.sendchannel, "receive": self._dma.recvchannel}
+        self._sizes = {"send": 0, "receive": 0}  # words of the largest transfer the description needs
+        self._buffers: dict[str, Any] = {}
+        self._in_flight = {"send": False, "receive": False}  # the DMA may still use the buffer
+        self._broken: str | None = None  # why no transfer can run any more
+
+    def attach(self, desc: AcceleratorDescription) -> None:
+        """Allocate both buffers for the largest transfers of ``desc`` (the batch upload, every quantity)."""
+        qs = desc.quantities
+        self._sizes["send"] = max([desc.batch_layout.beats + desc.label_layout.beats]
+                                  + [q.beats for q in qs if q.access != "ro"])
+        self._sizes["receive"] = max([1] + [q.beats for q in qs if q.access != "wo"])
+        for direction, words in self._sizes.items():
+            self._buffer(direction, words)
 
     def read(self, addr: int) -> int:
         return int(self._mmio.read(addr))
@@ -232,27 +296,114 @@ class PynqTransport(BlockingTransport):
         self._mmio.write(addr, int(value) & 0xFFFFFFFF)
 
     def send(self, words: np.ndarray) -> None:
-        buf = self._pynq.allocate(shape=(len(words),), dtype=np.uint32)
-        try:
-            buf[:] = words
-            buf.flush()
-            self._dma.sendchannel.transfer(buf)
-            self._dma.sendchannel.wait()
-        finally:
-            buf.freebuffer()
+        words = np.asarray(words, dtype=np.uint32).reshape(-1)
+        n = len(words)
+        if n == 0:
+            return
+        buf = self._start("send", n)
+        buf[:n] = words
+        buf.flush()
+        self._transfer("send", buf, n)
 
     def receive(self, count: int) -> np.ndarray:
-        buf = self._pynq.allocate(shape=(count,), dtype=np.uint32)
-        try:
-            self._dma.recvchannel.transfer(buf)
-            self._dma.recvchannel.wait()
-            buf.invalidate()
-            return np.array(buf, dtype=np.uint32)
-        finally:
-            buf.freebuffer()
+        count = int(count)
+        if count == 0:
+            return np.zeros(0, np.uint32)
+        buf = self._start("receive", count)
+        self._transfer("receive", buf, count)
+        got = int(self._dma.mmio.read(self._S2MM_LENGTH)) // 4
+        if got != count:
+            raise AcceleratorError(f"DMA receive of {count} words: the stream ended (TLAST) after {got} words")
+        buf.invalidate()
+        return np.array(buf[:count], dtype=np.uint32)
 
     def sleep(self, cycles: int) -> None:
         time.sleep(cycles * self._period)
+
+    def close(self) -> None:
+        """Free the buffers (stopping a transfer still in flight first; a broken DMA's buffers are kept)."""
+        for direction in list(self._buffers):
+            try:
+                self._settle(direction)
+            except AcceleratorError:
+                continue
+            self._buffers.pop(direction).freebuffer()
+
+    # -- internals ------------------------------------------------------------------------------------------
+
+    def _start(self, direction: str, words: int):
+        """The buffer for a transfer of ``words`` words, once no earlier transfer can still use it."""
+        self._settle(direction)
+        return self._buffer(direction, words)
+
+    def _buffer(self, direction: str, words: int):
+        buf = self._buffers.get(direction)
+        if buf is not None and len(buf) >= words:
+            return buf
+        if buf is not None:  # a larger transfer than the description's: replace the buffer, once unused
+            self._settle(direction)
+            self._buffers.pop(direction).freebuffer()
+        buf = self._pynq.allocate(shape=(max(words, self._sizes[direction]),), dtype=np.uint32)
+        self._buffers[direction] = buf
+        return buf
+
+    def _transfer(self, direction: str, buf, words: int) -> None:
+        ch = self._channels[direction]
+        self._in_flight[direction] = True
+        ch.transfer(buf, nbytes=4 * words)
+        t0 = time.monotonic()
+        deadline = t0 + self.timeout_s + 64 * words * self._period
+        pause = 1e-5
+        while True:  # a KeyboardInterrupt here leaves the transfer in flight (see _settle)
+            if ch.error:
+                self._stop(direction)
+                raise AcceleratorError(f"DMA {direction} of {words} words: the DMA reported an error after "
+                                       f"{time.monotonic() - t0:.3f} s; the channel was stopped")
+            if ch.idle:
+                break
+            now = time.monotonic()
+            if now >= deadline:
+                self._stop(direction)
+                raise TransferTimeout(f"DMA {direction} of {words} words not complete after {now - t0:.2f} s; "
+                                      "the DMA channel was stopped")
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)
+        self._in_flight[direction] = False
+
+    def _settle(self, direction: str) -> None:
+        """Make sure no earlier transfer in ``direction`` is still running (stop it if it is)."""
+        if self._broken:
+            raise AcceleratorError(self._broken)
+        if self._in_flight[direction]:
+            ch = self._channels[direction]
+            if ch.idle and not ch.error:
+                self._in_flight[direction] = False
+            else:
+                self._stop(direction)
+
+    def _poll(self, ready, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while not ready():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(1e-4)
+        return True
+
+    def _stop(self, direction: str) -> None:
+        """Halt the channel, soft-reset the DMA if it does not halt in time, and restart what was stopped."""
+        ch, mmio, cr = self._channels[direction], self._dma.mmio, self._DMACR[direction]
+        mmio.write(cr, 0)  # run/stop = 0
+        restart = [direction]
+        if not self._poll(lambda: not ch.running, self.stop_timeout_s):
+            mmio.write(cr, self._RESET)  # resets (and halts) both channels
+            if not self._poll(lambda: not mmio.read(cr) & self._RESET and not ch.running, self.stop_timeout_s):
+                self._broken = (f"the DMA's {direction} channel did not stop within {2 * self.stop_timeout_s:g} s "
+                                "(halt, then soft reset); its buffers are kept: reload the overlay")
+                raise AcceleratorError(self._broken)
+            restart = list(self._channels)
+        for d in restart:
+            self._channels[d].start()
+            self._in_flight[d] = False
 
 
 # --- packing ----------------------------------------------------------------------------------------------
@@ -518,7 +669,27 @@ class AcceleratorError(RuntimeError):
 
 
 class AcceleratorTimeout(AcceleratorError):
-    """A command did not finish within the driver's cycle budget (the driver aborted it)."""
+    """A command did not finish within the driver's cycle or wall-time budget (the driver aborted it)."""
+
+
+class TransferTimeout(AcceleratorTimeout):
+    """A stream transfer did not complete in time (the transport stopped it, the driver aborted the command)."""
+
+
+class HardwareMismatch(AcceleratorError):
+    """The identification / geometry registers disagree with the description (``.fields``: one line each)."""
+
+    def __init__(self, message: str, fields: Sequence[str] = ()):
+        super().__init__(message)
+        self.fields = tuple(fields)
+
+
+class StateError(ValueError):
+    """A state dict that cannot be restored (a key missing or unknown, a shape, dtype or value wrong)."""
+
+
+#: Registers that identify the accelerator (build-time constants) and are checked by :meth:`Driver.connect`.
+IDENTITY_REGISTERS = ("id", "info", "info_batch")
 
 
 #: Commands: ``cmd`` register pulse field -> ``done`` register flag that reports its completion.
@@ -545,12 +716,16 @@ class Driver:
     Every public method returns what the transport's ``execute`` returns: the value itself for a
     :class:`BlockingTransport`, a coroutine to await for an :class:`AsyncTransport`.
 
-    ``poll_cycles``: first wait between status polls (doubling up to 64x); ``timeout_cycles``: a command
-    not done after this many cycles is aborted and raises :class:`AcceleratorTimeout`.
+    ``poll_cycles``: first wait between status polls (doubling up to 64x); ``timeout_cycles`` and
+    ``timeout_s``: a command not done after this many (polled) cycles or this many seconds of wall time is
+    aborted and raises :class:`AcceleratorTimeout` (``timeout_s`` defaults to twice the cycle budget at the
+    description's clock, at least a minute; a simulation, slower than the clock, passes its own).
+    ``check``: run :meth:`connect` in the constructor (blocking transports only: with an
+    :class:`AsyncTransport` await ``connect()`` yourself).
     """
 
     def __init__(self, desc: AcceleratorDescription, transport: Transport, *, poll_cycles: int = 64,
-                 timeout_cycles: int = 1 << 32):
+                 timeout_cycles: int = 1 << 32, timeout_s: float | None = None, check: bool = True):
         if not isinstance(desc, AcceleratorDescription):
             raise TypeError(f"desc must be an AcceleratorDescription, not {desc!r}")
         if not isinstance(transport, Transport):
@@ -560,10 +735,45 @@ class Driver:
         self.transport = transport
         self.poll_cycles = int(poll_cycles)
         self.timeout_cycles = int(timeout_cycles)
+        if timeout_s is None:
+            timeout_s = max(60.0, 2 * self.timeout_cycles / (desc.clock_mhz * 1e6))
+        if not float(timeout_s) > 0:
+            raise ValueError(f"timeout_s must be > 0 seconds, not {timeout_s!r}")
+        self.timeout_s = float(timeout_s)
         self._steps_base = 0  # steps restored by load_state_dict minus the hardware counter at that time
         self._schedule = None  # last schedule words written (to skip rewriting unchanged tables)
+        transport.attach(desc)
+        if check and isinstance(transport, BlockingTransport):
+            self.connect()
 
     # -- public API -----------------------------------------------------------------------------------------
+
+    def connect(self):
+        """Check that the hardware is the accelerator of the description: read the identification (``id``),
+        geometry (``info``) and batch (``info_batch``) registers and compare every field with the value
+        :meth:`expected_identity` gives. Raises :class:`HardwareMismatch` naming each differing field with
+        the expected and the read value; returns the fields read (by register)."""
+        return self.transport.execute(self._connect())
+
+    def expected_identity(self) -> dict[str, dict[str, int]]:
+        """What :meth:`connect` expects: each field's build-time value in the register map of the
+        description; ``info.layers``, ``info.classes``, ``info.input_int8`` and ``info_batch.batch`` from the
+        description's own fields (the ones the driver packs data with)."""
+        d = self.desc
+        own = {("info", "layers"): len(d.layers), ("info", "classes"): d.classes,
+               ("info", "input_int8"): int(d.input == "int8"), ("info_batch", "batch"): d.batch}
+        out = {}
+        for reg in IDENTITY_REGISTERS:
+            if reg not in self.map:
+                raise ValueError(f"accelerator.json: the register map has no {reg!r} register")
+            out[reg] = {f.name: own.get((reg, f.name), f.reset) for f in self.map[reg].fields}
+        return out
+
+    def check_state(self, state: Mapping[str, np.ndarray]) -> None:
+        """Raise :class:`StateError` (naming the key) unless :meth:`load_state_dict` can restore ``state``
+        as a whole: every key the accelerator holds present and none other, shapes as in the description,
+        integer values that fit the stored bit widths, weights +-1, every generator state nonzero."""
+        self._encode_state(state)
 
     def read_register(self, name: str):
         """Field values of register ``name`` (a dict by field name)."""
@@ -603,7 +813,8 @@ class Driver:
         return self.transport.execute(self._state_dict())
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]):
-        """Restore everything :meth:`state_dict` returns."""
+        """Restore everything :meth:`state_dict` returns. The whole state is checked first
+        (:meth:`check_state`): a bad state raises :class:`StateError` before anything is written."""
         return self.transport.execute(self._load_state_dict(state))
 
     # -- programs -------------------------------------------------------------------------------------------
@@ -611,6 +822,26 @@ class Driver:
     def _read_fields(self, name: str) -> Program:
         word = yield Read(self.map.addr(name))
         return self.map.decode(name, word)
+
+    def _connect(self) -> Program:
+        got, bad = {}, []
+        for reg, fields in self.expected_identity().items():
+            got[reg] = yield from self._read_fields(reg)
+            bad += [f"{reg}.{f}: accelerator.json {v}, hardware {got[reg][f]}" for f, v in fields.items()
+                    if got[reg][f] != v]
+        if bad:
+            raise HardwareMismatch(f"the accelerator is not the one accelerator.json describes ({self.desc.name}; "
+                                   f"another bitstream or description?): {'; '.join(bad)}", bad)
+        return got
+
+    def _stream(self, op: Send | Receive, what: str) -> Program:
+        """Run one stream transfer; when the transport gives up on it (:class:`TransferTimeout`), abort the
+        accelerator's command too and name the transfer in the error."""
+        try:
+            return (yield op)
+        except TransferTimeout as e:
+            yield from self._abort()
+            raise TransferTimeout(f"{what}: {e}; the command was aborted") from None
 
     def _write_fields(self, name: str, **fields) -> Program:
         yield Write(self.map.addr(name), self.map.encode(name, **fields))
@@ -649,21 +880,26 @@ class Driver:
         yield from self._write_fields("cmd", **{name: 1})
         yield from self._check_errors(f"command {name}")
 
-    def _wait_done(self, name: str) -> Program:
-        """Poll ``done.<name>`` (and ``error``) with growing pauses until set, or time out."""
+    def _wait_done(self, name: str, what: str | None = None) -> Program:
+        """Poll ``done.<name>`` (and ``error``) with growing pauses until set, or time out (cycles or wall
+        time); ``what`` names the command in errors (default ``name``)."""
+        what = what or name
         waited, pause = 0, self.poll_cycles
         done = self.map["done"]
         err = self.map["error"]
+        t0 = time.monotonic()
         while True:
             word = yield Read(done.addr)
             if done.decode(word)[name]:
                 break
             eword = yield Read(err.addr)
             if eword:
-                yield from self._check_errors(f"command {name}")
-            if waited >= self.timeout_cycles:
+                yield from self._check_errors(f"command {what}")
+            elapsed = time.monotonic() - t0
+            if waited >= self.timeout_cycles or elapsed >= self.timeout_s:
                 yield from self._abort()
-                raise AcceleratorTimeout(f"command {name} not done after {waited} cycles; aborted")
+                raise AcceleratorTimeout(f"command {what} not done after {elapsed:.2f} s ({waited} cycles; budget "
+                                         f"{self.timeout_s:g} s, {self.timeout_cycles} cycles); aborted")
             yield Sleep(pause)
             waited += pause
             pause = min(2 * pause, 64 * self.poll_cycles)
@@ -686,7 +922,7 @@ class Driver:
     def _upload(self, x, labels) -> Program:
         words = self.batch_words(x, labels)
         yield from self._command("upload", batch=self.desc.batch)
-        yield Send(words)
+        yield from self._stream(Send(words), "upload batch")
         yield from self._wait_done("upload")
 
     def schedule_words(self, lr: float, progress: float, lr0: float | None) -> dict:
@@ -750,17 +986,19 @@ class Driver:
         if q.access == "wo":
             raise ValueError(f"{q.key} is write-only on the accelerator")
         yield from self._command("readback", layer=q.layer or 0, quantity=q.kind)
-        words = yield Receive(q.beats)
-        yield from self._wait_done("readback")
+        words = yield from self._stream(Receive(q.beats), f"readback {q.key}")
+        yield from self._wait_done("readback", f"readback {q.key}")
         return q.decode(words)
 
     def _restore(self, q: QuantityLayout, array) -> Program:
         if q.access == "ro":
             raise ValueError(f"{q.key} is read-only on the accelerator")
-        words = q.encode(array)
+        yield from self._restore_words(q, q.encode(array))
+
+    def _restore_words(self, q: QuantityLayout, words: np.ndarray) -> Program:
         yield from self._command("restore", layer=q.layer or 0, quantity=q.kind)
-        yield Send(words)
-        yield from self._wait_done("restore")
+        yield from self._stream(Send(words), f"restore {q.key} ({len(words)} words)")
+        yield from self._wait_done("restore", f"restore {q.key}")
 
     def _state_dict(self) -> Program:
         out: dict[str, np.ndarray] = {}
@@ -781,20 +1019,74 @@ class Driver:
         out["steps"] = np.array(steps + self._steps_base, dtype=np.int64)
         return out
 
-    def _load_state_dict(self, state: Mapping[str, np.ndarray]) -> Program:
-        rng = np.asarray(state["rng"], dtype=np.uint32) if "rng" in state else None
-        at = 0
-        for q in self.desc.quantities:
-            if q.access != "rw":
-                continue
+    def _encode_state(self, state: Mapping[str, np.ndarray]) -> tuple[list, int]:
+        """``([(quantity, words), ...], steps)`` for a restore of ``state``, or :class:`StateError`."""
+        rw = [q for q in self.desc.quantities if q.access == "rw"]
+        rngs = [q for q in rw if q.name == "rng"]
+        keys = [q.key for q in rw if q.name != "rng"] + (["rng"] if rngs else []) + ["steps"]
+        missing = [k for k in keys if k not in state]
+        if missing:
+            raise StateError(f"state: {', '.join(map(repr, missing))} {'is' if len(missing) == 1 else 'are'} "
+                             f"missing (the accelerator holds {', '.join(keys)})")
+        unknown = [k for k in state if k not in keys]
+        if unknown:
+            raise StateError(f"state: {', '.join(map(repr, unknown))} not held by the accelerator "
+                             f"(it holds {', '.join(keys)}; a state of another configuration?)")
+        arrays = {k: np.asarray(state[k]) for k in keys}
+        for k, a in arrays.items():
+            if a.dtype.kind not in "iu":
+                raise StateError(f"state: {k!r} has dtype {a.dtype}; integer values are needed")
+        steps = arrays["steps"]
+        if steps.shape != ():
+            raise StateError(f"state: 'steps' has shape {steps.shape}; a single integer is needed")
+        if steps < 0:
+            raise StateError(f"state: 'steps' = {int(steps)}; must be >= 0")
+        rng = arrays.get("rng")
+        if rngs:
+            n = sum(math.prod(q.shape) for q in rngs)
+            if rng.ndim != 1 or len(rng) != n:
+                raise StateError(f"state: 'rng' has shape {rng.shape}: {rng.size} generators; the accelerator has {n}")
+            _check_range("rng", rng, 0, (1 << 32) - 1, "32-bit generator state")
+            if not rng.all():
+                raise StateError(f"state: 'rng' generator {int(np.argmin(rng != 0))} is 0; xorshift32 states must be "
+                                 "nonzero (a zero state never changes)")
+        plan, at = [], 0
+        for q in rw:
             if q.name == "rng":
-                n = math.prod(q.shape)
-                part = rng[at : at + n].reshape(q.shape).astype(np.int64)
-                at += n
-                yield from self._restore(q, part)
+                a = rng[at : at + math.prod(q.shape)].reshape(q.shape)
+                at += a.size
             else:
-                yield from self._restore(q, np.asarray(state[q.key]).reshape(q.shape))
-        if rng is not None and at != len(rng):
-            raise ValueError(f"rng state has {len(rng)} generators; the accelerator has {at}")
-        steps = (yield from self._read_fields("steps"))["value"]
-        self._steps_base = int(state["steps"]) - steps
+                a = arrays[q.key]
+                if a.shape != q.shape:
+                    raise StateError(f"state: {q.key!r} has shape {a.shape}; the accelerator holds {q.shape}")
+                if q.encoding == "sign":
+                    bad = np.argwhere((a != 1) & (a != -1))
+                    if len(bad):
+                        i = tuple(int(v) for v in bad[0])
+                        raise StateError(f"state: {q.key!r}{list(i)} = {int(a[i])}; weights must be +-1")
+                else:
+                    lo, hi = (-(1 << (q.elem_bits - 1)), (1 << (q.elem_bits - 1)) - 1) if q.signed else (
+                        0, (1 << q.elem_bits) - 1)
+                    _check_range(q.key, a, lo, hi, f"{q.elem_bits}-bit {'signed' if q.signed else 'unsigned'} field")
+            try:
+                plan.append((q, q.encode(a.astype(np.int64))))
+            except ValueError as e:
+                raise StateError(f"state: {q.key!r}: {e}") from None
+        return plan, int(steps)
+
+    def _load_state_dict(self, state: Mapping[str, np.ndarray]) -> Program:
+        plan, steps = self._encode_state(state)  # everything checked before the first write
+        for q, words in plan:
+            yield from self._restore_words(q, words)
+        hw_steps = (yield from self._read_fields("steps"))["value"]
+        self._steps_base = steps - hw_steps
+
+
+def _check_range(key: str, a: np.ndarray, lo: int, hi: int, what: str) -> None:
+    """:class:`StateError` naming the first element of integer array ``a`` outside ``lo..hi``."""
+    if not a.size:
+        return
+    bad = np.argwhere((a < lo) | (a > hi))
+    if len(bad):
+        i = tuple(int(v) for v in bad[0])
+        raise StateError(f"state: {key!r}{list(i)} = {int(a[i])} does not fit the accelerator's {what} ({lo}..{hi})")

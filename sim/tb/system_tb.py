@@ -195,7 +195,8 @@ class TB(Bench):
         self.transport = CocotbTransport(self, stress=bool(PARAMS.get("stress", 0)),
                                          log=dut._log.info if verbose else None, regmap=self.desc.regmap)
         self.drv = Driver(self.desc, self.transport, poll_cycles=int(PARAMS.get("poll_cycles", 256)),
-                          timeout_cycles=int(PARAMS.get("timeout_cycles", 20_000_000)))
+                          timeout_cycles=int(PARAMS.get("timeout_cycles", 20_000_000)),
+                          timeout_s=float(PARAMS.get("timeout_s", 4 * 3600)))  # simulated clocks run slowly
         self.report = {"steps": [], "mode": PARAMS.get("mode", "train")}
 
     async def watch_phases(self):
@@ -223,6 +224,7 @@ class TB(Bench):
 async def test_system(dut):
     tb = TB(dut)
     await tb.reset()
+    tb.report["identity"] = await tb.drv.connect()  # the RTL is the accelerator accelerator.json describes
     if PARAMS.get("verbose"):
         cocotb.start_soon(tb.watch_phases())
     mode = PARAMS.get("mode", "train")

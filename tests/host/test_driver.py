@@ -3,26 +3,36 @@ stream transactions of every driver operation (blocking and async transports run
 
 import asyncio
 import sys
+import time
 
 import numpy as np
 import pytest
+from mock_accelerator import (
+    AsyncMockTransport,
+    B,
+    C,
+    F,
+    MockAccelerator,
+    MockTransport,
+    batch,
+    make_desc,
+    random_state,
+)
 
 from host.driver import (
     AcceleratorDescription,
     AcceleratorError,
     AcceleratorTimeout,
-    AsyncTransport,
-    BlockingTransport,
     Driver,
+    HardwareMismatch,
     PynqTransport,
     QuantityLayout,
     Read,
     Send,
+    StateError,
     pack_words,
     unpack_words,
 )
-from rtl_gen.controller import build_regmap
-from rtl_gen.regmap import RegisterFile
 
 # --- packing --------------------------------------------------------------------------------------------
 
@@ -70,176 +80,6 @@ def test_quantity_layout_range_check():
         q.encode(np.array([64, 0, 0, 0]))
 
 
-# --- a small accelerator description and a mock of its command behaviour ----------------------------------
-
-B, F, C = 4, 20, 3
-
-
-def make_desc() -> AcceleratorDescription:
-    kinds = {"w": 0, "acc": 1, "beta": 2, "rng": 3, "logits": 4}
-    regmap = build_regmap(name="mock", layers=2, batch=B, classes=C, input_int8=False, optimizer="switch",
-                          quantity_kinds=len(kinds))
-
-    def flat(name, layer, shape, bits, per, signed=False, access="rw", encoding="int"):
-        n = int(np.prod(shape))
-        padn = -(-n // per) * per
-        return QuantityLayout(name, layer, kinds[name], shape, bits, per, pad=(padn,) if len(shape) == 1 else shape,
-                              reshape=(padn,) if len(shape) == 1 else (n,), transpose=(0,), signed=signed,
-                              encoding=encoding, access=access)
-
-    quantities = [
-        QuantityLayout("w", 0, 0, (F, 8), 1, 8, pad=(24, 8), reshape=(3, 8, 8), transpose=(2, 0, 1), encoding="sign"),
-        flat("acc", 0, (F, 8), 7, 4, signed=True),
-        flat("beta", 0, (8,), 24, 1, signed=True),
-        flat("rng", 0, (8,), 32, 1),
-        QuantityLayout("w", 1, 0, (8, C), 1, 8, pad=(8, C), reshape=(8, C), transpose=(1, 0), encoding="sign"),
-        flat("acc", 1, (8, C), 7, 4, signed=True),
-        flat("beta", 1, (C,), 24, 1, signed=True),
-        flat("rng", 1, (C,), 32, 1),
-        flat("logits", 1, (B, C), 16, 2, signed=True, access="ro"),
-    ]
-    return AcceleratorDescription(
-        name="mock", regmap=regmap, batch=B, classes=C, input="binary", features=F, layers=[(F, 8), (8, C)],
-        batch_layout=QuantityLayout("x", None, 0, (B, F), 1, 32, pad=(B, 32), reshape=(B, 32), transpose=(0, 1),
-                                    encoding="sign"),
-        label_layout=QuantityLayout("labels", None, 0, (B,), 8, 4, pad=(B,), reshape=(B,), transpose=(0,)),
-        quantities=quantities, kinds=kinds,
-        schedule={"optimizer": "switch", "switch_lambda": 0.5, "switch_cutoff": 63, "switch_sigma": 0.5, "lr0": 1e-3,
-                  "arith": {"loss": "cross_entropy"}},
-    )
-
-
-class MockAccelerator:
-    """The command semantics of rtl_gen.controller, in Python, behind a register-file model. Every bus
-    operation is logged as a tuple for exact checks."""
-
-    def __init__(self, desc, *, train_polls=2, hang=False):
-        self.desc = desc
-        self.regs = RegisterFile(desc.regmap)
-        self.log = []
-        self.memory = {}  # (kind, layer) -> words
-        self.pending = None  # what the stream input / output does next
-        self.running = None  # command name, done after ``train_polls`` polls of done
-        self.polls = 0
-        self.train_polls = train_polls
-        self.hang = hang
-        self.steps = 0
-
-    # register side
-    def read(self, addr):
-        reg = self.desc.regmap.at(addr).name
-        if reg == "done" and self.running and not self.hang:
-            self.polls += 1
-            if self.polls >= self.train_polls:
-                self._finish()
-        word, ok = self.regs.read(addr)
-        assert ok
-        self.log.append(("read", reg, word))
-        return word
-
-    def write(self, addr, value):
-        reg = self.desc.regmap.at(addr).name
-        self.log.append(("write", reg, value))
-        assert self.regs.write(addr, value)
-        for r, f, _ in self.regs.pulses:
-            assert r == "cmd"
-            self._command(f)
-        self.regs.pulses.clear()
-
-    def _error(self, flag):
-        self.regs.set_status("error", flag, 1)
-
-    def _command(self, name):
-        arg = {f: self.regs.output("arg", f) for f in ("batch", "layer", "quantity")}
-        if name == "abort":
-            self.running = self.pending = None
-            return
-        if self.running or self.pending:
-            return self._error("busy")
-        if name == "upload":
-            if arg["batch"] != self.desc.batch:
-                return self._error("batch")
-            self.pending = ("upload", None)
-        elif name == "train":
-            self.running, self.polls = "train", 0
-        else:
-            if arg["layer"] >= len(self.desc.layers):
-                return self._error("layer")
-            self.pending = (name, (arg["quantity"], arg["layer"]))
-
-    def _finish(self):
-        if self.running == "train":
-            self.steps += 1
-            self.regs.set_input("cycles", "value", 1234)
-            self.regs.set_input("steps", "value", self.steps)
-            self.regs.set_input("correct", "value", 2)
-        self.regs.set_status("done", self.running, 1)
-        self.running = None
-
-    # stream side
-    def send(self, words):
-        self.log.append(("send", len(words)))
-        name, key = self.pending
-        self.pending = None
-        if name == "restore":
-            self.memory[key] = np.array(words, dtype=np.uint32)
-        self.running, self.polls = name, 0
-
-    def receive(self, count):
-        self.log.append(("receive", count))
-        name, key = self.pending
-        assert name == "readback"
-        self.pending = None
-        self.running, self.polls = name, 0
-        return self.memory.get(key, np.zeros(count, np.uint32))[:count]
-
-
-class MockTransport(BlockingTransport):
-    def __init__(self, acc):
-        self.acc = acc
-        self.sleeps = []
-
-    def read(self, addr):
-        return self.acc.read(addr)
-
-    def write(self, addr, value):
-        self.acc.write(addr, value)
-
-    def send(self, words):
-        self.acc.send(words)
-
-    def receive(self, count):
-        return self.acc.receive(count)
-
-    def sleep(self, cycles):
-        self.sleeps.append(cycles)
-
-
-class AsyncMockTransport(AsyncTransport):
-    def __init__(self, acc):
-        self.acc = acc
-
-    async def read(self, addr):
-        return self.acc.read(addr)
-
-    async def write(self, addr, value):
-        self.acc.write(addr, value)
-
-    async def send(self, words):
-        self.acc.send(words)
-
-    async def receive(self, count):
-        return self.acc.receive(count)
-
-    async def sleep(self, cycles):
-        await asyncio.sleep(0)
-
-
-def batch(seed=0):
-    rng = np.random.default_rng(seed)
-    return np.where(rng.random((B, F)) < 0.5, -1, 1).astype(np.int8), rng.integers(0, C, B)
-
-
 # --- tests ----------------------------------------------------------------------------------------------
 
 
@@ -270,6 +110,7 @@ def test_train_step_transactions_are_exact():
     desc = make_desc()
     acc = MockAccelerator(desc)
     drv = Driver(desc, MockTransport(acc))
+    acc.log.clear()  # the connect check's reads (test_constructor_reads_...)
     x, y = batch()
     logits = np.array([[256, -10, 5], [0, 300, -2], [1, 2, 3], [-5, -6, 100]])
     acc.memory[(desc.kinds["logits"], 1)] = desc.quantity("logits", 1).encode(logits)
@@ -331,18 +172,7 @@ def test_state_dict_roundtrip_through_restore_and_readback():
     desc = make_desc()
     acc = MockAccelerator(desc)
     drv = Driver(desc, MockTransport(acc))
-    rng = np.random.default_rng(3)
-    state = {"steps": np.array(7)}
-    for q in desc.quantities:
-        if q.access != "rw":
-            continue
-        if q.encoding == "sign":
-            state[q.key] = np.where(rng.random(q.shape) < 0.5, -1, 1).astype(np.int8)
-        elif q.name == "rng":
-            continue
-        else:
-            state[q.key] = rng.integers(-(1 << (q.elem_bits - 1)), 1 << (q.elem_bits - 1), q.shape)
-    state["rng"] = rng.integers(1, 1 << 32, 8 + C, dtype=np.uint64).astype(np.uint32)
+    state = random_state(desc, 3)
     drv.load_state_dict(state)
     back = drv.state_dict()
     assert set(back) == set(state)
@@ -356,7 +186,7 @@ def test_async_transport_runs_the_same_program():
     desc = make_desc()
     acc_a, acc_b = MockAccelerator(desc), MockAccelerator(desc)
     x, y = batch(1)
-    Driver(desc, MockTransport(acc_a)).upload(x, y)
+    Driver(desc, MockTransport(acc_a), check=False).upload(x, y)
     asyncio.run(Driver(desc, AsyncMockTransport(acc_b)).upload(x, y))
     assert acc_a.log == acc_b.log
 
@@ -380,3 +210,171 @@ def test_pynq_is_never_imported():
     assert "pynq" not in sys.modules
     with pytest.raises(ImportError):
         PynqTransport(object())
+
+
+# --- the connect check: the hardware must be the accelerator accelerator.json describes ----------------------
+
+
+def test_constructor_reads_the_identification_and_geometry_registers():
+    desc = make_desc()
+    acc = MockAccelerator(desc)
+    Driver(desc, MockTransport(acc))
+    assert [e[:2] for e in acc.log] == [("read", "id"), ("read", "info"), ("read", "info_batch")]
+
+
+@pytest.mark.parametrize("reg, fld, value", [
+    ("id", "magic", 0x1234),  # another design behind the address
+    ("id", "version", 2),
+    ("info", "layers", 3),
+    ("info", "classes", 10),
+    ("info", "input_int8", 1),
+    ("info", "optimizer", 1),
+    ("info_batch", "batch", 8),
+])
+def test_connect_mismatch_names_register_expected_and_read(reg, fld, value):
+    desc = make_desc()
+    acc = MockAccelerator(desc)
+    acc.regs.values[reg, fld] = value  # the bitstream was built for something else
+    expected = desc.regmap[reg].field(fld).reset
+    with pytest.raises(HardwareMismatch, match=rf"{reg}\.{fld}: accelerator.json {expected}, hardware {value}\b"):
+        Driver(desc, MockTransport(acc))
+    assert not [e for e in acc.log if e[0] != "read"]  # nothing was written to the wrong device
+
+
+def test_connect_reports_every_mismatching_field_and_a_dead_bus():
+    desc = make_desc()
+    acc = MockAccelerator(desc)
+    t = MockTransport(acc)
+    t.read = lambda addr: 0xFFFFFFFF  # nothing answers (a bus that reads all ones)
+    with pytest.raises(HardwareMismatch, match=r"id\.magic: accelerator.json 22606, hardware 65535.*"
+                                                r"info_batch\.batch: accelerator.json 4, hardware 65535"):
+        Driver(desc, t)
+
+
+def test_connect_compares_with_the_description_fields_too():
+    # a description whose batch was edited by hand: its register map still says 4, the driver would pack 8
+    desc = make_desc()
+    acc = MockAccelerator(desc)
+    desc.batch = 8
+    with pytest.raises(HardwareMismatch, match=r"info_batch\.batch: accelerator.json 8, hardware 4"):
+        Driver(desc, MockTransport(acc))
+
+
+def test_connect_can_be_skipped_and_run_later_blocking_and_async():
+    desc = make_desc()
+    acc = MockAccelerator(desc)
+    acc.regs.values["info_batch", "batch"] = 8
+    drv = Driver(desc, MockTransport(acc), check=False)
+    assert acc.log == []
+    with pytest.raises(HardwareMismatch, match="info_batch.batch"):
+        drv.connect()
+    adrv = Driver(desc, AsyncMockTransport(acc))  # an async transport cannot run it in the constructor
+    with pytest.raises(HardwareMismatch, match="info_batch.batch"):
+        asyncio.run(adrv.connect())
+    acc.regs.values["info_batch", "batch"] = B
+    assert asyncio.run(adrv.connect())["info_batch"] == {"batch": B}
+
+
+# --- every wait is bounded in wall time -------------------------------------------------------------------
+
+
+class NoSleepTransport(MockTransport):
+    """Sleep returns at once (no time passes); a guard fails the test if polling goes on for seconds."""
+
+    def __init__(self, acc, guard_s=3.0):
+        super().__init__(acc)
+        self.reads = 0
+        self.guard = time.monotonic() + guard_s
+
+    def read(self, addr):
+        self.reads += 1
+        assert time.monotonic() < self.guard, f"still polling after {self.reads} reads"
+        return super().read(addr)
+
+    def sleep(self, cycles):
+        pass
+
+
+def test_wait_done_has_a_wall_time_budget():
+    desc = make_desc()
+    acc = MockAccelerator(desc, hang=True)
+    drv = Driver(desc, NoSleepTransport(acc), poll_cycles=1, timeout_cycles=1 << 62, timeout_s=0.05)
+    t0 = time.monotonic()
+    with pytest.raises(AcceleratorTimeout, match=r"upload not done after [0-9.]+ s \([0-9]+ cycles; budget 0.05 s"):
+        drv.upload(*batch())
+    assert time.monotonic() - t0 < 1.0
+    assert ("write", "cmd", desc.regmap.encode("cmd", abort=1)) in acc.log
+
+
+def test_default_wall_time_budget_follows_the_cycle_budget():
+    desc = make_desc()
+    drv = Driver(desc, MockTransport(MockAccelerator(desc)), timeout_cycles=100_000_000)
+    assert drv.timeout_s == pytest.approx(max(60.0, 2 * 100_000_000 / (desc.clock_mhz * 1e6)))
+    with pytest.raises(ValueError, match="timeout_s"):
+        Driver(desc, MockTransport(MockAccelerator(desc)), timeout_s=0)
+
+
+# --- restore: the whole state is checked before anything is written -------------------------------------------
+
+
+def _drop(key):
+    return lambda s: s.pop(key)
+
+
+def _set(key, value):
+    return lambda s: s.__setitem__(key, value)
+
+
+def _poke(key, index, value):
+    def f(s):
+        a = np.array(s[key], dtype=np.int64)
+        a[index] = value
+        s[key] = a
+    return f
+
+
+BROKEN_STATES = {
+    "a late quantity missing": (_drop("beta1"), r"'beta1' is missing"),
+    "rng missing": (_drop("rng"), r"'rng' is missing"),
+    "steps missing": (_drop("steps"), r"'steps' is missing"),
+    "unknown key": (_set("m0", np.zeros((F, 8), np.int64)), r"'m0'.* not held by the accelerator"),
+    "wrong shape": (lambda s: s.__setitem__("acc1", s["acc1"].T), r"'acc1'.* shape \(3, 8\).* \(8, 3\)"),
+    "float values": (lambda s: s.__setitem__("beta1", s["beta1"].astype(np.float64)), r"'beta1'.* float64"),
+    "out of range, high": (_poke("acc1", (2, 1), 64), r"'acc1'.* 64 .*-64\.\.63"),
+    "out of range, low": (_poke("beta1", 0, -(1 << 23) - 1), r"'beta1'.* -8388609"),
+    "weight 0": (_poke("w1", (0, 0), 0), r"'w1'.* \+-1"),
+    "rng zero": (_poke("rng", 9, 0), r"'rng'.* generator 9 .*0"),
+    "rng too short": (lambda s: s.__setitem__("rng", s["rng"][:-1]), r"'rng'.* 10 generators.* 11"),
+    "rng beyond 32 bits": (_poke("rng", 0, 1 << 32), r"'rng'.* 4294967296"),
+    "negative steps": (_set("steps", np.array(-1)), r"'steps'.* -1"),
+    "steps not a scalar": (_set("steps", np.array([1, 2])), r"'steps'.* shape \(2,\)"),
+}
+
+
+@pytest.mark.parametrize("name", list(BROKEN_STATES))
+def test_restore_checks_the_whole_state_before_writing(name):
+    desc = make_desc()
+    acc = MockAccelerator(desc)
+    drv = Driver(desc, MockTransport(acc))
+    acc.log.clear()
+    state = random_state(desc, 3)
+    breakage, message = BROKEN_STATES[name]
+    breakage(state)
+    with pytest.raises(StateError, match=message):
+        drv.load_state_dict(state)
+    assert acc.log == []  # not one register or stream word went to the accelerator
+    with pytest.raises(StateError, match=message):
+        drv.check_state(state)
+
+
+def test_restore_accepts_what_state_dict_returns_and_any_integer_dtype():
+    desc = make_desc()
+    acc = MockAccelerator(desc)
+    drv = Driver(desc, MockTransport(acc))
+    state = random_state(desc, 3)
+    state = {k: (v.astype(np.int32) if k.startswith(("acc", "beta")) else v) for k, v in state.items()}
+    drv.load_state_dict(state)
+    back = drv.state_dict()
+    drv.load_state_dict(back)
+    for k in state:
+        assert (np.asarray(drv.state_dict()[k]) == np.asarray(state[k])).all(), k

@@ -1,0 +1,195 @@
+"""A small accelerator description and a Python mock of its command behaviour behind a register-file
+model, shared by the host tests (tests/host/test_driver.py, tests/host/test_pynq_transport.py)."""
+
+import asyncio
+
+import numpy as np
+
+from host.driver import AcceleratorDescription, AsyncTransport, BlockingTransport, QuantityLayout
+from rtl_gen.controller import build_regmap
+from rtl_gen.regmap import RegisterFile
+
+# --- a small accelerator description and a mock of its command behaviour ----------------------------------
+
+B, F, C = 4, 20, 3
+
+
+def make_desc() -> AcceleratorDescription:
+    kinds = {"w": 0, "acc": 1, "beta": 2, "rng": 3, "logits": 4}
+    regmap = build_regmap(name="mock", layers=2, batch=B, classes=C, input_int8=False, optimizer="switch",
+                          quantity_kinds=len(kinds))
+
+    def flat(name, layer, shape, bits, per, signed=False, access="rw", encoding="int"):
+        n = int(np.prod(shape))
+        padn = -(-n // per) * per
+        return QuantityLayout(name, layer, kinds[name], shape, bits, per, pad=(padn,) if len(shape) == 1 else shape,
+                              reshape=(padn,) if len(shape) == 1 else (n,), transpose=(0,), signed=signed,
+                              encoding=encoding, access=access)
+
+    quantities = [
+        QuantityLayout("w", 0, 0, (F, 8), 1, 8, pad=(24, 8), reshape=(3, 8, 8), transpose=(2, 0, 1), encoding="sign"),
+        flat("acc", 0, (F, 8), 7, 4, signed=True),
+        flat("beta", 0, (8,), 24, 1, signed=True),
+        flat("rng", 0, (8,), 32, 1),
+        QuantityLayout("w", 1, 0, (8, C), 1, 8, pad=(8, C), reshape=(8, C), transpose=(1, 0), encoding="sign"),
+        flat("acc", 1, (8, C), 7, 4, signed=True),
+        flat("beta", 1, (C,), 24, 1, signed=True),
+        flat("rng", 1, (C,), 32, 1),
+        flat("logits", 1, (B, C), 16, 2, signed=True, access="ro"),
+    ]
+    return AcceleratorDescription(
+        name="mock", regmap=regmap, batch=B, classes=C, input="binary", features=F, layers=[(F, 8), (8, C)],
+        batch_layout=QuantityLayout("x", None, 0, (B, F), 1, 32, pad=(B, 32), reshape=(B, 32), transpose=(0, 1),
+                                    encoding="sign"),
+        label_layout=QuantityLayout("labels", None, 0, (B,), 8, 4, pad=(B,), reshape=(B,), transpose=(0,)),
+        quantities=quantities, kinds=kinds,
+        schedule={"optimizer": "switch", "switch_lambda": 0.5, "switch_cutoff": 63, "switch_sigma": 0.5, "lr0": 1e-3,
+                  "arith": {"loss": "cross_entropy"}},
+    )
+
+
+class MockAccelerator:
+    """The command semantics of rtl_gen.controller, in Python, behind a register-file model. Every bus
+    operation is logged as a tuple for exact checks."""
+
+    def __init__(self, desc, *, train_polls=2, hang=False):
+        self.desc = desc
+        self.regs = RegisterFile(desc.regmap)
+        self.log = []
+        self.memory = {}  # (kind, layer) -> words
+        self.pending = None  # what the stream input / output does next
+        self.running = None  # command name, done after ``train_polls`` polls of done
+        self.polls = 0
+        self.train_polls = train_polls
+        self.hang = hang
+        self.steps = 0
+
+    # register side
+    def read(self, addr):
+        reg = self.desc.regmap.at(addr).name
+        if reg == "done" and self.running and not self.hang:
+            self.polls += 1
+            if self.polls >= self.train_polls:
+                self._finish()
+        word, ok = self.regs.read(addr)
+        assert ok
+        self.log.append(("read", reg, word))
+        return word
+
+    def write(self, addr, value):
+        reg = self.desc.regmap.at(addr).name
+        self.log.append(("write", reg, value))
+        assert self.regs.write(addr, value)
+        for r, f, _ in self.regs.pulses:
+            assert r == "cmd"
+            self._command(f)
+        self.regs.pulses.clear()
+
+    def _error(self, flag):
+        self.regs.set_status("error", flag, 1)
+
+    def _command(self, name):
+        arg = {f: self.regs.output("arg", f) for f in ("batch", "layer", "quantity")}
+        if name == "abort":
+            self.running = self.pending = None
+            return
+        if self.running or self.pending:
+            return self._error("busy")
+        if name == "upload":
+            if arg["batch"] != self.desc.batch:
+                return self._error("batch")
+            self.pending = ("upload", None)
+        elif name == "train":
+            self.running, self.polls = "train", 0
+        else:
+            if arg["layer"] >= len(self.desc.layers):
+                return self._error("layer")
+            self.pending = (name, (arg["quantity"], arg["layer"]))
+
+    def _finish(self):
+        if self.running == "train":
+            self.steps += 1
+            self.regs.set_input("cycles", "value", 1234)
+            self.regs.set_input("steps", "value", self.steps)
+            self.regs.set_input("correct", "value", 2)
+        self.regs.set_status("done", self.running, 1)
+        self.running = None
+
+    # stream side
+    def send(self, words):
+        self.log.append(("send", len(words)))
+        name, key = self.pending
+        self.pending = None
+        if name == "restore":
+            self.memory[key] = np.array(words, dtype=np.uint32)
+        self.running, self.polls = name, 0
+
+    def receive(self, count):
+        self.log.append(("receive", count))
+        name, key = self.pending
+        assert name == "readback"
+        self.pending = None
+        self.running, self.polls = name, 0
+        return self.memory.get(key, np.zeros(count, np.uint32))[:count]
+
+
+class MockTransport(BlockingTransport):
+    def __init__(self, acc):
+        self.acc = acc
+        self.sleeps = []
+
+    def read(self, addr):
+        return self.acc.read(addr)
+
+    def write(self, addr, value):
+        self.acc.write(addr, value)
+
+    def send(self, words):
+        self.acc.send(words)
+
+    def receive(self, count):
+        return self.acc.receive(count)
+
+    def sleep(self, cycles):
+        self.sleeps.append(cycles)
+
+
+class AsyncMockTransport(AsyncTransport):
+    def __init__(self, acc):
+        self.acc = acc
+
+    async def read(self, addr):
+        return self.acc.read(addr)
+
+    async def write(self, addr, value):
+        self.acc.write(addr, value)
+
+    async def send(self, words):
+        self.acc.send(words)
+
+    async def receive(self, count):
+        return self.acc.receive(count)
+
+    async def sleep(self, cycles):
+        await asyncio.sleep(0)
+
+
+def batch(seed=0):
+    rng = np.random.default_rng(seed)
+    return np.where(rng.random((B, F)) < 0.5, -1, 1).astype(np.int8), rng.integers(0, C, B)
+
+
+def random_state(desc, seed=0):
+    """A restorable state for ``desc``: random +-1 weights, values over each field's range, nonzero generators."""
+    rng = np.random.default_rng(seed)
+    state = {"steps": np.array(7)}
+    for q in desc.quantities:
+        if q.access != "rw" or q.name == "rng":
+            continue
+        if q.encoding == "sign":
+            state[q.key] = np.where(rng.random(q.shape) < 0.5, -1, 1).astype(np.int8)
+        else:
+            state[q.key] = rng.integers(-(1 << (q.elem_bits - 1)), 1 << (q.elem_bits - 1), q.shape)
+    n = sum(q.shape[0] for q in desc.quantities if q.name == "rng")
+    state["rng"] = rng.integers(1, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
+    return state
