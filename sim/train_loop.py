@@ -16,17 +16,28 @@ Everything around the step lives here, once:
   not changed by it, as in the E2-Train paper;
 * the learning-rate schedule (``cfg.train.lr``), see :class:`LRSchedule`;
 * per-epoch evaluation, a one-line log, a tqdm bar, a :class:`History` that is
-  written to JSON after every epoch when a path is given, and a clean stop on
-  Ctrl-C (the history so far is returned).
+  written to JSON after every epoch when a path is given;
+* checkpoints (:class:`Checkpoint`): the whole training state (engine state,
+  the loop's generators, data order and position in the epoch, the schedule,
+  the history, the configuration) written atomically after every epoch and
+  whenever the run stops, always between two whole steps; ``resume=`` continues
+  a run bit-identically;
+* a clean stop on Ctrl-C or SIGTERM at the next step boundary (the history so
+  far is returned and the state saved).
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import math
 import os
+import signal
 import sys
+import threading
 import time
+import zipfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,6 +56,12 @@ __all__ = [
     "evaluate_dataset",
     "run_training",
     "seed_rngs",
+    "Checkpoint",
+    "CheckpointError",
+    "save_checkpoint",
+    "load_checkpoint",
+    "config_difference",
+    "data_fingerprint",
 ]
 
 
@@ -84,7 +101,11 @@ class TrainEngine(Protocol):
         ...
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Everything needed to resume or inspect the model, as named arrays."""
+        """Everything needed to resume or inspect the model, as named arrays (copies)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        """Restore a :meth:`state_dict`, checking the whole state before changing anything."""
         ...
 
 
@@ -126,10 +147,8 @@ class History:
         """Write the history as JSON (atomically: a crash never leaves a half-written file)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1, default=_json_default) + "\n")
-        os.replace(tmp, path)
-        return path
+        text = json.dumps(self.to_dict(), indent=1, default=_json_default) + "\n"
+        return _atomic_write(path, lambda fh: fh.write(text.encode()))
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> History:
@@ -296,6 +315,221 @@ def evaluate_dataset(engine: TrainEngine, x_uint8: np.ndarray, y: np.ndarray, ba
 
 
 # ---------------------------------------------------------------------------
+# Checkpoints: the whole training state in one file
+
+
+CHECKPOINT_FORMAT = "xnortrain-training-state"
+CHECKPOINT_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read, or that belongs to another run (the message is one line)."""
+
+
+def _atomic_write(path: Path, write: Callable[[object], None]) -> Path:
+    """Write ``path`` through ``write(binary file)`` into ``<path>.tmp`` and rename it over ``path``.
+
+    A crash or an error leaves the old file (or none) and no ``.tmp`` behind.
+    """
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+@dataclass
+class Checkpoint:
+    """A training state as :func:`save_checkpoint` writes it.
+
+    The file is an ``.npz`` (no pickles): ``meta`` is one strict JSON text (non-finite floats as
+    ``{"__float__": "nan"}``; format name and version, the
+    engine's name, the configuration, a fingerprint of the data, the loop's position and
+    accumulators, its three generators' states, the learning-rate schedule's state and the history
+    so far); ``engine/<key>`` are the arrays of the engine's ``state_dict()`` (for the hardware
+    model keyed as :meth:`sim.hw.model.HwModel.state_dict`, the keys the host driver reads back);
+    ``loop/order`` and ``loop/drops`` are the running epoch's data order and SMD draws.
+    """
+
+    meta: dict
+    engine_state: dict[str, np.ndarray]
+    arrays: dict[str, np.ndarray]
+    path: Path | None = None
+
+    @property
+    def engine(self) -> str:
+        return str(self.meta["engine"])
+
+    @property
+    def step(self) -> int:
+        return int(self.meta["loop"]["step"])
+
+    @property
+    def epoch(self) -> int:
+        """0-based epoch the run was in (or is about to start)."""
+        return int(self.meta["loop"]["epoch"])
+
+    @property
+    def stopped(self) -> str:
+        return str(self.meta["history"]["meta"].get("stopped", ""))
+
+    @property
+    def config(self) -> Config:
+        """The configuration the run was started with."""
+        from .config import config_from_dict
+
+        d = dict(self.meta["config"])
+        preset = d.pop("preset", "")
+        cfg = config_from_dict(d)
+        cfg.preset = preset
+        return cfg
+
+
+def _strict_json(o):
+    """``o`` with every non-finite float replaced by ``{"__float__": "nan" | "inf" | "-inf"}`` (strict JSON)."""
+    if isinstance(o, (float, np.floating)):
+        return float(o) if math.isfinite(o) else {"__float__": repr(float(o))}
+    if isinstance(o, dict):
+        return {k: _strict_json(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_strict_json(v) for v in o]
+    return o
+
+
+def _from_strict_json(o):
+    if isinstance(o, dict):
+        if set(o) == {"__float__"}:
+            return float(o["__float__"])
+        return {k: _from_strict_json(v) for k, v in o.items()}
+    if isinstance(o, list):
+        return [_from_strict_json(v) for v in o]
+    return o
+
+
+def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
+    """Write ``ckpt`` to ``path`` atomically (see :class:`Checkpoint` for the layout)."""
+    text = json.dumps(_strict_json(ckpt.meta), default=_json_default, allow_nan=False)
+    payload = {"meta": np.array(text)}
+    payload.update({f"engine/{k}": np.asarray(v) for k, v in ckpt.engine_state.items()})
+    payload.update({f"loop/{k}": np.asarray(v) for k, v in ckpt.arrays.items()})
+    return _atomic_write(Path(path), lambda fh: np.savez(fh, **payload))
+
+
+def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """Read a checkpoint written by :func:`save_checkpoint`; :class:`CheckpointError` when it is not one."""
+    path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"{path}: is a folder, not a training checkpoint")
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            data = {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise CheckpointError(f"{path}: not a training checkpoint (cannot read it as .npz: {e})") from None
+    try:
+        meta = _from_strict_json(json.loads(str(data.pop("meta"))))
+    except (KeyError, ValueError):
+        raise CheckpointError(f"{path}: not a training checkpoint (no readable 'meta' entry)") from None
+    if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path}: not an xnortrain training checkpoint (format {meta.get('format')!r})"
+                              if isinstance(meta, dict) else f"{path}: not an xnortrain training checkpoint")
+    version = meta.get("version")
+    if version != CHECKPOINT_VERSION:
+        raise CheckpointError(f"{path}: checkpoint format version {version!r}; this xnortrain reads "
+                              f"version {CHECKPOINT_VERSION}")
+    missing = [k for k in ("engine", "config", "data", "loop", "rngs", "schedule", "history") if k not in meta]
+    if missing:
+        raise CheckpointError(f"{path}: checkpoint lacks the {missing[0]!r} section")
+    engine = {k[len("engine/"):]: v for k, v in data.items() if k.startswith("engine/")}
+    arrays = {k[len("loop/"):]: v for k, v in data.items() if k.startswith("loop/")}
+    return Checkpoint(meta, engine, arrays, path)
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_difference(a: dict, b: dict) -> tuple[str, object, object] | None:
+    """The first field (dotted path) whose value differs between two ``Config.to_dict()`` trees, with both
+    values; ``None`` when they agree (the ``preset`` label is not compared)."""
+    fa, fb = _flatten(a), _flatten(b)
+    for key in list(fa) + [k for k in fb if k not in fa]:
+        if key == "preset":
+            continue
+        if key not in fa or key not in fb or fa[key] != fb[key]:
+            return key, fa.get(key, "(absent)"), fb.get(key, "(absent)")
+    return None
+
+
+def data_fingerprint(data) -> str:
+    """SHA-256 of a dataset's arrays (after the train/test limits): a resume must see the same images."""
+    h = hashlib.sha256()
+    for a in (data.x_train, data.y_train, data.x_test, data.y_test):
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------
+# Signals
+
+
+class _Control:
+    """SIGINT / SIGTERM during :func:`run_training` (installed in the main thread only).
+
+    The first signal asks the loop to stop at the next boundary between whole steps; a second one
+    during a step or an evaluation raises ``KeyboardInterrupt`` at once (the step is then rolled back
+    to its snapshot). ``phase`` is what the loop is doing: ``idle``, ``step``, ``eval``, ``book``
+    (bookkeeping between steps) or ``save``; only ``step`` and ``eval`` may be cut short.
+    """
+
+    def __init__(self):
+        self.phase = "idle"
+        self.signal: str | None = None  # name of the first signal received
+        self.count = 0
+        self._old: dict = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old if old is not None else signal.SIG_DFL)
+        self._old.clear()
+
+    def _handle(self, signum, _frame) -> None:
+        self.count += 1
+        if self.signal is None:
+            self.signal = signal.Signals(signum).name
+        if self.count > 1 and self.phase in ("step", "eval"):
+            raise KeyboardInterrupt(self.signal)
+        if self.count == 1:
+            msg = f"\nxnortrain: {self.signal}: stopping after the current step (send it again to stop at once)\n"
+            os.write(2, msg.encode())
+
+
+class _Stop(Exception):
+    """Raised by the loop itself at a step boundary after a signal."""
+
+
+# ---------------------------------------------------------------------------
 # The loop
 
 
@@ -308,6 +542,33 @@ def _use_bar(progress: bool) -> bool:
         return False
 
 
+@dataclass
+class _Epoch:
+    """The running epoch: its data order, SMD draws, position and accumulators (all a resume needs)."""
+
+    index: int
+    order: np.ndarray
+    drops: np.ndarray
+    position: int = 0  # next mini-batch
+    loss_sum: float = 0.0
+    correct: int = 0
+    seen: int = 0
+    flip_sum: float = 0.0
+    n_steps: int = 0
+    dropped: int = 0
+    lr_used: list = field(default_factory=list)
+    seconds: float = 0.0  # wall time of earlier sessions of this epoch
+
+    def to_meta(self) -> dict:
+        d = asdict(self)
+        del d["order"], d["drops"]
+        return d
+
+
+def _rng_states(rngs: dict) -> dict:
+    return {k: g.bit_generator.state for k, g in rngs.items()}
+
+
 def run_training(
     cfg: Config,
     engine: TrainEngine,
@@ -316,19 +577,44 @@ def run_training(
     progress: bool = True,
     log: Callable[[str], None] | None = print,
     max_steps: int | None = None,
+    history_json: str | os.PathLike | None = None,
+    state_file: str | os.PathLike | None = None,
+    resume: Checkpoint | str | os.PathLike | None = None,
     checkpoint: str | os.PathLike | None = None,
+    handle_signals: bool = True,
 ) -> History:
     """Train ``engine`` for ``cfg.train.epochs`` epochs and return the :class:`History`.
 
     ``data``: a :class:`sim.datasets.Dataset` (default: loaded from ``cfg.data``).
     ``max_steps``: stop after this many training steps (default ``cfg.train.max_steps``; 0 = no limit).
-    ``checkpoint``: a JSON path; the history is written there after every epoch (and when the run
-    stops for any reason), and the engine's ``state_dict`` next to it as ``<name>.state.npz``.
+    ``history_json``: the history is written there as JSON after every epoch and when the run stops.
+    ``state_file``: the whole training state (:class:`Checkpoint`) is written there after every epoch
+    and when the run stops for any reason (finished, step limit, Ctrl-C / SIGTERM, an error), always
+    as it was between two whole steps. ``checkpoint`` (the older name of ``history_json``) also
+    writes the state next to the JSON as ``<stem>.ckpt.npz`` unless ``state_file`` is given.
+    ``resume``: a checkpoint (or its path) of this configuration, data and engine kind: the run
+    continues from it and ends bit-identical to an uninterrupted one (``seconds`` aside).
+    ``handle_signals``: in the main thread, SIGINT/SIGTERM stop the run at the next step boundary
+    (a second signal at once, rolling the running step back); the history is returned with
+    ``meta["stopped"] = "interrupted"`` and ``meta["signal"]``.
     ``log``: called with one line per epoch (``None`` for silence).
     """
-    from .datasets import batches, split_dev
-
+    if checkpoint is not None:
+        history_json = checkpoint if history_json is None else history_json
+        if state_file is None:
+            state_file = Path(checkpoint).with_suffix(".ckpt.npz")
     log = log or (lambda _s: None)
+    ctl = _Control()
+    if handle_signals:
+        ctl.install()
+    try:
+        return _train(cfg, engine, data, ctl, progress=progress, log=log, max_steps=max_steps,
+                      history_json=history_json, state_file=state_file, resume=resume)
+    finally:
+        ctl.restore()
+
+
+def _train(cfg, engine, data, ctl: _Control, *, progress, log, max_steps, history_json, state_file, resume):
     data = load_training_data(cfg, data)
     rngs = seed_rngs(cfg.train.seed)
     x_train, y_train = data.x_train, data.y_train
@@ -338,6 +624,8 @@ def run_training(
             raise ConfigError(
                 f"data.dev_size = {cfg.data.dev_size} leaves no training images (only {len(x_train)} available)"
             )
+        from .datasets import split_dev
+
         x_train, y_train, x_dev, y_dev = split_dev(x_train, y_train, cfg.data.dev_size, rngs["dev"])
     bs = cfg.train.batch_size
     if bs > len(x_train):
@@ -347,10 +635,12 @@ def run_training(
     limit = cfg.train.max_steps if max_steps is None else int(max_steps)
     smd = float(cfg.e2train.smd_prob)
     schedule = LRSchedule(cfg)
+    engine_name = getattr(engine, "name", type(engine).__name__)
+    fingerprint = data_fingerprint(data)
 
     hist = History()
     hist.meta = {
-        "engine": getattr(engine, "name", type(engine).__name__),
+        "engine": engine_name,
         "config_name": cfg.name,
         "data_source": getattr(data, "source", ""),
         "n_train": int(len(x_train)),
@@ -361,110 +651,210 @@ def run_training(
         "config": cfg.to_dict(),
         "stopped": "running",
     }
-    ckpt = Path(checkpoint) if checkpoint is not None else None
+    epoch, step, ep = 0, 0, None
+    stop_reason = "running"  # of the loop: running, max_steps or finished (an interrupt is not one)
+    if resume is not None:
+        ckpt = resume if isinstance(resume, Checkpoint) else load_checkpoint(resume)
+        where = ckpt.path or "checkpoint"
+        if ckpt.engine != engine_name:
+            raise CheckpointError(f"{where}: written by the {ckpt.engine!r} engine; this run uses {engine_name!r}")
+        diff = config_difference(ckpt.meta["config"], cfg.to_dict())
+        if diff is not None:
+            key, was, now = diff
+            raise CheckpointError(f"{where}: {key} = {now!r} differs from the checkpoint's {was!r}; "
+                                  "resume with the configuration the run was started with")
+        loop = ckpt.meta["loop"]
+        if int(loop["max_steps"]) != int(limit):
+            raise CheckpointError(f"{where}: max_steps = {limit} differs from the checkpoint's {loop['max_steps']}")
+        if ckpt.meta["data"]["fingerprint"] != fingerprint:
+            raise CheckpointError(f"{where}: the training data differ from the checkpoint's "
+                                  f"({ckpt.meta['data']['source']!r}, train/test {ckpt.meta['data']['n']})")
+        try:
+            engine.load_state_dict(ckpt.engine_state)
+        except (ValueError, KeyError) as e:
+            raise CheckpointError(f"{where}: engine state: {e}") from None
+        for k, st in ckpt.meta["rngs"].items():
+            rngs[k].bit_generator.state = st
+        for k, v in ckpt.meta["schedule"].items():
+            setattr(schedule, k, v)
+        hist = History(**{k: v for k, v in ckpt.meta["history"].items() if k in History.__dataclass_fields__})
+        hist.meta.pop("signal", None)
+        hist.meta["stopped"] = "running"
+        hist.meta.setdefault("resumed", []).append({"step": int(loop["step"]), "from": str(where)})
+        epoch, step, stop_reason = int(loop["epoch"]), int(loop["step"]), str(loop["stop_reason"])
+        if loop["running_epoch"] is not None:
+            ep = _Epoch(order=np.asarray(ckpt.arrays["order"]), drops=np.asarray(ckpt.arrays["drops"]),
+                        **loop["running_epoch"])
+        log(f"resuming from {where}: epoch {epoch + 1}, {step} steps done")
 
-    def save():
-        if ckpt is not None:
-            hist.to_json(ckpt)
+    def snapshot(engine_state) -> Checkpoint:
+        """The state between whole steps: the engine's ``engine_state`` and the loop as it stands."""
+        meta = {
+            "format": CHECKPOINT_FORMAT,
+            "version": CHECKPOINT_VERSION,
+            "engine": engine_name,
+            "config": cfg.to_dict(),
+            "data": {"fingerprint": fingerprint, "source": getattr(data, "source", ""),
+                     "n": [int(len(data.x_train)), int(len(data.x_test))]},
+            "loop": {"epoch": epoch, "step": step, "max_steps": int(limit), "stop_reason": stop_reason,
+                     "running_epoch": None if ep is None else ep.to_meta()},
+            "rngs": _rng_states(rngs),
+            "schedule": {k: getattr(schedule, k) for k in ("value", "best", "bad_epochs", "decays")},
+            "history": hist.to_dict(),
+        }
+        arrays = {} if ep is None else {"order": ep.order, "drops": ep.drops}
+        return Checkpoint(meta, engine_state, arrays)
 
-    def save_state():
-        if ckpt is not None:
-            state = engine.state_dict()
-            tmp = ckpt.with_name(ckpt.stem + ".state.tmp.npz")
-            np.savez(tmp, **state)
-            os.replace(tmp, ckpt.with_name(ckpt.stem + ".state.npz"))
+    def save(engine_state) -> None:
+        """Write the history JSON and the checkpoint (signals wait until both are on disk)."""
+        phase, ctl.phase = ctl.phase, "save"
+        try:
+            if history_json is not None:
+                hist.to_json(history_json)
+            if state_file is not None:
+                save_checkpoint(state_file, snapshot(engine_state))
+        finally:
+            ctl.phase = phase
 
     bar = None
     if _use_bar(progress):
         from tqdm import tqdm
 
-        bar = tqdm(total=epochs * per_epoch, unit="batch", dynamic_ncols=True, leave=False)
+        done = epoch * per_epoch + (ep.position if ep is not None else 0)
+        bar = tqdm(total=epochs * per_epoch, initial=min(done, epochs * per_epoch), unit="batch",
+                   dynamic_ncols=True, leave=False)
 
-    step = 0
-    stop_reason = "finished"
+    pre_step = None  # the engine's state before the running step
+    t0 = time.perf_counter()
     try:
-        for epoch in range(epochs):
+        while epoch < epochs and (stop_reason == "running" or ep is not None):
             t0 = time.perf_counter()
-            loss_sum = 0.0
-            correct = 0
-            seen = 0
-            flip_sum = 0.0
-            n_steps = 0
-            dropped = 0
-            lr_used = []
-            drops = rngs["smd"].random(per_epoch) < smd if smd > 0 else np.zeros(per_epoch, dtype=bool)
-            for i, (xb, yb) in enumerate(batches(x_train, y_train, bs, rngs["shuffle"])):
+            if ep is None:
+                drops = rngs["smd"].random(per_epoch) < smd if smd > 0 else np.zeros(per_epoch, dtype=bool)
+                ep = _Epoch(epoch, rngs["shuffle"].permutation(len(x_train)), drops)
+            for i in range(ep.position, per_epoch if stop_reason == "running" else ep.position):
+                if ctl.signal:
+                    raise _Stop
                 if bar is not None:
                     bar.update(1)
-                if drops[i]:
-                    dropped += 1
+                if ep.drops[i]:
+                    ep.dropped += 1
+                    ep.position = i + 1
                     continue
+                idx = ep.order[i * bs : (i + 1) * bs]
+                xb, yb = x_train[idx], y_train[idx]
                 frac = (epoch + i / per_epoch) / epochs
                 if limit:
                     frac = max(frac, step / limit)
                 frac = min(frac, 1.0)
                 lr = schedule.lr(epoch, frac)
-                res = engine.train_step(engine.prepare_inputs(xb), yb, lr=lr, progress=frac)
+                xp = engine.prepare_inputs(xb)
+                pre_step = engine.state_dict()
+                ctl.phase = "step"
+                res = engine.train_step(xp, yb, lr=lr, progress=frac)
+                ctl.phase = "book"
                 step += 1
-                n_steps += 1
-                lr_used.append(lr)
-                loss_sum += float(res.loss) * len(yb)
-                correct += int(res.correct)
-                seen += len(yb)
-                flip_sum += res.flips / max(res.n_weights, 1)
-                if bar is not None and n_steps % 20 == 0:
-                    bar.set_postfix(loss=f"{loss_sum / seen:.3f}", acc=f"{correct / seen:.3f}", lr=f"{lr:.2g}")
+                ep.position = i + 1
+                ep.n_steps += 1
+                ep.lr_used.append(lr)
+                ep.loss_sum += float(res.loss) * len(yb)
+                ep.correct += int(res.correct)
+                ep.seen += len(yb)
+                ep.flip_sum += res.flips / max(res.n_weights, 1)
                 if limit and step >= limit:
                     stop_reason = "max_steps"
+                ctl.phase = "idle"
+                if bar is not None and ep.n_steps % 20 == 0:
+                    bar.set_postfix(loss=f"{ep.loss_sum / ep.seen:.3f}", acc=f"{ep.correct / ep.seen:.3f}",
+                                    lr=f"{lr:.2g}")
+                if stop_reason != "running":
                     break
+            if ctl.signal:
+                raise _Stop
+            ctl.phase = "eval"
             test_loss, test_acc = evaluate_dataset(engine, data.x_test, data.y_test, cfg.train.eval_batch_size)
-            train_loss = loss_sum / seen if seen else float("nan")
+            seen = ep.seen
+            train_loss = ep.loss_sum / seen if seen else float("nan")
             if x_dev is not None:
                 _, dev_acc = evaluate_dataset(engine, x_dev, y_dev, cfg.train.eval_batch_size)
-                signal = 1.0 - dev_acc
+                signal_value = 1.0 - dev_acc
             else:
-                signal = train_loss
-            lr_epoch = float(np.mean(lr_used)) if lr_used else schedule.lr(epoch, min((epoch + 1) / epochs, 1.0))
-            decayed = schedule.end_epoch(signal)
-            secs = time.perf_counter() - t0
+                signal_value = train_loss
+            ctl.phase = "book"
+            lr_epoch = (float(np.mean(ep.lr_used)) if ep.lr_used
+                        else schedule.lr(epoch, min((epoch + 1) / epochs, 1.0)))
+            decayed = schedule.end_epoch(signal_value)
+            secs = ep.seconds + time.perf_counter() - t0
             hist.epoch.append(epoch + 1)
             hist.lr.append(lr_epoch)
             hist.loss.append(train_loss)
-            hist.train_acc.append(correct / seen if seen else float("nan"))
+            hist.train_acc.append(ep.correct / seen if seen else float("nan"))
             hist.test_loss.append(test_loss)
             hist.test_acc.append(test_acc)
             hist.best_test_acc.append(max(test_acc, hist.best_test_acc[-1] if hist.best_test_acc else 0.0))
-            hist.dev_metric.append(signal)
-            hist.flip_ratio.append(flip_sum / n_steps if n_steps else 0.0)
-            hist.steps.append(n_steps)
-            hist.dropped.append(dropped)
+            hist.dev_metric.append(signal_value)
+            hist.flip_ratio.append(ep.flip_sum / ep.n_steps if ep.n_steps else 0.0)
+            hist.steps.append(ep.n_steps)
+            hist.dropped.append(ep.dropped)
             hist.seconds.append(secs)
+            hist.meta["total_steps"] = step
+            epoch, ep = epoch + 1, None
+            ctl.phase = "idle"
             log(
-                f"epoch {epoch + 1:3d}/{epochs}  lr {lr_epoch:.3g}{'*' if decayed else ' '} "
+                f"epoch {epoch:3d}/{epochs}  lr {lr_epoch:.3g}{'*' if decayed else ' '} "
                 f"loss {train_loss:.4f}  train {100 * hist.train_acc[-1]:6.2f}%  "
                 f"test {100 * test_acc:6.2f}% (best {100 * hist.best:6.2f}%)  "
                 f"flips {hist.flip_ratio[-1]:.2e}  {secs:6.1f}s"
             )
-            save()
-            if stop_reason == "max_steps":
-                break
-    except KeyboardInterrupt:
-        stop_reason = "interrupted"
-        log(f"interrupted after {len(hist.epoch)} finished epochs ({step} steps); returning the history so far")
+            if stop_reason == "running" and epoch < epochs:
+                save(engine.state_dict())
+        if stop_reason == "running":
+            stop_reason = "finished"
+        stopped = stop_reason
+        engine_state = engine.state_dict()
+    except (KeyboardInterrupt, _Stop):
+        if ctl.phase == "book":  # only without handle_signals: a step half booked; keep the last checkpoint
+            _finish(hist, "interrupted", step, schedule)
+            hist.meta["signal"] = "KeyboardInterrupt"
+            log(f"interrupted between a step and its bookkeeping at step {step}; the state is not saved")
+            return hist
+        engine_state = _settle(engine, ctl, pre_step, ep, t0)
+        stopped = "interrupted"
+        hist.meta["signal"] = ctl.signal or "KeyboardInterrupt"
+        where = (f"epoch {epoch + 1}, batch {ep.position} of {per_epoch}" if ep is not None
+                 else f"after epoch {epoch}")
+        log(f"interrupted ({hist.meta['signal']}) at step {step} ({where}); "
+            f"{len(hist.epoch)} finished epochs in the history")
     except BaseException as e:
-        hist.meta["stopped"] = f"error: {type(e).__name__}: {e}"
-        hist.meta["total_steps"] = step
-        save()
+        if ctl.phase in ("step", "eval", "idle"):
+            engine_state = _settle(engine, ctl, pre_step, ep, t0)
+            _finish(hist, f"error: {type(e).__name__}: {e}", step, schedule)
+            with contextlib.suppress(Exception):
+                save(engine_state)
         raise
     finally:
         if bar is not None:
             bar.close()
+    _finish(hist, stopped, step, schedule)
+    save(engine_state)
+    return hist
+
+
+def _settle(engine, ctl: _Control, pre_step, ep: _Epoch | None, t0: float | None) -> dict:
+    """After an exception: the engine state between whole steps (a cut step is rolled back)."""
+    if ctl.phase == "step" and pre_step is not None:
+        with contextlib.suppress(Exception):
+            engine.load_state_dict(pre_step)
+        state = pre_step
+    else:
+        state = engine.state_dict()
+    if ep is not None and t0 is not None:
+        ep.seconds += time.perf_counter() - t0
+    ctl.phase = "idle"
+    return state
+
+
+def _finish(hist: History, stop_reason: str, step: int, schedule: LRSchedule) -> None:
     hist.meta["stopped"] = stop_reason
     hist.meta["total_steps"] = step
     hist.meta["lr_decays"] = schedule.decays
-    save()
-    try:
-        save_state()
-    except KeyboardInterrupt:
-        pass
-    return hist

@@ -54,4 +54,5 @@ class HwEngine:
         return self.model.state_dict()
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        """Restore a :meth:`state_dict` (checked whole first by :func:`sim.hw.model.validate_state`)."""
         self.model.load_state_dict(state)

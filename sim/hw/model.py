@@ -9,6 +9,8 @@ modelled (the paper's MLP); other topologies are rejected with a clear message.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,7 +21,7 @@ from . import optim as O
 from .rng import RngBank
 from .widths import layer_bounds
 
-__all__ = ["HwModel", "StepTrace"]
+__all__ = ["HwModel", "StepTrace", "StateError", "validate_state"]
 
 
 @dataclass
@@ -103,7 +105,7 @@ class HwModel:
         self.steps = 0
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """All on-chip state as named arrays (weights as int8 +-1)."""
+        """All on-chip state as named arrays (weights as int8 +-1); :func:`validate_state` lists the keys."""
         d: dict[str, np.ndarray] = {"steps": np.array(self.steps, dtype=np.int64), "rng": self.rng.get_state()}
         for j in range(len(self.layers)):
             d[f"w{j}"] = self.w[j].copy()
@@ -117,19 +119,24 @@ class HwModel:
                 d[f"{key}{j}"] = arrs[j].copy()
         return d
 
-    def load_state_dict(self, d: dict[str, np.ndarray]) -> None:
+    def load_state_dict(self, d: Mapping[str, np.ndarray]) -> None:
+        """Restore a :meth:`state_dict` (this model's, the driver's read-back or a checkpoint's).
+
+        The whole state is checked with :func:`validate_state` first; nothing is written when it fails.
+        """
+        validate_state(self, d)
         self.steps = int(d["steps"])
-        self.rng.set_state(d["rng"])
+        self.rng.set_state(np.asarray(d["rng"]).astype(np.uint32))
         for j in range(len(self.layers)):
-            self.w[j] = np.asarray(d[f"w{j}"], dtype=np.int8).copy()
-            self.beta[j] = np.asarray(d[f"beta{j}"], dtype=np.int64).copy()
-            self.m_beta[j] = np.asarray(d[f"m_beta{j}"], dtype=np.int64).copy()
-            self.a_beta[j] = np.asarray(d[f"a_beta{j}"], dtype=np.int64).copy()
+            self.w[j] = np.asarray(d[f"w{j}"]).astype(np.int8)
+            self.beta[j] = np.asarray(d[f"beta{j}"]).astype(np.int64)
+            self.m_beta[j] = np.asarray(d[f"m_beta{j}"]).astype(np.int64)
+            self.a_beta[j] = np.asarray(d[f"a_beta{j}"]).astype(np.int64)
             self.e_beta[j] = int(d[f"e_beta{j}"])
-            self.mu_r[j] = np.asarray(d[f"mu_r{j}"], dtype=np.int64).copy()
-            self.s_r[j] = np.asarray(d[f"s_r{j}"], dtype=np.int64).copy()
+            self.mu_r[j] = np.asarray(d[f"mu_r{j}"]).astype(np.int64)
+            self.s_r[j] = np.asarray(d[f"s_r{j}"]).astype(np.int64)
             for key, arrs in self.opt.items():
-                arrs[j] = np.asarray(d[f"{key}{j}"], dtype=arrs[j].dtype).copy()
+                arrs[j] = np.asarray(d[f"{key}{j}"]).astype(arrs[j].dtype)
 
     # ------------------------------------------------------------------ forward
     def forward_train(self, x: np.ndarray, trace: StepTrace, w=None):
@@ -277,3 +284,150 @@ class HwModel:
         logits = self.forward_eval(x)
         _, loss, correct = A.loss_grad(logits, labels, self.p)
         return loss, correct
+
+
+# ---------------------------------------------------------------------------
+# State validation (before any restore: HwModel.load_state_dict, the host driver, checkpoints)
+
+
+class StateError(ValueError):
+    """A state that does not fit the configuration; the one-line message names the key, the value and the limit."""
+
+
+E_BETA_BITS = 16  # the per-layer block exponent of the beta EMAs is a 16-bit signed register
+
+
+def _m_beta_bits(h) -> int:
+    """Signed width of the beta momentum ``m``: ``hw.beta_state_bits`` plus its headroom over ``a``.
+
+    ``|m| <= F a`` with ``F = 2^(sa-sm) / (1 - (1-2^-sm) / (1-2^-sa))`` when ``sa > sm`` (a large old
+    gradient decays faster in ``m`` than in ``a``); the headroom is ``bitlen(ceil(F)) + 1`` bits (2 otherwise).
+    The same width as the RTL's storage (``rtl_gen.controller.bn_param_sizes``).
+    """
+    sm, sa = h.beta_momentum_shift, h.beta_scale_shift
+    extra = 2
+    if 0 < sm < sa:
+        f = 2.0 ** (sa - sm) / (1 - (1 - 2.0**-sm) / (1 - 2.0**-sa))
+        extra = int(math.ceil(f)).bit_length() + 1
+    return h.beta_state_bits + extra
+
+
+@dataclass(frozen=True)
+class _Limit:
+    shape: tuple
+    lo: int
+    hi: int
+    why: str  # what the range is, for the message
+
+
+def state_limits(cfg_or_model) -> dict[str, _Limit]:
+    """Every key of :meth:`HwModel.state_dict` for this configuration: its shape and value range."""
+    model = cfg_or_model if isinstance(cfg_or_model, HwModel) else HwModel(cfg_or_model)
+    h, p = model.h, model.p
+    out = {
+        "steps": _Limit((), 0, (1 << 63) - 1, "a step count"),
+        "rng": _Limit(model.rng.state.shape, 1, (1 << 32) - 1,
+                      "xorshift32 states are non-zero 32-bit numbers, one per generator"),
+    }
+    opt = {
+        "switch": {"acc": (-h.switch_cutoff, h.switch_cutoff, f"hw.switch_cutoff = {h.switch_cutoff}")},
+        "bop": {"m": (-(1 << h.bop_frac_bits), 1 << h.bop_frac_bits,
+                      f"m in [-1, 1] with hw.bop_frac_bits = {h.bop_frac_bits}")},
+        "iir": {"m": (-(1 << h.iir_m_frac_bits), 1 << h.iir_m_frac_bits,
+                      f"m in [-1, 1] with hw.iir_m_frac_bits = {h.iir_m_frac_bits}"),
+                "g": (-(1 << h.iir_g_frac_bits), 1 << h.iir_g_frac_bits,
+                      f"g in [-1, 1] with hw.iir_g_frac_bits = {h.iir_g_frac_bits}")},
+        "sgd": {"latent": (-(1 << (h.sgd_latent_bits - 1)), (1 << (h.sgd_latent_bits - 1)) - 1,
+                           f"latent in [-1, 1) with hw.sgd_latent_bits = {h.sgd_latent_bits}"),
+                "m": (-(1 << h.sgd_momentum_frac_bits), 1 << h.sgd_momentum_frac_bits,
+                      f"momentum in [-1, 1] with hw.sgd_momentum_frac_bits = {h.sgd_momentum_frac_bits}")},
+    }[h.optimizer]
+    mb = _m_beta_bits(h)
+    for j, wshape in enumerate(model.wshapes):
+        M = (wshape[1],)
+        run = model.bounds[j].running
+        out[f"w{j}"] = _Limit(wshape, -1, 1, "binary weights are -1 or +1 (rows = inputs)")
+        out[f"beta{j}"] = _Limit(M, p.beta_lo, p.beta_hi,
+                                 f"beta is Q{p.beta_int}.{p.beta_frac} (hw.beta_int_bits, hw.beta_frac_bits)")
+        out[f"m_beta{j}"] = _Limit(M, -(1 << (mb - 1)), (1 << (mb - 1)) - 1,
+                                   f"{mb}-bit signed beta momentum (hw.beta_state_bits = {h.beta_state_bits})")
+        out[f"a_beta{j}"] = _Limit(M, 0, (1 << h.beta_state_bits) - 1,
+                                   f"{h.beta_state_bits}-bit unsigned beta scale (hw.beta_state_bits)")
+        out[f"e_beta{j}"] = _Limit((), -(1 << (E_BETA_BITS - 1)), (1 << (E_BETA_BITS - 1)) - 1,
+                                   f"{E_BETA_BITS}-bit signed block exponent")
+        out[f"mu_r{j}"] = _Limit(M, -run, run, f"running mean bound of layer {j} in Q.{p.running_frac}")
+        out[f"s_r{j}"] = _Limit(M, 0, run, f"running scale bound of layer {j} in Q.{p.running_frac}")
+        for key in model.opt:
+            lo, hi, why = opt[key]
+            out[f"{key}{j}"] = _Limit(wshape, lo, hi, f"hw.optimizer = {h.optimizer}: {why}")
+    return out
+
+
+def _is_weight_key(key: str) -> bool:
+    return key.startswith("w") and key[1:].isdigit()
+
+
+def _where(a: np.ndarray, mask: np.ndarray) -> str:
+    idx = np.unravel_index(int(np.argmax(mask)), a.shape) if a.ndim else ()
+    return "[" + ", ".join(str(int(i)) for i in idx) + "]" if idx else ""
+
+
+def validate_state(cfg_or_model, state: Mapping[str, np.ndarray]) -> None:
+    """Check a whole :meth:`HwModel.state_dict`-keyed state against a configuration (or a model) before
+    anything is restored; raise :class:`StateError` naming the first offending key, value and limit.
+
+    Checks: exactly the keys this configuration keeps (no missing, no extra), shapes (a transposed
+    weight matrix is refused), integer values (integer dtype, or integral finite floats), ranges
+    (weights +-1; optimiser state within its range for ``hw.*``; beta, its EMAs and exponent within
+    their register widths; running statistics within the layer's bound; RNG states non-zero 32-bit)
+    and the weight/state coupling of ``sgd`` (``w = +1`` iff ``latent >= 0``) and ``iir``
+    (``w = -sign(g)`` where ``g != 0``).
+    """
+    limits = state_limits(cfg_or_model)
+    h = (cfg_or_model.cfg if isinstance(cfg_or_model, HwModel) else cfg_or_model).hw
+    if not isinstance(state, Mapping):
+        raise StateError(f"state: expected a mapping of names to arrays, got {type(state).__name__}")
+    missing = [k for k in limits if k not in state]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise StateError(f"state lacks {missing[0]!r}{more}; hw.optimizer = {h.optimizer} keeps: "
+                         + ", ".join(sorted(limits)))
+    extra = sorted(k for k in state if k not in limits)
+    if extra:
+        raise StateError(f"state has {extra[0]!r}, which this configuration (hw.optimizer = {h.optimizer}, "
+                         f"{sum(map(_is_weight_key, limits))} weight layers) does not keep")
+    arrays = {}
+    for key, lim in limits.items():
+        a = np.asarray(state[key])
+        if a.shape != lim.shape:
+            raise StateError(f"{key} has shape {a.shape}; this configuration needs {lim.shape} ({lim.why})")
+        if a.dtype.kind == "f":
+            bad = ~np.isfinite(a) | (a != np.round(a)) if a.size else np.zeros(a.shape, bool)
+            if bad.any():
+                raise StateError(f"{key}{_where(a, bad)} = {float(a[bad].flat[0])} is not an integer")
+        elif a.dtype.kind not in "iu":
+            raise StateError(f"{key} has dtype {a.dtype}; expected integers")
+        if a.size:
+            lo, hi = int(a.min()), int(a.max())
+            if lo < lim.lo or hi > lim.hi:
+                v = lo if lo < lim.lo else hi
+                raise StateError(f"{key}{_where(a, a == v)} = {v} is outside [{lim.lo}, {lim.hi}] ({lim.why})")
+        if _is_weight_key(key) and (a == 0).any():
+            raise StateError(f"{key}{_where(a, a == 0)} = 0; binary weights are -1 or +1")
+        arrays[key] = a
+    for j in range(sum(1 for k in limits if _is_weight_key(k))):
+        w = arrays[f"w{j}"]
+        if h.optimizer == "sgd":
+            bad = (w > 0) != (arrays[f"latent{j}"] >= 0)
+            why = "w must be +1 exactly where latent >= 0"
+        elif h.optimizer == "iir":
+            g = arrays[f"g{j}"]
+            bad = ((g > 0) & (w > 0)) | ((g < 0) & (w < 0))
+            why = "w must be -sign(g) where g != 0"
+        else:
+            continue
+        if bad.any():
+            at = _where(w, bad)
+            other = "latent" if h.optimizer == "sgd" else "g"
+            raise StateError(f"w{j}{at} = {int(w[bad].flat[0])} does not match {other}{j}{at} = "
+                             f"{int(arrays[other + str(j)][bad].flat[0])} ({why})")

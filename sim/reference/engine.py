@@ -49,3 +49,7 @@ class ReferenceEngine:
 
     def state_dict(self) -> dict[str, np.ndarray]:
         return self.model.state_dict()
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        """Restore a :meth:`state_dict` (checked whole first, see :meth:`BNNModel.load_state_dict`)."""
+        self.model.load_state_dict(state)

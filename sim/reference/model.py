@@ -50,6 +50,7 @@ serve evaluation.
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -345,6 +346,13 @@ class BNNModel:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, np.ndarray]:
+        """Everything a resumed run needs, as named arrays.
+
+        ``w{k}``: the binary weights (int8, derived from the optimiser state; checked, not read, on load);
+        ``beta{k}``, ``running_mu{k}``, ``running_scale{k}`` per BN layer ``k``; ``opt_{name}{k}`` the weight
+        optimiser's arrays and ``opt_steps`` its update count; ``beta_opt_{name}{k}`` / ``beta_opt_steps``
+        the same for the BN biases; ``rng``: the model generator's state as JSON text (a 0-d string array).
+        """
         out: dict[str, np.ndarray] = {}
         for k, w in enumerate(self.wopt.binary_weights()):
             out[f"w{k}"] = np.asarray(w, dtype=np.int8)
@@ -355,8 +363,63 @@ class BNNModel:
         for name, arrays in self.wopt.state_arrays().items():
             for k, arr in enumerate(arrays):
                 out[f"opt_{name}{k}"] = np.asarray(arr)
+        out["opt_steps"] = np.array(self.wopt.steps, dtype=np.int64)
         if self.popt is not None:
             for name, arrays in self.popt.state_arrays().items():
                 for j, arr in enumerate(arrays):
                     out[f"beta_opt_{name}{self.bn_layers[j]}"] = np.asarray(arr)
+            out["beta_opt_steps"] = np.array(self.popt.steps, dtype=np.int64)
+        out["rng"] = np.array(json.dumps(self.rng.bit_generator.state))
         return out
+
+    def load_state_dict(self, state) -> None:
+        """Restore a :meth:`state_dict`. The whole state is checked first (the same keys, shapes and
+        kinds as this model's own state, finite values, +-1 signs, a generator state of this model's
+        kind); a ``ValueError`` names the first offending key and nothing is changed."""
+        own = self.state_dict()
+        missing = [k for k in own if k not in state]
+        if missing:
+            raise ValueError(f"state lacks {missing[0]!r} (this configuration keeps: {', '.join(sorted(own))})")
+        extra = sorted(k for k in state if k not in own)
+        if extra:
+            raise ValueError(f"state has {extra[0]!r}, which this configuration does not keep")
+        arrays = {k: np.asarray(state[k]) for k in own}
+        for k, ref in own.items():
+            a = arrays[k]
+            if k == "rng":
+                continue
+            if a.shape != ref.shape:
+                raise ValueError(f"{k} has shape {a.shape}; this configuration needs {ref.shape}")
+            if a.dtype.kind not in "fiu":
+                raise ValueError(f"{k} has dtype {a.dtype}; expected numbers")
+            if not np.isfinite(a).all():
+                raise ValueError(f"{k} holds {a[~np.isfinite(a)].flat[0]} (not finite)")
+            if ref.dtype.kind in "iu":
+                info = np.iinfo(ref.dtype)
+                if (a != np.round(a)).any() or a.min(initial=0) < info.min or a.max(initial=0) > info.max:
+                    raise ValueError(f"{k} must hold {ref.dtype} integers (values {a.min()}..{a.max()})")
+                if ref.dtype == np.int8 and a.size and not np.isin(a, (-1, 1)).all():
+                    raise ValueError(f"{k} holds {a[~np.isin(a, (-1, 1))].flat[0]}; signs are -1 or +1")
+        try:
+            rng_state = json.loads(str(arrays["rng"]))
+            np.random.Generator(type(self.rng.bit_generator)()).bit_generator.state = rng_state
+        except (ValueError, TypeError, KeyError) as e:
+            raise ValueError(f"rng: not a {type(self.rng.bit_generator).__name__} state ({e})") from None
+        before = own
+        self._write_state(arrays, rng_state)
+        for k, w in enumerate(self.wopt.binary_weights()):
+            if not np.array_equal(np.asarray(w, dtype=np.int8), arrays[f"w{k}"]):
+                self._write_state(before, json.loads(str(before["rng"])))
+                raise ValueError(f"w{k} does not match the binary weights of the optimiser state opt_*{k}")
+
+    def _write_state(self, arrays: dict, rng_state: dict) -> None:
+        wstate = {n: [arrays[f"opt_{n}{i}"] for i in range(len(self.wlayers))] for n in self.wopt.state_arrays()}
+        self.wopt.load_state_arrays(wstate, steps=int(arrays["opt_steps"]))
+        for j, k in enumerate(self.bn_layers):
+            self.beta[j] = np.asarray(arrays[f"beta{k}"], dtype=np.float32).copy()
+            self.running_mu[j] = np.asarray(arrays[f"running_mu{k}"], dtype=np.float32).copy()
+            self.running_scale[j] = np.asarray(arrays[f"running_scale{k}"], dtype=np.float32).copy()
+        if self.popt is not None:
+            pstate = {n: [arrays[f"beta_opt_{n}{k}"] for k in self.bn_layers] for n in self.popt.state_arrays()}
+            self.popt.load_state_arrays(pstate, steps=int(arrays["beta_opt_steps"]))
+        self.rng.bit_generator.state = rng_state

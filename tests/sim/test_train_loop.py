@@ -63,6 +63,9 @@ class FakeEngine:
     def state_dict(self):
         return {"w": np.arange(4)}
 
+    def load_state_dict(self, state):
+        pass
+
 
 def test_fake_engine_satisfies_protocol():
     assert isinstance(FakeEngine(), TrainEngine)
@@ -80,7 +83,7 @@ def test_history_fields_json_and_plot(tmp_path):
     data = json.loads(path.read_text())
     assert data["epoch"] == [1, 2, 3] and data["meta"]["engine"] == "fake"
     assert History.from_json(path).loss == h.loss
-    assert (tmp_path / "h.state.npz").exists()
+    assert (tmp_path / "h.ckpt.npz").exists()
     png = h.plot(tmp_path / "curves.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
