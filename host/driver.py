@@ -742,6 +742,7 @@ class Driver:
         self.timeout_s = float(timeout_s)
         self._steps_base = 0  # steps restored by load_state_dict minus the hardware counter at that time
         self._schedule = None  # last schedule words written (to skip rewriting unchanged tables)
+        self._model_cfg = None  # the description's configuration, loaded on the first restore (False: none)
         transport.attach(desc)
         if check and isinstance(transport, BlockingTransport):
             self.connect()
@@ -772,8 +773,31 @@ class Driver:
     def check_state(self, state: Mapping[str, np.ndarray]) -> None:
         """Raise :class:`StateError` (naming the key) unless :meth:`load_state_dict` can restore ``state``
         as a whole: every key the accelerator holds present and none other, shapes as in the description,
-        integer values that fit the stored bit widths, weights +-1, every generator state nonzero."""
+        integer values that fit the stored bit widths, weights +-1, every generator state nonzero; then,
+        where the description's configuration can be loaded (:meth:`model_config`), the bit-exact model's
+        :func:`sim.hw.model.validate_state` (ranges the configuration allows within those widths, the
+        coupling of weights and optimiser state)."""
         self._encode_state(state)
+
+    def model_config(self):
+        """The configuration the accelerator was generated from (accelerator.json's ``config``), or None
+        when the description has none or it cannot be loaded here (no ``sim`` package or Python < 3.11,
+        e.g. on a board image: the description's own checks still apply)."""
+        if self._model_cfg is None:
+            self._model_cfg = False
+            if self.desc.config:
+                try:
+                    import tomllib
+
+                    from sim.config import config_from_dict
+                    from sim.schema import ConfigError
+                except ImportError:
+                    return None
+                try:
+                    self._model_cfg = config_from_dict(tomllib.loads(self.desc.config))
+                except (tomllib.TOMLDecodeError, ConfigError) as e:
+                    raise ValueError(f"accelerator.json: its config does not load: {e}") from None
+        return self._model_cfg or None
 
     def read_register(self, name: str):
         """Field values of register ``name`` (a dict by field name)."""
@@ -1072,6 +1096,15 @@ class Driver:
                 plan.append((q, q.encode(a.astype(np.int64))))
             except ValueError as e:
                 raise StateError(f"state: {q.key!r}: {e}") from None
+        cfg = self.model_config()
+        if cfg is not None:
+            from sim.hw.model import StateError as ModelStateError
+            from sim.hw.model import validate_state
+
+            try:
+                validate_state(cfg, state)
+            except ModelStateError as e:
+                raise StateError(f"state: {e}") from None
         return plan, int(steps)
 
     def _load_state_dict(self, state: Mapping[str, np.ndarray]) -> Program:

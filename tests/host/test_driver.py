@@ -23,6 +23,7 @@ from host.driver import (
     AcceleratorDescription,
     AcceleratorError,
     AcceleratorTimeout,
+    BlockingTransport,
     Driver,
     HardwareMismatch,
     PynqTransport,
@@ -378,3 +379,42 @@ def test_restore_accepts_what_state_dict_returns_and_any_integer_dtype():
     drv.load_state_dict(back)
     for k in state:
         assert (np.asarray(drv.state_dict()[k]) == np.asarray(state[k])).all(), k
+
+
+# --- restore: the bit-exact model's check of the state, from the description's configuration --------------------
+
+
+def _small_description():
+    from rtl_gen.top import SystemPlan
+    from sim.config import apply_overrides, load_config
+
+    cfg = apply_overrides(load_config("mlp"), [
+        "model.input_format=binary", "train.batch_size=4", "hw.lanes_in=32", "hw.lanes_out=8", "hw.lanes_b=2",
+        "hw.update_lanes=8", 'model.layers=[{type="dense",units=12},{type="dense",units=10}]'])
+    return cfg, SystemPlan(cfg).description()
+
+
+class NoBusTransport(BlockingTransport):
+    """Fails the test on any bus operation: the state check must refuse before the first one."""
+
+    def _do(self, op):
+        raise AssertionError(f"bus operation {op!r} before the state was checked")
+
+
+def test_restore_applies_the_models_state_check_from_the_description_config():
+    from sim.hw.model import HwModel
+
+    cfg, desc = _small_description()
+    drv = Driver(desc, NoBusTransport(), check=False)
+    assert drv.model_config().to_toml() == cfg.to_toml()
+    state = HwModel(cfg).state_dict()
+    drv.check_state(state)
+    # -64 fits the accumulators' 7-bit field (-64..63), hw.switch_cutoff = 63 bounds them to +-63
+    cut = cfg.hw.switch_cutoff
+    assert -(cut + 1) >= -(1 << (desc.quantity("acc", 1).elem_bits - 1))
+    state["acc1"][2, 3] = -(cut + 1)
+    with pytest.raises(StateError, match=rf"acc1\[2, 3\] = {-(cut + 1)} is outside \[-{cut}, {cut}\]"):
+        drv.load_state_dict(state)
+    # without the configuration only the description's (bit width) check applies
+    desc.config = ""
+    Driver(desc, NoBusTransport(), check=False).check_state(state)
