@@ -230,6 +230,11 @@ class BnForward:
     def n(self) -> int:
         return int(self.x_hat.shape[0])
 
+    @property
+    def zero(self) -> np.ndarray:
+        """bool [M]: the batch l1 scale is 0 (all ``y`` equal); the channel passes no gradient (:func:`bn_backward`)."""
+        return np.asarray(self.S) == 0
+
 
 def _clamp_thresholds(t, y_bound: int) -> np.ndarray:
     """Saturate thresholds to [-(y_bound+1), y_bound+1] (exact: |y| <= y_bound)."""
@@ -252,7 +257,8 @@ def bn_forward(y: np.ndarray, beta_q: np.ndarray, p: ArithParams, y_bound: int) 
     * ``A = sum|z| = K * sum(x_hat y) - C * sum(x_hat)``; ``alpha_q = round(A 2^Fa / (B S 2^Fb))``
       (the one division per channel).
 
-    ``S = 0`` (all ``y`` equal) is replaced by 1, which gives ``x = beta`` exactly.
+    ``S = 0`` (all ``y`` equal) is replaced by 1, which gives ``x = beta`` exactly; such a channel passes no
+    gradient backwards (:attr:`BnForward.zero`, the ``zero`` argument of :func:`bn_backward`).
     """
     y = np.asarray(y, dtype=np.int64)
     n = int(y.shape[0])
@@ -410,12 +416,19 @@ def loss_grad_scale(p: ArithParams) -> int:
 # Backward
 
 
-def bn_backward(dx: np.ndarray, x_hat: np.ndarray, alpha_q, p: ArithParams) -> tuple[np.ndarray, np.ndarray]:
+def bn_backward(
+    dx: np.ndarray, x_hat: np.ndarray, alpha_q, p: ArithParams, zero=None
+) -> tuple[np.ndarray, np.ndarray]:
     """Algorithm 2 lines 10-12 in integers: ``(Q, P1)``.
 
     With ``P1 = sum_b dx_b`` (= dbeta, line 12) and ``P2 = sum_b dx_b x_hat_b``::
 
         Q_b = 2^Fa (B dx_b - P1) - alpha_q P2 x_hat_b        (int64 [B, M])
+
+    except ``Q_b = 0`` for every sample of a channel flagged in ``zero`` (bool ``[M]``, the forward pass's
+    :attr:`BnForward.zero`: batch l1 scale ``S = 0``). Such a channel's ``dy = v - mean(v) - ...`` would be
+    divided by ``s = 0`` (``S' = 1`` stands in for it); it passes no gradient instead, so it neither sets the
+    layer's po2 bias nor feeds ``dX``/``dW`` (docs/arithmetic.md section 5.1). ``P1`` (dbeta) is unchanged.
 
     so that ``dy_b = Q_b B / (2^Fa S')`` times the scale of ``dx``
     (``v = dx/s``, ``dy = v - mean(v) - alpha mean(v x_hat) x_hat`` with ``s = S'/B^2``).
@@ -429,6 +442,11 @@ def bn_backward(dx: np.ndarray, x_hat: np.ndarray, alpha_q, p: ArithParams) -> t
     p2 = (dx * xh).sum(axis=0)
     aq = np.asarray(alpha_q, dtype=np.int64)
     q = ((n * dx - p1) << p.alpha_frac) - (aq * p2) * xh
+    if zero is not None:
+        zero = np.asarray(zero, dtype=bool).reshape(-1)
+        if zero.shape != (q.shape[1],):
+            raise ValueError(f"bn_backward: zero has shape {zero.shape}; expected ({q.shape[1]},): one flag a channel")
+        q = np.where(zero, 0, q)
     return q, p1
 
 

@@ -190,7 +190,7 @@ class HwModel:
         scales: list = [0] * L
         for j in reversed(range(L)):
             xin, fwd, _ = saved[j]
-            q, p1 = A.bn_backward(dx, fwd.x_hat, fwd.alpha_q, p)
+            q, p1 = A.bn_backward(dx, fwd.x_hat, fwd.alpha_q, p, fwd.zero)
             codes = A.po2_quantise(q, fwd.S_eff, scale, p, times_batch=not top)
             top = False
             dw = A.po2_backward_dw(xin, codes, p, self.x_max[j])

@@ -20,8 +20,12 @@ Which variant runs is set by ``cfg.approx`` (each switch on its own, so the
 ablation of Table 4 is any combination):
 
 ``bn``
-    ``l2`` (Algorithm 1 lines 6 and 10-11), ``l1`` (Eq. 1) or ``l1_bnn``
-    (Algorithm 2 lines 6-7 and 10-11). Per layer the model retains between the
+    ``l2`` (Algorithm 1 lines 6 and 10-11), ``l1`` (the l1 forward pass of
+    Algorithm 2 line 6 with the *exact* gradient of that forward pass, not an
+    equation of the paper: see ``ops.bn_backward``) or ``l1_bnn`` (Algorithm 2
+    lines 6-7 and 10-11). For the l1 kinds a channel whose batch values are all
+    equal (l1 scale ``s = 0``) outputs ``beta`` and passes no gradient (``dY = 0``;
+    docs/arithmetic.md section 5.1). Per layer the model retains between the
     forward and the backward pass only what the chosen variant needs: for
     ``l1_bnn`` the binary activations, the 1-bit straight-through mask and a few
     per-channel numbers (``alpha``, mean, scale); ``l2`` and ``l1`` keep the
@@ -39,7 +43,9 @@ ablation of Table 4 is any combination):
     ``cfg.e2train.psg`` the predictive sign gradient of E2-Train. A 1-bit
     gradient has no code for zero: an exactly-zero ``dW`` (rare, 0.01-0.1 % of
     the entries with po2 dY) counts as +1, the convention of
-    :func:`sim.reference.ops.sign` (and of the authors' implementation).
+    :func:`sim.reference.ops.sign` (and of the authors' implementation), except
+    in an output channel whose ``dY`` is 0 for every sample (a constant or fully
+    masked channel): its weights get gradient 0.
 
 The first layer's input follows ``cfg.model.input_format`` (real values for
 ``float``, as is standard BNN practice; +-1 for ``binary``); its input gradient
@@ -99,6 +105,9 @@ class BNNModel:
         # Akesson's Network VIII needs per-image gradients: keep (input, dY) of the step for them.
         self._per_image = cfg.optimizer.name == "switch" and cfg.optimizer.switch.mode == "per_image"
         self._pi_data: dict[int, tuple] = {}
+        # Akesson's undo function (Networks IV-VIII): optimizer.switch.undo.
+        self._undo = cfg.optimizer.name == "switch" and bool(cfg.optimizer.switch.undo)
+        self.last_undone: list[int] = []  # weight layers whose update the last step reverted
 
     # ------------------------------------------------------------------ helpers
     def _store(self, x: np.ndarray) -> np.ndarray:
@@ -263,10 +272,10 @@ class BNNModel:
                         xin, dy2, self.cfg.e2train.psg_msb_bits, self.cfg.e2train.psg_beta
                     )
                     psg_fracs.append(frac)
-                    grads[k] = np.asarray(sdw, dtype=np.float32) / math.sqrt(s.fan_in)
+                    grads[k] = self._silent(np.asarray(sdw, dtype=np.float32) / math.sqrt(s.fan_in), dy, s)
                 else:
                     dw = xin.T @ dy2
-                    grads[k] = self._weight_grad(dw, s)
+                    grads[k] = self._silent(self._weight_grad(dw, s), dy, s)
                 if not rec["first"]:
                     dx = dy2 @ w.T
             else:
@@ -276,7 +285,9 @@ class BNNModel:
                         xin, dyc, self.cfg.e2train.psg_msb_bits, self.cfg.e2train.psg_beta
                     )
                     psg_fracs.append(frac)
-                    grads[k] = np.asarray(sdw, dtype=np.float32).T.reshape(s.weight_shape) / math.sqrt(s.fan_in)
+                    grads[k] = self._silent(
+                        np.asarray(sdw, dtype=np.float32).T.reshape(s.weight_shape) / math.sqrt(s.fan_in), dy, s
+                    )
                     if not rec["first"]:
                         dx = ops.conv2d_backward_input(dy, w, rec["x_shape"], s.spec.padding)
                 else:
@@ -284,7 +295,7 @@ class BNNModel:
                         dw = ops.conv2d_backward_weight(dy, xin, w.shape)
                     else:
                         dx, dw = ops.conv2d_backward(dy, w, xin, rec["x_shape"], s.spec.padding)
-                    grads[k] = self._weight_grad(dw, s)
+                    grads[k] = self._silent(self._weight_grad(dw, s), dy, s)
             if rec["first"]:
                 break
             # Straight-through estimator of the sign: pass the gradient where |x| <= 1.
@@ -320,6 +331,23 @@ class BNNModel:
     def _conv_dw(dy: np.ndarray, cols: np.ndarray, s) -> np.ndarray:
         return ops.conv2d_backward_weight(dy, cols, s.weight_shape)
 
+    def _silent(self, grad: np.ndarray, dy: np.ndarray, s) -> np.ndarray:
+        """A 1-bit ``dW`` with zero for every output channel whose ``dY`` is 0 for all samples.
+
+        Such a channel passes no gradient (a constant channel, see ``ops.bn_backward``, or one whose
+        every ``dx`` was masked); the ``sign(0) = +1`` convention would otherwise push each of its
+        weights by ``+1/sqrt(fan_in)``. The bit-exact model's ternary ``sgn(dW)`` is 0 there too.
+        """
+        if self.cfg.approx.dw != "bool":
+            return grad
+        silent = ~np.any(dy.reshape(dy.shape[0], dy.shape[1], -1) != 0, axis=(0, 2))
+        if not silent.any():
+            return grad
+        axis = 1 if s.spec.type == "dense" else 0  # dense (in, out), conv (out_c, in_c, k, k)
+        shape = [1] * grad.ndim
+        shape[axis] = -1
+        return np.where(silent.reshape(shape), np.float32(0), grad).astype(np.float32, copy=False)
+
     def _weight_grad(self, dw: np.ndarray, s) -> np.ndarray:
         dw = np.asarray(dw, dtype=np.float32).reshape(s.weight_shape)
         if self.cfg.approx.dw == "bool":
@@ -328,16 +356,62 @@ class BNNModel:
 
     # ------------------------------------------------------------------ step
     def train_step(self, x: np.ndarray, y: np.ndarray, *, lr: float, progress: float = 0.0):
-        """Forward, backward and update on one mini-batch: (mean loss, correct, flips)."""
+        """Forward, backward and update on one mini-batch: (mean loss, correct, flips).
+
+        With ``optimizer.switch.undo`` the update is followed by Akesson's undo function
+        (:meth:`_undo_layers`); ``flips`` then counts only the switches that were kept.
+        """
         wb = self.wopt.binary_weights()
         fw = self.forward(x, train=True, wb=wb)
         loss, dlogits, correct = self.loss(fw.logits, y)
         grads, dbetas = self.backward(dlogits, fw.saved, wb)
+        snap = self.wopt.snapshot() if self._undo else None
         flips = self.wopt.step(grads, lr=lr, progress=progress, per_image=self._per_image_sources(fw.saved))
         if self.popt is not None:
             self.popt.step(self.beta, dbetas, lr=lr)  # in place, rounded to the storage format
+        if self._undo:
+            self.last_undone = self._undo_layers(x, y, wb, snap, float(loss))
+            flips = [0 if k in self.last_undone else f for k, f in enumerate(flips)]
         n_flips = int(sum(flips))
         return float(loss), int(correct), n_flips
+
+    def _undo_layers(self, x, y, old_wb: list[np.ndarray], snap, loss0: float) -> list[int]:
+        """Akesson's undo function, layer by layer (seed 004, Network IV: "applied separately to each layer").
+
+        The batch is run forward again (training-mode BN, batch statistics; the running statistics are
+        not touched) with the layers' new weights taken one layer at a time, first layer first: a layer's
+        switches are kept when the batch loss with them (and with the layers kept so far) is not higher
+        than without them, and reverted otherwise; ``loss0`` is the loss before the update. A reverted
+        layer gets back exactly its binary weights of ``snap``; optimiser state (the switch counters) and
+        the BN biases keep their update, as in Akesson's undo. Returns the reverted layers. (The hardware
+        decides once for all layers: docs/arithmetic.md section 7.1.)
+        """
+        new_wb = self.wopt.binary_weights()
+        cur = list(old_wb)
+        cur_loss = loss0
+        reverted = []
+        for k in range(len(new_wb)):
+            if np.array_equal(new_wb[k], old_wb[k]):
+                continue
+            trial = list(cur)
+            trial[k] = new_wb[k]
+            trial_loss = self._batch_loss(x, y, trial)
+            if trial_loss > cur_loss:
+                reverted.append(k)
+            else:
+                cur, cur_loss = trial, trial_loss
+        if reverted:
+            self.wopt.restore(snap, layers=reverted)
+        return reverted
+
+    def _batch_loss(self, x, y, wb: list[np.ndarray]) -> float:
+        """Training-mode loss of a batch under binary weights ``wb``, leaving the running BN statistics as they were."""
+        mu, sc = list(self.running_mu), list(self.running_scale)
+        try:
+            fw = self.forward(x, train=True, wb=wb)
+        finally:
+            self.running_mu, self.running_scale = mu, sc
+        return float(self.loss(fw.logits, y)[0])
 
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, int]:
         fw = self.forward(x, train=False)

@@ -175,6 +175,14 @@ def bn_forward(y, beta, kind: str, eps: float = 1e-5) -> tuple[np.ndarray, dict]
 
     A channel whose values are all equal has ``s = var = 0``; with ``eps = 0`` its
     divisor is taken as 1 (so ``x = beta`` there) instead of dividing by zero.
+
+    Constant channels of the l1 kinds (docs/arithmetic.md section 5.1, the same rule as the
+    bit-exact model's ``S = 0``): a channel is constant when all its batch values of ``y`` are
+    equal (``max == min``; ``y`` arrives rounded to the storage format, so values closer than
+    its resolution count as equal). Such a channel gets ``x = beta`` exactly (``d = 0``, not
+    the float rounding of ``y - mean(y)`` divided by eps), ``s = 0``, and ``cache["const"]``
+    flags it ([C] bool) so that :func:`bn_backward` passes no gradient through it. ``l2`` keeps
+    standard BN (eps under the square root bounds its gradient).
     """
     _check_kind(kind, BN_KINDS, "batch norm kind")
     y = _float(y)
@@ -184,6 +192,12 @@ def bn_forward(y, beta, kind: str, eps: float = 1e-5) -> tuple[np.ndarray, dict]
         raise ValueError(f"beta has shape {beta.shape}; expected ({y.shape[1]},) for input {y.shape}")
     mu = y.mean(axis=axes)
     d = y - mu.reshape(bshape)
+    const = None
+    if kind != "l2":
+        const = y.max(axis=axes) == y.min(axis=axes) if y.size else np.zeros(y.shape[1], dtype=bool)
+        if const.any():
+            mu = np.where(const, y.max(axis=axes), mu).astype(y.dtype, copy=False)
+            d = np.where(const.reshape(bshape), y.dtype.type(0), d)
     if kind == "l2":
         scale = np.mean(d * d, axis=axes)
         denom = np.sqrt(scale + eps)
@@ -194,8 +208,10 @@ def bn_forward(y, beta, kind: str, eps: float = 1e-5) -> tuple[np.ndarray, dict]
     inv = (1 / denom).astype(y.dtype, copy=False)
     xn = d * inv.reshape(bshape)
     x = xn + beta.reshape(bshape)
-    if kind in ("l2", "l1"):
+    if kind == "l2":
         cache = {"xn": xn, "inv": inv, "mu": mu, "scale": scale}
+    elif kind == "l1":
+        cache = {"xn": xn, "inv": inv, "mu": mu, "scale": scale, "const": const}
     else:
         cache = {
             "x_hat": np.where(x >= 0, np.int8(1), np.int8(-1)),
@@ -204,6 +220,7 @@ def bn_forward(y, beta, kind: str, eps: float = 1e-5) -> tuple[np.ndarray, dict]
             "eps": float(eps),
             "mu": mu,
             "scale": scale.copy(),  # its own array: the caller may round or update it
+            "const": const,
         }
     return x, cache
 
@@ -236,6 +253,10 @@ def bn_backward(dx, cache: dict, kind: str) -> tuple[np.ndarray, np.ndarray]:
       with ``sgn(0) = 0`` (the subgradient of ``|.|`` at 0).
     * ``l1_bnn`` (Algorithm 2 lines 10-12): ``v = dx / (s + eps)``,
       ``dy = v - mean(v) - mean(v * x_hat * alpha) * x_hat``.
+
+    For the l1 kinds ``dy = 0`` in every channel that :func:`bn_forward` flagged constant
+    (``cache["const"]``): its ``1/(s + eps)`` would be ``1/eps``, so one constant channel
+    would dominate (and in float16 overflow) the layer's gradient. ``dbeta`` is kept.
     """
     _check_kind(kind, BN_KINDS, "batch norm kind")
     dx = _float(dx)
@@ -259,6 +280,9 @@ def bn_backward(dx, cache: dict, kind: str) -> tuple[np.ndarray, np.ndarray]:
         alpha = cache["alpha"].astype(dx.dtype, copy=False).reshape(bshape)
         coef = np.mean(v * xh, axis=axes, keepdims=True) * alpha
         dy = v - v.mean(axis=axes, keepdims=True) - coef * xh
+    const = cache.get("const")
+    if kind != "l2" and const is not None and np.any(const):
+        dy = np.where(np.asarray(const, dtype=bool).reshape(bshape), dx.dtype.type(0), dy)
     return dy.astype(dx.dtype, copy=False), dbeta
 
 

@@ -424,13 +424,17 @@ class SwitchWeights(WeightOptimizer):
     * ``accumulate`` (Network VII): Algorithm 2 on an int16 counter
       ``a <- clip(a + sign(g), -C, C)``.
     * ``per_image`` (Network VIII): the counter adds, image by image,
-      ``sign(g_n)`` where ``|g_n| >= sigma' max|g_n|`` (saturating after every
+      ``sign(g_n)`` where Algorithm 1 with ``sigma'`` in place of ``sigma``
+      selects the entry: ``p_n = W * g_n > 0`` and ``p_n >= sigma' max(p_n)``
+      (only gradients that point towards a switch are counted, as the thesis
+      says sigma' replaces sigma in Algorithm 1; saturating after every
       image); then Algorithm 2 on the counter.
 
     ``lam`` follows the caller's schedule as ``lam * lr / lr0``.  Counters are
     not cleared by a switch: after a flip ``W * a`` is negative, so the weight
     stays until the counter changes sign.  The undo function is the caller's
-    (``snapshot`` / ``restore``).
+    (``snapshot`` / ``restore``; :meth:`sim.reference.model.BNNModel.train_step`
+    with ``optimizer.switch.undo``).
     """
 
     name = "switch"
@@ -461,15 +465,16 @@ class SwitchWeights(WeightOptimizer):
                 raise ValueError("switch mode 'per_image' needs per_image: one callable per weight layer")
             for i, source in enumerate(per_image):
                 acc = st["acc"][i].astype(np.int32)
+                w = st["weights"][i].astype(np.float32)
                 for g in source():
                     g = np.asarray(g, dtype=np.float32)
                     if g.shape != self.shapes[i]:
                         raise ValueError(f"per_image[{i}]: gradient shape {g.shape} != weight shape {self.shapes[i]}")
-                    mag = np.abs(g)
-                    top = float(mag.max()) if mag.size else 0.0
+                    p = w * g  # Algorithm 1: positive where the gradient points towards a switch
+                    top = float(p.max()) if p.size else 0.0
                     if top <= 0.0:
                         continue
-                    keep = mag >= c.sigma_prime * top
+                    keep = p >= c.sigma_prime * top
                     acc = np.clip(acc + np.where(keep, np.sign(g), 0).astype(np.int32),
                                   -c.acc_cutoff, c.acc_cutoff)
                 st["acc"][i] = acc.astype(np.int16)

@@ -227,6 +227,44 @@ def _backward_case(seed, M=40):
     return y, beta, f, dx
 
 
+@pytest.mark.parametrize("const", [[3], [0, 7, 39], list(range(40))], ids=["one", "three", "whole_layer"])
+def test_zero_scale_channels_pass_no_gradient_in_both_models(const):
+    """Channels whose batch values are all equal: the integer model flags S = 0 and gives Q = 0 (zero po2 codes,
+    so the layer's bias comes from the other channels); the float reference flags the same channels and gives
+    dy = 0 there; dbeta is unchanged; both agree on the exponents of the rest. A whole constant layer has no
+    nonzero code at all (bias 0)."""
+    y, beta = _bn_case(5, M=40)
+    y[:, const] = np.arange(len(const)) * 3 - 20  # constant over the batch
+    f = A.bn_forward(y, beta, P, 256)
+    assert np.flatnonzero(f.zero).tolist() == const
+    rng = np.random.default_rng(11)
+    dx = rng.integers(-(1 << 20), 1 << 20, size=y.shape) * f.mask
+    q, p1 = A.bn_backward(dx, f.x_hat, f.alpha_q, P, f.zero)
+    assert not q[:, const].any() and np.array_equal(p1, dx.sum(axis=0))
+    codes = A.po2_quantise(q, f.S_eff, 0, P)
+    assert not codes.field[:, const].any()
+    _, cache = ops.bn_forward(y.astype(np.float64), beta / 2.0**P.beta_frac, "l1_bnn")
+    assert np.array_equal(cache["const"], f.zero)
+    cache = dict(cache, alpha=f.alpha_q.astype(np.float64) / 2**P.alpha_frac)
+    dyf, dbf = ops.bn_backward(dx.astype(np.float64), cache, "l1_bnn")
+    assert not dyf[:, const].any() and np.array_equal(p1, dbf.astype(np.int64))
+    if len(const) == 40:
+        assert codes.bias == 0 and not codes.field.any()
+        return
+    sgn, ef, bias_f, zf = ops.po2_encode(dyf, P.k)
+    assert codes.bias == bias_f
+    rest = ~zf & (ef >= P.e_min)
+    rest[:, const] = False
+    assert (codes.exponents(P)[rest] == ef[rest]).mean() > 0.99  # eps = 1e-5 in the float divisor only
+
+
+def test_bn_backward_zero_flags_are_checked():
+    y, beta = _bn_case(0, M=6)
+    f = A.bn_forward(y, beta, P, 256)
+    with pytest.raises(ValueError, match=r"zero has shape \(5,\); expected \(6,\)"):
+        A.bn_backward(np.zeros_like(y), f.x_hat, f.alpha_q, P, np.zeros(5, bool))
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_bn_backward_po2_against_float(seed):
     y, beta, f, dx = _backward_case(seed)

@@ -157,3 +157,57 @@ def test_default_switch_learns_mnist():
     cfg = apply_overrides(load_config("mlp"), ["train.epochs=1", "train.max_steps=100", "data.test_limit=1000"])
     hist = run_training(cfg, HwEngine(cfg), progress=False, log=None)
     assert hist.test_acc[-1] > 0.80
+
+
+# --- degenerate batches: a channel whose batch values are all equal (S = 0) passes no gradient ---------------
+
+
+def _pairs_batch(w0: np.ndarray, c: int, n: int, seed: int) -> np.ndarray:
+    """+-1 inputs [n, N] on which layer 0's channel ``c`` is constant and the other channels vary: the inputs
+    differ from a base image only in disjoint pixel pairs (i, j) with ``x_j = -x_i w_ic w_jc``, so that
+    ``x_i w_ic + x_j w_jc = 0`` for channel ``c`` whatever ``x_i`` is."""
+    rng = np.random.default_rng(seed)
+    N = w0.shape[0]
+    x = np.tile(rng.choice([-1, 1], N), (n, 1)).astype(np.int64)
+    perm = rng.permutation(N)
+    for i, j in zip(perm[0::2], perm[1::2], strict=True):
+        xi = rng.choice([-1, 1], n)
+        x[:, i], x[:, j] = xi, -xi * w0[i, c] * w0[j, c]
+    return x
+
+
+def test_all_identical_samples_pass_no_gradient():
+    """A batch of one image repeated: every channel of every layer has S = 0, so Q = 0 everywhere, every po2
+    field is the zero code, sgn(dW) = 0 and no weight or accumulator moves; the output layer's dbeta (the
+    loss gradient's sum) still updates beta."""
+    cfg = _cfg(**{"hw.input": "binary"})
+    m = HwModel(cfg)
+    x = np.tile(np.random.default_rng(3).choice([-1, 1], 64), (20, 1))
+    y = np.full(20, 2)
+    w0, acc0, beta0 = [w.copy() for w in m.w], [a.copy() for a in m.opt["acc"]], [b.copy() for b in m.beta]
+    for _ in range(2):
+        tr = m.train_step(x, y, lr=1e-3)
+        assert all(f.zero.all() for f in tr.bn)
+        assert not any(q.any() for q in tr.q) and not any(c.field.any() for c in tr.codes)
+        assert not any(s.any() for s in tr.dw_sign) and tr.flips == 0
+    assert all(np.array_equal(a, b) for a, b in zip(m.w, w0, strict=True))
+    assert all(np.array_equal(a, b) for a, b in zip(m.opt["acc"], acc0, strict=True))
+    assert not np.array_equal(m.beta[-1], beta0[-1])
+
+
+def test_one_constant_channel_does_not_set_the_layer_range():
+    """Layer 0's channel c is constant over the batch, the others vary: c's Q and codes are 0, and the layer's
+    po2 range is set by the other channels (before the rule, S' = 1 made c's |dy| about B^2 s times too large,
+    so the bias followed c and nearly every other code fell to the lowest exponent)."""
+    cfg = _cfg(**{"hw.input": "binary"})
+    m = HwModel(cfg)
+    c = 5
+    x = _pairs_batch(m.w[0], c, 20, seed=4)
+    y = np.random.default_rng(5).integers(0, 4, 20)
+    tr = m.train_step(x, y, lr=1e-3)
+    f0, q0, codes0 = tr.bn[0], tr.q[-1], tr.codes[-1]
+    assert f0.zero.tolist() == [k == c for k in range(32)]
+    assert not q0[:, c].any() and not codes0.field[:, c].any() and not tr.dw_sign[-1][:, c].any()
+    nz = codes0.field[codes0.field > 0]
+    assert nz.size > 0.5 * q0.size and np.mean(nz == 1) < 0.25  # field 1 = the lowest exponent
+    assert codes0.field.max() == 2 ** (m.p.k - 1) - 1  # the top code belongs to a varying channel

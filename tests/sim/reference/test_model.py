@@ -209,3 +209,98 @@ def test_short_mnist_training_is_well_above_chance(scheme):
     hist = run_training(cfg, ReferenceEngine(cfg), progress=False, log=None)
     assert hist.total_steps == 160
     assert hist.best > 0.80, hist.test_acc
+
+
+# --- degenerate batches: a channel whose batch values are all equal passes no gradient ------------------------
+
+
+def _preset_batch(n=20, seed=7):
+    """A pm1-like batch for the preset MLP (784 inputs), values multiples of 1/4 (exact float sums)."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(-4, 5, size=(n, 784)).astype(np.float32) / 4, rng.integers(0, 10, size=n)
+
+
+def test_all_identical_samples_train_without_diverging():
+    """The preset (proposed scheme, float16 storage) on 20 copies of one image: every channel is constant, so
+    no gradient passes (no weight moves); the loss stays finite and the output biases learn. Before the rule
+    the l1 scale 0 was divided by eps = 1e-5, the gradient overflowed float16 and training stopped with NaN."""
+    cfg = load_config("mlp")
+    m = BNNModel(cfg)
+    x, _ = _preset_batch(1)
+    x, y = np.repeat(x, 20, axis=0), np.full(20, 3)
+    w0 = m.binary_weights()
+    losses = [m.train_step(x, y, lr=1e-3)[0] for _ in range(3)]
+    assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
+    assert all(np.array_equal(a, b) for a, b in zip(m.binary_weights(), w0, strict=True))
+    assert m.beta[-1].any() and all(np.isfinite(b).all() for b in m.beta)
+
+
+def test_one_constant_channel_does_not_set_the_layer_range(monkeypatch):
+    """Layer 0's channel c is constant over the batch (inputs differ only in pixel pairs that cancel in c):
+    its dY is 0 and its 1-bit dW column 0; the po2 range of the layer follows the other channels (before the
+    rule c's dY was about 1e5 times theirs, so most of them fell to the lowest code)."""
+    cfg = load_config("mlp")
+    m = BNNModel(cfg)
+    w0 = m.binary_weights()[0]
+    c = 17
+    rng = np.random.default_rng(8)
+    x = np.tile(rng.integers(-4, 5, size=784).astype(np.float32) / 4, (20, 1))
+    perm = rng.permutation(784)
+    for i, j in zip(perm[0::2], perm[1::2], strict=True):
+        a = rng.choice([-0.25, 0.25], 20).astype(np.float32)
+        x[:, i] += a
+        x[:, j] -= a * w0[i, c] * w0[j, c]
+    y = rng.integers(0, 10, size=20)
+    seen = []
+    real = ops.quantise_dy
+    monkeypatch.setattr(ops, "quantise_dy", lambda dy, kind, bits=5: seen.append(dy) or real(dy, kind, bits))
+    fw = m.forward(x, train=True)
+    assert np.flatnonzero(fw.saved[0]["bn"]["const"]).tolist() == [c]
+    _, dlogits, _ = m.loss(fw.logits, y)
+    grads, _ = m.backward(dlogits, fw.saved)
+    dy0 = seen[-1]  # layer 0 is quantised last
+    assert not dy0[:, c].any() and not grads[0][:, c].any()
+    assert np.all(np.abs(np.delete(grads[0], c, axis=1)) > 0)
+    q = np.abs(ops.quantise_dy(dy0, "po2", 5))
+    lowest = q[q > 0].min()
+    assert np.mean(q[q > 0] == lowest) < 0.25
+    for _ in range(3):
+        assert math.isfinite(m.train_step(x, y, lr=1e-3)[0])
+
+
+# --- Akesson's undo function (optimizer.switch.undo) ---------------------------------------------------------
+
+
+def _switch_pair():
+    over = {"optimizer.name": "switch", "optimizer.switch.mode": "deterministic"}
+    return BNNModel(make_cfg(DENSE, **over)), BNNModel(make_cfg(DENSE, **over, **{"optimizer.switch.undo": True}))
+
+
+def test_switch_undo_reverts_exactly_the_layers_whose_update_raised_the_loss():
+    """Same seed and batch with and without undo: the undone layers get back exactly their weights from before
+    the step, the others keep the same update as without undo; BN biases and running statistics are those of
+    the run without undo (the re-evaluation touches neither); the kept update does not raise the batch loss."""
+    plain, undo = _switch_pair()
+    x, y = batch(plain.cfg, seed=0)
+    before = undo.binary_weights()
+    loss_p, _, flips_p = plain.train_step(x, y, lr=1e-3)
+    loss_u, _, flips_u = undo.train_step(x, y, lr=1e-3)
+    assert loss_p == loss_u and plain.last_undone == []
+    assert undo.last_undone and len(undo.last_undone) < len(before)
+    for k, (w_u, w_p, w0) in enumerate(zip(undo.binary_weights(), plain.binary_weights(), before, strict=True)):
+        np.testing.assert_array_equal(w_u, w0 if k in undo.last_undone else w_p)
+    assert flips_u == sum(int(np.count_nonzero(a != b))
+                          for a, b in zip(undo.binary_weights(), before, strict=True)) < flips_p
+    for a, b in zip([*plain.beta, *plain.running_mu, *plain.running_scale],
+                    [*undo.beta, *undo.running_mu, *undo.running_scale], strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert undo._batch_loss(x, y, undo.binary_weights()) <= loss_u
+
+
+def test_switch_undo_changes_the_run():
+    plain, undo = _switch_pair()
+    for i in range(4):
+        x, y = batch(plain.cfg, seed=i)
+        plain.train_step(x, y, lr=1e-3)
+        undo.train_step(x, y, lr=1e-3)
+    assert any(not np.array_equal(a, b) for a, b in zip(plain.binary_weights(), undo.binary_weights(), strict=True))

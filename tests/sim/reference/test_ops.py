@@ -166,7 +166,7 @@ def test_l1_bnn_cache_holds_no_full_precision_activations(shape):
     y = rng.normal(size=shape).astype(np.float32) * 5
     beta = rng.normal(size=8).astype(np.float32)
     x, cache = ops.bn_forward(y, beta, "l1_bnn")
-    assert set(cache) == {"x_hat", "alpha", "s", "eps", "mu", "scale"}
+    assert set(cache) == {"x_hat", "alpha", "s", "eps", "mu", "scale", "const"}  # const: [C] bool
     for key, val in cache.items():
         if isinstance(val, np.ndarray) and val.size == x.size:
             assert key == "x_hat" and val.dtype in (np.int8, np.bool_), key
@@ -553,3 +553,28 @@ def test_psg_mostly_predicted_at_paper_setting():
     exact = ops.sign(x.T @ dy)
     assert frac > 0.5
     assert np.mean(s != exact) < 0.05
+
+
+@pytest.mark.parametrize("kind", ["l1", "l1_bnn"])
+@pytest.mark.parametrize("shape", [(37, 6), (5, 6, 3, 3)])
+def test_l1_constant_channel_outputs_beta_and_passes_no_gradient(kind, shape):
+    """A channel whose batch values are all equal (s = 0) gives x = beta exactly, s = 0, and dy = 0 (not
+    dx / eps); the other channels are computed as if it were absent; dbeta is the plain sum."""
+    rng = np.random.default_rng(12)
+    y = (rng.normal(size=shape) * 9).astype(np.float32)
+    y[:, 1] = np.float32(0.1) * 3  # a value whose batch mean is not exact in float32
+    y[:, 4] = -7.0
+    beta = rng.normal(size=6).astype(np.float32)
+    dx = rng.normal(size=shape).astype(np.float32)
+    x, cache = ops.bn_forward(y, beta, kind)
+    assert cache["const"].tolist() == [False, True, False, False, True, False]
+    for c in (1, 4):
+        assert np.all(x[:, c] == beta[c]) and cache["scale"][c] == 0
+    dy, dbeta = ops.bn_backward(dx, cache, kind)
+    assert np.all(np.isfinite(dy)) and not dy[:, [1, 4]].any()
+    assert_close(dbeta, dx.reshape(shape[0], 6, -1).sum(axis=(0, 2)), rtol=1e-5)
+    keep = [0, 2, 3, 5]
+    x2, cache2 = ops.bn_forward(y[:, keep], beta[keep], kind)
+    dy2, _ = ops.bn_backward(dx[:, keep], cache2, kind)
+    assert_close(x[:, keep], x2, rtol=1e-5, atol=1e-6)  # equal up to the order of float summation
+    assert_close(dy[:, keep], dy2, rtol=1e-4, atol=1e-6)

@@ -293,20 +293,26 @@ def test_switch_accumulate_switches_on_counter():
     assert flips == [2]
 
 
-def test_switch_per_image_counts_only_large_gradients():
+def test_switch_per_image_counts_only_large_gradients_towards_a_switch():
+    """Network VIII: sigma' replaces sigma in Algorithm 1 (p = W g, keep p >= sigma' max p), so an image counts
+    sign(g) only where its gradient points towards a switch (W g > 0) and is large among those."""
     c = cfg("optimizer.name=switch", "optimizer.switch.mode=per_image", "optimizer.switch.acc_cutoff=2",
             "optimizer.switch.sigma_prime=0.5", "optimizer.switch.sigma=0.99", "optimizer.switch.lam=1e-9")
+    w = np.array([[1, 1, -1, -1]], np.int8)
     images = [
-        np.array([[1.0, -0.6, 0.4, -0.1]]),  # max 1, keep |g| >= .5: +1 at 0, -1 at 1
-        np.array([[-0.2, -1.0, 0.5, 0.0]]),  # max 1: -1 at 1, +1 at 2 (0.5 >= 0.5)
-        np.array([[0.9, -0.9, 0.2, 0.3]]),  # max .9, keep >= .45: +1 at 0, -1 at 1 (saturates at -2)
+        np.array([[1.0, -0.6, 0.4, -0.1]]),  # p = (1, -.6, -.4, .1): +1 at 0 only (-0.6 points away from a switch)
+        np.array([[-0.2, -1.0, 0.5, 0.0]]),  # p <= 0 everywhere: nothing counts
+        np.array([[0.9, -0.9, -0.2, -0.3]]),  # p = (.9, -.9, .2, .3), keep >= .45: +1 at 0
+        np.array([[0.1, 0.8, -0.6, 0.05]]),  # p = (.1, .8, .6, -.05), keep >= .4: +1 at 1, -1 at 2
+        np.array([[0.5, 0.0, 0.0, 0.0]]),  # +1 at 0: saturates at 2
     ]
-    o = opt_with(c, [(1, 4)], acc=[[[0, 0, 0, 0]]])
+    o = opt_with(c, [(1, 4)], weights=[w], acc=[[[0, 0, 0, 0]]])
     o.step(None, lr=c.lr, progress=0.0, per_image=[lambda: iter(images)])
-    np.testing.assert_array_equal(o.state_arrays()["acc"][0], [[2, -2, 1, 0]])
-    # The counter persists across steps; a negative image pulls it back.
+    np.testing.assert_array_equal(o.binary_weights()[0], w)  # lam ~ 0: nothing switched
+    np.testing.assert_array_equal(o.state_arrays()["acc"][0], [[2, 1, -1, 0]])
+    # The counter persists across steps.
     o.step(None, lr=c.lr, progress=0.0, per_image=[lambda: [np.array([[-1.0, 0.1, -0.7, 0.0]])]])
-    np.testing.assert_array_equal(o.state_arrays()["acc"][0], [[1, -2, 0, 0]])
+    np.testing.assert_array_equal(o.state_arrays()["acc"][0], [[2, 1, -2, 0]])
 
 
 # ---------------------------------------------------------------------------
