@@ -31,9 +31,12 @@ __all__ = [
     "REPO_ROOT",
     "TB_DIR",
     "CocotbFailure",
+    "CocotbResults",
     "CocotbRun",
     "build_root",
+    "cocotb_build_dir",
     "iverilog_available",
+    "read_results",
     "run_cocotb",
     "run_yowasp",
     "setup_environment",
@@ -208,7 +211,8 @@ def run_yowasp(
 
 
 class CocotbFailure(AssertionError):
-    """A cocotb run finished with failing tests, or ran none."""
+    """A cocotb run finished with failing or skipped tests, passed another number of tests than expected, or
+    ran none."""
 
 
 @dataclass(frozen=True)
@@ -218,8 +222,43 @@ class CocotbRun:
     build_dir: Path
     results_xml: Path
     tests: int
+    """The number of tests that passed (every test that ran: a failed or skipped one raises instead)."""
     built: bool
     """False when an existing build was reused."""
+
+
+@dataclass(frozen=True)
+class CocotbResults:
+    """Per-test outcome read from a cocotb results XML (:func:`read_results`): test names, and for failed and
+    skipped tests ``(name, message)``."""
+
+    passed: tuple[str, ...]
+    failed: tuple[tuple[str, str], ...]
+    skipped: tuple[tuple[str, str], ...]
+
+
+def read_results(path: str | os.PathLike) -> CocotbResults:
+    """Read each ``testcase`` of a cocotb (JUnit) results file: failed if it holds a ``failure`` or ``error``
+    element, skipped if it holds ``skipped``, else passed.
+
+    ``cocotb_tools.check_results.get_results`` only returns ``(tests, failed)`` from the suite totals, and
+    counts a skipped test among the tests: a check on that count passes when tests skip and check nothing.
+    Raises :class:`CocotbFailure` if the file is missing (the simulation crashed or never started).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CocotbFailure(f"no cocotb results file {path} (the simulation crashed or never started)")
+    passed, failed, skipped = [], [], []
+    for case in ElementTree.parse(path).getroot().iter("testcase"):
+        name = case.get("name") or "?"
+        problems = [*case.findall("failure"), *case.findall("error")]
+        if problems:
+            failed.append((name, "; ".join((p.get("message") or p.text or "").strip() for p in problems)))
+        elif (skip := case.find("skipped")) is not None:
+            skipped.append((name, (skip.get("message") or skip.text or "").strip()))
+        else:
+            passed.append(name)
+    return CocotbResults(passed=tuple(passed), failed=tuple(failed), skipped=tuple(skipped))
 
 
 def run_cocotb(
@@ -243,14 +282,15 @@ def run_cocotb(
     test_dir: str | os.PathLike | None = None,
     timescale: tuple[str, str] = ("1ns", "1ps"),
     internals: bool = True,
+    expect_tests: int | None = None,
 ) -> CocotbRun:
     """Build ``toplevel`` (if not built yet) and run the cocotb tests in ``test_module`` against it.
 
     ``verilog`` is Verilog text (e.g. from :func:`to_verilog`), written as ``<toplevel>.v`` in the build
-    folder; ``sources`` are further Verilog files. The build folder is
-    ``build_root()/cocotb/<name>-<simulator>-<hash>``, where the hash covers the sources' contents, HDL
-    ``parameters``, ``build_args``, ``waves``, ``timescale`` and the tool versions: one folder per
-    parametrisation, reused by every later call with the same inputs. ``name`` defaults to ``toplevel``.
+    folder; ``sources`` are further Verilog files. The build folder is :func:`cocotb_build_dir`: keyed on
+    the Verilog itself (the text and the sources' contents), never on the Python that generated it, so
+    generate the Verilog afresh for every call (a cache of generated Verilog keyed on a list of generator
+    files goes stale when a file missing from the list changes).
 
     Testbench modules are imported from :data:`TB_DIR` (``sim/tb``), the repository root, ``python_path``
     and the caller's ``sys.path``. ``extra_env`` reaches the simulation (e.g. parameters for the
@@ -262,7 +302,9 @@ def run_cocotb(
     configuration with ``waves=True, test_filter=...`` to get its trace.
 
     cocotb's ``runner.test`` does not raise when tests fail (and under pytest it calls ``sys.exit``), so
-    this reads the results XML and raises :class:`CocotbFailure` naming the failed tests, or if no test ran.
+    this reads the results XML (:func:`read_results`) and raises :class:`CocotbFailure` naming the failed
+    tests, naming the skipped ones (a skipped test checks nothing; select tests with ``testcase`` or
+    ``test_filter`` instead), if no test passed, or if ``expect_tests`` is given and another number passed.
 
     ``internals=False`` (Verilator) builds without cocotb's ``--public-flat-rw``: the testbench sees only the
     top-level ports, and Verilator may optimise every internal signal away. The whole accelerator simulates
@@ -271,44 +313,25 @@ def run_cocotb(
     if simulator not in _SIMULATORS:
         raise ValueError(f"simulator must be one of {_SIMULATORS}, not {simulator!r}")
     setup_environment()
-    from cocotb_tools.check_results import get_results
     from cocotb_tools.runner import get_runner
 
     source_paths = [Path(s).resolve() for s in sources]
-    key = {
-        "toplevel": toplevel,
-        "simulator": simulator,
-        "simulator_version": _simulator_version(simulator),
-        "cocotb": importlib.metadata.version("cocotb"),
-        "verilog": _digest(verilog.encode()) if verilog is not None else None,
-        "sources": [[str(p), _digest(p.read_bytes())] for p in source_paths],
-        "parameters": {k: str(v) for k, v in sorted((parameters or {}).items())},
-        "build_args": list(build_args),
-        "waves": waves,
-        "timescale": list(timescale),
-    }
-    if not internals:
-        key["internals"] = "top module only"
-    key_text = json.dumps(key, sort_keys=True, indent=1)
-    folder = f"{name or toplevel}-{simulator}-{_digest(key_text.encode())[:12]}"
-    build_dir = build_root() / "cocotb" / folder
+    build_dir = cocotb_build_dir(toplevel=toplevel, verilog=verilog, sources=source_paths, simulator=simulator,
+                                 name=name, parameters=parameters, build_args=build_args, waves=waves,
+                                 timescale=timescale, internals=internals)
     stamp = build_dir / "build.json"
 
     runner = get_runner(simulator)
     if simulator == "verilator" and not internals:
         runner = _ports_only(runner)
     built = False
-    build_dir.mkdir(parents=True, exist_ok=True)
     with _locked(build_dir / ".lock"):  # pytest-xdist workers may want the same build
         if not stamp.is_file():
             if verilog is not None:
                 top_file = build_dir / f"{toplevel}.v"
                 top_file.write_text(verilog)
                 source_paths.append(top_file)
-            args = list(build_args)
-            if simulator == "verilator":
-                # Lint warnings are fatal by default; on generated code they are printed, not build-stoppers.
-                args = ["-Wno-fatal", *args]
+            args = _simulator_args(simulator, build_args)
             try:
                 runner.build(
                     sources=source_paths,
@@ -322,13 +345,14 @@ def run_cocotb(
                 )
             except (RuntimeError, SystemExit) as e:
                 raise RuntimeError(f"{simulator} build of {toplevel} failed in {build_dir}: {e}") from e
-            stamp.write_text(key_text)
+            stamp.write_text((build_dir / "key.json").read_text())
             built = True
 
     run_dir = Path(test_dir).resolve() if test_dir is not None else build_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     modules = [test_module] if isinstance(test_module, str) else list(test_module)
     results = run_dir / f"results-{'-'.join(modules)}-{os.getpid()}.xml"
+    results.unlink(missing_ok=True)  # an earlier call's file must not stand in for a run that writes none
     search = [str(TB_DIR), str(REPO_ROOT), *(str(Path(p).resolve()) for p in python_path)]
     with _patched_env(extra_env or {}), _prepended_sys_path(search):
         try:
@@ -350,15 +374,74 @@ def run_cocotb(
         except SystemExit:
             pass  # the results file, checked below, says what happened
 
-    try:
-        tests, failed = get_results(results)
-    except RuntimeError as e:
-        raise CocotbFailure(f"{e} (simulation of {toplevel} in {run_dir} crashed or never started)") from None
-    if failed:
-        raise CocotbFailure(f"{failed} of {tests} cocotb tests failed in {results}:\n{_failures(results)}")
-    if tests == 0:
+    outcome = read_results(results)
+    if outcome.failed:
+        n = len(outcome.failed) + len(outcome.passed) + len(outcome.skipped)
+        raise CocotbFailure(f"{len(outcome.failed)} of {n} cocotb tests failed in {results}:\n"
+                            f"{_listed(outcome.failed)}")
+    if outcome.skipped:
+        raise CocotbFailure(f"{len(outcome.skipped)} cocotb tests skipped in {results} (a skipped test checks "
+                            f"nothing; select tests with testcase/test_filter):\n{_listed(outcome.skipped)}")
+    if not outcome.passed:
         raise CocotbFailure(f"no cocotb test ran from {modules} (module name or testcase filter wrong?)")
-    return CocotbRun(build_dir=build_dir, results_xml=results, tests=tests, built=built)
+    if expect_tests is not None and len(outcome.passed) != expect_tests:
+        raise CocotbFailure(f"{len(outcome.passed)} cocotb tests passed in {results}, expected {expect_tests}: "
+                            f"{', '.join(outcome.passed)}")
+    return CocotbRun(build_dir=build_dir, results_xml=results, tests=len(outcome.passed), built=built)
+
+
+def cocotb_build_dir(
+    *,
+    toplevel: str,
+    verilog: str | None = None,
+    sources: Sequence[str | os.PathLike] = (),
+    simulator: str = "verilator",
+    name: str | None = None,
+    parameters: Mapping[str, object] | None = None,
+    build_args: Sequence[str] = (),
+    waves: bool = False,
+    timescale: tuple[str, str] = ("1ns", "1ps"),
+    internals: bool = True,
+) -> Path:
+    """The build folder :func:`run_cocotb` uses for these inputs (created, with its key in ``key.json``):
+    ``build_root()/cocotb/<name>-<simulator>-<hash>``.
+
+    The hash covers what the simulator binary is made of: the Verilog text, each source file's path and
+    contents, the HDL ``parameters``, the simulator's full argument list (``build_args`` plus what this
+    module adds), ``waves``, ``timescale``, ``internals`` and the simulator and cocotb versions. Two calls
+    with the same inputs share a folder (the second reuses the build); any change to the Verilog gets a new
+    one. ``name`` (default ``toplevel``) only labels the folder.
+    """
+    key = {
+        "toplevel": toplevel,
+        "simulator": simulator,
+        "simulator_version": _simulator_version(simulator),
+        "cocotb": importlib.metadata.version("cocotb"),
+        "verilog": _digest(verilog.encode()) if verilog is not None else None,
+        "sources": [[str(p), _digest(p.read_bytes())] for p in (Path(s).resolve() for s in sources)],
+        "parameters": {k: str(v) for k, v in sorted((parameters or {}).items())},
+        "build_args": _simulator_args(simulator, build_args),
+        "waves": waves,
+        "timescale": list(timescale),
+    }
+    if not internals:
+        key["internals"] = "top module only"
+    key_text = json.dumps(key, sort_keys=True, indent=1)
+    folder = build_root() / "cocotb" / f"{name or toplevel}-{simulator}-{_digest(key_text.encode())[:12]}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "key.json").write_text(key_text)
+    return folder
+
+
+def _simulator_args(simulator: str, build_args: Sequence[str]) -> list[str]:
+    if simulator == "verilator":
+        # Lint warnings are fatal by default; on generated code they are printed, not build-stoppers.
+        return ["-Wno-fatal", *build_args]
+    return list(build_args)
+
+
+def _listed(cases: Sequence[tuple[str, str]]) -> str:
+    return "\n".join(f"  {name}: {message}" for name, message in cases)
 
 
 def _ports_only(runner):
@@ -393,15 +476,6 @@ def _simulator_version(simulator: str) -> str:
         raise RuntimeError("iverilog is not installed (Debian package 'iverilog'; `make setup` installs it)")
     out = subprocess.run(["iverilog", "-V"], capture_output=True, text=True, check=False).stdout
     return out.splitlines()[0] if out else "unknown"
-
-
-def _failures(results: Path) -> str:
-    lines = []
-    for case in ElementTree.parse(results).getroot().iter("testcase"):
-        for problem in [*case.findall("failure"), *case.findall("error")]:
-            message = (problem.get("message") or problem.text or "").strip()
-            lines.append(f"  {case.get('name')}: {message}")
-    return "\n".join(lines)
 
 
 @contextmanager

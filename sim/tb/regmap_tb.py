@@ -116,6 +116,24 @@ class TB(Bench):
             self.port[reg, f"{name}_set"].value = 0
             self.model.set_status(reg, name, bits)
 
+    async def set_during_write(self, reg, sets: dict[str, int], limit: int = 200):
+        """Drive the ``<field>_set`` inputs of ``reg`` with ``sets`` (field name -> bits) for exactly the one
+        cycle in which the bank executes a bus write to ``reg`` (the bridge's internal ``bus__w_stb`` and
+        ``bus__addr``: the write takes effect at the edge that ends that cycle), then release them. Start it
+        before the write; it fails if no such write comes within ``limit`` cycles."""
+        w_stb, addr = self.dut.bus__w_stb, self.dut.bus__addr
+        for _ in range(limit):
+            await FallingEdge(self.clk)
+            if w_stb.value and int(addr.value) >> 2 == reg.addr >> 2:
+                break
+        else:
+            raise AssertionError(f"no bus write to {reg.name} within {limit} cycles")
+        for name, bits in sets.items():
+            self.port[reg.name, f"{name}_set"].value = bits
+        await FallingEdge(self.clk)
+        for name in sets:
+            self.port[reg.name, f"{name}_set"].value = 0
+
     async def check_datapath(self):
         """rw/w1c outputs equal the model; pulses and strobes seen so far equal the model's."""
         await ReadOnly()
@@ -192,22 +210,34 @@ async def test_overlapping_read_and_write(dut):
 
 
 @cocotb.test()
-async def test_w1c_set_wins_over_clear(dut):
-    """A status bit that the datapath holds set survives a write-1-to-clear; released, it clears."""
-    tb = TB(dut)
+@cocotb.parametrize(delays=[(0, 0.0), (3, 0.3)])
+async def test_w1c_set_in_the_clearing_cycle_wins(dut, delays):
+    """A ``<field>_set`` pulse in the very cycle that a write-1-to-clear of the same bits takes effect wins:
+    the bits stay set (no event is lost). The set lasts that one cycle only, so a bank in which the clear
+    wins reads the shared bits as 0 and fails; a set held for longer would be re-applied in the next cycle and
+    could not tell the two apart. Random prior bits, clears and sets on every w1c field."""
+    max_delay, p_stall = delays
+    tb = TB(dut, max_delay=max_delay, p_stall=p_stall)
     await tb.reset()
-    r = next(r for r in tb.map if any(f.access == "w1c" for f in r.fields))
-    f = next(f for f in r.fields if f.access == "w1c")
-    set_port = tb.port[r.name, f"{f.name}_set"]
-    await FallingEdge(tb.clk)
-    set_port.value = 1
-    tb.model.set_status(r.name, f.name, 1)
-    await tb.write(r.addr, r.encode(**{f.name: 1}))
-    tb.model.set_status(r.name, f.name, 1)  # the set held through the clear
-    assert tb.map.decode(r.name, await tb.read(r.addr))[f.name] & 1
-    set_port.value = 0
-    await tb.write(r.addr, r.encode(**{f.name: 1}))
-    assert not tb.map.decode(r.name, await tb.read(r.addr))[f.name] & 1
+    rng = tb.rng
+    regs = [r for r in tb.map if any(f.access == "w1c" for f in r.fields)]
+    for _ in range(24):
+        r = rng.choice(regs)
+        fields = [f for f in r.fields if f.access == "w1c"]
+        await tb.raise_status()  # random bits already set
+        clear = {f.name: rng.getrandbits(f.width) | 1 for f in fields}
+        sets = {f.name: rng.getrandbits(f.width) | 1 for f in fields}  # bit 0 is both cleared and set
+        pulse = cocotb.start_soon(tb.set_during_write(r, sets))
+        await tb.write(r.addr, r.encode(**clear))
+        await pulse
+        for name, bits in sets.items():  # applied after the clear: the set wins
+            tb.model.set_status(r.name, name, bits)
+        await tb.read(r.addr)
+        await tb.check_datapath()
+    # released, the bits clear
+    for r in regs:
+        await tb.write(r.addr, r.encode(**{f.name: (1 << f.width) - 1 for f in r.fields if f.access == "w1c"}))
+        await tb.read(r.addr)
     await tb.check_datapath()
     tb.checker.check()
 

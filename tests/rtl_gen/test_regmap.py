@@ -225,4 +225,4 @@ def test_axi_lite_register_bank_rtl():
         extra_env={"XNT_TB_PARAMS": json.dumps({"regmap": rm.to_json(indent=None), "ops": 300})},
         waves=bool(os.environ.get("XNT_WAVES")),
     )
-    assert run.tests == 7
+    assert run.tests == 8

@@ -77,11 +77,11 @@ def test_run_yowasp_refuses_tmp_paths(tmp_path):
         toolchain.run_yowasp("yosys", ["-p", "help", str(tmp_path / "x.v")], cwd=tmp_path)
 
 
-def _smoke(simulator, width=8, **kwargs):
+def _smoke(simulator, width=8, test_module="smoke_tb", **kwargs):
     return run_cocotb(
         verilog=to_verilog(XnorPopcount(width=width), "smoke"),
         toplevel="smoke",
-        test_module="smoke_tb",
+        test_module=test_module,
         simulator=simulator,
         name=f"smoke_w{width}",
         **kwargs,
@@ -124,3 +124,100 @@ def test_smoke_verilator_reports_wrong_results():
 @pytest.mark.parametrize("width", [8, 3])
 def test_smoke_icarus(width):
     assert _smoke("icarus", width=width).tests == 4
+
+
+# --- build cache keys and result counting -------------------------------------------------------------------
+
+
+def test_build_dir_is_keyed_on_the_verilog_text(tmp_path, monkeypatch):
+    """Same toplevel, name and source list: another Verilog text gets another build folder (a changed generator
+    can never run against a stale build), the same text the same folder; flags and waves count too."""
+    monkeypatch.setenv("XNORTRAIN_BUILD_DIR", str(tmp_path / "build"))
+    extra = tmp_path / "extra.v"
+    extra.write_text("module extra; endmodule\n")
+    text = to_verilog(XnorPopcount(width=8), "smoke")
+    edited = text.replace("endmodule", "  // an edit elsewhere in the generator changes the text\nendmodule", 1)
+
+    def folder(verilog, **kwargs):
+        return toolchain.cocotb_build_dir(toplevel="smoke", name="smoke", verilog=verilog, sources=[extra], **kwargs)
+
+    first = folder(text)
+    assert first.parent == tmp_path / "build" / "cocotb" and first.name.startswith("smoke-verilator-")
+    assert folder(text) == first  # unchanged: reused
+    assert folder(edited) != first
+    assert folder(text, build_args=["-O3"]) != first
+    assert folder(text, waves=True) != first
+    assert folder(text, internals=False) != first
+    extra.write_text("module extra; wire w; endmodule\n")  # a source file's contents, not only its path
+    assert folder(text) != first
+
+
+def _results_xml(path: Path, cases: str) -> Path:
+    path.write_text(f'<testsuites><testsuite name="all" tests="3" failures="1" skipped="1">{cases}'
+                    "</testsuite></testsuites>")
+    return path
+
+
+def test_read_results_tells_passed_failed_and_skipped(tmp_path):
+    xml = _results_xml(
+        tmp_path / "r.xml",
+        '<testcase name="a"><properties/></testcase>'
+        '<testcase name="b"><failure message="wrong sum"/></testcase>'
+        '<testcase name="c"><skipped message="not this unit"/></testcase>'
+        '<testcase name="d"><error message="crashed"/></testcase>',
+    )
+    got = toolchain.read_results(xml)
+    assert got.passed == ("a",)
+    assert got.failed == (("b", "wrong sum"), ("d", "crashed"))
+    assert got.skipped == (("c", "not this unit"),)
+    with pytest.raises(CocotbFailure, match="no cocotb results file"):
+        toolchain.read_results(tmp_path / "missing.xml")
+
+
+SKIPPING_TB = '''
+import cocotb
+from cocotb.triggers import Timer
+
+
+@cocotb.test()
+async def test_pass_a(dut):
+    await Timer(1, "ns")
+
+
+@cocotb.test()
+async def test_pass_b(dut):
+    await Timer(1, "ns")
+
+
+@cocotb.test(skip=True)
+async def test_skipped(dut):
+    raise AssertionError("never runs")
+'''
+
+
+@pytest.mark.rtl
+def test_skipped_cocotb_tests_fail_the_run(tmp_path):
+    """A skipped test checks nothing: the run fails naming it (cocotb's own totals count it as a test), and
+    ``expect_tests`` compares the number of PASSED tests."""
+    (tmp_path / "skipping_tb.py").write_text(SKIPPING_TB)
+    with pytest.raises(CocotbFailure, match=r"1 cocotb tests skipped .*\n  test_skipped"):
+        _smoke("verilator", test_module="skipping_tb", python_path=[tmp_path], test_dir=tmp_path / "all")
+    run = _smoke("verilator", test_module="skipping_tb", python_path=[tmp_path], test_dir=tmp_path / "passing",
+                 test_filter=r"\.test_pass_", expect_tests=2)
+    assert run.tests == 2
+    with pytest.raises(CocotbFailure, match="2 cocotb tests passed .*, expected 3"):
+        _smoke("verilator", test_module="skipping_tb", python_path=[tmp_path], test_dir=tmp_path / "passing",
+               test_filter=r"\.test_pass_", expect_tests=3)
+
+
+@pytest.mark.rtl
+def test_a_run_without_results_is_not_read_from_an_earlier_one(tmp_path, monkeypatch):
+    """The results file is named by process; a later run that writes none (a crash) must fail, not pass on
+    the file the first run left."""
+    from cocotb_tools import runner
+
+    first = _smoke("verilator", test_dir=tmp_path, test_filter=r"test_random_beats/stress=0$")
+    assert first.tests == 1 and first.results_xml.is_file()
+    monkeypatch.setattr(type(runner.get_runner("verilator")), "test", lambda self, **kwargs: None)
+    with pytest.raises(CocotbFailure, match="no cocotb results file"):
+        _smoke("verilator", test_dir=tmp_path, test_filter=r"test_random_beats/stress=0$")
