@@ -3,7 +3,9 @@
 Every subcommand builds one :class:`sim.config.Config` from ``--model`` (a
 preset name) or ``--config`` (a TOML file), then ``--scheme``, ``--optimizer``
 and the other shortcuts, then ``--set key=value`` overrides, in that order.
-User mistakes print one line and exit with status 2; no traceback.
+User mistakes print one line and exit with status 2; no traceback. The exit
+statuses (``EXIT_*`` below, the one definition every command uses) are listed
+in ``xnortrain --help`` and README.md.
 """
 
 from __future__ import annotations
@@ -11,11 +13,26 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tomllib
 from pathlib import Path
 
 from sim.config import PRESETS, Config, ConfigError, apply_overrides, load_config
 
-EXIT_USER_ERROR = 2
+EXIT_OK = 0
+EXIT_INTERNAL = 1  # an unexpected internal error: a bug (the traceback is printed)
+EXIT_USER_ERROR = 2  # a usage, configuration or input error (argparse's own status too)
+EXIT_DOES_NOT_FIT = 3  # the design does not fit the device
+EXIT_MISMATCH = 4  # a verification / comparison found a mismatch
+EXIT_INTERRUPTED = 130  # interrupted by Ctrl-C / SIGTERM (state saved where the command has any)
+
+EXIT_CODES = (
+    (EXIT_OK, "success"),
+    (EXIT_INTERNAL, "an unexpected internal error (a bug; the traceback is printed)"),
+    (EXIT_USER_ERROR, "a usage, configuration or input error (one line naming the field or file)"),
+    (EXIT_DOES_NOT_FIT, "the design does not fit the device"),
+    (EXIT_MISMATCH, "verification found a mismatch with the bit-exact model"),
+    (EXIT_INTERRUPTED, "interrupted (Ctrl-C / SIGTERM; training state saved)"),
+)
 
 
 class UserError(Exception):
@@ -53,11 +70,21 @@ def build_config(args: argparse.Namespace) -> Config:
     return apply_overrides(cfg, shortcuts + list(args.overrides))
 
 
-def _write_json(path: str, data: dict) -> None:
+def _write_json(path: str, data: dict, option: str = "--json") -> None:
+    """Write ``data`` to ``path`` (its folder created if missing); a folder given as the file, or a file as one
+    of its folders, is a :class:`UserError` naming the option and the path."""
     out = Path(path)
-    if out.parent and not out.parent.exists():
+    if out.is_dir():
+        raise UserError(f"{option} {path}: is a folder; give a file name")
+    existing = next((p for p in out.parents if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise UserError(f"{option} {path}: {existing} is a file, not a folder")
+    text = json.dumps(data, indent=2, default=_json_default) + "\n"
+    try:
         out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=2, default=_json_default) + "\n")
+        out.write_text(text)
+    except OSError as e:
+        raise UserError(f"{option} {path}: cannot write ({e.strerror or e})") from None
 
 
 def _json_default(o):
@@ -147,11 +174,33 @@ def _lazy(module: str, func: str):
     return run
 
 
+def package_version() -> str:
+    """The installed package's version, else the one in pyproject.toml (a source tree run in place)."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("xnortrain")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    try:
+        with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as fh:
+            return tomllib.load(fh)["project"]["version"]
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return "unknown"
+
+
+def _exit_code_epilog() -> str:
+    return "exit status:\n" + "\n".join(f"  {code:<4} {text}" for code, text in EXIT_CODES)
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="xnortrain",
         description="Generate, verify and drive FPGA accelerators that train binary neural networks on chip.",
+        epilog=_exit_code_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("train", help="train with the float reference or the bit-exact hardware model")
@@ -189,7 +238,10 @@ def make_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("generate", help="write the accelerator's Verilog, register map and cycle/resource report")
     _add_config_args(p)
-    p.add_argument("--out", required=True, metavar="DIR", help="output folder (created if missing)")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="output folder (created if missing; refused if it holds files, unless --force)")
+    p.add_argument("--force", action="store_true",
+                   help="write into a non-empty --out folder, overwriting the files generate writes")
     p.add_argument("--no-synth", dest="no_synth", action="store_true",
                    help="skip the Yosys synth_xilinx resource estimate (minutes for large designs)")
     p.add_argument("--synth-by-unit", dest="synth_by_unit", action="store_true",
@@ -210,18 +262,50 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _path_error(e: OSError) -> str:
+    """One line for an operating-system error on a file the user named."""
+    what = {IsADirectoryError: "is a folder where a file was expected",
+            NotADirectoryError: "a part of the path is a file, not a folder",
+            PermissionError: "permission denied", FileNotFoundError: "no such file or folder",
+            FileExistsError: "already exists"}.get(type(e), e.strerror or str(e))
+    return f"{e.filename}: {what}"
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns its exit status (the ``EXIT_*`` constants). User mistakes are one line on
+    stderr with status 2; an unexpected exception (a bug) keeps its traceback and gives status 1."""
     parser = make_parser()
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, UserError, FileNotFoundError, ValueError) as e:
-        # ValueError covers DatasetError and other input mistakes raised with a clear message.
-        print(f"xnortrain: error: {e}", file=sys.stderr)
+    except (ConfigError, UserError, ValueError) as e:
+        # ValueError covers DatasetError and other input mistakes raised with a clear message; a
+        # UnicodeDecodeError (a ValueError) from a file the user named has no file name, so it is said here.
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if isinstance(e, UnicodeDecodeError):
+            msg = f"an input file is not UTF-8 text ({msg})"
+        if isinstance(e, tomllib.TOMLDecodeError):
+            msg = f"not valid TOML ({msg})"
+        print(f"xnortrain: error: {msg}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except OSError as e:
+        if e.filename is None:  # not about a file the user named: the system or a bug
+            return _internal_error()
+        print(f"xnortrain: error: {_path_error(e)}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("xnortrain: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except Exception:
+        return _internal_error()
+
+
+def _internal_error() -> int:
+    import traceback
+
+    traceback.print_exc()
+    print("xnortrain: internal error (a bug): the traceback above says where", file=sys.stderr)
+    return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

@@ -194,21 +194,84 @@ def _resource_summary(rep) -> dict:
 TARGETS = {"cycles_per_image": 4000, "LUT_percent": 70.0, "BRAM36": 140, "DSP": 220}
 
 
-def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=print) -> dict:
+class OutputFolderError(ValueError):
+    """``generate``'s output folder cannot be used (a file, inside a file, or not empty without force)."""
+
+
+def check_out_dir(out_dir, *, force: bool = False) -> Path:
+    """The output folder of :func:`generate`, checked without creating anything: refused when it is a file,
+    when a part of its path is a file, or (unless ``force``) when it already holds files, e.g. the
+    ``accelerator.json`` of a built bitstream."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise OutputFolderError(f"--out {out}: is a file; give a folder")
+    existing = next((p for p in (out, *out.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise OutputFolderError(f"--out {out}: {existing} is a file, not a folder")
+    if out.is_dir() and not force and any(out.iterdir()):
+        names = sorted(p.name for p in out.iterdir())
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        raise OutputFolderError(f"--out {out}: the folder is not empty ({shown}); choose a new folder or give "
+                                "--force to overwrite its files")
+    return out
+
+
+def check_memory_budget(cfg, device: str = "xc7z020") -> dict:
+    """Refuse, before any elaboration, a design whose weights and optimiser state alone need more on-chip memory
+    bits than ``device`` has: every block RAM plus every LUT that can be distributed RAM (a bound no placement
+    can beat). Uses :func:`sim.hw.memory.memory_report` (bits per weight from the configuration) and
+    :mod:`boards.devices`; raises :class:`rtl_gen.synth.DoesNotFitError` saying by how much it is over, and
+    returns the report otherwise."""
+    from boards.devices import get_device
+    from sim.hw.memory import memory_report
+
+    from .synth import DoesNotFitError
+
+    dev = get_device(device)
+    rep = memory_report(cfg)
+    need = rep["n_weights"] * rep["bits_per_weight"]
+    bram = dev.bram_bits
+    lutram = dev.limits.get("LUTRAM", 0) * (1 << dev.lut_inputs)
+    have = bram + lutram
+    if need > have:
+        kib = 8 * 1024
+        fields = ", ".join(f"{k} {v}" for k, v in rep["state_bits"].items())
+        raise DoesNotFitError(
+            f"does not fit the {dev.name}: the weights and optimiser state alone need {need / kib:,.1f} KiB "
+            f"({rep['n_weights']:,} weights x {rep['bits_per_weight']} bits: {fields}), the device has "
+            f"{bram / kib:,.1f} KiB of block RAM (+{lutram / kib:,.1f} KiB if every LUTRAM held data): over by "
+            f"{(need - have) / kib:,.1f} KiB ({need / have:.1f}x)"
+        )
+    return rep
+
+
+def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=print, force: bool = True) -> dict:
     """Write the accelerator for ``cfg`` to ``out_dir``: ``<top>.v``, ``regmap.json``, ``accelerator.json``
     (the host description), ``config.toml``, ``report.txt`` and ``report.json`` (cycles per step and per
     image from :mod:`rtl_gen.cycle_model`; with ``synth``, Yosys ``synth_xilinx`` resources for the xc7z020
     with percentages and a fit verdict naming every resource over the limit; ``by_unit``: the sum of the
     top level's submodules synthesised one by one, :func:`rtl_gen.synth.synthesize_units`, for designs whose
-    whole-design synthesis takes hours). Returns the report dict."""
+    whole-design synthesis takes hours). Returns the report dict.
+
+    Nothing is created until the design is known to be buildable: the output folder is checked
+    (:func:`check_out_dir`; ``force=False`` refuses a non-empty one, as ``xnortrain generate`` does without
+    ``--force``), the memory budget (:func:`check_memory_budget`, raises ``DoesNotFitError``) and the plan
+    (:class:`rtl_gen.top.SystemPlan`, raises ``ConfigError``) come first."""
+    import time
+
+    out = check_out_dir(out_dir, force=force)
+    check_memory_budget(cfg)
     from .cycle_model import step_cycles
     from .top import Accelerator, SystemPlan
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     plan = SystemPlan(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    log(f"elaborating {plan.name}: {len(plan.layers)} layers, batch {plan.batch} (a minute or more for large "
+        f"designs) ...")
+    t0 = time.monotonic()
     acc = Accelerator(plan)
     verilog = acc.verilog()
+    log(f"  Verilog: {verilog.count(chr(10)):,} lines in {time.monotonic() - t0:.0f} s")
     (out / f"{plan.name}.v").write_text(verilog)
     plan.regmap.write_json(out / "regmap.json")
     (out / "regmap.md").write_text(plan.regmap.to_markdown())
@@ -258,21 +321,31 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
 
 
 def generate_main(args) -> int:
-    """``xnortrain generate --config FILE --out DIR [--no-synth]``: exit status 0, or 1 when the design
-    does not fit the device (the report names the resources)."""
-    from host.cli import build_config
+    """``xnortrain generate --config FILE --out DIR [--no-synth] [--force]``: exit status 0, 2 for a refused
+    configuration or output folder (nothing created), 3 when the design does not fit the device (before
+    elaboration from the memory budget; after synthesis, the report names the resources)."""
+    import sys
+
+    from host.cli import EXIT_DOES_NOT_FIT, EXIT_OK, build_config
+
+    from .synth import DoesNotFitError
 
     cfg = build_config(args)
-    report = generate(cfg, args.out, synth=not getattr(args, "no_synth", False),
-                      by_unit=getattr(args, "synth_by_unit", False))
-    return 0 if report.get("fits", True) else 1
+    check_out_dir(args.out, force=getattr(args, "force", False))
+    try:
+        report = generate(cfg, args.out, synth=not getattr(args, "no_synth", False),
+                          by_unit=getattr(args, "synth_by_unit", False), force=getattr(args, "force", False))
+    except DoesNotFitError as e:
+        print(f"xnortrain: {e}", file=sys.stderr)
+        return EXIT_DOES_NOT_FIT
+    return EXIT_OK if report.get("fits", True) else EXIT_DOES_NOT_FIT
 
 
 def verify_main(args) -> int:
     """``xnortrain verify --config FILE --steps N [--data PATH]``: exit status 0 only when every step
-    matched."""
-    from host.cli import build_config
+    matched, 4 (a mismatch) when the comparison failed or the simulation did not finish the steps."""
+    from host.cli import EXIT_MISMATCH, EXIT_OK, build_config
 
     cfg = build_config(args)
     res = verify(cfg, int(args.steps), data=getattr(args, "data", None))
-    return 0 if res.ok else 1
+    return EXIT_OK if res.ok else EXIT_MISMATCH

@@ -36,6 +36,7 @@ from host.driver import AcceleratorDescription, QuantityLayout
 from sim.hw.arith import ArithParams, loss_grad_scale
 from sim.hw.optim import PROB_BITS
 from sim.hw.widths import derive_widths, hw_supported
+from sim.hw_config import layer_lanes
 from sim.schema import ConfigError
 
 from .axil import AXI4LiteCSR, AXI4LiteSignature, vivado_ports
@@ -67,7 +68,7 @@ from .controller import (
     build_regmap,
 )
 from .loss_unit import LossGradUnit, OutputLogitUnit
-from .po2_backward import Po2Backward, Po2Geometry, array_mode, passes_for
+from .po2_backward import Po2Backward, Po2Geometry, array_mode
 from .po2_unit import Po2Unit
 from .rng import RngEngine, RngGeometry
 from .weight_memory import UNDO, UPDATE, OptimizerSpec, SweepGeometry, WeightMemory, WeightMemoryGeometry
@@ -77,20 +78,6 @@ __all__ = ["Accelerator", "LayerPlan", "SystemPlan", "TOP_NAME", "top_ports"]
 
 TOP_NAME = "xnortrain_top"
 E_WIDTH = 16
-
-
-def _pow2_or_mult32(name: str, v: int) -> int:
-    if v < 1 or (v < BEAT_BITS and BEAT_BITS % v) or (v > BEAT_BITS and v % BEAT_BITS):
-        raise ConfigError(f"hw.{name} = {v}: must divide 32 or be a multiple of 32 (1, 2, 4, 8, 16, 32, 64, ...)")
-    return v
-
-
-def _pow2_floor(n: int) -> int:
-    return 1 << (n.bit_length() - 1)
-
-
-def _pow2_ceil(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 @dataclass(frozen=True)
@@ -178,52 +165,19 @@ class SystemPlan:
         self.p = ArithParams.from_config(cfg)
         wl = cfg.weight_layers()
         widths = derive_widths(cfg)
-        _pow2_or_mult32("lanes_in", h.lanes_in)
         L = len(wl)
-        lis = []
-        for s in wl:
-            n_in = s.weight_shape[0]
-            li = h.lanes_in if n_in >= h.lanes_in else min(h.lanes_in, _pow2_ceil(n_in))
-            lis.append(_pow2_or_mult32("lanes_in", li))
+        # every layer's lanes, checked when the configuration is loaded (sim.hw_config.layer_lanes)
         self.layers: list[LayerPlan] = []
-        for j, s in enumerate(wl):
+        for j, (s, ln) in enumerate(zip(wl, layer_lanes(cfg), strict=True)):
             n_in, n_out = s.weight_shape
-            li = lis[j]
-            if j == L - 1:
-                # all lanes even past the classes (padding lanes): the output layer's po2 backward engine
-                # then matches the hidden layers' and is shared with them
-                lo = h.lanes_out
-            else:
-                lo = min(h.lanes_out, _pow2_floor(n_out))
-                if lis[j + 1] % lo:
-                    raise ConfigError(f"hw.lanes_out = {h.lanes_out}: layer {j} packs {lo} channels per beat into "
-                                      f"words of {lis[j + 1]} bits for layer {j + 1}; use powers of two")
-                ls = lis[j + 1] // passes_for(cfg, "dx", lis[j + 1])  # dX values per beat of layer j + 1
-                if ls % lo and lo % ls:
-                    raise ConfigError(f"hw.dx_passes = {h.dx_passes}: layer {j + 1}'s dX beats of {ls} values do not "
-                                      f"cut into layer {j}'s BN beats of {lo} channels (hw.lanes_out); use powers "
-                                      f"of two for hw.lanes_in")
-            if h.rng_block % li:
-                raise ConfigError(f"hw.rng_block = {h.rng_block} must be a multiple of layer {j}'s lanes_in = {li}")
-            u = min(h.update_lanes, li)
-            if li % u:
-                raise ConfigError(f"hw.update_lanes = {h.update_lanes} must divide lanes_in = {li} (layer {j})")
-            lb = min(h.lanes_b, B)
-            self.layers.append(LayerPlan(j, n_in, n_out, li, lo, lb, u, B, j == L - 1, widths[j],
-                                         passes_for(cfg, "dw", li), passes_for(cfg, "dx", li)))
+            self.layers.append(LayerPlan(j, n_in, n_out, ln.lanes_in, ln.lanes_out, ln.lanes_b, ln.update_lanes, B,
+                                         j == L - 1, widths[j], ln.dw_passes, ln.dx_passes))
         self.features = self.layers[0].n_in
         top = self.layers[-1]
         # the logit and loss units work on loss_lanes classes per beat: the output layer's Y beats are split and
         # its gradient beats joined to lanes_out (the output layer is used once per step; few lanes are enough)
         self.loss_lanes = min(h.loss_lanes, top.lanes_out)
-        if top.lanes_out % self.loss_lanes:
-            raise ConfigError(f"hw.loss_lanes = {h.loss_lanes} must divide the output layer's lanes_out = "
-                              f"{top.lanes_out} (hw.lanes_out)")
         self.loss_groups = -(-self.classes // self.loss_lanes)  # logit / gradient beats per sample
-        for lp in self.layers:
-            if lp.lanes_out % self.po2_lanes(lp.lanes_out):
-                raise ConfigError(f"hw.po2_lanes = {h.po2_lanes} must divide lanes_out = {lp.lanes_out} (layer "
-                                  f"{lp.index})")
         # layers whose po2 backward engines have the same lanes, batch, code bits, x_max and passes share one
         # engine (their phases never overlap); the engine picks the layer's words, groups and padding at run time
         self.backward_groups = self._groups(self._backward_key)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .hw_config import HwConfig
-from .schema import ConfigError, build, opt, sub
+from .schema import ConfigError, build, key_name, opt, sub
 
 __all__ = [
     "ConfigError",
@@ -124,9 +124,11 @@ def _parse_layer(i: int, d: Any) -> LayerSpec:
         "conv": {"type", "channels", "kernel", "padding", "bn"},
         "maxpool": {"type", "pool"},
     }[d["type"]]
-    extra = sorted(set(d) - allowed)
+    extra = sorted(set(d) - allowed, key=str)
     if extra:
-        raise ConfigError(f"{path}.{extra[0]}: not a field of a {d['type']} layer; allowed: {sorted(allowed)}")
+        raise ConfigError(
+            f"{path}.{key_name(extra[0])}: not a field of a {d['type']} layer; allowed: {sorted(allowed)}"
+        )
     for key, lo, hi in (("units", 1, 1 << 20), ("channels", 1, 1 << 16), ("kernel", 1, 15), ("pool", 1, 16)):
         if key in d:
             v = d[key]
@@ -180,17 +182,25 @@ class DataConfig:
     dev_size: int = opt(0, lo=0, doc="training images held out to drive the development-based LR schedule")
 
 
+#: Learning-rate limits shared by ``train.lr.initial`` and ``optimizer.lr``. The hardware takes a rate as a
+#: shift ``round(-log2 lr)`` in a 6-bit register (``sim.hw.optim.lr_shift``, at most 63), so 2**-63 is the
+#: smallest rate it represents; a smaller one would be silently rounded up to it. The float schedules
+#: accept at most 10.
+LR_MIN = 2.0**-63
+LR_MAX = 10.0
+
+
 @dataclass
 class LRConfig:
     schedule: str = opt("development", choices=("constant", "development", "step", "cosine"))
-    initial: float = opt(0.001, lo=0.0, lo_open=True, hi=10.0)
+    initial: float = opt(0.001, lo=LR_MIN, hi=LR_MAX, doc="the starting rate (2**-63 .. 10)")
     factor: float = opt(0.5, lo=0.0, lo_open=True, hi=1.0, doc="multiplier at each decay")
     patience: int = opt(2, lo=1, hi=1000, doc="development: epochs without dev improvement before decay")
-    min: float = opt(1e-7, lo=0.0, doc="the schedule never goes below this")
+    min: float = opt(1e-7, lo=0.0, hi=LR_MAX, doc="the schedule never goes below this")
     milestones: list = opt([], kind=list, doc="step: epochs at which lr *= factor")
 
     def _validate(self, path):
-        if any(not isinstance(m, int) or m < 1 for m in self.milestones):
+        if any(isinstance(m, bool) or not isinstance(m, int) or m < 1 for m in self.milestones):
             raise ConfigError(f"{path}.milestones = {self.milestones!r}: expected positive epoch numbers")
 
 
@@ -286,7 +296,7 @@ class SwitchConfig:
 @dataclass
 class OptimizerConfig:
     name: str = opt("adam", choices=("adam", "sgdm", "bop", "iir", "switch"))
-    lr: float = opt(0.0, lo=0.0, doc="overrides train.lr.initial when > 0")
+    lr: float = opt(0.0, lo=0.0, hi=LR_MAX, doc="overrides train.lr.initial when > 0 (then 2**-63 .. 10, as it)")
     clip: float = opt(1.0, lo=0.0, lo_open=True, doc="latent weights are clipped to [-clip, clip]")
     beta_optimizer: str = opt(
         "adam", choices=("adam", "sgdm"), doc="optimiser of the BN biases when the weights use bop/iir/switch"
@@ -296,6 +306,11 @@ class OptimizerConfig:
     bop: BopConfig = sub(BopConfig)
     iir: IIRConfig = sub(IIRConfig)
     switch: SwitchConfig = sub(SwitchConfig)
+
+    def _validate(self, path):
+        if 0 < self.lr < LR_MIN:
+            raise ConfigError(f"{path}.lr = {self.lr!r} is out of range; allowed: 0 (use train.lr.initial) or "
+                              f">= {LR_MIN!r} (2**-63, the smallest rate the hardware's lr_shift represents)")
 
     @property
     def latent_free(self) -> bool:
@@ -406,11 +421,28 @@ def _layer_to_dict(spec: LayerSpec) -> dict:
     return {k: getattr(spec, k) for k in keep}
 
 
+#: TOML basic-string escapes; other control characters are written as \uXXXX
+_TOML_ESCAPES = {"\\": "\\\\", '"': '\\"', "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def _toml_string(v: str) -> str:
+    """``v`` as a TOML basic string that reads back as ``v`` (every control character escaped)."""
+    out = []
+    for ch in v:
+        if ch in _TOML_ESCAPES:
+            out.append(_TOML_ESCAPES[ch])
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04X}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
 def _toml_value(v) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return _toml_string(v)
     if isinstance(v, float):
         return repr(v)
     if isinstance(v, int):
@@ -461,19 +493,34 @@ def preset_path(name: str) -> Path:
 
 
 def _read_toml(path: Path) -> dict:
+    """The TOML file at ``path``; every way of not being a readable TOML file is a :class:`ConfigError`
+    naming the file."""
     try:
         with open(path, "rb") as fh:
             return tomllib.load(fh)
     except FileNotFoundError:
         raise ConfigError(f"{path}: configuration file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a folder; expected a configuration file (.toml)") from None
+    except NotADirectoryError:
+        raise ConfigError(f"{path}: configuration file not found (a part of the path is a file, not a folder)") \
+            from None
+    except PermissionError:
+        raise ConfigError(f"{path}: permission denied reading the configuration file") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a UTF-8 text file (byte {e.start}); TOML files are UTF-8") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML ({e})") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the configuration file ({e.strerror or e})") from None
 
 
 def _resolve(data: dict, seen: tuple = ()) -> dict:
     """Expand ``preset = "mlp"`` (or ``base = "file.toml"``) into the preset's values."""
     data = copy.deepcopy(data)
     preset = data.get("preset", "")
+    if not isinstance(preset, str):
+        raise ConfigError(f"preset = {preset!r}: expected a string, one of " + ", ".join(repr(p) for p in PRESETS))
     if preset:
         if preset in seen:
             raise ConfigError(f"preset {preset!r} refers to itself")
@@ -497,7 +544,13 @@ def load_config(path_or_name: str | Path) -> Config:
         cfg = config_from_dict(data)
         cfg.preset = path_or_name
         return cfg
-    return config_from_dict(_read_toml(Path(path_or_name)))
+    path = Path(path_or_name)
+    try:
+        return config_from_dict(_read_toml(path))
+    except ConfigError as e:
+        if str(e).startswith(str(path)):
+            raise
+        raise ConfigError(f"{path}: {e}") from None
 
 
 def _parse_scalar(text: str):
@@ -521,7 +574,11 @@ def apply_overrides(cfg: Config, overrides: list[str] | dict) -> Config:
             node = node[p]
         if parts[-1] not in node:
             raise ConfigError(f"--set {key}: unknown field {parts[-1]!r}; known: " + ", ".join(sorted(node)))
-        node[parts[-1]] = _parse_scalar(value) if isinstance(value, str) and not isinstance(overrides, dict) else value
+        new = _parse_scalar(value) if isinstance(value, str) and not isinstance(overrides, dict) else value
+        if isinstance(node[parts[-1]], dict) and not isinstance(new, dict):
+            raise ConfigError(f"--set {key}: {key} is a section, not a value (got {new!r}); set one of its fields: "
+                              + ", ".join(f"{key}.{k}" for k in sorted(node[parts[-1]])))
+        node[parts[-1]] = new
     # Approximations that were filled from the scheme follow a changed scheme.
     set_keys = {k for k, _ in items} if isinstance(overrides, dict) else {_split_override(o)[0] for o in overrides}
     for key in getattr(cfg.approx, "_from_scheme", ()):

@@ -18,7 +18,13 @@ from dataclasses import dataclass
 
 from .schema import ConfigError, opt
 
+__all__ = ["HW_OPTIMIZERS", "STREAM_BITS", "HwConfig", "LayerLanes", "layer_lanes"]
+
 HW_OPTIMIZERS = ("switch", "bop", "iir", "sgd")
+
+#: bits of one beat of the accelerator's host streams (``rtl_gen.buffers.BEAT_BITS``): an engine word of
+#: ``lanes_in`` bits must split into beats or be made of whole beats
+STREAM_BITS = 32
 
 
 @dataclass
@@ -107,6 +113,7 @@ class HwConfig:
     mul_steps: int = opt(4, lo=1, hi=64, doc="po2 unit: bits per cycle of the per-channel sqrt2 multiplier")
 
     def _validate(self, path):
+        _divides_or_multiple_of_beat(f"{path}.lanes_in", self.lanes_in)
         for name in ("dw_passes", "dx_passes"):
             v = getattr(self, name)
             if v & (v - 1):
@@ -129,9 +136,89 @@ class HwConfig:
         return "binary" if cfg.model.input_format == "binary" else "int8"
 
     def check_against(self, cfg) -> None:
-        """Cross-section checks (widths that could overflow, ...); raises ConfigError."""
-        if not self.check_widths:
-            return
-        from .hw.widths import check_widths
+        """Cross-section checks: the RTL lane geometry of every layer (:func:`layer_lanes`) and, with
+        ``check_widths``, the derived widths that could overflow; raises ConfigError."""
+        from .hw.widths import check_widths, hw_supported
 
-        check_widths(cfg)
+        if hw_supported(cfg):
+            layer_lanes(cfg)
+        if self.check_widths:
+            check_widths(cfg)
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (n.bit_length() - 1)
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _divides_or_multiple_of_beat(name: str, v: int) -> int:
+    if v < 1 or (v < STREAM_BITS and STREAM_BITS % v) or (v > STREAM_BITS and v % STREAM_BITS):
+        raise ConfigError(f"{name} = {v}: must divide {STREAM_BITS} or be a multiple of {STREAM_BITS} "
+                          "(1, 2, 4, 8, 16, 32, 64, ...)")
+    return v
+
+
+@dataclass(frozen=True)
+class LayerLanes:
+    """The parallelism of one dense weight layer in the generated RTL (``rtl_gen.top.LayerPlan``)."""
+
+    lanes_in: int  # input bits per engine word
+    lanes_out: int  # channels per beat
+    lanes_b: int  # samples per dW beat
+    update_lanes: int  # weights per update visit
+    dw_passes: int  # dW passes per tile
+    dx_passes: int  # dX passes per input word
+
+
+def layer_lanes(cfg) -> list[LayerLanes]:
+    """Every weight layer's lanes as the RTL generator builds them from ``cfg.hw`` (dense layers), after
+    checking that they fit together: engine words split into or are made of 32-bit beats, each layer's
+    channels per beat pack into the next layer's words and cut evenly into its dX beats, the generators'
+    ``rng_block`` holds whole words, ``update_lanes`` divides the words, ``loss_lanes`` and ``po2_lanes``
+    divide the channels per beat. Raises :class:`ConfigError` naming the ``hw`` field. Shared by the
+    configuration's validation (so ``xnortrain config`` refuses what ``generate`` would) and
+    ``rtl_gen.top.SystemPlan``."""
+    h = cfg.hw
+    _divides_or_multiple_of_beat("hw.lanes_in", h.lanes_in)
+    wl = cfg.weight_layers()
+    L = len(wl)
+    lis = []
+    for s in wl:
+        n_in = s.weight_shape[0]
+        li = h.lanes_in if n_in >= h.lanes_in else min(h.lanes_in, _pow2_ceil(n_in))
+        lis.append(_divides_or_multiple_of_beat("hw.lanes_in", li))
+    B = cfg.train.batch_size
+    out = []
+    for j, s in enumerate(wl):
+        n_out = s.weight_shape[1]
+        li = lis[j]
+        if j == L - 1:
+            # all lanes even past the classes (padding lanes): the output layer's po2 backward engine then
+            # matches the hidden layers' and is shared with them
+            lo = h.lanes_out
+        else:
+            lo = min(h.lanes_out, _pow2_floor(n_out))
+            if lis[j + 1] % lo:
+                raise ConfigError(f"hw.lanes_out = {h.lanes_out}: layer {j} packs {lo} channels per beat into "
+                                  f"words of {lis[j + 1]} bits for layer {j + 1}; use powers of two")
+            ls = lis[j + 1] // min(h.dx_passes, lis[j + 1])  # dX values per beat of layer j + 1
+            if ls % lo and lo % ls:
+                raise ConfigError(f"hw.dx_passes = {h.dx_passes}: layer {j + 1}'s dX beats of {ls} values do not "
+                                  f"cut into layer {j}'s BN beats of {lo} channels (hw.lanes_out); use powers "
+                                  f"of two for hw.lanes_in")
+        if h.rng_block % li:
+            raise ConfigError(f"hw.rng_block = {h.rng_block} must be a multiple of layer {j}'s lanes_in = {li}")
+        u = min(h.update_lanes, li)
+        if li % u:
+            raise ConfigError(f"hw.update_lanes = {h.update_lanes} must divide lanes_in = {li} (layer {j})")
+        if lo % min(h.po2_lanes, lo):
+            raise ConfigError(f"hw.po2_lanes = {h.po2_lanes} must divide lanes_out = {lo} (layer {j})")
+        out.append(LayerLanes(li, lo, min(h.lanes_b, B), u, min(h.dw_passes, li), min(h.dx_passes, li)))
+    top = out[-1].lanes_out
+    if top % min(h.loss_lanes, top):
+        raise ConfigError(f"hw.loss_lanes = {h.loss_lanes} must divide the output layer's lanes_out = {top} "
+                          "(hw.lanes_out)")
+    return out

@@ -14,7 +14,7 @@ import dataclasses
 import math
 from dataclasses import field
 
-__all__ = ["ConfigError", "opt", "sub", "build"]
+__all__ = ["ConfigError", "opt", "sub", "build", "key_name"]
 
 
 class ConfigError(ValueError):
@@ -62,6 +62,8 @@ def _check_value(path: str, value, f: dataclasses.Field):
         raise ConfigError(f"{path} = {value!r}: expected a {kind.__name__}; allowed: {_describe(meta)}")
     if kind is str and not isinstance(value, str):
         raise ConfigError(f"{path} = {value!r}: expected a string; allowed: {_describe(meta)}")
+    if kind is str and not _is_utf8(value):
+        raise ConfigError(f"{path} = {value!r}: not valid Unicode text (lone surrogates cannot be written to TOML)")
     if kind is list and not isinstance(value, list):
         raise ConfigError(f"{path} = {value!r}: expected a list")
     if meta["choices"] is not None and value not in meta["choices"]:
@@ -78,17 +80,31 @@ def _check_value(path: str, value, f: dataclasses.Field):
     return value
 
 
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def key_name(key) -> str:
+    """A key as written in a message: as it is when it is a plain word, else quoted (newlines, spaces, ...)."""
+    return key if isinstance(key, str) and key.isprintable() and key and not any(c.isspace() for c in key) \
+        else repr(key)
+
+
 def build(cls, data: dict | None, path: str):
     """Build dataclass ``cls`` from ``data``, checking names, types and ranges."""
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise ConfigError(f"{path or 'config'}: expected a table, got {data!r}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
+    unknown = sorted(set(data) - set(fields), key=str)
     if unknown:
         where = f"{path}." if path else ""
         raise ConfigError(
-            f"unknown field {where}{unknown[0]}; known fields of {path or 'the top level'}: "
+            f"unknown field {where}{key_name(unknown[0])}; known fields of {path or 'the top level'}: "
             + ", ".join(sorted(fields))
         )
     kwargs = {}

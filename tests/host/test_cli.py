@@ -2,6 +2,9 @@
 
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from host.cli import main
 
@@ -23,3 +26,137 @@ def test_config_prints_the_resolved_configuration(capsys):
 def test_console_script_entry_point_runs():
     r = subprocess.run([sys.executable, "-m", "host.cli", "--help"], capture_output=True, text=True, check=True)
     assert "train" in r.stdout and "memory" in r.stdout
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    return err[0]
+
+
+def test_exit_codes_are_the_shared_scheme_and_documented():
+    import host.cli as cli
+
+    assert (cli.EXIT_OK, cli.EXIT_INTERNAL, cli.EXIT_USER_ERROR, cli.EXIT_DOES_NOT_FIT, cli.EXIT_MISMATCH,
+            cli.EXIT_INTERRUPTED) == (0, 1, 2, 3, 4, 130)
+    text = cli.make_parser().format_help()
+    for code, _ in cli.EXIT_CODES:
+        assert f"\n  {code} " in text, text
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for code, _ in cli.EXIT_CODES:
+        assert f"| {code} |" in readme
+
+
+def test_version_comes_from_the_package_metadata(capsys):
+    import importlib.metadata
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"xnortrain {importlib.metadata.version('xnortrain')}"
+
+
+@pytest.fixture
+def paths(tmp_path):
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file.json").write_text("{}")
+    (tmp_path / "latin1.toml").write_bytes('name = "caf\xe9"\n'.encode("latin-1"))
+    (tmp_path / "listed.toml").write_text('preset = ["mlp"]\n')
+    return tmp_path
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["config", "--config", "{t}/folder"], ["{t}/folder", "is a folder"]),
+    (["config", "--config", "{t}/file.json/x.toml"], ["{t}/file.json/x.toml"]),
+    (["config", "--config", "{t}/latin1.toml"], ["{t}/latin1.toml", "UTF-8"]),
+    (["config", "--config", "{t}/listed.toml"], ["{t}/listed.toml", "preset = ['mlp']"]),
+    (["memory", "--json", "{t}/folder"], ["--json {t}/folder", "is a folder"]),
+    (["energy", "--json", "{t}/folder"], ["--json {t}/folder", "is a folder"]),
+    (["memory", "--json", "{t}/file.json/x.json"], ["{t}/file.json is a file"]),
+    (["energy", "--json", "{t}/file.json/sub/x.json"], ["{t}/file.json is a file"]),
+    (["generate", "--no-synth", "--out", "{t}/file.json"], ["--out {t}/file.json", "is a file"]),
+    (["generate", "--no-synth", "--out", "{t}/file.json/acc"], ["{t}/file.json is a file"]),
+    (["config", "--set", "approx=0"], ["approx is a section"]),
+    (["config", "--set", "hw=[1]"], ["hw is a section"]),
+    (["config", "--set", "train.epochs={a=1}"], ["train.epochs"]),
+    (["config", "--set", "optimizer.lr=1e300"], ["optimizer.lr", "10.0"]),
+    (["config", "--set", "optimizer.lr=1e-300"], ["optimizer.lr", "2**-63"]),
+    (["config", "--set", "hw.lanes_in=3"], ["hw.lanes_in = 3"]),
+])
+def test_wrong_inputs_are_one_line_errors_with_status_2(paths, capsys, argv, words):
+    argv = [a.replace("{t}", str(paths)) for a in argv]
+    assert main(argv) == 2
+    line = _one_error_line(capsys)
+    for w in words:
+        assert w.replace("{t}", str(paths)) in line, line
+    assert sorted(p.name for p in paths.iterdir()) == ["file.json", "folder", "latin1.toml", "listed.toml"]
+
+
+def test_generate_refuses_a_non_empty_folder_and_creates_nothing_when_refused(tmp_path, capsys):
+    built = tmp_path / "built"
+    built.mkdir()
+    (built / "accelerator.json").write_text('{"bitstream": "mine"}')
+    assert main(["generate", "--no-synth", "--out", str(built)]) == 2
+    line = _one_error_line(capsys)
+    assert "not empty (accelerator.json)" in line and "--force" in line
+    assert (built / "accelerator.json").read_text() == '{"bitstream": "mine"}'
+    # --force passes the folder check; a configuration the generator refuses still writes nothing
+    assert main(["generate", "--no-synth", "--force", "--out", str(built), "--set", "hw.input=int8"]) == 2
+    assert "hw.input = 'int8'" in _one_error_line(capsys)
+    assert [p.name for p in built.iterdir()] == ["accelerator.json"]
+    for over in (["--set", "hw.input=int8"], ["--set", "hw.lanes_in=3"], ["--set", "model.layers=[{type='conv'}]"]):
+        out = tmp_path / "new" / "acc"
+        assert main(["generate", "--no-synth", "--out", str(out), *over]) == 2
+        _one_error_line(capsys)
+        assert not (tmp_path / "new").exists()
+
+
+def test_generate_refuses_a_design_over_the_memory_budget_before_elaborating(tmp_path, capsys):
+    """784-2048-2048-10 with iir: 5.8 M weights x 19 bits of weight and state, far over the xc7z020's block RAM
+    (and its LUTRAM): exit 3 at once, saying by how much, with no output folder."""
+    import time
+
+    out = tmp_path / "big"
+    t0 = time.monotonic()
+    code = main(["generate", "--no-synth", "--out", str(out), "--set", "hw.optimizer=iir",
+                 "--set", 'model.layers=[{type="dense",units=2048},{type="dense",units=2048},{type="dense",units=10}]'])
+    assert code == 3
+    line = _one_error_line(capsys)
+    assert "xc7z020" in line and "over by 12,733.6 KiB" in line and "5,820,416 weights x 19 bits" in line, line
+    assert time.monotonic() - t0 < 10 and not out.exists()
+
+
+def test_generate_and_verify_exit_with_the_does_not_fit_and_mismatch_codes(monkeypatch, tmp_path):
+    import rtl_gen.generate as g
+
+    monkeypatch.setattr(g, "generate", lambda *a, **k: {"fits": False})
+    assert main(["generate", "--out", str(tmp_path / "a")]) == 3
+    monkeypatch.setattr(g, "generate", lambda *a, **k: {"fits": True})
+    assert main(["generate", "--out", str(tmp_path / "a")]) == 0
+    monkeypatch.setattr(g, "verify", lambda *a, **k: g.VerifyResult(ok=False, message="first mismatch"))
+    assert main(["verify", "--steps", "1"]) == 4
+    monkeypatch.setattr(g, "verify", lambda *a, **k: g.VerifyResult(ok=True))
+    assert main(["verify", "--steps", "1"]) == 0
+
+
+def test_os_errors_on_named_files_are_status_2_and_bugs_keep_their_traceback(monkeypatch, capsys):
+    import host.cli as cli
+
+    def raising(exc):
+        def run(args):
+            raise exc
+        return run
+
+    for exc, words in ((IsADirectoryError(21, "Is a directory", "/some/dir"), "/some/dir: is a folder"),
+                       (NotADirectoryError(20, "Not a directory", "/a/file/x"), "/a/file/x: a part of the path"),
+                       (PermissionError(13, "Permission denied", "/root/x"), "/root/x: permission denied"),
+                       (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"), "not UTF-8")):
+        monkeypatch.setattr(cli, "cmd_config", raising(exc))
+        assert main(["config"]) == 2
+        assert words in _one_error_line(capsys)
+    monkeypatch.setattr(cli, "cmd_config", raising(KeyError("a bug")))
+    assert main(["config"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "KeyError" in err and "internal error" in err
+    monkeypatch.setattr(cli, "cmd_config", raising(OSError(28, "No space left on device")))
+    assert main(["config"]) == 1
