@@ -347,5 +347,32 @@ def verify_main(args) -> int:
     from host.cli import EXIT_MISMATCH, EXIT_OK, build_config
 
     cfg = build_config(args)
+    check_data_arg(getattr(args, "data", None))
     res = verify(cfg, int(args.steps), data=getattr(args, "data", None))
     return EXIT_OK if res.ok else EXIT_MISMATCH
+
+
+def check_data_arg(data) -> None:
+    """``verify --data``: an ``.npz`` file holding ``x`` and ``y``, or a dataset folder; checked before the
+    accelerator is elaborated (minutes), so a wrong path fails at once with one line."""
+    from host.cli import UserError
+
+    if data is None:
+        return
+    path = Path(data)
+    if str(data).endswith(".npz"):
+        if not path.is_file():
+            raise UserError(f"--data {data}: " + ("is a folder; an .npz file was expected" if path.is_dir()
+                                                  else "no such .npz file"))
+        import zipfile
+
+        try:
+            with np.load(path) as d:
+                missing = sorted({"x", "y"} - set(d.files))
+        except (OSError, ValueError, zipfile.BadZipFile) as e:
+            raise UserError(f"--data {data}: not a readable .npz file ({e})") from None
+        if missing:
+            raise UserError(f"--data {data}: the .npz has no array {missing[0]!r} (it needs x and y)")
+    elif not path.is_dir():
+        raise UserError(f"--data {data}: " + ("is a file; give an .npz with x and y, or a dataset folder"
+                                              if path.exists() else "no such folder"))

@@ -160,3 +160,18 @@ def test_os_errors_on_named_files_are_status_2_and_bugs_keep_their_traceback(mon
     assert "Traceback" in err and "KeyError" in err and "internal error" in err
     monkeypatch.setattr(cli, "cmd_config", raising(OSError(28, "No space left on device")))
     assert main(["config"]) == 1
+
+
+def test_verify_checks_its_data_path_before_elaborating(tmp_path, capsys):
+    import numpy as np
+
+    (tmp_path / "folder.npz").mkdir()
+    (tmp_path / "data.txt").write_text("x")
+    (tmp_path / "garbage.npz").write_text("not a zip")
+    np.savez(tmp_path / "only_x.npz", x=np.zeros(3))
+    for name, words in (("folder.npz", "is a folder"), ("missing.npz", "no such .npz file"),
+                        ("data.txt", "is a file"), ("nowhere", "no such folder"),
+                        ("garbage.npz", "not a readable .npz"), ("only_x.npz", "the .npz has no array 'y'")):
+        assert main(["verify", "--steps", "1", "--data", str(tmp_path / name)]) == 2
+        line = _one_error_line(capsys)
+        assert f"--data {tmp_path / name}: {words}" in line, line

@@ -7,7 +7,7 @@ either the project's own :class:`ConfigError` with a one-line message that names
 configuration whose ``to_toml()`` reloads to an equal configuration. Anything else (another exception, a
 multi-line message, a configuration that does not reload to itself) is a failure.
 
-``XNT_CONFIG_FUZZ_CASES`` sets the number of cases per test (default 150: a few seconds); run it once with
+``XNT_CONFIG_FUZZ_CASES`` sets the number of cases per test (default 400: about two seconds); run it once with
 thousands after changing the loader.
 """
 
@@ -22,7 +22,7 @@ import pytest
 
 from sim.config import CONFIG_DIR, PRESETS, ConfigError, apply_overrides, config_from_dict, load_config
 
-CASES = int(os.environ.get("XNT_CONFIG_FUZZ_CASES", "150"))
+CASES = int(os.environ.get("XNT_CONFIG_FUZZ_CASES", "400"))
 
 STRINGS = ["", "x", "a\nb", "tab\there", 'quote " and \\ backslash', "\x00\x1f\x7f", "ünïcödé ✓", "é\r\n",
            "line1\nname = 'evil'", "[hw]", "#", "mlp"]
