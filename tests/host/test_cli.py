@@ -175,3 +175,17 @@ def test_verify_checks_its_data_path_before_elaborating(tmp_path, capsys):
         assert main(["verify", "--steps", "1", "--data", str(tmp_path / name)]) == 2
         line = _one_error_line(capsys)
         assert f"--data {tmp_path / name}: {words}" in line, line
+
+
+def test_version_falls_back_to_pyproject_when_not_installed(monkeypatch):
+    import importlib.metadata
+    import tomllib
+
+    import host.cli as cli
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    root = Path(__file__).resolve().parents[2]
+    assert cli.package_version() == tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
