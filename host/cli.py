@@ -108,33 +108,107 @@ def cmd_config(args) -> int:
     return 0
 
 
-def cmd_train(args) -> int:
-    from sim.train_loop import run_training
+_TRAIN_CONFIG_OPTIONS = ("model", "config", "scheme", "optimizer", "batch_size", "epochs", "seed", "max_steps",
+                         "overrides")
+# --optimizer with --arith hw: the bit-exact model's optimiser (hw.optimizer) of the same family.
+_HW_OPTIMIZER = {"switch": "switch", "bop": "bop", "iir": "iir", "sgdm": "sgd"}
 
+
+def _train_config(args, arith: str) -> Config:
+    """The configuration of ``xnortrain train``: ``--optimizer`` picks ``hw.optimizer`` with ``--arith hw``."""
+    if arith == "hw" and args.optimizer:
+        hw_opt = _HW_OPTIMIZER.get(args.optimizer)
+        if hw_opt is None:
+            raise UserError(
+                f"--optimizer {args.optimizer} has no hardware equivalent with --arith hw (the bit-exact model "
+                "trains with switch, bop, iir or sgdm = hw sgd with momentum)"
+            )
+        args = argparse.Namespace(**{**vars(args), "overrides": [f"hw.optimizer={hw_opt}", *args.overrides]})
     cfg = build_config(args)
-    if args.arith == "hw":
+    if arith == "hw" and args.optimizer == "sgdm" and cfg.hw.sgd_momentum_shift == 0:
+        raise UserError("--optimizer sgdm with --arith hw is hw sgd with momentum, but hw.sgd_momentum_shift = 0 "
+                        "(no momentum); use --set hw.optimizer=sgd for plain sgd")
+    return cfg
+
+
+def _output_file(option: str, name: str, suffix: str | None = None) -> Path:
+    """A file the run will write, checked before training: not a folder, its folder writable or creatable
+    (:func:`_train_outputs` creates missing folders, as for ``--json results/run.json`` in a fresh clone)."""
+    import os
+
+    path = Path(name)
+    if suffix and path.suffix.lower() != suffix:
+        raise UserError(f"{option} {name}: the file is written as {suffix[1:].upper()}; give a name ending in {suffix}")
+    if path.is_dir():
+        raise UserError(f"{option} {name}: is a folder; give a file name")
+    base = path.parent
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    if not base.is_dir():
+        raise UserError(f"{option} {name}: {base} is not a folder")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise UserError(f"{option} {name}: folder {base} is not writable")
+    return path
+
+
+def _train_outputs(args, cfg: Config, arith: str) -> tuple[Path | None, Path | None, Path | None]:
+    """(--json, --plot, checkpoint) paths, all checked before training starts."""
+    json_out = _output_file("--json", args.json) if args.json else None
+    plot = _output_file("--plot", args.plot, ".png") if args.plot else None
+    if args.no_checkpoint:
+        ckpt = None
+    elif args.checkpoint:
+        ckpt = _output_file("--checkpoint", args.checkpoint)
+    elif args.resume:
+        ckpt = _output_file("--checkpoint (default: the --resume file)", args.resume)
+    elif json_out is not None:
+        ckpt = _output_file("--checkpoint (default: next to --json)", str(json_out.with_suffix(".ckpt.npz")))
+    else:
+        default = Path("results") / f"{cfg.name}-{arith}.ckpt.npz"
+        ckpt = _output_file("--checkpoint (default: results/)", str(default))
+    named = [(o, p) for o, p in (("--json", json_out), ("--plot", plot), ("--checkpoint", ckpt)) if p is not None]
+    for i, (o1, p1) in enumerate(named):
+        for o2, p2 in named[i + 1 :]:
+            if p1.resolve() == p2.resolve():
+                raise UserError(f"{o1} and {o2} name the same file {p1}")
+    for _, path in named:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    return json_out, plot, ckpt
+
+
+def cmd_train(args) -> int:
+    from sim.train_loop import load_checkpoint, run_training
+
+    resume = load_checkpoint(args.resume) if args.resume else None
+    ckpt_arith = None if resume is None else ("hw" if resume.engine == "hw" else "float")
+    if resume is not None and args.arith and args.arith != ckpt_arith:
+        raise UserError(f"--arith {args.arith}: {args.resume} was written with --arith {ckpt_arith}")
+    arith = args.arith or ckpt_arith or "float"
+    given = any(getattr(args, k, None) not in (None, []) for k in _TRAIN_CONFIG_OPTIONS)
+    cfg = resume.config if resume is not None and not given else _train_config(args, arith)
+    json_out, plot, ckpt = _train_outputs(args, cfg, arith)
+    if arith == "hw":
         from sim.hw.engine import HwEngine
 
         engine = HwEngine(cfg)
+        what = f"hardware arithmetic, hw optimizer {cfg.hw.optimizer}"
     else:
         from sim.reference.engine import ReferenceEngine
 
         engine = ReferenceEngine(cfg)
-    if args.arith == "hw":
-        what = f"hardware arithmetic, hw optimizer {cfg.hw.optimizer}"
-    else:
         what = f"float arithmetic, scheme {cfg.approx.scheme}, optimizer {cfg.optimizer.name}"
     print(
         f"xnortrain: training {cfg.name} ({what}, B={cfg.train.batch_size}, {cfg.train.epochs} epochs, "
-        f"seed {cfg.train.seed})"
+        f"seed {cfg.train.seed}); checkpoint: {ckpt if ckpt is not None else 'none (--no-checkpoint)'}"
     )
-    history = run_training(cfg, engine, progress=not args.no_progress, checkpoint=args.json)
-    if args.json:
-        history.to_json(args.json)
-        print(f"history written to {args.json}")
-    if args.plot:
-        history.plot(args.plot)
-        print(f"plot written to {args.plot}")
+    if resume is not None and resume.stopped in ("finished", "max_steps"):
+        print(f"{args.resume}: the run had stopped ({resume.stopped}) after {resume.step} steps; nothing to resume")
+    history = run_training(cfg, engine, progress=not args.no_progress, history_json=json_out, state_file=ckpt,
+                           resume=resume)
+    if json_out is not None:
+        print(f"history written to {json_out}")
+    if plot is not None:
+        print(f"plot written to {history.plot(plot)}")
     if history.epoch:
         secs = sum(history.seconds) / len(history.seconds)
         print(
@@ -143,7 +217,15 @@ def cmd_train(args) -> int:
         )
     else:
         print("no epoch finished")
-    return 0
+    if history.meta.get("stopped") == "interrupted":
+        steps = history.meta.get("total_steps", 0)
+        if ckpt is None:
+            print(f"interrupted ({history.meta.get('signal')}) after {steps} steps; no checkpoint (--no-checkpoint)")
+        else:
+            print(f"interrupted ({history.meta.get('signal')}) after {steps} steps; training state saved to {ckpt}; "
+                  f"continue with: xnortrain train --resume {ckpt}")
+        return EXIT_INTERRUPTED
+    return EXIT_OK
 
 
 def _report_cmd(module_name: str):
@@ -203,14 +285,38 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("train", help="train with the float reference or the bit-exact hardware model")
+    p = sub.add_parser(
+        "train", help="train with the float reference or the bit-exact hardware model",
+        description="Train the float reference (--arith float, the default) or the bit-exact integer model of the "
+        "accelerator (--arith hw) on the configured dataset, evaluating on the test set after every epoch. Without "
+        "--model or --config the 'mlp' preset (configs/mlp_mnist.toml) is used. The whole training state is saved "
+        "to the checkpoint after every epoch and when the run stops; Ctrl-C or SIGTERM stop it at the next step "
+        "boundary (exit status 130) and --resume continues it bit-identically.",
+    )
     _add_config_args(p)
-    p.add_argument("--arith", choices=("float", "hw"), default="float", help="float reference or hardware arithmetic")
+    p.add_argument(
+        "--arith", choices=("float", "hw"),
+        help="float: the NumPy float reference (default; its optimiser is --optimizer); hw: the bit-exact "
+             "integer model, whose optimiser is hw.optimizer: --optimizer switch, bop, iir or sgdm (= hw sgd with "
+             "momentum) selects it, adam has no hardware equivalent",
+    )
     p.add_argument("--epochs", type=int, help="shortcut for --set train.epochs=N")
     p.add_argument("--seed", type=int, help="shortcut for --set train.seed=N")
     p.add_argument("--max-steps", type=int, help="stop after N training steps (short runs)")
-    p.add_argument("--json", metavar="OUT", help="write the training history as JSON (updated every epoch)")
-    p.add_argument("--plot", metavar="PNG", help="write accuracy/loss curves as a PNG")
+    p.add_argument("--json", metavar="OUT", help="write the training history as JSON (rewritten after every epoch)")
+    p.add_argument("--plot", metavar="PNG", help="write accuracy/loss curves to this .png file")
+    p.add_argument(
+        "--checkpoint", metavar="FILE",
+        help="where the whole training state is saved, atomically, after every epoch and when the run stops "
+             "(default: the --resume file when resuming, else next to --json as <stem>.ckpt.npz, else "
+             "results/<config name>-<arith>.ckpt.npz)",
+    )
+    p.add_argument("--no-checkpoint", action="store_true", help="save no training state")
+    p.add_argument(
+        "--resume", metavar="FILE",
+        help="continue the run saved in this checkpoint, bit-identically; its configuration is used unless "
+             "configuration options are given, which must then match it",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
 

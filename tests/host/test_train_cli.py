@@ -1,0 +1,245 @@
+"""``xnortrain train``: help, output paths checked first, --arith hw optimisers, exit 130, checkpoints, --resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from host.cli import main
+from sim.train_loop import History, load_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+
+TINY = """\
+preset = "mlp"
+name = "tiny"
+[model]
+layers = [{ type = "dense", units = 16 }, { type = "dense", units = 10 }]
+[data]
+train_limit = 240
+test_limit = 60
+dev_size = 40
+[train]
+batch_size = 20
+epochs = EPOCHS
+[train.lr]
+patience = 1
+[e2train]
+smd_prob = 0.2
+"""
+
+
+def tiny_config(tmp_path: Path, epochs: int = 3) -> str:
+    path = tmp_path / f"tiny{epochs}.toml"
+    path.write_text(TINY.replace("EPOCHS", str(epochs)))
+    return str(path)
+
+
+def test_help_says_what_train_does(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--help"])
+    assert e.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for text in ("Train the float reference (--arith float, the default)", "bit-exact integer model",
+                 "'mlp' preset (configs/mlp_mnist.toml)", "exit status 130", "--resume FILE", "bit-identically",
+                 "results/<config name>-<arith>.ckpt.npz", "adam has no hardware equivalent"):
+        assert text in out, text
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """run_training replaced: records what it was given, trains nothing."""
+    import sim.train_loop
+
+    calls = []
+
+    def fake(cfg, engine, data=None, **kw):
+        calls.append((cfg, engine, kw))
+        return History(meta={"stopped": "finished"})
+
+    monkeypatch.setattr(sim.train_loop, "run_training", fake)
+    return calls
+
+
+def _bad_paths(tmp_path):
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("x")
+    t = str(tmp_path)
+    return [
+        (["--json", f"{t}/adir"], f"--json {t}/adir: is a folder"),
+        (["--json", f"{t}/afile/h.json"], f"--json {t}/afile/h.json: {t}/afile is not a folder"),
+        (["--plot", f"{t}/afile/sub/c.png"], f"--plot {t}/afile/sub/c.png: {t}/afile is not a folder"),
+        (["--plot", f"{t}/curves"], f"--plot {t}/curves: the file is written as PNG; give a name ending in .png"),
+        (["--plot", f"{t}/curves.pdf"], "give a name ending in .png"),
+        (["--checkpoint", f"{t}/adir"], f"--checkpoint {t}/adir: is a folder"),
+        (["--json", f"{t}/h.json", "--checkpoint", f"{t}/h.json"], "--json and --checkpoint name the same file"),
+        (["--json", f"{t}/adir/h.json", "--no-checkpoint"], None),  # fine: reaches training
+        (["--json", f"{t}/new/sub/h.json", "--plot", f"{t}/new/c.png"], None),  # missing folders are created
+    ]
+
+
+def test_output_paths_are_checked_before_training(tmp_path, capsys, no_training):
+    cfg = tiny_config(tmp_path)
+    for extra, msg in _bad_paths(tmp_path):
+        rc = main(["train", "--config", cfg, "--no-progress", *extra])
+        cap = capsys.readouterr()
+        if msg is None:
+            assert rc == 0 and no_training
+            continue
+        err = cap.err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and msg in err[0], (extra, cap.err)
+        assert not no_training and "training" not in cap.out
+    assert (tmp_path / "new" / "sub").is_dir() and not list(tmp_path.rglob("*.tmp"))
+
+
+def test_unwritable_folder_is_refused(tmp_path, capsys, monkeypatch, no_training):
+    cfg = tiny_config(tmp_path)
+    target = tmp_path / "ro"
+    target.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == target else real(p, mode))
+    assert main(["train", "--config", cfg, "--json", str(target / "h.json")]) == 2
+    assert f"folder {target} is not writable" in capsys.readouterr().err and not no_training
+    assert main(["train", "--config", cfg, "--checkpoint", str(target / "a" / "b" / "c.npz")]) == 2
+    assert f"folder {target} is not writable" in capsys.readouterr().err and not no_training
+    assert not (target / "a").exists()
+
+
+def test_default_checkpoint_locations(tmp_path, monkeypatch, capsys, no_training):
+    cfg = tiny_config(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--config", cfg, "--arith", "hw"]) == 0
+    assert no_training[-1][2]["state_file"] == Path("results/tiny-hw.ckpt.npz") and Path("results").is_dir()
+    assert main(["train", "--config", cfg, "--json", "h.json"]) == 0
+    assert no_training[-1][2]["state_file"] == Path("h.ckpt.npz")
+    assert "checkpoint: h.ckpt.npz" in capsys.readouterr().out
+    assert main(["train", "--config", cfg, "--no-checkpoint"]) == 0
+    assert no_training[-1][2]["state_file"] is None
+
+
+@pytest.mark.parametrize("opt,hw", [("switch", "switch"), ("bop", "bop"), ("iir", "iir"), ("sgdm", "sgd")])
+def test_arith_hw_optimizer_selects_the_hardware_optimiser(opt, hw, tmp_path, capsys, no_training):
+    assert main(["train", "--config", tiny_config(tmp_path), "--arith", "hw", "--optimizer", opt,
+                 "--no-checkpoint"]) == 0
+    cfg, engine, _ = no_training[-1]
+    assert cfg.hw.optimizer == hw and engine.name == "hw" and engine.model.h.optimizer == hw
+    assert f"hw optimizer {hw}" in capsys.readouterr().out
+    if opt == "sgdm":
+        assert cfg.hw.sgd_momentum_shift > 0 and "m" in engine.model.opt
+
+
+def test_arith_hw_optimizer_without_hardware_equivalent_is_refused(tmp_path, capsys, no_training):
+    cfg = tiny_config(tmp_path)
+    assert main(["train", "--config", cfg, "--arith", "hw", "--optimizer", "adam"]) == 2
+    err = capsys.readouterr().err
+    assert "--optimizer adam has no hardware equivalent with --arith hw" in err and len(err.splitlines()) == 1
+    assert main(["train", "--config", cfg, "--arith", "hw", "--optimizer", "sgdm",
+                 "--set", "hw.sgd_momentum_shift=0"]) == 2
+    assert "hw.sgd_momentum_shift = 0" in capsys.readouterr().err
+    # --set comes after the shortcut and wins; the float optimiser is untouched by --arith hw defaults
+    assert main(["train", "--config", cfg, "--arith", "hw", "--optimizer", "bop", "--set", "hw.optimizer=iir",
+                 "--no-checkpoint"]) == 0
+    assert no_training[-1][0].hw.optimizer == "iir"
+    assert main(["train", "--config", cfg, "--optimizer", "adam", "--no-checkpoint"]) == 0
+    assert no_training[-1][1].name == "reference"
+    assert not any(c[1].name == "hw" and c[0].optimizer.name == "adam" for c in no_training)
+
+
+def _history(path):
+    d = json.loads(Path(path).read_text())
+    d.pop("seconds")
+    for k in ("resumed", "signal"):
+        d["meta"].pop(k, None)
+    return d
+
+
+@pytest.mark.parametrize("arith", ["hw", "float"])
+def test_interrupted_train_exits_130_and_resume_continues_identically(arith, tmp_path, capsys, monkeypatch):
+    cfg = tiny_config(tmp_path)
+    full = tmp_path / "full.json"
+    assert main(["train", "--config", cfg, "--arith", arith, "--json", str(full), "--no-progress"]) == 0
+    capsys.readouterr()
+
+    from sim.hw.engine import HwEngine
+    from sim.reference.engine import ReferenceEngine
+
+    cls = HwEngine if arith == "hw" else ReferenceEngine
+    original = cls.train_step
+    calls = [0]
+
+    def train_step(self, *a, **k):
+        calls[0] += 1
+        if calls[0] == 12:
+            raise KeyboardInterrupt
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(cls, "train_step", train_step)
+    part = tmp_path / "part.json"
+    assert main(["train", "--config", cfg, "--arith", arith, "--json", str(part), "--no-progress"]) == 130
+    out = capsys.readouterr().out
+    ck = tmp_path / "part.ckpt.npz"
+    assert f"interrupted (KeyboardInterrupt) after 11 steps; training state saved to {ck}" in out
+    assert f"continue with: xnortrain train --resume {ck}" in out
+    monkeypatch.undo()
+    assert load_checkpoint(ck).step == 11
+
+    assert main(["train", "--resume", str(ck), "--json", str(part), "--no-progress"]) == 0
+    assert "resuming from" in capsys.readouterr().out
+    assert _history(part) == _history(full)
+    assert load_checkpoint(ck).stopped == "finished"
+
+
+def test_resume_with_another_configuration_is_refused(tmp_path, capsys):
+    cfg = tiny_config(tmp_path)
+    js = tmp_path / "h.json"
+    assert main(["train", "--config", cfg, "--arith", "hw", "--max-steps", "2", "--json", str(js),
+                 "--no-progress"]) == 0
+    ck = str(tmp_path / "h.ckpt.npz")
+    capsys.readouterr()
+    assert main(["train", "--resume", ck, "--config", cfg, "--arith", "hw", "--epochs", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "train.epochs = 5 differs from the checkpoint's 3" in err and len(err.splitlines()) == 1
+    assert main(["train", "--resume", ck, "--arith", "float"]) == 2
+    assert f"--arith float: {ck} was written with --arith hw" in capsys.readouterr().err
+    assert main(["train", "--resume", str(tmp_path / "nope.npz")]) == 2
+    assert "no such checkpoint file" in capsys.readouterr().err
+    # the same options again are accepted (and the finished run has nothing left to do)
+    assert main(["train", "--resume", ck, "--config", cfg, "--arith", "hw", "--max-steps", "2",
+                 "--no-progress"]) == 0
+    assert "nothing to resume" in capsys.readouterr().out
+
+
+def test_sigterm_leaves_a_resumable_checkpoint_and_exit_130(tmp_path):
+    cfg = tiny_config(tmp_path, epochs=500)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, "-u", "-m", "host.cli", "train", "--config", cfg, "--arith", "hw", "--no-progress"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        for line in proc.stdout:
+            if line.startswith("epoch   2/"):
+                break
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    ck = tmp_path / "results" / "tiny-hw.ckpt.npz"
+    assert "interrupted (SIGTERM)" in out and f"xnortrain train --resume {Path('results/tiny-hw.ckpt.npz')}" in out
+    saved = load_checkpoint(ck)
+    assert saved.stopped == "interrupted" and saved.meta["history"]["meta"]["signal"] == "SIGTERM"
+    assert saved.step == saved.meta["history"]["meta"]["total_steps"] >= sum(saved.meta["history"]["steps"])
+    from sim.hw.engine import HwEngine
+
+    eng = HwEngine(saved.config)
+    eng.load_state_dict(saved.engine_state)  # validated whole
+    assert int(eng.state_dict()["steps"]) == saved.step
+    assert not list(tmp_path.rglob("*.tmp"))
