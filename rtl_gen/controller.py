@@ -41,6 +41,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from rtl_gen.regmap import Field, Register, RegisterMap
+from sim.hw_config import LAYER_FIELD_BITS
 
 from .buffers import SplitMemory
 from .shared import layer_port, per_layer
@@ -69,7 +70,7 @@ STATES = ("idle", "upload", "forward", "loss", "backward", "update", "readback",
 
 
 def build_regmap(*, name: str, layers: int, batch: int, classes: int, input_int8: bool, optimizer: str,
-                 quantity_kinds: int, layer_bits: int = 4) -> RegisterMap:
+                 quantity_kinds: int, layer_bits: int = LAYER_FIELD_BITS) -> RegisterMap:
     """The accelerator's register map (12-bit address space: one 4 KiB AXI window)."""
     if not 1 <= layers < (1 << layer_bits):
         raise ValueError(f"layers = {layers} does not fit the {layer_bits}-bit layer field")

@@ -245,6 +245,24 @@ def check_memory_budget(cfg, device: str = "xc7z020") -> dict:
     return rep
 
 
+#: ``hw`` fields that the generated units bound by widths derived from the whole configuration (a divider
+#: resolves at most its quotient's bits per cycle); their units raise ValueError naming the bare field
+_UNIT_BOUNDED_FIELDS = ("div_steps", "mul_steps")
+
+
+def _unit_checked(build, plan):
+    """``build(plan)``, with a unit's refusal of a bounded ``hw`` field turned into a ConfigError naming it."""
+    from sim.schema import ConfigError
+
+    try:
+        return build(plan)
+    except ValueError as e:
+        field = next((f for f in _UNIT_BOUNDED_FIELDS if str(e).startswith(f"{f} ")), None)
+        if field is None:
+            raise
+        raise ConfigError(f"hw.{e} for this configuration's widths (docs/arithmetic.md)") from None
+
+
 def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=print, force: bool = True) -> dict:
     """Write the accelerator for ``cfg`` to ``out_dir``: ``<top>.v``, ``regmap.json``, ``accelerator.json``
     (the host description), ``config.toml``, ``report.txt`` and ``report.json`` (cycles per step and per
@@ -253,10 +271,11 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
     top level's submodules synthesised one by one, :func:`rtl_gen.synth.synthesize_units`, for designs whose
     whole-design synthesis takes hours). Returns the report dict.
 
-    Nothing is created until the design is known to be buildable: the output folder is checked
-    (:func:`check_out_dir`; ``force=False`` refuses a non-empty one, as ``xnortrain generate`` does without
-    ``--force``), the memory budget (:func:`check_memory_budget`, raises ``DoesNotFitError``) and the plan
-    (:class:`rtl_gen.top.SystemPlan`, raises ``ConfigError``) come first."""
+    Nothing is created until the design is built: the output folder is checked first (:func:`check_out_dir`;
+    ``force=False`` refuses a non-empty one, as ``xnortrain generate`` does without ``--force``), then the memory
+    budget (:func:`check_memory_budget`, raises ``DoesNotFitError`` before any elaboration), the plan
+    (:class:`rtl_gen.top.SystemPlan`) and the units' geometries (the cycle model; both raise ``ConfigError``), and
+    the elaboration; the folder is created after that."""
     import time
 
     out = check_out_dir(out_dir, force=force)
@@ -265,19 +284,18 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
     from .top import Accelerator, SystemPlan
 
     plan = SystemPlan(cfg)
-    out.mkdir(parents=True, exist_ok=True)
+    cyc = _unit_checked(step_cycles, plan)  # builds every unit's geometry: refuses what the units cannot be
     log(f"elaborating {plan.name}: {len(plan.layers)} layers, batch {plan.batch} (a minute or more for large "
         f"designs) ...")
     t0 = time.monotonic()
-    acc = Accelerator(plan)
-    verilog = acc.verilog()
+    verilog = _unit_checked(lambda p: Accelerator(p).verilog(), plan)
     log(f"  Verilog: {verilog.count(chr(10)):,} lines in {time.monotonic() - t0:.0f} s")
+    out.mkdir(parents=True, exist_ok=True)  # only now: a refused configuration leaves nothing behind
     (out / f"{plan.name}.v").write_text(verilog)
     plan.regmap.write_json(out / "regmap.json")
     (out / "regmap.md").write_text(plan.regmap.to_markdown())
     plan.description().write_json(out / "accelerator.json")
     (out / "config.toml").write_text(cfg.to_toml())
-    cyc = step_cycles(plan)
     report = {
         "name": plan.name,
         "config": cfg.name,

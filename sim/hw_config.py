@@ -18,13 +18,17 @@ from dataclasses import dataclass
 
 from .schema import ConfigError, opt
 
-__all__ = ["HW_OPTIMIZERS", "STREAM_BITS", "HwConfig", "LayerLanes", "layer_lanes"]
+__all__ = ["HW_OPTIMIZERS", "LAYER_FIELD_BITS", "STREAM_BITS", "HwConfig", "LayerLanes", "layer_lanes"]
 
 HW_OPTIMIZERS = ("switch", "bop", "iir", "sgd")
 
 #: bits of one beat of the accelerator's host streams (``rtl_gen.buffers.BEAT_BITS``): an engine word of
 #: ``lanes_in`` bits must split into beats or be made of whole beats
 STREAM_BITS = 32
+
+#: bits of the register-map fields that number a weight layer (``rtl_gen.controller.build_regmap``): the
+#: generated RTL holds at most ``2**LAYER_FIELD_BITS - 1`` weight layers
+LAYER_FIELD_BITS = 4
 
 
 @dataclass
@@ -178,13 +182,16 @@ def layer_lanes(cfg) -> list[LayerLanes]:
     checking that they fit together: engine words split into or are made of 32-bit beats, each layer's
     channels per beat pack into the next layer's words and cut evenly into its dX beats, the generators'
     ``rng_block`` holds whole words, ``update_lanes`` divides the words, ``loss_lanes`` and ``po2_lanes``
-    divide the channels per beat. Raises :class:`ConfigError` naming the ``hw`` field. Shared by the
-    configuration's validation (so ``xnortrain config`` refuses what ``generate`` would) and
-    ``rtl_gen.top.SystemPlan``."""
+    divide the channels per beat, at most 15 weight layers (:data:`LAYER_FIELD_BITS`). Raises
+    :class:`ConfigError` naming the field. Shared by the configuration's validation (so ``xnortrain config``
+    refuses what ``generate`` would) and ``rtl_gen.top.SystemPlan``."""
     h = cfg.hw
     _divides_or_multiple_of_beat("hw.lanes_in", h.lanes_in)
     wl = cfg.weight_layers()
     L = len(wl)
+    if L >= 1 << LAYER_FIELD_BITS:
+        raise ConfigError(f"model.layers: {L} weight layers; the generated RTL numbers layers in a "
+                          f"{LAYER_FIELD_BITS}-bit register field, at most {(1 << LAYER_FIELD_BITS) - 1} layers")
     lis = []
     for s in wl:
         n_in = s.weight_shape[0]

@@ -189,3 +189,16 @@ def test_version_falls_back_to_pyproject_when_not_installed(monkeypatch):
     monkeypatch.setattr(importlib.metadata, "version", missing)
     root = Path(__file__).resolve().parents[2]
     assert cli.package_version() == tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
+
+
+@pytest.mark.parametrize("field", ["div_steps", "mul_steps"])
+def test_generate_refuses_unit_bounded_fields_before_elaborating_and_creates_nothing(tmp_path, capsys, field):
+    """div_steps / mul_steps are bounded by the widths the units derive from the whole configuration (quotient
+    and multiplier bits): refused from the cycle model's unit geometries, naming the hw field, with no folder."""
+    out = tmp_path / "acc"
+    small = ['model.layers=[{type="dense",units=8},{type="dense",units=10}]', "train.batch_size=2",
+             "hw.lanes_in=32", "hw.lanes_out=8", "hw.update_lanes=8", f"hw.{field}=64"]
+    assert main(["generate", "--no-synth", "--out", str(out), *[a for s in small for a in ("--set", s)]]) == 2
+    line = _one_error_line(capsys)
+    assert f"hw.{field} must be an integer in 1.." in line and "not 64" in line, line
+    assert not out.exists()

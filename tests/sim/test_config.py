@@ -245,3 +245,14 @@ def test_unknown_keys_with_odd_names_give_one_line():
         with pytest.raises(ConfigError) as err:
             config_from_dict({"preset": "mlp", "train": {key: 1}})
         assert "\n" not in str(err.value) and repr(key) in str(err.value)
+
+
+def test_the_rtls_layer_count_is_checked_when_the_configuration_loads():
+    from sim.hw_config import LAYER_FIELD_BITS
+
+    most = (1 << LAYER_FIELD_BITS) - 1
+    layers = ",".join(['{type="dense",units=8}'] * (most - 1) + ['{type="dense",units=10}'])
+    assert len(apply_overrides(load_config("mlp"), [f"model.layers=[{layers}]"]).weight_layers()) == most
+    layers = '{type="dense",units=8},' + layers
+    with pytest.raises(ConfigError, match=f"model.layers: {most + 1} weight layers; .* at most {most} layers"):
+        apply_overrides(load_config("mlp"), [f"model.layers=[{layers}]"])
