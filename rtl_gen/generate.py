@@ -200,14 +200,16 @@ class OutputFolderError(ValueError):
 
 def check_out_dir(out_dir, *, force: bool = False) -> Path:
     """The output folder of :func:`generate`, checked without creating anything: refused when it is a file,
-    when a part of its path is a file, or (unless ``force``) when it already holds files, e.g. the
-    ``accelerator.json`` of a built bitstream."""
+    when a part of its path is a file, when it (or the nearest existing folder above it) is not writable, or
+    (unless ``force``) when it already holds files, e.g. the ``accelerator.json`` of a built bitstream."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise OutputFolderError(f"--out {out}: is a file; give a folder")
     existing = next((p for p in (out, *out.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
         raise OutputFolderError(f"--out {out}: {existing} is a file, not a folder")
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        raise OutputFolderError(f"--out {out}: folder {existing} is not writable")
     if out.is_dir() and not force and any(out.iterdir()):
         names = sorted(p.name for p in out.iterdir())
         shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")

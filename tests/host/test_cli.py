@@ -202,3 +202,14 @@ def test_generate_refuses_unit_bounded_fields_before_elaborating_and_creates_not
     line = _one_error_line(capsys)
     assert f"hw.{field} must be an integer in 1.." in line and "not 64" in line, line
     assert not out.exists()
+
+
+def test_generate_refuses_an_out_folder_it_cannot_write_before_elaborating(tmp_path, capsys, monkeypatch):
+    import os
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **k: False if Path(p) == locked else real(p, mode, **k))
+    assert main(["generate", "--no-synth", "--out", str(locked / "acc")]) == 2
+    assert f"--out {locked / 'acc'}: folder {locked} is not writable" in _one_error_line(capsys)
