@@ -2,18 +2,15 @@
 """rtl_gen.rng: jump matrices, geometry and order, and the cocotb/Verilator check of RngEngine against
 sim.hw.rng.RngBank (sequence, host seeding and read-back, exact cycle count)."""
 
-import hashlib
-import importlib.metadata
 import json
 import os
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from rtl_gen.rng import RngEngine, RngGeometry, jump_rows, layer_offset
-from rtl_gen.toolchain import REPO_ROOT, build_root, run_cocotb, to_verilog
+from rtl_gen.toolchain import run_cocotb, to_verilog
 from rtl_gen.weight_memory import SweepGeometry
 from rtl_gen.xnor_engine import XnorGeometry
 from sim.config import apply_overrides, load_config
@@ -30,33 +27,6 @@ def small_config(**overrides):
     }
     d.update(overrides)
     return d
-
-
-VERILOG_SOURCES = [  # what the generated Verilog depends on (with sim/hw, configs and this file)
-    "rtl_gen/po2_backward.py",
-    "rtl_gen/weight_memory.py",
-    "rtl_gen/rng.py",
-    "rtl_gen/xnor_engine.py",
-    "rtl_gen/streams.py",
-    "sim/config.py",
-    "sim/hw_config.py",
-    "sim/schema.py",
-]
-
-
-def cached_verilog(name: str, make, key: dict) -> str:
-    """Verilog of ``make()``, cached under the build folder by the sources it depends on and ``key``."""
-    h = hashlib.sha256(json.dumps(key, sort_keys=True).encode())
-    h.update(importlib.metadata.version("amaranth").encode())
-    sources = [REPO_ROOT / name for name in VERILOG_SOURCES] + [Path(__file__)]
-    sources += sorted((REPO_ROOT / "sim" / "hw").glob("*.py")) + sorted((REPO_ROOT / "configs").glob("*.toml"))
-    for path in sources:
-        h.update(path.read_bytes())
-    path = build_root() / "verilog" / f"{name}-{h.hexdigest()[:16]}.v"
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(make())
-    return path.read_text()
 
 
 # --- pure Python ------------------------------------------------------------------------------------------
@@ -225,7 +195,7 @@ def test_rng_engine_rtl(case, request):
         return to_verilog(eng, "rng_engine", emit_src=False)
 
     run = run_cocotb(
-        verilog=cached_verilog(name, make, params),
+        verilog=make(),  # afresh: the build is keyed on the Verilog text
         toplevel="rng_engine",
         test_module="rng_tb",
         name=name,
