@@ -32,8 +32,8 @@ quotients: each dividend is first saturated and offset so that the quotient is a
 shift (``floor(u / (d 2^f)) = floor(floor(u / 2^f) / d)``).
 
 Schedule of :class:`BnBackwardUnit`: PASS1 ``dx`` (B*G beats): ``P1``, ``P2``; EPI per channel (``alpha``
-consumed and kept): one ``p1`` beat; PASS2 ``dx_replay`` (B*G beats): ``alpha_q P2`` (one multiplier per
-pass-2 lane) and ``Q`` out.
+consumed and kept with its zero-scale flag): one ``p1`` beat; PASS2 ``dx_replay`` (B*G beats): ``alpha_q P2``
+(one multiplier per pass-2 lane) and ``Q`` out (0 for every sample of a flagged channel).
 
 Cycle models (no input stalls, no output backpressure, replay and per-channel inputs offered whenever the
 unit is ready): :meth:`BnForwardUnit.cycles`, :meth:`BnBackwardUnit.cycles`.
@@ -250,6 +250,12 @@ class BnLayer:
     @property
     def p1_layout(self) -> data.StructLayout:
         return data.StructLayout({"p1": signed(self.widths["P"]), "last": 1})
+
+    @property
+    def alpha_layout(self) -> data.StructLayout:
+        """Per channel, for the backward pass: ``alpha_q`` (from bit 0), then ``zero`` (the batch l1 scale ``S``
+        was 0: the channel passes no gradient)."""
+        return data.StructLayout({"alpha_q": unsigned(self.widths["alpha_q"]), "zero": 1})
 
 
 def merge_bounds(layers, *, channels: int | None = None) -> BnLayer:
@@ -870,7 +876,8 @@ def backward_cycles(layer: BnLayer, pass2_lanes: int | None = None) -> dict[str,
 
 class BnBackwardUnit(wiring.Component):
     """:func:`sim.hw.arith.bn_backward` for one layer: ``P1 = sum dx``, ``P2 = sum dx x_hat`` per channel and
-    ``Q_b = 2^Fa (B dx_b - P1) - alpha_q P2 x_hat_b`` per element.
+    ``Q_b = 2^Fa (B dx_b - P1) - alpha_q P2 x_hat_b`` per element, and ``Q_b = 0`` for a channel whose ``alpha``
+    beat carries the zero-scale flag (``S = 0``; the ``zero`` argument of the golden function).
 
     Parameters (keyword-only): ``layer`` (:class:`BnLayer`; the ``dx`` width is the layer's
     ``sim.hw.widths`` bound: the loss gradient for the output layer, ``dX`` above times the mask otherwise);
@@ -881,7 +888,8 @@ class BnBackwardUnit(wiring.Component):
     Ports:
         dx: ``In(stream.Signature(layer.dx_layout))`` pass 1: ``dx`` and the retained ``x_hat`` bits.
         dx_replay: ``In(stream.Signature(layer.dx_layout))`` pass 2: the same beats again.
-        alpha: ``In(stream.Signature(unsigned(alpha_q width)))`` ``alpha_q`` per channel, consumed in EPI.
+        alpha: ``In(stream.Signature(layer.alpha_layout))`` per channel, consumed in EPI: ``alpha_q`` and above
+            it the ``zero`` flag (the forward pass had ``S = 0``).
         p1: ``Out(stream.Signature(layer.p1_layout))`` ``P1`` (= dbeta) per channel, in EPI.
         q: ``Out(stream.Signature(layer.q_layout))`` pass 2 (padding lanes 0).
         phase: ``Out(2)``: 0 PASS1, 1 EPI, 2 PASS2.
@@ -908,7 +916,7 @@ class BnBackwardUnit(wiring.Component):
                 **layer_port(len(self._channels)),
                 "dx": In(stream.Signature(layer.dx_layout)),
                 "dx_replay": In(stream.Signature(layer.dx_layout)),
-                "alpha": In(stream.Signature(unsigned(layer.widths["alpha_q"]))),
+                "alpha": In(stream.Signature(layer.alpha_layout)),
                 "p1": Out(stream.Signature(layer.p1_layout)),
                 "q": Out(stream.Signature(layer.q_layout)),
                 "phase": Out(2),
@@ -942,16 +950,23 @@ class BnBackwardUnit(wiring.Component):
 
         p_shape = signed(w["P"])
         k_shape = signed(lay.k2_width)  # alpha_q P2, formed in pass 2 from the stored P2 and alpha_q
-        a_shape = unsigned(w["alpha_q"])
+        a_shape = lay.alpha_layout  # alpha_q and the zero-scale flag
         m.submodules.p1_mem = p1_mem = Memory(shape=data.ArrayLayout(p_shape, L), depth=G, init=[])
         m.submodules.p2_mem = p2_mem = Memory(shape=data.ArrayLayout(p_shape, L), depth=G, init=[])
         p1_rd, p1_wr = p1_mem.read_port(), p1_mem.write_port()
         p2_rd, p2_wr = p2_mem.read_port(), p2_mem.write_port()
-        # alpha_q per channel, written lane by lane in EPI, read with the group's P1 / P2 words in pass 2
+        # alpha_q and the zero flag per channel, written lane by lane in EPI, read with the group's P1 / P2 words in
+        # pass 2
         m.submodules.a_mem = a_mem = Memory(shape=data.ArrayLayout(a_shape, L), depth=G, init=[])
         a_rd, a_wr = a_mem.read_port(), a_mem.write_port(granularity=1)
 
-        m.submodules.q_queue = q_queue = StreamRegister(shape=lay.q_layout)
+        # the q output register: a one-entry stream register (as StreamRegister) whose payload has no reset, so
+        # that clearing a lane (padding, or a zero-scale channel: Q = 0) is the flip-flops' synchronous reset
+        q_full = Signal()
+        q_in_ready = Signal()
+        q_load = Signal()
+        q_reg = Signal(data.ArrayLayout(signed(w["Q"]), L), reset_less=True)
+        q_last = Signal(reset_less=True)
         pl = self._pass2_lanes
         parts = L // pl
         adv = Signal()
@@ -971,7 +986,7 @@ class BnBackwardUnit(wiring.Component):
         cnt = _BeatCounter(m, ch, B, accept, "in")
         hazard = _raw_hazard(ch, s1_valid)  # pass 1 only: pass 2 writes no accumulator
         m.d.comb += [
-            adv.eq(~(s1_valid & (phase == PASS2)) | (q_queue.i.ready & last_pp)),
+            adv.eq(~(s1_valid & (phase == PASS2)) | (q_in_ready & last_pp)),
             self.dx.ready.eq((phase == PASS1) & ~in_done & adv & ~hazard),
             self.dx_replay.ready.eq((phase == PASS2) & ~in_done & adv),
             accept.eq((self.dx.valid & self.dx.ready) | (self.dx_replay.valid & self.dx_replay.ready)),
@@ -1012,7 +1027,6 @@ class BnBackwardUnit(wiring.Component):
         part_p1 = Signal(data.ArrayLayout(p_shape, pl))
         part_p2 = Signal(data.ArrayLayout(p_shape, pl))
         part_a = Signal(data.ArrayLayout(a_shape, pl))
-        part_real = Signal(pl)
         real_all = Signal(L)
         m.d.comb += real_all.eq(Cat(ch.real(lane, s1_last_group) for lane in range(L)))
         with m.Switch(pp):
@@ -1023,17 +1037,16 @@ class BnBackwardUnit(wiring.Component):
                         part_xh.eq(s1.x_hat.word_select(pi, pl)),
                         part_p1.as_value().eq(p1_rd.data.as_value().word_select(pi, pl * p_shape.width)),
                         part_p2.as_value().eq(p2_rd.data.as_value().word_select(pi, pl * p_shape.width)),
-                        part_a.as_value().eq(a_rd.data.as_value().word_select(pi, pl * a_shape.width)),
-                        part_real.eq(real_all.word_select(pi, pl)),
+                        part_a.as_value().eq(a_rd.data.as_value().word_select(pi, pl * a_shape.size)),
                     ]
         q_part = Signal(data.ArrayLayout(signed(w["Q"]), pl))
         for lane in range(pl):
             k2 = Signal(k_shape, name=f"k2_{lane}")  # alpha_q P2: a multiplier per part lane (DSP48)
             q = Signal(signed(w["Q"]), name=f"q{lane}")
             m.d.comb += [
-                k2.eq(part_a[lane] * part_p2[lane]),
+                k2.eq(part_a[lane].alpha_q * part_p2[lane]),
                 q.eq(((mul_const(part_dx[lane], B) - part_p1[lane]) << fa) - Mux(part_xh[lane], k2, -k2)),
-                q_part[lane].eq(Mux(part_real[lane], q, 0)),
+                q_part[lane].eq(q),
             ]
         q_out = Signal(data.ArrayLayout(signed(w["Q"]), L))
         q_held = Signal(data.ArrayLayout(signed(w["Q"]), L))  # the beat's parts so far
@@ -1045,14 +1058,24 @@ class BnBackwardUnit(wiring.Component):
             with m.If(s1_valid & (phase == PASS2)):
                 m.d.sync += q_held.eq(q_out)
         m.d.comb += [
-            q_queue.i.valid.eq(s1_valid & (phase == PASS2) & last_pp),
-            q_queue.i.payload.q.eq(q_out),
-            q_queue.i.payload.last.eq(s1_last_group),
+            q_in_ready.eq(~q_full | self.q.ready),
+            q_load.eq(s1_valid & (phase == PASS2) & last_pp & q_in_ready),
+            self.q.valid.eq(q_full),
+            self.q.payload.q.eq(q_reg),
+            self.q.payload.last.eq(q_last),
             p1_wr.addr.eq(s1_g),
             p1_wr.data.eq(p1_new),
             p1_wr.en.eq(writes),
         ]
-        wiring.connect(m, q_queue.o, wiring.flipped(self.q))
+        with m.If(q_load):
+            m.d.sync += [q_full.eq(1), q_last.eq(s1_last_group)]
+        with m.Elif(self.q.ready):
+            m.d.sync += q_full.eq(0)
+        for lane in range(L):  # a padding lane or a channel of zero scale (S = 0) gives Q = 0
+            with m.If(q_load & (~real_all[lane] | a_rd.data[lane].zero)):
+                m.d.sync += q_reg[lane].eq(0)
+            with m.Elif(q_load):
+                m.d.sync += q_reg[lane].eq(q_out[lane])
         with m.If(in_pass & s1_valid & s1_last & adv):
             m.d.sync += [phase.eq(Mux(phase == PASS1, EPI, PASS1)), in_done.eq(0)]
 

@@ -209,6 +209,22 @@ def backward_batch(rng: np.random.Generator, lay: BnLayer, *, worst: bool = Fals
     return dx, xh, alpha
 
 
+def zero_scale_channels(rng: np.random.Generator, lay: BnLayer, xh: np.ndarray, *, p: float = 0.25) -> np.ndarray:
+    """Flags (bool ``[M]``) of channels whose forward pass had ``S = 0``, about ``p`` of them; their ``x_hat``
+    (in place) becomes constant over the batch, as the forward pass makes it (``sign(beta)``). Their ``Q`` must
+    be 0 whatever ``dx`` and ``alpha_q`` are."""
+    zero = rng.random(lay.channels) < p
+    for c in np.flatnonzero(zero):
+        xh[:, c] = rng.choice([-1, 1])
+    return zero
+
+
+def alpha_words(lay: BnLayer, alpha, zero) -> list[int]:
+    """The ``alpha`` stream's words: ``alpha_q`` and the zero-scale flag per channel (:attr:`BnLayer.alpha_layout`)."""
+    off = lay.alpha_layout["alpha_q"].offset
+    return [int(a) << off | int(bool(z)) << lay.alpha_layout["zero"].offset for a, z in zip(alpha, zero, strict=True)]
+
+
 # --- benches --------------------------------------------------------------------------------------------------
 
 
@@ -358,15 +374,16 @@ class BackwardTB(Bench):
         self.ports = StreamPorts(self, ["dx", "dx_replay", "alpha"], ["p1", "q"], p_idle=p_idle, p_stall=p_stall)
         self.np_rng = np.random.default_rng(self.rng.getrandbits(64))
 
-    async def run(self, dx, xh, alpha) -> tuple[np.ndarray, np.ndarray, int]:
-        """``(Q [B, M], P1 [M], cycles)``; cycles from the first ``dx`` transfer to the last ``q`` transfer."""
+    async def run(self, dx, xh, alpha, zero) -> tuple[np.ndarray, np.ndarray, int]:
+        """``(Q [B, M], P1 [M], cycles)``; cycles from the first ``dx`` transfer to the last ``q`` transfer.
+        ``zero``: the per-channel zero-scale flags sent with ``alpha``."""
         lay = LAYER
         junk = np.random.default_rng(int(self.rng.getrandbits(32)))
         words = beat_words(lay, lay.dx_layout, "dx", dx, lambda b, g: {"x_hat": bits_of(lay, xh, b, g, junk)})
         stamps = self.ports.stamps
         first = len(stamps["dx"])
         got = await self.ports.transfer(
-            {"dx": words, "dx_replay": words, "alpha": [int(v) for v in alpha]},
+            {"dx": words, "dx_replay": words, "alpha": alpha_words(lay, alpha, zero)},
             {"p1": lay.channels, "q": lay.beats},
             max_cycles=30 * MODEL["total"] + 2000,
         )
@@ -380,8 +397,8 @@ class BackwardTB(Bench):
         return q[:, :M], np.array([int(v.p1) for v in p1s], dtype=object), cycles
 
     @staticmethod
-    def compare(dx, xh, alpha, q, p1) -> None:
-        want_q, want_p1 = bn_backward(dx, xh, alpha, LAYER.params)
+    def compare(dx, xh, alpha, zero, q, p1) -> None:
+        want_q, want_p1 = bn_backward(dx, xh, alpha, LAYER.params, zero)
         bad = np.argwhere(np.asarray(q != want_q.astype(object)))
         assert not len(bad), f"Q: {len(bad)} of {q.size} differ; first {bad[:4].tolist()}"
         assert list(p1) == [int(v) for v in want_p1], "P1 differs"
@@ -450,21 +467,24 @@ async def test_bwd_full_rate(dut):
     model = MODEL["total"]
     for _ in range(BATCHES):
         dx, xh, alpha = backward_batch(tb.np_rng, LAYER)
-        q, p1, cycles = await tb.run(dx, xh, alpha)
-        tb.compare(dx, xh, alpha, q, p1)
+        zero = zero_scale_channels(tb.np_rng, LAYER, xh)
+        q, p1, cycles = await tb.run(dx, xh, alpha, zero)
+        tb.compare(dx, xh, alpha, zero, q, p1)
         assert cycles == model, f"batch took {cycles} cycles, model {model}"
     record("backward", cycles, MODEL)
 
 
 @cocotb.test(skip=_skip_unless("backward"))
 async def test_bwd_worst_cases(dut):
-    """dx at its bound aligned with x_hat and alpha at its bound (largest P1, P2, Q); all-masked channels."""
+    """dx at its bound aligned with x_hat and alpha at its bound (largest P1, P2, Q); all-masked channels; then
+    every channel of zero scale (a degenerate batch: Q = 0 everywhere, P1 as usual)."""
     tb = BackwardTB(dut)
     await tb.reset()
-    for _ in range(2 if BATCHES > 1 else 1):
+    for i in range(3 if BATCHES > 1 else 2):
         dx, xh, alpha = backward_batch(tb.np_rng, LAYER, worst=True)
-        q, p1, cycles = await tb.run(dx, xh, alpha)
-        tb.compare(dx, xh, alpha, q, p1)
+        zero = zero_scale_channels(tb.np_rng, LAYER, xh, p=1.0 if i == 1 else 0.0)
+        q, p1, cycles = await tb.run(dx, xh, alpha, zero)
+        tb.compare(dx, xh, alpha, zero, q, p1)
         assert cycles == MODEL["total"]
 
 
@@ -476,6 +496,7 @@ async def test_bwd_under_stress(dut, stress):
     await tb.reset()
     for i in range(max(BATCHES // 2, 1)):
         dx, xh, alpha = backward_batch(tb.np_rng, LAYER, worst=i % 2 == 1)
-        q, p1, cycles = await tb.run(dx, xh, alpha)
-        tb.compare(dx, xh, alpha, q, p1)
+        zero = zero_scale_channels(tb.np_rng, LAYER, xh)
+        q, p1, cycles = await tb.run(dx, xh, alpha, zero)
+        tb.compare(dx, xh, alpha, zero, q, p1)
         assert cycles >= MODEL["total"]

@@ -189,7 +189,8 @@ def test_forward_in_amaranth_simulator(geo):
 
 @pytest.mark.parametrize("pass2_lanes", [None, 1])
 def test_backward_in_amaranth_simulator(pass2_lanes):
-    """Random stalls and backpressure; ``pass2_lanes = 1`` computes each 2-lane Q beat in two parts."""
+    """Random stalls and backpressure; ``pass2_lanes = 1`` computes each 2-lane Q beat in two parts. Channels 2
+    and 4 had ``S = 0`` in the forward pass: their ``Q`` is 0 (``P1`` as usual)."""
     lay = BnLayer.from_config(small_config(5, 5, 7), 0, lanes=2)
     rng = np.random.default_rng(2)
     b, m = lay.batch, lay.channels
@@ -197,6 +198,9 @@ def test_backward_in_amaranth_simulator(pass2_lanes):
     dx[:, 1] = 0  # all masked: Q = 0
     xh = rng.choice([-1, 1], (b, m))
     alpha = rng.integers(0, lay.bounds.alpha_q + 1, m)
+    zero = np.array([False, False, True, False, True])
+    xh[:, 2], xh[:, 4] = 1, -1  # x_hat of a zero-scale channel is sign(beta) for every sample
+    alpha_items = [{"zero": int(z), "alpha_q": int(a)} for a, z in zip(alpha, zero, strict=True)]
     dut = BnBackwardUnit(layer=lay, pass2_lanes=pass2_lanes)
     coin = random.Random(5)
 
@@ -212,7 +216,7 @@ def test_backward_in_amaranth_simulator(pass2_lanes):
             # the output readies first: an input's ready may depend on them in the same cycle
             ctx.set(dut.q.ready, coin.random() >= 0.4)
             ctx.set(dut.p1.ready, coin.random() >= 0.4)
-            sources = ((dut.dx, words), (dut.dx_replay, words), (dut.alpha, [int(v) for v in alpha]))
+            sources = ((dut.dx, words), (dut.dx_replay, words), (dut.alpha, alpha_items))
             for k, (port, items) in enumerate(sources):
                 n[k] += _drive(ctx, port, items, n[k], coin, 0.3)
             if ctx.get(dut.q.ready) and ctx.get(dut.q.valid):
@@ -225,7 +229,8 @@ def test_backward_in_amaranth_simulator(pass2_lanes):
     sim.add_clock(1e-8)
     sim.add_testbench(bench)
     sim.run()
-    q, p1 = bn_backward(dx, xh, alpha, lay.params)
+    q, p1 = bn_backward(dx, xh, alpha, lay.params, zero)
+    assert not q[:, zero].any() and q[:, ~zero].any()
     assert (np.array(qs).reshape(b, -1)[:, :m] == q).all() and p1s == p1.tolist()
 
 
