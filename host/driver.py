@@ -701,13 +701,16 @@ class StepResult:
     """What one training step reports: ``loss`` (computed by the host from the read-back logits, as the
     bit-exact model does), ``correct``, ``cycles`` (measured by the accelerator from the train command
     to its completion), ``logits`` (int64 ``[B, classes]`` in Q.logit_frac), ``undone`` (``hw.switch_undo``:
-    the update was reverted because the re-run's loss rose)."""
+    the update was reverted because the re-run's loss rose), ``loss_q`` (the accelerator's own integer loss
+    of the batch from its loss unit, the quantity ``switch_undo`` compares: :meth:`sim.hw.model.HwModel._loss_q`,
+    ``StepTrace.loss_q``)."""
 
     loss: float
     correct: int
     cycles: int
     logits: np.ndarray
     undone: bool = False
+    loss_q: int = 0
 
 
 class Driver:
@@ -952,15 +955,17 @@ class Driver:
     def schedule_words(self, lr: float, progress: float, lr0: float | None) -> dict:
         """Per-step constants of the hardware optimiser (docs/arithmetic.md, "Update"), computed with
         :mod:`sim.hw.optim` as the bit-exact model does: ``sched`` register fields ``lr_shift``
-        (round(-log2 lr): beta and sgd) and ``opt_shift`` (bop's EMA shift or iir's alpha shift at this point
-        of the schedule), and for the switch optimiser its probability table ``switch_table`` (written to
-        every layer's weight memory when it changes)."""
+        (round(-log2 lr): beta and sgd), ``opt_shift`` (bop's EMA shift or iir's alpha shift at this point
+        of the schedule) and ``switch_gate`` (``switch_gate(lr / lr0)``: the switch accumulators take their
+        increment only where ``(u & 0xFFFF) < gate``; 65536 = always), and for the switch optimiser its
+        probability table ``switch_table`` (the configured lambda, not scaled by the schedule; written to every
+        layer's weight memory when it changes, i.e. once)."""
         from sim.hw import optim as O
 
         s = self.desc.schedule
         lr0 = float(s.get("lr0", lr)) if lr0 is None else float(lr0)
         ratio = lr / lr0 if lr0 > 0 else 1.0
-        out = {"lr_shift": min(O.lr_shift(lr), 63), "opt_shift": 0}
+        out = {"lr_shift": min(O.lr_shift(lr), 63), "opt_shift": 0, "switch_gate": 1 << O.PROB_BITS}
         opt = s.get("optimizer", "switch")
         if opt == "bop":
             out["opt_shift"] = min(int(s["bop_shift"]) + O.ratio_shift(ratio), 16)
@@ -973,9 +978,10 @@ class Driver:
         elif opt == "sgd":
             out["opt_shift"] = min(O.lr_shift(lr), 63)
         elif opt == "switch":
-            lam = float(s["switch_lambda"]) * min(ratio, 1.0)
+            out["switch_gate"] = O.switch_gate(ratio)
             out["switch_table"] = tuple(int(v) for v in O.switch_table(int(s["switch_cutoff"]),
-                                                                        float(s["switch_sigma"]), lam))
+                                                                        float(s["switch_sigma"]),
+                                                                        float(s["switch_lambda"])))
         return out
 
     def _set_schedule(self, lr: float, progress: float, lr0: float | None) -> Program:
@@ -1001,10 +1007,14 @@ class Driver:
         cycles = (yield from self._read_fields("cycles"))["value"]
         correct = (yield from self._read_fields("correct"))["value"]
         undone = (yield from self._read_fields("undone"))["value"]
+        loss_q = (yield from self._read_fields("loss"))["value"]
+        if "loss_hi" in self.map:  # an integer loss wider than one register
+            loss_q |= (yield from self._read_fields("loss_hi"))["value"] << 32
         logits = yield from self._readback(self.desc.quantity("logits", len(self.desc.layers) - 1))
         p = ArithParams(**self.desc.schedule.get("arith", {}))
         _, loss, _ = loss_grad(logits, labels, p)
-        return StepResult(loss=loss, correct=int(correct), cycles=int(cycles), logits=logits, undone=bool(undone))
+        return StepResult(loss=loss, correct=int(correct), cycles=int(cycles), logits=logits, undone=bool(undone),
+                          loss_q=int(loss_q))
 
     def _readback(self, q: QuantityLayout) -> Program:
         if q.access == "wo":

@@ -41,6 +41,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from rtl_gen.regmap import Field, Register, RegisterMap
+from sim.hw.optim import PROB_BITS
 from sim.hw_config import LAYER_FIELD_BITS
 
 from .buffers import SplitMemory
@@ -70,8 +71,9 @@ STATES = ("idle", "upload", "forward", "loss", "backward", "update", "readback",
 
 
 def build_regmap(*, name: str, layers: int, batch: int, classes: int, input_int8: bool, optimizer: str,
-                 quantity_kinds: int, layer_bits: int = LAYER_FIELD_BITS) -> RegisterMap:
-    """The accelerator's register map (12-bit address space: one 4 KiB AXI window)."""
+                 quantity_kinds: int, layer_bits: int = LAYER_FIELD_BITS, loss_bits: int = 32) -> RegisterMap:
+    """The accelerator's register map (12-bit address space: one 4 KiB AXI window). ``loss_bits``: width of the
+    loss unit's integer loss (``loss``, and ``loss_hi`` for the bits above 32)."""
     if not 1 <= layers < (1 << layer_bits):
         raise ValueError(f"layers = {layers} does not fit the {layer_bits}-bit layer field")
     if optimizer not in OPTIMIZER_CODES:
@@ -102,6 +104,8 @@ def build_regmap(*, name: str, layers: int, batch: int, classes: int, input_int8
         Register("sched", "rw", desc="per-step optimiser constants (host: Driver.schedule_words)", fields=[
             Field("lr_shift", 6, desc="round(-log2 lr): beta update (and sgd)"),
             Field("opt_shift", 6, desc="bop EMA shift / iir alpha shift at this point of the schedule"),
+            Field("switch_gate", PROB_BITS + 1, reset=1 << PROB_BITS,
+                  desc="switch: accumulate only where (u & 0xFFFF) < gate; switch_gate(lr / lr0), 65536 = always"),
         ]),
         Register("status", "ro", desc="controller state", fields=[
             Field("busy", 1, desc="a command is running"),
@@ -117,7 +121,10 @@ def build_regmap(*, name: str, layers: int, batch: int, classes: int, input_int8
         Register("correct", "ro", width=16, desc="correctly classified samples of the last step"),
         Register("undone", "ro", width=1,
                  desc="hw.switch_undo: the last step's weight update was reverted (the re-run's loss rose)"),
-    ]  # fmt: skip
+        Register("loss", "ro", width=min(loss_bits, 32),
+                 desc="the last step's integer loss from the loss unit (the switch_undo quantity), bits 0..31"),
+    ] + ([Register("loss_hi", "ro", width=loss_bits - 32, desc="the integer loss, bits 32 and above")]
+         if loss_bits > 32 else [])  # fmt: skip
     return RegisterMap(regs, name=name, addr_width=12)
 
 

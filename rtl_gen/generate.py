@@ -65,8 +65,14 @@ def _compile_flags(opt: str) -> list[str]:
 
 def run_system(cfg, *, mode: str = "train", steps: int = 1, data=None, stress: bool = False,
                name: str | None = None, lr: float | None = None, waves: bool = False, verbose: bool = False,
-               timeout_cycles: int | None = None, model_overrides: list[str] | None = None) -> dict:
+               timeout_cycles: int | None = None, model_overrides: list[str] | None = None,
+               lrs=None, progress=None, state=None) -> dict:
     """Build the accelerator for ``cfg`` and run ``sim/tb/system_tb.py`` in ``mode``; returns its report.
+
+    ``lr`` (one learning rate for every step) or ``lrs`` (one per step) and ``progress`` (one per step, the
+    iir alpha decay's position) give the schedule of ``mode="train"``, default the configuration's initial rate
+    at progress 0. ``state``: a :meth:`sim.hw.model.HwModel.state_dict` (e.g. of a model trained in Python) that
+    the run starts from, restored into the model and the accelerator, instead of the power-on state.
 
     ``model_overrides`` (for tests of the comparison itself) give the testbench's bit-exact model a configuration
     that differs from the hardware's by these ``key=value`` settings: a setting the datapath depends on must then
@@ -108,6 +114,15 @@ def run_system(cfg, *, mode: str = "train", steps: int = 1, data=None, stress: b
     params["timeout_cycles"] = timeout_cycles
     if lr is not None:
         params["lr"] = lr
+    for key, seq in (("lrs", lrs), ("progress", progress)):
+        if seq is not None:
+            if len(seq) != steps:
+                raise ValueError(f"{key}: {len(seq)} values for {steps} steps")
+            params[key] = [float(v) for v in seq]
+    if state is not None:
+        state_path = folder / f"state-{os.getpid()}.npz"
+        np.savez(state_path, **{k: np.asarray(v) for k, v in state.items()})
+        params["state"] = str(state_path)
     build_args = _compile_flags(SIM_OPT)
     try:
         run_cocotb(verilog=verilog, toplevel=plan.name, test_module="system_tb", name=f"system-{digest}",

@@ -67,7 +67,7 @@ from .controller import (
     bn_param_sizes,
     build_regmap,
 )
-from .loss_unit import LossGradUnit, OutputLogitUnit
+from .loss_unit import LossGradUnit, OutputGeometry, OutputLogitUnit
 from .po2_backward import Po2Backward, Po2Geometry, array_mode
 from .po2_unit import Po2Unit
 from .rng import RngEngine, RngGeometry
@@ -388,10 +388,15 @@ class SystemPlan:
                               reshape=(self.batch,), transpose=(0,))
 
     @property
+    def loss_bits(self) -> int:
+        """Width of the loss unit's integer loss (registers ``loss`` and, past 32 bits, ``loss_hi``)."""
+        return OutputGeometry.from_config(self.cfg, lanes=self.loss_lanes).loss_q_width
+
+    @property
     def regmap(self):
         return build_regmap(name=self.name, layers=len(self.layers), batch=self.batch, classes=self.classes,
                             input_int8=self.input_kind == "int8", optimizer=self.cfg.hw.optimizer,
-                            quantity_kinds=max(len(self.kinds), 2))
+                            quantity_kinds=max(len(self.kinds), 2), loss_bits=self.loss_bits)
 
     def description(self) -> AcceleratorDescription:
         h = self.cfg.hw
@@ -789,6 +794,7 @@ class Accelerator(wiring.Component):
         steps = Signal(32)
         correct = Signal(16)
         self._loss_rose = Signal()  # switch_undo: the re-run's integer loss is above the first run's
+        self._loss_q = Signal(plan.loss_bits, name="loss_q")  # the step's integer loss (first run): register loss
         target_x = Signal()
         uploading = Signal()
         restoring = Signal()
@@ -812,9 +818,12 @@ class Accelerator(wiring.Component):
             regs.steps.value.eq(steps),
             regs.correct.value.eq(correct),
             regs.undone.value.eq(self._loss_rose),
+            regs.loss.value.eq(self._loss_q[:32]),
             self.irq.eq(Cat(*[getattr(regs.done, k) for k in done_set], *[getattr(regs.error, k) for k in err_set])
                         .any()),
         ]
+        if plan.loss_bits > 32:
+            m.d.comb += regs.loss_hi.value.eq(self._loss_q[32:])
         cmds = {c: getattr(regs.cmd, c) for c in ("upload", "train", "readback", "restore", "abort")}
         n_cmds = Signal(range(6))
         any_cmd = Signal()
@@ -1358,14 +1367,13 @@ class Accelerator(wiring.Component):
             m.d.sync += loss_done.eq(0)
         with m.Elif(loss.done):
             m.d.sync += loss_done.eq(1)
-            if plan.undo:
-                loss_first = Signal.like(loss.loss_q, name="loss_first")
+            if plan.undo:  # the loss register keeps the first run's loss, which the re-run's is compared with
                 with m.If(rerun):
-                    m.d.sync += self._loss_rose.eq(loss.loss_q > loss_first)
+                    m.d.sync += self._loss_rose.eq(loss.loss_q > self._loss_q)
                 with m.Else():
-                    m.d.sync += [loss_first.eq(loss.loss_q), self._loss_rose.eq(0), correct.eq(loss.correct)]
+                    m.d.sync += [self._loss_q.eq(loss.loss_q), self._loss_rose.eq(0), correct.eq(loss.correct)]
             else:
-                m.d.sync += correct.eq(loss.correct)
+                m.d.sync += [self._loss_q.eq(loss.loss_q), correct.eq(loss.correct)]
         return loss_done & (g_count == lp.beats)
 
     def _sub(self, name, unit):
@@ -1722,7 +1730,8 @@ class Accelerator(wiring.Component):
         m.d.comb += [tr.o.ready.eq(a & u.xdy.ready), w.grad.valid.eq(a & u.dw.valid), w.grad.payload.eq(u.dw.payload)]
         wiring.connect(m, g.u, w.rng)
         cmd_sent = Signal(name=f"upd_cmd_sent{j}")
-        m.d.comb += [w.cmd.valid.eq(a & ~cmd_sent), w.cmd.payload.op.eq(UPDATE), w.cmd.payload.shift.eq(sched_shift)]
+        m.d.comb += [w.cmd.valid.eq(a & ~cmd_sent), w.cmd.payload.op.eq(UPDATE), w.cmd.payload.shift.eq(sched_shift),
+                     w.cmd.payload.gate.eq(regs.sched.switch_gate)]
         settle = Signal(2, name=f"upd_settle{j}")
         with m.If(st):
             m.d.sync += [cmd_sent.eq(0), settle.eq(0)]

@@ -29,7 +29,8 @@ optimiser runs on them but they are not counted and their contents are unspecifi
 Commands (``cmd`` stream, accepted while idle): ``UPDATE`` consumes one gradient tile per bank row (the
 :func:`grad_layout` beat of :class:`rtl_gen.po2_backward.Po2Backward`, consumed at the row's last visit) and
 one random-number beat per visit (:class:`rtl_gen.rng.RngEngine`), and applies the configured optimiser
-exactly as :mod:`sim.hw.optim`; ``INIT`` is the power-on sweep of :meth:`sim.hw.model.HwModel.reset`
+exactly as :mod:`sim.hw.optim` (with the command's ``shift`` and, for switch, its accumulation ``gate``);
+``INIT`` is the power-on sweep of :meth:`sim.hw.model.HwModel.reset`
 (``w = +1`` iff the number's top bit is 0, sgd latent from its low bits, every other state 0; numbers only);
 ``UNDO`` (switch with ``hw.switch_undo``) copies the ``undo`` field, written with each weight's value before
 the last ``UPDATE``, back into the weight banks (no streams; accumulators are kept, as the contract says).
@@ -199,11 +200,12 @@ class OptimizerSpec:
     """The configured hardware optimiser's constants (from ``cfg.hw``; see :meth:`from_hw`).
 
     ``fields``: per-weight state fields ``(name, bits)`` in memory order (all signed except ``undo``).
-    The per-sweep values that follow the learning-rate schedule are not here: the switch table is written
-    through the host port, and the ``shift`` of the ``UPDATE`` command is ``bop``: the EMA shift
-    ``min(hw.bop_shift + ratio_shift(ratio), 16)``; ``iir``: the alpha shift
-    ``hw.iir_alpha_shift + decay``; ``sgd``: ``lr_shift(lr)`` clamped to 63 (what
-    :meth:`sim.hw.model.HwModel._update_weights` passes to :mod:`sim.hw.optim`).
+    The per-sweep values that follow the learning-rate schedule are not here; they come with the ``UPDATE``
+    command (what :meth:`sim.hw.model.HwModel._update_weights` passes to :mod:`sim.hw.optim`): its ``shift`` is
+    ``bop``: the EMA shift ``min(hw.bop_shift + ratio_shift(ratio), 16)``; ``iir``: the alpha shift
+    ``hw.iir_alpha_shift + decay``; ``sgd``: ``lr_shift(lr)`` clamped to 63; its ``gate`` (switch) is
+    ``switch_gate(ratio)`` in 1 .. 2^16: an accumulator takes its increment only where ``(u & 0xFFFF) < gate``
+    (2^16 = always). The switch table (the configured lambda, not scaled) is written through the host port.
     """
 
     kind: str
@@ -305,7 +307,7 @@ class WeightMemoryGeometry:
     def bank(self) -> XnorGeometry:
         return self.sweep.bank
 
-    cmd_layout = data.StructLayout({"op": 2, "shift": 6})
+    cmd_layout = data.StructLayout({"op": 2, "shift": 6, "gate": PROB_BITS + 1})
 
     @property
     def state_layout(self) -> data.StructLayout:
@@ -378,8 +380,8 @@ class WeightMemory(wiring.Component):
     selected layer. The switch table is one table for all layers (the contract has one).
 
     Ports:
-        cmd: ``In(stream.Signature(cmd_layout))`` ``op`` (INIT / UPDATE / UNDO), ``shift`` (6 bits, the
-            per-sweep value of :class:`OptimizerSpec`); accepted only while idle.
+        cmd: ``In(stream.Signature(cmd_layout))`` ``op`` (INIT / UPDATE / UNDO), ``shift`` (6 bits) and
+            ``gate`` (17 bits, switch), the per-sweep values of :class:`OptimizerSpec`; accepted only while idle.
         grad: ``In(stream.Signature(grad_layout(bank)))`` one tile per bank row (UPDATE).
         rng: ``In(stream.Signature(rng_layout(update_lanes)))`` one beat per visit (UPDATE, INIT).
         read: ``In(WeightReadSignature(bank))`` forward read port for an
@@ -482,6 +484,7 @@ class WeightMemory(wiring.Component):
         running = Signal()
         op = Signal(2)
         shift = Signal(6)
+        gate = Signal(PROB_BITS + 1)
         addr = Signal(range(mx(lambda x: x.bank.depth)))
         k = Signal(range(mx(lambda x: x.bank.words)))
         g = Signal(range(mx(lambda x: x.bank.groups)))
@@ -580,6 +583,7 @@ class WeightMemory(wiring.Component):
                 running.eq(1),
                 op.eq(self.cmd.payload.op),
                 shift.eq(self.cmd.payload.shift),
+                gate.eq(self.cmd.payload.gate),
                 addr.eq(0),
                 k.eq(0),
                 g.eq(0),
@@ -639,7 +643,7 @@ class WeightMemory(wiring.Component):
         new_state = {
             name: Signal(data.ArrayLayout(opt.field_shape(name), U), name=f"new_{name}") for name, _ in opt.fields
         }
-        self._datapath(m, s1_op, shift, w_old, s1_g, s1_u, st_rd, new_w, new_state, table_ports)
+        self._datapath(m, s1_op, shift, gate, w_old, s1_g, s1_u, st_rd, new_w, new_state, table_ports)
 
         # --- write-back (stage 1) ---
         s1_write = s1_valid & (s1_op != UNDO)
@@ -691,7 +695,7 @@ class WeightMemory(wiring.Component):
 
     # --- the four optimisers, per update lane ------------------------------------------------------------
 
-    def _datapath(self, m, op, shift, w_old, g, u, st_rd, new_w, new_state, table_ports):
+    def _datapath(self, m, op, shift, gate, w_old, g, u, st_rd, new_w, new_state, table_ports):
         opt = self._geometry.optimizer
         U = self._geometry.sweep.update_lanes
         kind = opt.kind
@@ -741,8 +745,9 @@ class WeightMemory(wiring.Component):
                 s = Signal(signed(len(acc) + 1), name=f"sum{j}")
                 acc1 = Signal(signed(len(acc)), name=f"acc{j}")
                 p = Signal(signed(len(acc) + 1), name=f"p{j}")
+                # the schedule's gate: the increment is taken only where (u & 0xFFFF) < gate
                 m.d.comb += [
-                    s.eq(acc + gj),
+                    s.eq(acc + Mux(r_lo < gate, gj, 0)),
                     acc1.eq(Mux(s > C, C, Mux(s < -C, -C, s))),
                     p.eq(Mux(w, acc1, -acc1)),
                     table_ports[j].addr.eq(p.as_unsigned()),

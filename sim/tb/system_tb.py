@@ -14,6 +14,10 @@ Parameters (``$XNT_TB_PARAMS``, JSON):
                  ``"errors"`` (the command checks) or ``"restore"`` (checkpoint, train, restore, train);
 ``report``       where to write the JSON report (cycles and first mismatch per step);
 ``lr``           learning rate of every step (default: the configuration's);
+``lrs``          per-step learning rates (a list, one per step; overrides ``lr``), e.g. a decayed schedule;
+``progress``     per-step training progress in [0, 1] (a list; the iir alpha decay follows it), default 0;
+``state``        path of an ``.npz`` with a :meth:`sim.hw.model.HwModel.state_dict` to start from (restored
+                 into the model and, through the driver, into the accelerator) instead of the power-on state;
 ``stress``       1: random idle/backpressure on the streams and random AXI-Lite delays.
 """
 
@@ -252,6 +256,8 @@ async def compare_state(tb: TB, step: int, trace=None, result=None) -> dict | No
             mm = {"quantity": "correct", "layer": None, "index": [], "expected": trace.correct, "got": result.correct}
         elif result.undone != trace.undone:
             mm = {"quantity": "undone", "layer": None, "index": [], "expected": trace.undone, "got": result.undone}
+        elif result.loss_q != trace.loss_q:  # the loss unit's own integer loss (the switch_undo comparison)
+            mm = {"quantity": "loss_q", "layer": None, "index": [], "expected": trace.loss_q, "got": result.loss_q}
         elif result.loss != trace.loss:
             mm = {"quantity": "loss", "layer": None, "index": [], "expected": trace.loss, "got": result.loss}
         elif not np.array_equal(result.logits, trace.logits_q):
@@ -261,10 +267,24 @@ async def compare_state(tb: TB, step: int, trace=None, result=None) -> dict | No
     return mm
 
 
-async def train_and_check(tb: TB, x, y, step: int, lr: float) -> dict:
+def state_at_limits(model) -> int:
+    """Per-weight optimiser state at the end of its range after a step: switch accumulators at the cut-off
+    ``|acc| = C`` and sgd latents at ``-2^Fc`` or ``2^Fc - 1`` (both saturate there), bop ``|m| = 2^F``, iir
+    ``|m| = 2^Fm`` or ``|G| = 2^FG`` (the ends of the EMAs' ranges)."""
+    h = model.h
+    limits = {"switch": {"acc": (-h.switch_cutoff, h.switch_cutoff)},
+              "bop": {"m": (-(1 << h.bop_frac_bits), 1 << h.bop_frac_bits)},
+              "iir": {"m": (-(1 << h.iir_m_frac_bits), 1 << h.iir_m_frac_bits),
+                      "g": (-(1 << h.iir_g_frac_bits), 1 << h.iir_g_frac_bits)},
+              "sgd": {"latent": (-(1 << (h.sgd_latent_bits - 1)), (1 << (h.sgd_latent_bits - 1)) - 1)}}[h.optimizer]
+    return sum(int(np.count_nonzero((a == lo) | (a == hi)))
+               for key, (lo, hi) in limits.items() for a in model.opt[key])
+
+
+async def train_and_check(tb: TB, x, y, step: int, lr: float, progress: float = 0.0) -> dict:
     t0 = time.perf_counter()
     try:
-        result = await tb.drv.train_step(x, y, lr=lr)
+        result = await tb.drv.train_step(x, y, lr=lr, progress=progress)
     except AcceleratorError as e:
         st = await tb.drv.status()
         entry = {"step": step, "cycles": None, "mismatch": {"quantity": "error", "layer": st["status"]["layer"],
@@ -274,11 +294,13 @@ async def train_and_check(tb: TB, x, y, step: int, lr: float) -> dict:
         tb.write_report()
         raise
     wall = time.perf_counter() - t0  # upload + step + result registers, in simulation
-    trace = tb.model.train_step(x, y, lr=lr)
+    trace = tb.model.train_step(x, y, lr=lr, progress=progress)
     mm = await compare_state(tb, step, trace, result)
     ends = [int(v) for v in np.asarray(await tb.drv.read("phase_cycles")).ravel()]  # cycle count at each phase end
     names = [f"{kind}{j}" for kind, j in SystemPlan(tb.cfg).phases()]
     entry = {"step": step, "cycles": int(result.cycles), "mismatch": mm, "loss": result.loss,
+             "loss_q": int(result.loss_q), "lr": lr, "progress": progress, "flips": int(trace.flips),
+             "at_limit": state_at_limits(tb.model),
              "correct": int(result.correct), "undone": bool(result.undone), "wall_s": round(wall, 3),
              "sim_cycles_per_s": round(int(result.cycles) / wall, 1),
              "phases": dict(zip(names, np.diff([0, *ends]).tolist(), strict=True))}
@@ -290,36 +312,48 @@ async def train_and_check(tb: TB, x, y, step: int, lr: float) -> dict:
     return entry
 
 
+def schedule(tb: TB, steps: int) -> list[tuple[float, float]]:
+    """``(lr, progress)`` of each step from the parameters ``lrs`` / ``lr`` and ``progress``."""
+    lrs = PARAMS.get("lrs") or [float(PARAMS.get("lr", tb.cfg.lr))] * steps
+    progress = PARAMS.get("progress") or [0.0] * steps
+    if len(lrs) != steps or len(progress) != steps:
+        raise ValueError(f"{steps} steps need {steps} learning rates and progress values, got {lrs} and {progress}")
+    return [(float(a), float(b)) for a, b in zip(lrs, progress, strict=True)]
+
+
 async def run_training(tb: TB, batches):
-    lr = float(PARAMS.get("lr", tb.cfg.lr))
+    if PARAMS.get("state"):  # a trained state instead of the power-on one
+        with np.load(PARAMS["state"]) as d:
+            tb.model.load_state_dict({k: d[k] for k in d.files})
     await tb.drv.load_state_dict(tb.model.state_dict())
     mm = await compare_state(tb, -1)
     tb.report["restore_check"] = mm
     assert mm is None, f"state read back after the initial restore differs: {mm}"
-    for s, (x, y) in enumerate(batches):
-        entry = await train_and_check(tb, x, y, s, lr)
+    for s, ((x, y), (lr, progress)) in enumerate(zip(batches, schedule(tb, len(batches)), strict=True)):
+        entry = await train_and_check(tb, x, y, s, lr, progress)
         assert entry["mismatch"] is None, f"step {s}: first mismatch {entry['mismatch']}"
 
 
 async def run_restore(tb: TB, batches):
     """Write a state, train, read back (A); restore the same state, train again, read back (B): A == B,
     and both equal the model."""
-    lr = float(PARAMS.get("lr", tb.cfg.lr))
+    sched = schedule(tb, len(batches))
     start = tb.model.state_dict()
     await tb.drv.load_state_dict(start)
     half = max(1, len(batches) // 2)
     for s, (x, y) in enumerate(batches[:half]):
-        entry = await train_and_check(tb, x, y, s, lr)
+        entry = await train_and_check(tb, x, y, s, *sched[s])
         assert entry["mismatch"] is None, f"step {s}: first mismatch {entry['mismatch']}"
     checkpoint = await tb.drv.state_dict()
     first = []
-    for x, y in batches[half:]:
-        r = await tb.drv.train_step(x, y, lr=lr)
+    for s, (x, y) in enumerate(batches[half:]):
+        lr, progress = sched[half + s]
+        r = await tb.drv.train_step(x, y, lr=lr, progress=progress)
         first.append((r.loss, r.correct, await tb.drv.state_dict()))
     await tb.drv.load_state_dict(checkpoint)
     tb.model.load_state_dict(checkpoint)
     for s, (x, y) in enumerate(batches[half:]):
-        entry = await train_and_check(tb, x, y, half + s, lr)
+        entry = await train_and_check(tb, x, y, half + s, *sched[half + s])
         assert entry["mismatch"] is None, f"step {half + s} after restore: first mismatch {entry['mismatch']}"
         loss, correct, state = first[s]
         again = await tb.drv.state_dict()

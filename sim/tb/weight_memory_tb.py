@@ -50,11 +50,12 @@ def pack_struct(layout, values: dict) -> int:
 # --- the golden update (one call of sim.hw.optim per sweep, as HwModel._update_weights makes it) ----------
 
 
-def ref_update(w, state, g, u, shift, table):
-    """``(w', state')`` of one UPDATE sweep; ``w`` +-1 int8, ``state`` {field: array}."""
+def ref_update(w, state, g, u, shift, table, gate=1 << O.PROB_BITS):
+    """``(w', state')`` of one UPDATE sweep; ``w`` +-1 int8, ``state`` {field: array}; ``gate``: switch only."""
     kind = OPT.kind
     if kind == "switch":
-        nw, acc, _ = O.switch_update(w, state["acc"].astype(np.int16), g, u, table, H.switch_cutoff, H.switch_reset)
+        nw, acc, _ = O.switch_update(w, state["acc"].astype(np.int16), g, u, table, H.switch_cutoff, H.switch_reset,
+                                     gate)
         new = {"acc": acc.astype(np.int64)}
         if "undo" in state:
             new["undo"] = (w > 0).astype(np.int64)
@@ -137,6 +138,16 @@ def random_shift(rng: np.random.Generator) -> int:
         d = H.sgd_latent_bits - 1 - H.sgd_momentum_frac_bits
         return int(np.clip(rng.choice([0, d - 1, d, d + 1, d + 3, d + 9, d + 31, d + 32, d + 33, 63]), 0, 63))
     return 0
+
+
+def gates(rng: np.random.Generator, n: int) -> list[int]:
+    """``n`` switch accumulation gates (``switch_gate(lr / lr0)``, 1 .. 65536) in a random order, cycling through
+    always (65536), the schedule's halvings, an arbitrary ratio, the smallest and the largest below always."""
+    pool = [1 << 16, 1 << 15, int(rng.integers(2, 1 << 16)), 1 << 13, 1, 65535, 1 << 10]
+    out: list[int] = []
+    while len(out) < n:
+        out += [int(v) for v in rng.permutation(pool)]
+    return out[:n]
 
 
 def random_grads(rng: np.random.Generator) -> np.ndarray:
@@ -240,14 +251,14 @@ class TB(Bench):
             beats.append(word | int(v == SW.visits - 1) << (32 * U))
         return beats
 
-    async def sweep(self, op: int, *, shift: int = 0, g=None, u=None) -> tuple[int, int]:
+    async def sweep(self, op: int, *, shift: int = 0, gate: int = 1 << O.PROB_BITS, g=None, u=None) -> tuple[int, int]:
         """Run one sweep; ``(cycles from the command to the last busy cycle, flips)``."""
         senders = []
         if op == UPDATE:
             senders.append(cocotb.start_soon(self.grad.send(self.grad_beats(g))))
         if op in (UPDATE, INIT):
             senders.append(cocotb.start_soon(self.rng_in.send(self.rng_beats(u))))
-        await self.cmd.send([pack_struct(GEO.cmd_layout, {"op": op, "shift": shift})])
+        await self.cmd.send([pack_struct(GEO.cmd_layout, {"op": op, "shift": shift, "gate": gate})])
         start = self.cmd.stamps[-1]
         last_busy = start
         budget = 30 * SW.cycles() + 200
@@ -309,17 +320,17 @@ def make_table(rng: np.random.Generator):
     return O.switch_table(H.switch_cutoff, H.switch_sigma, float(rng.uniform(0.05, 1.0)))
 
 
-async def update_and_check(tb: TB, w, state, *, table, exact_cycles: bool) -> tuple:
+async def update_and_check(tb: TB, w, state, *, table, exact_cycles: bool, gate: int = 1 << O.PROB_BITS) -> tuple:
     g = random_grads(tb.np_rng)
     u = tb.np_rng.integers(0, 1 << 32, (N, M), dtype=np.uint64).astype(np.uint32)
     shift = random_shift(tb.np_rng)
-    want_w, want_state = ref_update(w, state, g, u, shift, table)
-    cycles, flips = await tb.sweep(UPDATE, shift=shift, g=g, u=u)
+    want_w, want_state = ref_update(w, state, g, u, shift, table, gate)
+    cycles, flips = await tb.sweep(UPDATE, shift=shift, gate=gate, g=g, u=u)
     got_w = await tb.read_weights()
-    assert_equal(f"weights after update (shift {shift})", got_w, want_w)
+    assert_equal(f"weights after update (shift {shift}, gate {gate})", got_w, want_w)
     got_state = await tb.read_state()
     for name in want_state:
-        assert_equal(f"state {name} after update (shift {shift})", got_state[name], want_state[name])
+        assert_equal(f"state {name} after update (shift {shift}, gate {gate})", got_state[name], want_state[name])
     assert flips == int(np.count_nonzero(want_w != w)), f"flip counter {flips}, ref {np.count_nonzero(want_w != w)}"
     if exact_cycles:
         assert cycles == SW.cycles(), f"update sweep took {cycles} cycles, model {SW.cycles()}"
@@ -331,19 +342,21 @@ async def update_and_check(tb: TB, w, state, *, table, exact_cycles: bool) -> tu
 @cocotb.test()
 async def test_update_sweeps_full_rate(dut):
     """Random weights and state restored through the host port; several UPDATE sweeps with random gradients,
-    numbers and per-sweep shifts (and switch tables); weights, state and flip count read back after each and
-    compared with sim.hw.optim; exact cycle count without stalls."""
+    numbers and per-sweep shifts (and switch tables and accumulation gates, most of them below 65536 as at a
+    decayed learning rate); weights, state and flip count read back after each and compared with
+    sim.hw.optim; exact cycle count without stalls."""
     tb = TB(dut)
     await tb.reset()
     w, state = random_state(tb.np_rng)
     table = make_table(tb.np_rng)
     await restore(tb, w, state, table)
     measured = []
-    for _ in range(SWEEPS):
+    sweep_gates = gates(tb.np_rng, SWEEPS) if OPT.kind == "switch" else [1 << O.PROB_BITS] * SWEEPS
+    for gate in sweep_gates:
         if OPT.kind == "switch" and tb.np_rng.random() < 0.5:
             table = make_table(tb.np_rng)
             await tb.write_table(table)
-        w, state, cycles = await update_and_check(tb, w, state, table=table, exact_cycles=True)
+        w, state, cycles = await update_and_check(tb, w, state, table=table, exact_cycles=True, gate=gate)
         measured.append(cycles)
     Path("cycles-update.json").write_text(json.dumps({"visits": SW.visits, "measured": measured, "model": SW.cycles()}))
 
@@ -357,8 +370,9 @@ async def test_update_sweeps_with_stalls(dut):
     w, state = random_state(tb.np_rng)
     table = make_table(tb.np_rng)
     await restore(tb, w, state, table)
-    for _ in range(max(SWEEPS // 2, 2)):
-        w, state, _ = await update_and_check(tb, w, state, table=table, exact_cycles=False)
+    n = max(SWEEPS // 2, 2)
+    for gate in gates(tb.np_rng, n) if OPT.kind == "switch" else [1 << O.PROB_BITS] * n:
+        w, state, _ = await update_and_check(tb, w, state, table=table, exact_cycles=False, gate=gate)
 
 
 @cocotb.test()

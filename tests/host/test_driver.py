@@ -119,7 +119,7 @@ def test_train_step_transactions_are_exact():
     m = desc.regmap
     cmd = lambda name: m.encode("cmd", **{name: 1})  # noqa: E731
     expected_start = [
-        ("write", "sched", m.encode("sched", lr_shift=10, opt_shift=0)),
+        ("write", "sched", m.encode("sched", lr_shift=10, opt_shift=0, switch_gate=1 << 16)),
         ("write", "arg", m.encode("arg", batch=B)),
         ("write", "done", m["done"].field("upload").mask),
         ("write", "cmd", cmd("upload")),

@@ -525,12 +525,149 @@ def test_small_mlp_restore_gives_identical_results():
 def test_other_optimisers_whole_steps_and_restore(over):
     """The small MLP with each of the other hardware optimisers (two state fields for iir and sgd with
     momentum): two steps, a checkpoint of every quantity, two more, restore, the same two again; every step's
-    read-back equals the model and the restored run is identical."""
+    read-back equals the model and the restored run is identical. The steps run down a decayed schedule
+    (lr0, lr0 / 2, lr0 / 8, lr0 / 4 at progress 0 .. 0.9): each optimiser's per-step constants follow it."""
     from rtl_gen.generate import run_system
 
-    rep = run_system(small_cfg(*over), mode="restore", steps=4)
+    cfg = small_cfg(*over)
+    lrs = [cfg.lr * f for f in (1.0, 0.5, 0.125, 0.25)]
+    rep = run_system(cfg, mode="restore", steps=4, lrs=lrs, progress=[0.0, 0.3, 0.6, 0.9])
     assert rep["restore_identical"] is True
     _assert_steps(rep, 4)
+    assert [st["lr"] for st in rep["steps"]] == lrs
+
+
+# --- the learning-rate schedule and a trained state ----------------------------------------------------------
+
+ALL_OPTIMISERS = {"switch": [], "bop": ["hw.optimizer=bop"], "iir": ["hw.optimizer=iir"],
+                  "sgd-momentum": ["hw.optimizer=sgd"], "sgd": ["hw.optimizer=sgd", "hw.sgd_momentum_shift=0"]}
+
+
+def _schedule_constants_of_the_model(cfg, lr: float, progress: float) -> dict:
+    """The per-step constants the bit-exact model passes to sim.hw.optim in one training step at ``lr`` and
+    ``progress`` (recorded from its calls): ``lr_shift`` (beta), ``opt_shift`` (bop's EMA shift, iir's alpha
+    shift, sgd's lr shift), ``switch_gate`` and ``switch_table``."""
+    from sim.hw.model import HwModel
+
+    seen = {}
+
+    def spy(name, pick):
+        real = getattr(O, name)
+
+        def call(*args, **kwargs):
+            for key, value in pick(args).items():
+                assert seen.setdefault(key, value) == value, key  # the same in every layer
+            return real(*args, **kwargs)
+
+        return call
+
+    patches = {
+        "beta_update": spy("beta_update", lambda a: {"lr_shift": a[6]}),
+        "switch_update": spy("switch_update", lambda a: {"switch_table": tuple(int(v) for v in a[4]),
+                                                         "switch_gate": a[7]}),
+        "bop_update": spy("bop_update", lambda a: {"opt_shift": a[4]}),
+        "iir_update": spy("iir_update", lambda a: {"opt_shift": a[6]}),
+        "sgd_update": spy("sgd_update", lambda a: {"opt_shift": a[4]}),
+    }
+    mp = pytest.MonkeyPatch()
+    try:
+        for name, fn in patches.items():
+            mp.setattr(O, name, fn)
+        model = HwModel(cfg)
+        rng = np.random.default_rng(0)
+        B, F = cfg.train.batch_size, cfg.layer_shapes()[0].fan_in
+        model.train_step(np.where(rng.random((B, F)) < 0.5, -1, 1), rng.integers(0, 10, B), lr=lr, progress=progress)
+    finally:
+        mp.undo()
+    return seen
+
+
+@pytest.mark.parametrize("name", list(ALL_OPTIMISERS))
+def test_driver_schedule_words_equal_the_models_constants(name):
+    """At the initial learning rate and at decayed ones (and along the iir alpha decay), Driver.schedule_words
+    writes exactly the per-step constants the bit-exact model uses: beta's lr shift, bop's EMA shift, iir's alpha
+    shift, sgd's lr shift, and for switch the accumulation gate switch_gate(lr / lr0) with the configured
+    (unscaled) switch table. (The driver once scaled lambda in the table instead of gating the accumulation.)"""
+    from host.driver import BlockingTransport, Driver
+
+    cfg = small_cfg(*ALL_OPTIMISERS[name], "optimizer.iir.alpha_decay=cosine")
+    drv = Driver(SystemPlan(cfg).description(), BlockingTransport(), check=False)  # no hardware behind it
+    lr0 = cfg.lr
+    for ratio, progress in ((1.0, 0.0), (0.5, 0.25), (0.125, 0.5), (0.3, 0.9), (1e-6, 1.0), (2.0, 0.0)):
+        want = _schedule_constants_of_the_model(cfg, lr0 * ratio, progress)
+        got = drv.schedule_words(lr0 * ratio, progress, None)
+        assert {k: got[k] for k in want} == want, (ratio, progress)
+        if name == "switch":
+            assert got["switch_gate"] == O.switch_gate(ratio) and got["switch_gate"] <= 1 << 16
+        regs = {k: v for k, v in got.items() if k != "switch_table"}
+        sched = drv.map["sched"]
+        assert sched.decode(sched.encode(**regs)) == regs  # every constant fits its field
+
+
+def test_loss_registers_hold_the_loss_units_integer_loss():
+    """The ``loss`` register (and ``loss_hi`` past 32 bits) is as wide as the loss unit's integer loss: 23 bits for
+    the paper MLP's cross-entropy (B = 100), 38 for its squared hinge (two registers)."""
+    for loss, bits in (("cross_entropy", 23), ("squared_hinge", 38)):
+        plan = SystemPlan(paper_cfg(f"train.loss={loss}"))
+        assert plan.loss_bits == bits
+        regs = plan.regmap
+        widths = [regs[name].fields[0].width for name in ("loss", "loss_hi") if name in regs]
+        assert widths == ([bits] if bits <= 32 else [32, bits - 32])
+
+
+# Pre-training of the trained-state runs, per optimiser: the bit-exact model on two fixed batches (consistent
+# gradient signs drive the state to its limits in a few hundred steps), with overrides of the pre-training only
+# (iir: a faster first EMA; the state layout is the same) and its learning rate in multiples of lr0 (sgd: 16 lr0
+# drives latents into their clamps).
+PRETRAIN = {"switch": ([], 1.0), "bop": ([], 1.0), "iir": (["hw.iir_gamma_shift=1"], 1.0),
+            "sgd-momentum": ([], 16.0), "sgd": ([], 16.0)}
+SATURATING = {"switch", "sgd-momentum", "sgd"}  # state with a clamp in the update (bop's and iir's EMAs have none)
+PRETRAIN_STEPS = 200
+DECAYED = (0.5, 1.0, 0.125)  # lr / lr0 of the whole steps (a decayed rate first)
+
+
+def _trained_state(cfg, pre_overrides, lr_mult: float) -> dict:
+    """A HwModel state dict after PRETRAIN_STEPS steps on two fixed MNIST batches (not those run_system uses)."""
+    from sim.datasets import load_dataset
+    from sim.hw.engine import prepare_inputs
+    from sim.hw.model import HwModel
+
+    ds = load_dataset(cfg.data.dataset, cfg.data.path or None)
+    B = cfg.train.batch_size
+    rng = np.random.default_rng(12345)
+    batches = [rng.integers(0, len(ds.x_train), B) for _ in range(2)]
+    batches = [(prepare_inputs(cfg, ds.x_train[i]), ds.y_train[i]) for i in batches]
+    model = HwModel(apply_overrides(cfg, list(pre_overrides)))
+    for s in range(PRETRAIN_STEPS):
+        x, y = batches[s % 2]
+        model.train_step(x, y, lr=cfg.lr * lr_mult)
+    return model.state_dict()
+
+
+@pytest.mark.rtl
+@pytest.mark.parametrize("name", [pytest.param(k, marks=() if k == "switch" else pytest.mark.rtl_slow)
+                                  for k in ALL_OPTIMISERS])
+def test_trained_state_whole_steps_at_decayed_rates(name):
+    """From a trained state (accumulators and latents at their limits, weights about to flip) restored through
+    the driver, three whole steps at lr0 / 2, lr0 and lr0 / 8 (progress 0, 0.5, 0.9): weights flip, and the
+    saturating state (switch accumulators at the cut-off, sgd latents at their clamps) sits at its limits after
+    every step (counted from the bit-exact model), and the accelerator stays bit-exact, including its own integer
+    loss. (From the power-on state, switch and bop flip no weight in the first steps.) The switch run is the
+    default suite's representative (its build is the small MLP's); the others are rtl_slow (their builds are
+    test_other_optimisers_whole_steps_and_restore's)."""
+    from rtl_gen.generate import run_system
+
+    cfg = small_cfg(*ALL_OPTIMISERS[name])
+    pre, mult = PRETRAIN[name]
+    state = _trained_state(cfg, pre, mult)
+    lrs = [cfg.lr * f for f in DECAYED]
+    rep = run_system(cfg, mode="train", steps=len(lrs), lrs=lrs, progress=[0.0, 0.5, 0.9], state=state)
+    _assert_steps(rep, len(lrs))
+    print(name, [(st["flips"], st["at_limit"], st["loss_q"]) for st in rep["steps"]])
+    assert sum(st["flips"] for st in rep["steps"]) > 0
+    if name in SATURATING:
+        assert all(st["at_limit"] > 0 for st in rep["steps"])
+    assert len({st["loss_q"] for st in rep["steps"]}) > 1  # a live integer loss, compared with the model's
 
 
 @pytest.mark.rtl

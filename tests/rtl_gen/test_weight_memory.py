@@ -214,7 +214,8 @@ def test_one_memory_for_several_layers_equals_one_memory_each(optimizer):
             rows = g.bank.depth
             grads = [int(x) for x in rng.integers(0, 1 << 62, rows)]  # g[lane][bit] signed 2-bit fields
             nums = [[int(x) for x in rng.integers(0, 1 << 32, U, dtype=np.uint64)] for _ in range(g.sweep.visits)]
-            sweeps.append((grads, nums, int(rng.integers(0, 8))))
+            gate = int(rng.choice([1 << PROB_BITS, int(rng.integers(1, 1 << PROB_BITS))]))  # switch: schedule gate
+            sweeps.append((grads, nums, int(rng.integers(0, 8)), gate))
 
     def grad_word(bits, lane_bits):
         # random 2-bit fields in {-1, 0, +1}: map 2 (= -2) to 0
@@ -228,8 +229,8 @@ def test_one_memory_for_several_layers_equals_one_memory_each(optimizer):
         payload = {"write": int(data is not None), "space": space, "lane": lane, "addr": addr, "data": data or 0}
         return await host_access(ctx, dut, payload, read=data is None)
 
-    async def sweep(ctx, dut, grads, nums, shift, stall):
-        ctx.set(dut.cmd.payload, {"op": UPDATE, "shift": shift})
+    async def sweep(ctx, dut, grads, nums, shift, gate, stall):
+        ctx.set(dut.cmd.payload, {"op": UPDATE, "shift": shift, "gate": gate})
         ctx.set(dut.cmd.valid, 1)
         await ctx.tick().until(dut.cmd.ready)
         ctx.set(dut.cmd.valid, 0)
@@ -269,9 +270,9 @@ def test_one_memory_for_several_layers_equals_one_memory_each(optimizer):
                     await host(ctx, dut, space, v, data=word)
             for p, t in enumerate(table):
                 await host(ctx, dut, SPACE_TABLE, p, data=int(t))
-        for n, (grads, nums, shift) in enumerate(sweeps):
+        for n, (grads, nums, shift, gate) in enumerate(sweeps):
             j = n % len(geos)
-            out.append(("flips", j, await sweep(ctx, pick(ctx, j), grads, nums, shift, stall)))
+            out.append(("flips", j, await sweep(ctx, pick(ctx, j), grads, nums, shift, gate, stall)))
         for j, g in enumerate(geos):
             dut = pick(ctx, j)
             out.append(("w", j, [await host(ctx, dut, SPACE_WEIGHTS, r, lane) for lane in range(L)
