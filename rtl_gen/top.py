@@ -679,7 +679,10 @@ class Accelerator(wiring.Component):
         chan_base = {lp.index: sum(q.n_out for q in LP[: k]) for k, lp in enumerate(LP)}
         chans_all = sum(lp.n_out for lp in LP)
         seff_mem = mem("seff", max(plan.bn_layer(lp.index).s_width for lp in LP), chans_all, block=1024)
-        alpha_mem = mem("alpha", max(lp.widths["alpha_q"] for lp in LP), chans_all, block=1024)
+        # alpha: alpha_q and above it the zero-scale flag (S = 0: the channel passes no gradient), as
+        # BnLayer.alpha_layout, the BN backward unit's alpha stream (alpha_q's width depends on hw.* only)
+        self._alpha_w = max(lp.widths["alpha_q"] for lp in LP)
+        alpha_mem = mem("alpha", self._alpha_w + 1, chans_all, block=1024)
         # shared: Y (forward) / dX (backward) buffer, codes (banked), po2 scratch
         ydx_w = max(max(lp.lanes_out * lp.widths["y"], lp.lanes_out * lp.widths["dx"]) for lp in LP)
         # the output layer's loss gradient g is kept in the top top.beats words of YDX (written while the logits
@@ -1268,7 +1271,8 @@ class Accelerator(wiring.Component):
             m.d.comb += [logit.consts.payload.c.eq(sp.C), logit.consts.payload.s.eq(sp.S_eff),
                          logit.consts.payload.last.eq(sp.last)]
         ports[f"seff{j}_w"].add(move, addr=st_count, data=sp.S_eff, en=1)
-        ports[f"alpha{j}_w"].add(move, addr=st_count, data=sp.alpha_q, en=1)
+        pad = Const(0, self._alpha_w - len(sp.alpha_q))
+        ports[f"alpha{j}_w"].add(move, addr=st_count, data=Cat(sp.alpha_q, pad, sp.S == 0), en=1)
         with m.If(st):
             m.d.sync += st_count.eq(0)
         with m.Elif(move):
