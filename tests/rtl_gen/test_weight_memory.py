@@ -2,19 +2,16 @@
 """rtl_gen.weight_memory: sweep order, optimiser constants and state packing, and the cocotb/Verilator check of
 WeightMemory (with an XnorEngineCore on its read port) against sim.hw.optim and HwModel.reset."""
 
-import hashlib
-import importlib.metadata
 import json
 import os
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 from amaranth import Module
 from amaranth.lib import wiring
 
-from rtl_gen.toolchain import REPO_ROOT, build_root, run_cocotb, to_verilog
+from rtl_gen.toolchain import run_cocotb, to_verilog
 from rtl_gen.weight_memory import (
     LATENCY,
     OptimizerSpec,
@@ -39,33 +36,6 @@ def small_config(**overrides):
     }
     d.update(overrides)
     return d
-
-
-VERILOG_SOURCES = [  # what the generated Verilog depends on (with sim/hw, configs and this file)
-    "rtl_gen/po2_backward.py",
-    "rtl_gen/weight_memory.py",
-    "rtl_gen/rng.py",
-    "rtl_gen/xnor_engine.py",
-    "rtl_gen/streams.py",
-    "sim/config.py",
-    "sim/hw_config.py",
-    "sim/schema.py",
-]
-
-
-def cached_verilog(name: str, make, key: dict) -> str:
-    """Verilog of ``make()``, cached under the build folder by the sources it depends on and ``key``."""
-    h = hashlib.sha256(json.dumps(key, sort_keys=True).encode())
-    h.update(importlib.metadata.version("amaranth").encode())
-    sources = [REPO_ROOT / name for name in VERILOG_SOURCES] + [Path(__file__)]
-    sources += sorted((REPO_ROOT / "sim" / "hw").glob("*.py")) + sorted((REPO_ROOT / "configs").glob("*.toml"))
-    for path in sources:
-        h.update(path.read_bytes())
-    path = build_root() / "verilog" / f"{name}-{h.hexdigest()[:16]}.v"
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(make())
-    return path.read_text()
 
 
 class WeightMemoryWithEngine(wiring.Component):
@@ -355,9 +325,7 @@ def test_weight_memory_rtl(case, request):
     name = "weight_memory_" + request.node.callspec.id.replace("-", "_")
     slow = geo.sweep.visits > 1000
     run = run_cocotb(
-        verilog=cached_verilog(
-            name, lambda: to_verilog(WeightMemoryWithEngine(geo), "weight_memory", emit_src=False), params
-        ),
+        verilog=to_verilog(WeightMemoryWithEngine(geo), "weight_memory", emit_src=False),  # builds keyed on it
         toplevel="weight_memory",
         test_module="weight_memory_tb",
         name=name,

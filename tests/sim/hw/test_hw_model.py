@@ -153,10 +153,19 @@ def test_hw_tracks_float_reference_on_first_step():
 
 @pytest.mark.slow
 def test_default_switch_learns_mnist():
-    """Preset MLP with hardware arithmetic: 100 steps on the vendored MNIST reach > 80 % test accuracy."""
+    """The preset MLP (binarised input, as the accelerator takes it) in hardware arithmetic: 100 steps on the
+    vendored MNIST reach > 74 % accuracy on 1,000 test images.
+
+    The threshold is measured, at 38db12c with this test's settings over train.seed 0-9: 0.758-0.794 (mean
+    0.781, sd 0.011; seed 0, the preset's, 0.785). 0.74 is the mean - 3.7 sd, below every seed, so another
+    seed-like change (a new rounding, a reordered batch) does not fail it; the same run with weights that never
+    flip (hw.switch_cutoff=32767: only the BN biases learn) reaches 0.09-0.10. The former 0.80 dates from the
+    preset's 8-bit input (0.81-0.83 on seeds 0-2); since 5241533 the preset binarises the input, about 3 points
+    lower after 100 steps."""
     cfg = apply_overrides(load_config("mlp"), ["train.epochs=1", "train.max_steps=100", "data.test_limit=1000"])
+    assert cfg.hw.input_kind(cfg) == "binary"  # the measurement above is of the binarised input
     hist = run_training(cfg, HwEngine(cfg), progress=False, log=None)
-    assert hist.test_acc[-1] > 0.80
+    assert hist.test_acc[-1] > 0.74
 
 
 # --- degenerate batches: a channel whose batch values are all equal (S = 0) passes no gradient ---------------
