@@ -958,8 +958,9 @@ class Driver:
         (round(-log2 lr): beta and sgd), ``opt_shift`` (bop's EMA shift or iir's alpha shift at this point
         of the schedule) and ``switch_gate`` (``switch_gate(lr / lr0)``: the switch accumulators take their
         increment only where ``(u & 0xFFFF) < gate``; 65536 = always), and for the switch optimiser its
-        probability table ``switch_table`` (the configured lambda, not scaled by the schedule; written to every
-        layer's weight memory when it changes, i.e. once)."""
+        probability table ``switch_table`` (``switch_table_at``: the configured lambda, the threshold sigma
+        annealed with ``lr / lr0`` by ``hw.switch_anneal``; written to every layer's weight memory when it
+        changes, at most once per threshold step)."""
         from sim.hw import optim as O
 
         s = self.desc.schedule
@@ -979,9 +980,9 @@ class Driver:
             out["opt_shift"] = min(O.lr_shift(lr), 63)
         elif opt == "switch":
             out["switch_gate"] = O.switch_gate(ratio)
-            out["switch_table"] = tuple(int(v) for v in O.switch_table(int(s["switch_cutoff"]),
-                                                                        float(s["switch_sigma"]),
-                                                                        float(s["switch_lambda"])))
+            out["switch_table"] = tuple(int(v) for v in O.switch_table_at(
+                int(s["switch_cutoff"]), float(s["switch_sigma"]), float(s["switch_lambda"]),
+                float(s.get("switch_anneal", 0.0)), ratio))
         return out
 
     def _set_schedule(self, lr: float, progress: float, lr0: float | None) -> Program:

@@ -10,7 +10,7 @@ Layout of a configuration file (every section and key is optional except
 
     name = "mlp_mnist"
     [model]      input_shape, num_classes, input_format, layers = [{type=..}, ..]
-    [data]       dataset, path, preprocess, binarize_threshold, train_limit, test_limit, dev_size
+    [data]       dataset, path, preprocess, binarize_threshold, dither, train_limit, test_limit, dev_size
     [train]      batch_size, epochs, seed, loss, eval_batch_size
     [train.lr]   schedule, initial, factor, patience, min, milestones
     [approx]     scheme, bn, dy, dy_bits, dw, storage, bn_eps
@@ -177,6 +177,8 @@ class DataConfig:
     path: str = opt("", doc="folder with the dataset files; empty = vendored MNIST")
     preprocess: str = opt("pm1", choices=("pm1", "binarize"), doc="scale to [-1,1] or binarise")
     binarize_threshold: float = opt(0.5, lo=0.0, hi=1.0, doc="on the [0,1] pixel scale")
+    dither: bool = opt(False, doc="binarised input of training batches: a random threshold per pixel (levels "
+                                  "1..254) instead of binarize_threshold; evaluation keeps the fixed threshold")
     train_limit: int = opt(0, lo=0, doc="use only the first N training images (0 = all)")
     test_limit: int = opt(0, lo=0, doc="use only the first N test images (0 = all)")
     dev_size: int = opt(0, lo=0, doc="training images held out to drive the development-based LR schedule")

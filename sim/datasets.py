@@ -657,6 +657,21 @@ def load_dataset(name: str, path: str | os.PathLike | None = None) -> Dataset:
 PREPROCESS_MODES = ("pm1", "binarize", "uint8", "int8")
 
 
+def binarize_dithered(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """``uint8`` images -> float32 +-1 with a fresh random threshold per pixel (``data.dither``).
+
+    Each pixel is compared with its own threshold drawn uniformly from the levels 1..254: ``+1`` where
+    ``x >= t``. A pixel of level ``x`` is +1 with probability ``x / 254`` (0 stays -1, 254 and 255 stay
+    +1), so the expected input keeps the grey levels that a fixed threshold throws away. Used for training
+    batches only; evaluation binarises with the fixed ``data.binarize_threshold``.
+    """
+    x = np.asarray(x)
+    if x.dtype != np.uint8:
+        raise ValueError(f"binarize_dithered: expected uint8 images, got {x.dtype}")
+    t = rng.integers(1, 255, size=x.shape, dtype=np.uint8)
+    return np.where(x >= t, 1.0, -1.0).astype(np.float32)
+
+
 def preprocess(x: np.ndarray, mode: str, threshold: float = 0.5) -> np.ndarray:
     """Turn ``uint8`` images into network input.
 

@@ -61,6 +61,8 @@ class HwConfig:
     switch_cutoff: int = opt(63, lo=1, hi=32767, doc="saturation C of the per-weight gradient-sign accumulator")
     switch_sigma: float = opt(0.5, lo=0.0, hi=1.0, hi_open=True, doc="switching starts at w*acc >= sigma*C")
     switch_lambda: float = opt(0.5, lo=0.0, lo_open=True, hi=1.0, doc="switch probability at w*acc = C")
+    switch_anneal: float = opt(1.0, lo=0.0, hi=8.0, doc="threshold rises with the schedule: sigma_eff = 1 - (1 - "
+                               "sigma) (lr/lr0)**anneal (0 = fixed sigma)")
     switch_reset: bool = opt(False, doc="clear the accumulator of a weight when it switches")
     switch_undo: bool = opt(False, doc="re-run the batch after the update and revert it if the loss rose")
     # -- Bop-style momentum threshold -------------------------------------------------------------

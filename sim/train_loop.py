@@ -56,6 +56,7 @@ __all__ = [
     "evaluate_dataset",
     "run_training",
     "seed_rngs",
+    "dither_rng",
     "Checkpoint",
     "CheckpointError",
     "save_checkpoint",
@@ -85,8 +86,12 @@ class TrainEngine(Protocol):
 
     name: str
 
-    def prepare_inputs(self, x_uint8: np.ndarray) -> np.ndarray:
-        """``uint8 [N, C, H, W]`` images -> this engine's first-layer input (per cfg.data / cfg.model.input_format)."""
+    def prepare_inputs(self, x_uint8: np.ndarray, *, dither: np.random.Generator | None = None) -> np.ndarray:
+        """``uint8 [N, C, H, W]`` images -> this engine's first-layer input (per cfg.data / cfg.model.input_format).
+
+        ``dither``: binarised input takes a random threshold per pixel from this generator (training
+        batches when ``data.dither`` is set, :func:`sim.datasets.binarize_dithered`); other inputs ignore it.
+        """
         ...
 
     def train_step(self, x: np.ndarray, y: np.ndarray, *, lr: float, progress: float) -> StepResult:
@@ -271,12 +276,19 @@ class LRSchedule:
 
 
 def seed_rngs(seed: int) -> dict[str, np.random.Generator]:
-    """Independent generators of one run: dev split, shuffling, mini-batch dropping."""
+    """Independent generators of one run: dev split, shuffling, mini-batch dropping (input dithering draws
+    from :func:`dither_rng`, one generator per step)."""
     return {
         "dev": np.random.default_rng([seed, 101]),
         "shuffle": np.random.default_rng([seed, 102]),
         "smd": np.random.default_rng([seed, 103]),
     }
+
+
+def dither_rng(seed: int, step: int) -> np.random.Generator:
+    """The generator of training step ``step``'s input thresholds (``data.dither``): a function of the seed and
+    the step alone, so a resumed or rolled-back step, and every target, binarise a batch the same way."""
+    return np.random.default_rng([seed, 104, step])
 
 
 def load_training_data(cfg: Config, data=None):
@@ -748,7 +760,10 @@ def _train(cfg, engine, data, ctl: _Control, *, progress, log, max_steps, histor
                     frac = max(frac, step / limit)
                 frac = min(frac, 1.0)
                 lr = schedule.lr(epoch, frac)
-                xp = engine.prepare_inputs(xb)
+                if cfg.data.dither:
+                    xp = engine.prepare_inputs(xb, dither=dither_rng(cfg.train.seed, step))
+                else:
+                    xp = engine.prepare_inputs(xb)
                 pre_step = engine.state_dict()
                 ctl.phase = "step"
                 res = engine.train_step(xp, yb, lr=lr, progress=frac)

@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..datasets import preprocess
+from ..datasets import binarize_dithered, preprocess
 from ..train_loop import StepResult
 from .model import HwModel
 
 __all__ = ["HwEngine", "prepare_inputs"]
 
 
-def prepare_inputs(cfg, x_uint8: np.ndarray) -> np.ndarray:
+def prepare_inputs(cfg, x_uint8: np.ndarray, *, dither: np.random.Generator | None = None) -> np.ndarray:
     """``uint8 [N, C, H, W]`` -> the first-layer input of the hardware, flattened ``[N, features]``.
 
     ``hw.input`` int8: the pixel re-centred, ``x - 128`` (int16 holding int8 values);
-    binary: +-1 (int8) by ``data.binarize_threshold``.
+    binary: +-1 (int8) by ``data.binarize_threshold``, or with a random threshold per pixel drawn from
+    ``dither`` (:func:`sim.datasets.binarize_dithered`; training batches when ``data.dither`` is set).
     """
     x = np.asarray(x_uint8)
     if cfg.hw.input_kind(cfg) == "binary":
+        if dither is not None:
+            return binarize_dithered(x, dither).astype(np.int8).reshape(len(x), -1)
         out = preprocess(x, "binarize", cfg.data.binarize_threshold).astype(np.int8)
     else:
         out = preprocess(x, "int8")
@@ -39,8 +42,8 @@ class HwEngine:
     def n_weights(self) -> int:
         return self.model.n_weights
 
-    def prepare_inputs(self, x_uint8: np.ndarray) -> np.ndarray:
-        return prepare_inputs(self.cfg, x_uint8)
+    def prepare_inputs(self, x_uint8: np.ndarray, *, dither: np.random.Generator | None = None) -> np.ndarray:
+        return prepare_inputs(self.cfg, x_uint8, dither=dither)
 
     def train_step(self, x: np.ndarray, y: np.ndarray, *, lr: float, progress: float) -> StepResult:
         tr = self.model.train_step(x, y, lr=lr, progress=progress)

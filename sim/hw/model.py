@@ -240,7 +240,7 @@ class HwModel:
         us = self.rng.sweep()
         flips = 0
         if h.optimizer == "switch":
-            table = O.switch_table(h.switch_cutoff, h.switch_sigma, h.switch_lambda)
+            table = O.switch_table_at(h.switch_cutoff, h.switch_sigma, h.switch_lambda, h.switch_anneal, ratio)
             gate = O.switch_gate(ratio)
         for j, (g, u) in enumerate(zip(dw_signs, us, strict=True)):
             w = self.w[j]

@@ -23,6 +23,8 @@ __all__ = [
     "switch_table",
     "switch_update",
     "switch_gate",
+    "switch_sigma_at",
+    "switch_table_at",
     "bop_update",
     "iir_update",
     "sgd_update",
@@ -95,6 +97,26 @@ def switch_update(w, acc, g, u, table, cutoff: int, reset: bool = False, gate: i
     if reset:
         acc = np.where(sw, 0, acc).astype(acc.dtype)
     return w, acc, sw
+
+
+def switch_sigma_at(sigma: float, anneal: float, ratio: float) -> float:
+    """Switching threshold at schedule ratio ``lr / lr0``: ``1 - (1 - sigma) ratio^anneal``.
+
+    As the learning rate falls the threshold rises towards the cut-off, so a weight needs more consistent
+    gradient evidence to switch: the accumulator gate (:func:`switch_gate`) only slows the accumulation and
+    leaves the evidence behind each switch as noisy as at the initial rate (docs/results_hw.md).
+    ``anneal = 0`` keeps ``sigma`` fixed.
+    """
+    if anneal <= 0:
+        return float(sigma)
+    r = min(max(float(ratio), 0.0), 1.0)
+    return 1.0 - (1.0 - float(sigma)) * r**float(anneal)
+
+
+def switch_table_at(cutoff: int, sigma: float, lam: float, anneal: float, ratio: float) -> np.ndarray:
+    """The switch table the host writes at schedule ratio ``ratio``: :func:`switch_table` at
+    :func:`switch_sigma_at` (one function for the bit-exact model and the driver)."""
+    return switch_table(cutoff, switch_sigma_at(sigma, anneal, ratio), lam)
 
 
 def switch_gate(ratio: float) -> int:

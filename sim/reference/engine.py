@@ -5,22 +5,26 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import Config
-from ..datasets import preprocess
+from ..datasets import binarize_dithered, preprocess
 from ..train_loop import StepResult
 from .model import BNNModel
 
 __all__ = ["ReferenceEngine", "prepare_inputs"]
 
 
-def prepare_inputs(cfg: Config, x_uint8: np.ndarray) -> np.ndarray:
+def prepare_inputs(cfg: Config, x_uint8: np.ndarray, *, dither: np.random.Generator | None = None) -> np.ndarray:
     """``uint8`` images -> float32 first-layer input of the reference.
 
     ``model.input_format``: ``float`` -> ``data.preprocess`` (``pm1``: real values in [-1, 1];
     ``binarize``: +-1); ``binary`` -> +-1 by ``data.binarize_threshold`` whatever ``data.preprocess``
-    says; ``int8`` -> the hardware's re-centred pixel ``x - 128`` as float32.
+    says; ``int8`` -> the hardware's re-centred pixel ``x - 128`` as float32. Binarised input takes a
+    random threshold per pixel from ``dither`` when it is given (training batches with ``data.dither``).
     """
     fmt = cfg.model.input_format
     thr = cfg.data.binarize_threshold
+    binarised = fmt == "binary" or (fmt == "float" and cfg.data.preprocess == "binarize")
+    if binarised and dither is not None:
+        return binarize_dithered(x_uint8, dither)
     if fmt == "binary":
         return preprocess(x_uint8, "binarize", thr)
     if fmt == "int8":
@@ -37,8 +41,8 @@ class ReferenceEngine:
         self.cfg = cfg
         self.model = BNNModel(cfg, rng)
 
-    def prepare_inputs(self, x_uint8: np.ndarray) -> np.ndarray:
-        return prepare_inputs(self.cfg, x_uint8)
+    def prepare_inputs(self, x_uint8: np.ndarray, *, dither: np.random.Generator | None = None) -> np.ndarray:
+        return prepare_inputs(self.cfg, x_uint8, dither=dither)
 
     def train_step(self, x: np.ndarray, y: np.ndarray, *, lr: float, progress: float) -> StepResult:
         loss, correct, flips = self.model.train_step(x, y, lr=lr, progress=progress)

@@ -104,8 +104,8 @@ class Recorder:
         self.name = engine.name
         self.after = []
 
-    def prepare_inputs(self, x):
-        return self.engine.prepare_inputs(x)
+    def prepare_inputs(self, x, **kw):
+        return self.engine.prepare_inputs(x, **kw)
 
     def train_step(self, x, y, *, lr, progress):
         r = self.engine.train_step(x, y, lr=lr, progress=progress)

@@ -46,7 +46,7 @@ class FakeEngine:
         self.exc = exc
         self.evals = 0
 
-    def prepare_inputs(self, x_uint8):
+    def prepare_inputs(self, x_uint8, *, dither=None):
         return x_uint8.astype(np.float32) / 255
 
     def train_step(self, x, y, *, lr, progress):

@@ -169,3 +169,45 @@ def test_state_bits_per_optimizer():
             ("switch", "bop", "iir", "sgd")}
     assert bits["switch"] == 1 + (cfg.hw.switch_cutoff.bit_length() + 1)
     assert bits["bop"] == 1 + cfg.hw.bop_frac_bits + 2
+
+
+def test_switch_threshold_anneals_with_the_schedule():
+    # anneal 0 keeps sigma; at the initial rate every anneal gives sigma; lower rates raise it towards 1
+    assert O.switch_sigma_at(0.5, 0.0, 1e-3) == 0.5
+    for a in (0.5, 1.0, 2.0):
+        assert O.switch_sigma_at(0.5, a, 1.0) == 0.5
+        s = [O.switch_sigma_at(0.5, a, 2.0**-k) for k in range(12)]
+        assert all(x < y for x, y in zip(s, s[1:], strict=False)) and s[-1] < 1.0
+    assert O.switch_sigma_at(0.5, 1.0, 0.5) == 0.75 and O.switch_sigma_at(0.5, 1.0, 2.0) == 0.5
+    C = 63
+    for r in (1.0, 0.5, 0.125, 2.0**-10):
+        t = O.switch_table_at(C, 0.5, 0.5, 1.0, r)
+        assert (t == O.switch_table(C, O.switch_sigma_at(0.5, 1.0, r), 0.5)).all()
+        assert t[C] == O.switch_table(C, 0.5, 0.5)[C]  # lambda at the cut-off is not scaled
+    # the threshold row moves up: fewer accumulator values can switch at a lower rate
+    zeros = [int((O.switch_table_at(C, 0.5, 0.5, 1.0, 2.0**-k) == 0).sum()) for k in range(8)]
+    assert zeros == sorted(zeros) and zeros[0] == 33 and zeros[-1] == C  # T[p] = 0 for p <= sigma_c
+
+
+def test_model_uses_the_annealed_table_and_the_driver_writes_it(monkeypatch):
+    cfg = apply_overrides(load_config("mlp"), {"model.input_shape": [1, 4, 4],
+                                               "model.layers": [{"type": "dense", "units": 10}],
+                                               "train.batch_size": 4})
+    from sim.hw.model import HwModel
+
+    seen = []
+    real = O.switch_update
+
+    def spy(w, acc, g, u, table, *a, **k):
+        seen.append(np.asarray(table).copy())
+        return real(w, acc, g, u, table, *a, **k)
+
+    monkeypatch.setattr(O, "switch_update", spy)
+    m = HwModel(cfg)
+    rng = np.random.default_rng(0)
+    x = np.where(rng.random((4, 16)) < 0.5, 1, -1).astype(np.int8)
+    m.train_step(x, np.arange(4), lr=cfg.lr / 4)
+    h = cfg.hw
+    assert (seen[-1] == O.switch_table_at(h.switch_cutoff, h.switch_sigma, h.switch_lambda, h.switch_anneal,
+                                          0.25)).all()
+    assert not (seen[-1] == O.switch_table(h.switch_cutoff, h.switch_sigma, h.switch_lambda)).all()
