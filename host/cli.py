@@ -362,6 +362,32 @@ def make_parser() -> argparse.ArgumentParser:
                    help="an .npz with x/y, or a dataset folder (default: the configured dataset, vendored MNIST)")
     p.set_defaults(func=_lazy("rtl_gen.generate", "verify_main"))
 
+    p = sub.add_parser(
+        "energy-measure", help="joules per training step from a power log and the driver's step log",
+        description="Integrate a power log (CSV from an external meter, or a pynq DataRecorder frame saved with "
+        "frame.to_csv) minus the idle baseline over every step window of the driver's step log (JSONL, "
+        "Driver(..., step_log=PATH)): joules per step and per image. See docs/energy.md.",
+    )
+    p.add_argument("--power", required=True, metavar="LOG",
+                   help="power log CSV: a time column (time/t/timestamp, s or ms) and a power column (power/p/"
+                        "watts, W or mW) or voltage and current columns (voltage/v/bus_voltage; current/i, A or mA)")
+    p.add_argument("--steps", required=True, metavar="STEPS", help="the driver's step log (JSONL)")
+    idle = p.add_mutually_exclusive_group()
+    idle.add_argument("--idle-window", metavar="START:END",
+                      help="idle baseline: mean power over this window (seconds, in the step log's clock)")
+    idle.add_argument("--idle-seconds", type=float, metavar="N",
+                      help="idle baseline: mean power over the N seconds before the first step")
+    idle.add_argument("--idle-watts", type=float, metavar="W", help="idle baseline: this figure in watts")
+    p.add_argument("--time-offset", type=float, default=0.0, metavar="S",
+                   help="seconds added to the power log's times (a log with relative times: its zero as Unix time)")
+    p.add_argument("--rails", metavar="A,B",
+                   help="DataRecorder frame: the rails to sum (column <rail>_power), e.g. 12V")
+    p.add_argument("--min-samples", type=int, default=2, metavar="N",
+                   help="power samples required inside every step window (default 2; 0 accepts interpolation)")
+    p.add_argument("--json", metavar="OUT", help="also write the report as JSON")
+    p.add_argument("--plot", metavar="PNG", help="plot power with the step windows shaded to this .png file")
+    p.set_defaults(func=_lazy("host.energy", "measure_main"))
+
     p = sub.add_parser("config", help="print the fully resolved configuration as TOML")
     _add_config_args(p)
     p.set_defaults(func=cmd_config)

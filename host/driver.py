@@ -725,10 +725,14 @@ class Driver:
     description's clock, at least a minute; a simulation, slower than the clock, passes its own).
     ``check``: run :meth:`connect` in the constructor (blocking transports only: with an
     :class:`AsyncTransport` await ``connect()`` yourself).
+    ``step_log``: a path or a :class:`host.energy.StepLog`: every :meth:`train_step` appends one JSON line
+    (wall-clock start and end, monotonic duration, the step's cycles, the batch size, the step index) for
+    ``xnortrain energy-measure``; None (default) logs nothing.
     """
 
     def __init__(self, desc: AcceleratorDescription, transport: Transport, *, poll_cycles: int = 64,
-                 timeout_cycles: int = 1 << 32, timeout_s: float | None = None, check: bool = True):
+                 timeout_cycles: int = 1 << 32, timeout_s: float | None = None, check: bool = True,
+                 step_log=None):
         if not isinstance(desc, AcceleratorDescription):
             raise TypeError(f"desc must be an AcceleratorDescription, not {desc!r}")
         if not isinstance(transport, Transport):
@@ -746,6 +750,11 @@ class Driver:
         self._steps_base = 0  # steps restored by load_state_dict minus the hardware counter at that time
         self._schedule = None  # last schedule words written (to skip rewriting unchanged tables)
         self._model_cfg = None  # the description's configuration, loaded on the first restore (False: none)
+        if step_log is not None and not hasattr(step_log, "record"):  # a path: host.energy.StepLog opens it
+            from host.energy import StepLog
+
+            step_log = StepLog(step_log)
+        self.step_log = step_log
         transport.attach(desc)
         if check and isinstance(transport, BlockingTransport):
             self.connect()
@@ -1001,6 +1010,7 @@ class Driver:
     def _train_step(self, x, labels, *, lr: float, progress: float, lr0: float | None) -> Program:
         from sim.hw.arith import ArithParams, loss_grad
 
+        t_start, m_start = time.time(), time.monotonic()  # the step window of the step log
         yield from self._set_schedule(lr, progress, lr0)
         yield from self._upload(x, labels)
         yield from self._command("train")
@@ -1012,6 +1022,9 @@ class Driver:
         if "loss_hi" in self.map:  # an integer loss wider than one register
             loss_q |= (yield from self._read_fields("loss_hi"))["value"] << 32
         logits = yield from self._readback(self.desc.quantity("logits", len(self.desc.layers) - 1))
+        if self.step_log is not None:
+            self.step_log.record(t_start=t_start, t_end=time.time(), duration_s=time.monotonic() - m_start,
+                                 cycles=int(cycles), batch=len(labels))
         p = ArithParams(**self.desc.schedule.get("arith", {}))
         _, loss, _ = loss_grad(logits, labels, p)
         return StepResult(loss=loss, correct=int(correct), cycles=int(cycles), logits=logits, undone=bool(undone),

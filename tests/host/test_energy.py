@@ -1,0 +1,255 @@
+"""host.energy: the driver's step log and `xnortrain energy-measure` on synthetic power traces whose
+energies are known in closed form."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+from mock_accelerator import MockAccelerator, MockTransport, batch, make_desc
+
+from host.cli import EXIT_OK, EXIT_USER_ERROR, main
+from host.driver import Driver
+from host.energy import EnergyError, PowerTrace, StepLog, StepWindow, integrate, load_power, load_steps, measure
+
+T0 = 1_700_000_000.0  # an epoch time, as time.time() gives
+
+
+def write_csv(path, header, rows):
+    path.write_text(",".join(header) + "\n" + "".join(",".join(repr(float(v)) if not isinstance(v, str) else v
+                                                                for v in r) + "\n" for r in rows))
+    return path
+
+
+def write_steps(path, windows, batch=4):
+    with open(path, "w") as fh:
+        for i, (a, b) in enumerate(windows):
+            fh.write(json.dumps({"step": i, "t_start": a, "t_end": b, "duration_s": b - a, "cycles": 1000 + i,
+                                 "batch": batch}) + "\n")
+    return path
+
+
+def rel(a, b):
+    return abs(a - b) / max(abs(b), 1e-300)
+
+
+# --- integration: exact cases ---------------------------------------------------------------------------------
+
+
+def test_constant_power_gives_power_times_duration():
+    t = T0 + np.arange(0, 10, 0.01)
+    tr = PowerTrace(t, np.full_like(t, 2.5), "test")
+    steps = [StepWindow(i, T0 + 1 + i * 0.3, T0 + 1.2 + i * 0.3, 8) for i in range(5)]
+    rep = measure(tr, steps)
+    for r in rep.steps:
+        # the known answer is P (b - a) for the windows as stored (an epoch time carries ~2e-7 s of rounding)
+        assert rel(r["net_j"], 2.5 * r["duration_s"]) < 1e-9 and abs(r["duration_s"] - 0.2) < 1e-6
+        assert rel(r["uj_per_image"], 2.5 * r["duration_s"] / 8 * 1e6) < 1e-9
+    assert rep.idle_w == 0 and "gross" in rep.idle_how
+
+
+def test_square_wave_aligned_with_steps_minus_idle_window():
+    # samples every 10 ms; 5 W during each step window (edges on samples), 1.5 W otherwise
+    t = T0 + np.arange(0, 1000) * 0.01
+    windows = [(T0 + 2.0 + 1.0 * k, T0 + 2.5 + 1.0 * k) for k in range(5)]
+    p = np.full(t.shape, 1.5)
+    for a, b in windows:
+        p[(t >= a - 1e-9) & (t <= b + 1e-9)] = 5.0
+    tr = PowerTrace(t, p, "test")
+    rep = measure(tr, [StepWindow(i, a, b, 4) for i, (a, b) in enumerate(windows)], idle_window=(T0 + 0.1, T0 + 1.5))
+    assert rel(rep.idle_w, 1.5) < 1e-9
+    for r in rep.steps:
+        assert rel(r["net_j"], 3.5 * r["duration_s"]) < 1e-9
+    assert rel(rep.mean_j_per_step, 1.75) < 1e-9  # T0 + 2.0 + k and T0 + 2.5 + k are exact doubles
+    assert rel(rep.mean_uj_per_image, 1.75 / 4 * 1e6) < 1e-9
+
+
+def test_linear_ramp_irregular_sampling_and_edges_between_samples():
+    # P(t) = 1 + 0.5 (t - T0): linear, so the piecewise-linear integral is exact at any sample times
+    rng = np.random.default_rng(1)
+    t = T0 + np.sort(rng.uniform(0, 20, 300))
+    t = np.concatenate(([T0], t, [T0 + 20]))
+    tr = PowerTrace(t, 1 + 0.5 * (t - T0), "test")
+    for a, b in ((3.123, 4.987), (10.0001, 10.5), (0.0, 20.0)):
+        a, b = (T0 + a) - T0, (T0 + b) - T0  # the window as an epoch time represents it
+        exact = (b - a) + 0.25 * (b * b - a * a)
+        assert rel(integrate(tr, T0 + a, T0 + b), exact) < 1e-9
+
+
+def test_ramp_with_idle_seconds_before_first_step():
+    t = T0 + np.arange(0, 3001) * 0.001  # 3 s at 1 kHz
+    p = np.where(t < T0 + 2, 1.0, 1.0 + 4.0 * (t - (T0 + 2)))  # flat 1 W, then a ramp
+    tr = PowerTrace(t, p, "test")
+    rep = measure(tr, [StepWindow(0, T0 + 2.0, T0 + 2.5, 2)], idle_seconds=1.0)
+    assert rel(rep.idle_w, 1.0) < 1e-9 and "1 s before the first step" in rep.idle_how
+    assert rel(rep.steps[0]["net_j"], 2.0 * 0.25) < 1e-9  # integral of 4 t over [0, 0.5]
+
+
+def test_idle_watts_given():
+    t = T0 + np.arange(0, 100) * 0.1
+    rep = measure(PowerTrace(t, np.full(t.shape, 3.0), "test"), [StepWindow(0, T0 + 1, T0 + 3, 2)], idle_watts=2.0)
+    assert rel(rep.steps[0]["net_j"], 2.0) < 1e-9 and rep.idle_how.startswith("given")
+
+
+# --- reading logs ---------------------------------------------------------------------------------------------
+
+
+def test_voltage_times_current_in_ma(tmp_path):
+    t = np.arange(0, 5, 0.01)
+    path = write_csv(tmp_path / "ina.csv", ["Time (s)", "bus_voltage", "current_mA"],
+                     [(x, 12.0, 250.0) for x in t])
+    tr = load_power(path, time_offset=T0)
+    assert "bus_voltage" in tr.columns and "mA" in tr.columns
+    assert rel(integrate(tr, T0 + 1, T0 + 2), 3.0) < 1e-9
+
+
+@pytest.mark.parametrize("header,scale", [(["t", "p"], 1.0), (["timestamp", "watts"], 1.0),
+                                          (["time_ms", "power_mW"], 1e-3), (["Time", "Power (W)"], 1.0)])
+def test_header_names_are_detected(tmp_path, header, scale):
+    tscale = 1e-3 if "ms" in header[0] else 1.0
+    rows = [(i * 10 / tscale * 0.01, 2000.0 if scale != 1 else 2.0) for i in range(200)]
+    tr = load_power(write_csv(tmp_path / "p.csv", header, rows))
+    assert rel(integrate(tr, 0.1, 1.1), 2.0) < 1e-9, tr.columns
+
+
+def test_pynq_datarecorder_frame_sums_chosen_rails(tmp_path):
+    from datetime import datetime, timedelta, timezone
+
+    base = datetime.fromtimestamp(T0, timezone.utc).replace(tzinfo=None)  # noqa: UP017
+    rows = [((base + timedelta(milliseconds=10 * i)).isoformat(sep=" "), "0", "1.0", "0.5", "9.0")
+            for i in range(300)]
+    path = tmp_path / "rec.csv"
+    path.write_text(",Mark,VCCINT_power,VCCAUX_power,12V_power\n" + "".join(",".join(r) + "\n" for r in rows))
+    tr = load_power(path, rails=["VCCINT", "VCCAUX"])
+    assert rel(integrate(tr, T0 + 0.5, T0 + 1.5), 1.5) < 1e-9
+    with pytest.raises(EnergyError, match="several rails"):
+        load_power(path)
+    with pytest.raises(EnergyError, match="no rail 'PSINT'"):
+        load_power(path, rails=["PSINT"])
+
+
+def test_step_log_from_driver_train_steps(tmp_path):
+    desc = make_desc()
+    log = tmp_path / "steps.jsonl"
+    drv = Driver(desc, MockTransport(MockAccelerator(desc)), step_log=log)
+    x, y = batch()
+    for _ in range(3):
+        drv.train_step(x, y, lr=1e-3)
+    drv.step_log.close()
+    recs = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["step"] for r in recs] == [0, 1, 2]
+    for r in recs:
+        assert r["batch"] == len(y) and isinstance(r["cycles"], int)
+        assert r["t_end"] >= r["t_start"] and r["duration_s"] >= 0
+    steps = load_steps(log)
+    assert [s.step for s in steps] == [0, 1, 2]
+    # appending continues the index
+    drv2 = Driver(desc, MockTransport(MockAccelerator(desc)), step_log=StepLog(log))
+    drv2.train_step(x, y, lr=1e-3)
+    drv2.step_log.close()
+    assert json.loads(log.read_text().splitlines()[-1])["step"] == 3
+
+
+# --- errors ---------------------------------------------------------------------------------------------------
+
+
+def test_log_not_covering_a_step_names_step_and_gap():
+    t = T0 + np.arange(0, 100) * 0.01  # 0..0.99 s
+    tr = PowerTrace(t, np.ones_like(t), "p.csv")
+    with pytest.raises(EnergyError, match=r"step 1 .* ends 0\.51 s after the power log"):
+        measure(tr, [StepWindow(0, T0 + 0.1, T0 + 0.2, 1), StepWindow(1, T0 + 0.5, T0 + 1.5, 1)])
+
+
+def test_too_few_samples_in_a_step():
+    t = T0 + np.arange(0, 10) * 1.0
+    tr = PowerTrace(t, np.ones_like(t), "p.csv")
+    with pytest.raises(EnergyError, match="step 0 .*1 power samples"):
+        measure(tr, [StepWindow(0, T0 + 2.5, T0 + 3.5, 1)])
+    rep = measure(tr, [StepWindow(0, T0 + 2.5, T0 + 3.5, 1)], min_samples=0)
+    assert rel(rep.steps[0]["net_j"], 1.0) < 1e-9
+
+
+def test_relative_log_without_offset_gets_a_hint():
+    t = np.arange(0, 100) * 0.01
+    with pytest.raises(EnergyError, match="--time-offset"):
+        measure(PowerTrace(t, np.ones_like(t), "p.csv"), [StepWindow(0, T0 + 0.1, T0 + 0.2, 1)])
+
+
+def test_idle_window_overlapping_a_step_is_refused():
+    t = T0 + np.arange(0, 100) * 0.01
+    with pytest.raises(EnergyError, match="overlaps step 0"):
+        measure(PowerTrace(t, np.ones_like(t), "p"), [StepWindow(0, T0 + 0.5, T0 + 0.6, 1)],
+                idle_window=f"{T0 + 0.1!r}:{T0 + 0.55!r}")
+
+
+# --- the command --------------------------------------------------------------------------------------------
+
+
+def test_cli_energy_measure_known_answer(tmp_path, capsys):
+    t = np.arange(0, 1000) * 0.01
+    windows = [(T0 + 2.0 + k, T0 + 2.5 + k) for k in range(4)]
+    p = [5.0 if any(a - 1e-9 <= T0 + x <= b + 1e-9 for a, b in windows) else 1.5 for x in t]
+    power = write_csv(tmp_path / "meter.csv", ["time", "power"], list(zip(t, p, strict=True)))
+    steps = write_steps(tmp_path / "steps.jsonl", windows, batch=4)
+    out = tmp_path / "out" / "e.json"
+    png = tmp_path / "e.png"
+    rc = main(["energy-measure", "--power", str(power), "--steps", str(steps), "--time-offset", repr(T0),
+               "--idle-window", f"{T0 + 0.5!r}:{T0 + 1.5!r}", "--json", str(out), "--plot", str(png)])
+    text = capsys.readouterr().out
+    assert rc == EXIT_OK, text
+    assert "idle: 1.5 W" in text and "power columns: time=time, power=power (W)" in text
+    data = json.loads(out.read_text())
+    assert rel(data["mean_j_per_step"], 1.75) < 1e-9
+    assert rel(data["mean_uj_per_image"], 1.75 / 4 * 1e6) < 1e-9
+    assert [s["cycles"] for s in data["steps"]] == [1000, 1001, 1002, 1003]
+    assert png.stat().st_size > 0
+
+
+def _run_err(capsys, argv):
+    rc = main(argv)
+    err = capsys.readouterr().err.strip()
+    return rc, err
+
+
+@pytest.mark.parametrize("case", ["empty", "header_only", "bad_columns", "not_numbers", "folder_power",
+                                  "folder_steps", "empty_steps", "uncovered", "not_increasing"])
+def test_cli_errors_are_one_line_exit_2(tmp_path, capsys, case):
+    power = write_csv(tmp_path / "p.csv", ["t", "w"], [(T0 + i * 0.01, 1.0) for i in range(100)])
+    steps = write_steps(tmp_path / "s.jsonl", [(T0 + 0.1, T0 + 0.2)])
+    expect = {"empty": "empty", "header_only": "empty", "bad_columns": "no power column",
+              "not_numbers": "not a number", "folder_power": "is a folder", "folder_steps": "is a folder",
+              "empty_steps": "no steps", "uncovered": "step 0", "not_increasing": "does not increase"}[case]
+    if case == "empty":
+        power.write_text("")
+    elif case == "header_only":
+        power.write_text("t,w\n")
+    elif case == "bad_columns":
+        write_csv(power, ["t", "temperature"], [(T0 + i * 0.01, 1.0) for i in range(100)])
+    elif case == "not_numbers":
+        power.write_text("t,w\n" + "".join(f"{T0 + i * 0.01},{'x' if i == 5 else 1.0}\n" for i in range(100)))
+    elif case == "folder_power":
+        power = tmp_path
+    elif case == "folder_steps":
+        steps = tmp_path
+    elif case == "empty_steps":
+        steps.write_text("\n")
+    elif case == "uncovered":
+        steps = write_steps(tmp_path / "s.jsonl", [(T0 + 0.5, T0 + 2.0)])
+    elif case == "not_increasing":
+        power.write_text("t,w\n" + "".join(f"{T0 + (i if i != 50 else 10) * 0.01},1.0\n" for i in range(100)))
+    rc, err = _run_err(capsys, ["energy-measure", "--power", str(power), "--steps", str(steps)])
+    assert rc == EXIT_USER_ERROR
+    assert len(err.splitlines()) == 1 and expect in err, err
+    assert "Traceback" not in err
+
+
+def test_integrate_is_exact_for_piecewise_linear_sampled_trace():
+    # a random piecewise-linear trace: integrating it in two pieces equals integrating it whole
+    rng = np.random.default_rng(3)
+    t = np.cumsum(rng.uniform(0.001, 0.02, 500))
+    tr = PowerTrace(t, rng.uniform(0, 5, 500), "test")
+    a, m, b = t[3] + 0.0004, t[200] + 0.0007, t[-4] - 0.0003
+    whole = integrate(tr, a, b)
+    assert math.isclose(integrate(tr, a, m) + integrate(tr, m, b), whole, rel_tol=1e-12)
+    ref = sum(0.5 * (t[i + 1] - t[i]) * (tr.p[i] + tr.p[i + 1]) for i in range(len(t) - 1))
+    assert math.isclose(integrate(tr, t[0], t[-1]), ref, rel_tol=1e-12)
