@@ -200,10 +200,19 @@ def _parse_time(text: str) -> float:
         return float(text)
     except ValueError:
         pass
-    dt = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    if dt.tzinfo is None:  # pandas writes DataRecorder's index as naive UTC
+    # ISO date-time; the fraction is split off first: pandas writes nanoseconds (9 digits), which
+    # datetime.fromisoformat refuses before Python 3.11
+    m = _ISO.match(text.strip())
+    if not m:
+        raise ValueError(text)
+    date, clock, frac, zone = m.groups()
+    dt = datetime.fromisoformat(f"{date}T{clock}{'+00:00' if zone in (None, 'Z') else zone}")
+    if zone is None:  # pandas writes DataRecorder's index as naive UTC
         dt = dt.replace(tzinfo=timezone.utc)  # noqa: UP017 - Python 3.10 (board image)
-    return dt.timestamp()
+    return dt.timestamp() + (float(frac) if frac else 0.0)
+
+
+_ISO = re.compile(r"^(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(\.\d+)?(Z|[+-]\d{2}:\d{2})?$")
 
 
 def load_power(path, *, rails: list[str] | None = None, time_offset: float = 0.0) -> PowerTrace:

@@ -128,6 +128,17 @@ def test_pynq_datarecorder_frame_sums_chosen_rails(tmp_path):
         load_power(path, rails=["PSINT"])
 
 
+@pytest.mark.parametrize("stamp,seconds", [("2023-11-14 22:13:20", 0.0), ("2023-11-14 22:13:20.25", 0.25),
+                                           ("2023-11-14T22:13:20.123456789", 0.123456789),
+                                           ("2023-11-14 23:13:20.5+01:00", 0.5), ("2023-11-14 22:13:20Z", 0.0)])
+def test_iso_times_as_pandas_writes_them(tmp_path, stamp, seconds):
+    # pandas writes a DatetimeIndex with 0, 6 or 9 fractional digits; T0 is 2023-11-14 22:13:20 UTC
+    path = tmp_path / "p.csv"
+    path.write_text(f"timestamp,power\n{stamp},1.0\n2023-11-14 22:13:30,1.0\n")
+    tr = load_power(path)
+    assert abs(tr.t[0] - (T0 + seconds)) < 1e-6
+
+
 def test_step_log_from_driver_train_steps(tmp_path):
     desc = make_desc()
     log = tmp_path / "steps.jsonl"
@@ -158,6 +169,17 @@ def test_log_not_covering_a_step_names_step_and_gap():
     tr = PowerTrace(t, np.ones_like(t), "p.csv")
     with pytest.raises(EnergyError, match=r"step 1 .* ends 0\.51 s after the power log"):
         measure(tr, [StepWindow(0, T0 + 0.1, T0 + 0.2, 1), StepWindow(1, T0 + 0.5, T0 + 1.5, 1)])
+
+
+def test_step_before_the_log_and_steps_given_by_duration(tmp_path):
+    t = T0 + 1 + np.arange(0, 100) * 0.01
+    tr = PowerTrace(t, np.ones_like(t), "p.csv")
+    with pytest.raises(EnergyError, match=r"step 0 .* starts 0\.5 s before the power log"):
+        measure(tr, [StepWindow(0, T0 + 0.5, T0 + 1.5, 1)])
+    path = tmp_path / "s.jsonl"
+    path.write_text(json.dumps({"t_start": T0 + 1.25, "duration_s": 0.5, "batch": 2}) + "\n")
+    (s,) = load_steps(path)
+    assert s.step == 0 and s.t_end == T0 + 1.75 and s.cycles is None
 
 
 def test_too_few_samples_in_a_step():
