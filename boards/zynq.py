@@ -52,9 +52,15 @@ class ZynqBoard:
     """Default ``FCLK_CLK0`` frequency for the accelerator (the PS7 presets' default)."""
     aliases: tuple[str, ...] = ()
     notes: Mapping[str, str] = field(default_factory=dict)
+    ps7_config: Mapping[str, str] = field(default_factory=dict)
+    """Explicit ``processing_system7`` settings (``PCW_*`` name -> value) for a Vivado without the board's
+    board files: PS_CLK, MIO bank voltages, the DDR part and width, and the PS peripherals the board's boot
+    image uses (UART, SD, Ethernet, USB, QSPI) on the board's MIO pins. DDR training delays stay at Vivado's
+    defaults: a PYNQ image's boot loader configures the DDR, the overlay's bitstream only sets the PL side."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "notes", MappingProxyType(dict(self.notes)))
+        object.__setattr__(self, "ps7_config", MappingProxyType(dict(self.ps7_config)))
         get_device(self.part)  # every board's part must be a declared device
 
     @property
@@ -87,7 +93,42 @@ class ZynqBoard:
             "ddr_bus_bits": self.ddr_bus_bits,
             "pynq_image": self.pynq_image,
             "host_access": self.host_access,
+            "ps7_config": dict(self.ps7_config),
         }
+
+
+# PS-side settings the three boards share: MIO bank 0 at 3.3 V and bank 1 at 1.8 V, a quad-SPI flash on one
+# chip select, Gigabit Ethernet on MIO 16-27 with MDIO on MIO 52-53.
+_ZYNQ_BOARD_PS7 = {
+    "PCW_PRESET_BANK0_VOLTAGE": "LVCMOS 3.3V",
+    "PCW_PRESET_BANK1_VOLTAGE": "LVCMOS 1.8V",
+    "PCW_QSPI_PERIPHERAL_ENABLE": "1",
+    "PCW_QSPI_GRP_SINGLE_SS_ENABLE": "1",
+    "PCW_ENET0_PERIPHERAL_ENABLE": "1",
+    "PCW_ENET0_ENET0_IO": "MIO 16 .. 27",
+    "PCW_ENET0_GRP_MDIO_ENABLE": "1",
+    "PCW_ENET0_GRP_MDIO_IO": "MIO 52 .. 53",
+}
+
+# PS-side settings of the PYNQ-Z1 and PYNQ-Z2 (same PS wiring: 50 MHz PS_CLK, a 16-bit DDR3
+# MT41K256M16, UART0 on MIO 14-15, SD0 with card detect on MIO 47, Ethernet on MIO 16-27 with MDIO on 52-53,
+# USB0 with its PHY reset on MIO 46); from the boards' schematics and PYNQ's base designs.
+_PYNQ_PS7 = {
+    **_ZYNQ_BOARD_PS7,
+    "PCW_CRYSTAL_PERIPHERAL_FREQMHZ": "50",
+    "PCW_APU_PERIPHERAL_FREQMHZ": "650",
+    "PCW_UIPARAM_DDR_PARTNO": "MT41K256M16 RE-125",
+    "PCW_UIPARAM_DDR_BUS_WIDTH": "16 Bit",
+    "PCW_UIPARAM_DDR_FREQ_MHZ": "525",
+    "PCW_SD0_PERIPHERAL_ENABLE": "1",
+    "PCW_SD0_GRP_CD_ENABLE": "1",
+    "PCW_SD0_GRP_CD_IO": "MIO 47",
+    "PCW_UART0_PERIPHERAL_ENABLE": "1",
+    "PCW_UART0_UART0_IO": "MIO 14 .. 15",
+    "PCW_USB0_PERIPHERAL_ENABLE": "1",
+    "PCW_USB0_RESET_ENABLE": "1",
+    "PCW_USB0_RESET_IO": "MIO 46",
+}
 
 
 ZEDBOARD = ZynqBoard(
@@ -106,6 +147,26 @@ ZEDBOARD = ZynqBoard(
         "base design), then use the pynq package on the board; otherwise a PetaLinux/bare-metal host"
     ),
     aliases=("zed", "zedboard-z7020"),
+    # ZedBoard hardware user guide: 33.333 MHz PS_CLK, 32-bit DDR3 (two MT41J128M16 HA-15E), UART1 on MIO
+    # 48-49, SD0 on MIO 40-45 (card detect 47, write protect 46), Ethernet MIO 16-27, USB0 MIO 28-39.
+    ps7_config={
+        **_ZYNQ_BOARD_PS7,
+        "PCW_CRYSTAL_PERIPHERAL_FREQMHZ": "33.333333",
+        "PCW_APU_PERIPHERAL_FREQMHZ": "666.666667",
+        "PCW_UIPARAM_DDR_PARTNO": "MT41J128M16 HA-15E",
+        "PCW_UIPARAM_DDR_BUS_WIDTH": "32 Bit",
+        "PCW_UIPARAM_DDR_FREQ_MHZ": "533.333333",
+        "PCW_SD0_PERIPHERAL_ENABLE": "1",
+        "PCW_SD0_SD0_IO": "MIO 40 .. 45",
+        "PCW_SD0_GRP_CD_ENABLE": "1",
+        "PCW_SD0_GRP_CD_IO": "MIO 47",
+        "PCW_SD0_GRP_WP_ENABLE": "1",
+        "PCW_SD0_GRP_WP_IO": "MIO 46",
+        "PCW_UART1_PERIPHERAL_ENABLE": "1",
+        "PCW_UART1_UART1_IO": "MIO 48 .. 49",
+        "PCW_USB0_PERIPHERAL_ENABLE": "1",
+        "PCW_USB0_USB0_IO": "MIO 28 .. 39",
+    },
 )
 
 PYNQ_Z1 = ZynqBoard(
@@ -121,6 +182,7 @@ PYNQ_Z1 = ZynqBoard(
     pynq_image=True,
     host_access="official PYNQ SD-card image; the pynq package on the board loads the overlay",
     aliases=("pynqz1", "pynq_z1", "z1"),
+    ps7_config=_PYNQ_PS7,
 )
 
 PYNQ_Z2 = ZynqBoard(
@@ -136,6 +198,7 @@ PYNQ_Z2 = ZynqBoard(
     pynq_image=True,
     host_access="official PYNQ SD-card image; the pynq package on the board loads the overlay",
     aliases=("pynqz2", "pynq_z2", "z2"),
+    ps7_config=_PYNQ_PS7,
 )
 
 BOARDS: Mapping[str, ZynqBoard] = MappingProxyType({b.name: b for b in (ZEDBOARD, PYNQ_Z1, PYNQ_Z2)})

@@ -353,6 +353,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--synth-by-unit", dest="synth_by_unit", action="store_true",
                    help="synthesise the top level's submodules one by one and add them up (the paper's MLP: about "
                         "25 min instead of hours; misses optimisation across unit boundaries)")
+    p.add_argument("--board", choices=("pynq-z2", "pynq-z1", "zedboard"),
+                   help="also write DIR/vivado/ (build.tcl + Makefile): the Vivado build of a PYNQ overlay "
+                        "(xnortrain.bit + xnortrain.hwh) for this board; `make -C DIR/vivado` needs Vivado")
     p.set_defaults(func=_lazy("rtl_gen.generate", "generate_main"))
 
     p = sub.add_parser("verify", help="simulate training steps in Verilator and compare with the bit-exact model")

@@ -280,13 +280,15 @@ def _unit_checked(build, plan):
         raise ConfigError(f"hw.{e} for this configuration's widths (docs/arithmetic.md)") from None
 
 
-def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=print, force: bool = True) -> dict:
+def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=print, force: bool = True,
+             board=None) -> dict:
     """Write the accelerator for ``cfg`` to ``out_dir``: ``<top>.v``, ``regmap.json``, ``accelerator.json``
     (the host description), ``config.toml``, ``report.txt`` and ``report.json`` (cycles per step and per
     image from :mod:`rtl_gen.cycle_model`; with ``synth``, Yosys ``synth_xilinx`` resources for the xc7z020
     with percentages and a fit verdict naming every resource over the limit; ``by_unit``: the sum of the
     top level's submodules synthesised one by one, :func:`rtl_gen.synth.synthesize_units`, for designs whose
-    whole-design synthesis takes hours). Returns the report dict.
+    whole-design synthesis takes hours; ``board``: a Zynq board name, also writes ``vivado/build.tcl`` and
+    ``vivado/Makefile``, the Vivado build of a PYNQ overlay, :mod:`boards.vivado`). Returns the report dict.
 
     Nothing is created until the design is built: the output folder is checked first (:func:`check_out_dir`;
     ``force=False`` refuses a non-empty one, as ``xnortrain generate`` does without ``--force``), then the memory
@@ -296,6 +298,10 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
     import time
 
     out = check_out_dir(out_dir, force=force)
+    if board is not None:
+        from boards.zynq import get_board
+
+        board = get_board(board)
     check_memory_budget(cfg)
     from .cycle_model import step_cycles
     from .top import Accelerator, SystemPlan
@@ -313,6 +319,11 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
     (out / "regmap.md").write_text(plan.regmap.to_markdown())
     plan.description().write_json(out / "accelerator.json")
     (out / "config.toml").write_text(cfg.to_toml())
+    if board is not None:
+        from boards.vivado import write_vivado_project
+
+        tcl = write_vivado_project(out / "vivado", board, plan.description(), out / f"{plan.name}.v", top=plan.name)
+        log(f"  Vivado build for the {board.title}: {tcl} (make -C {tcl.parent}; needs Vivado)")
     report = {
         "name": plan.name,
         "config": cfg.name,
@@ -369,7 +380,8 @@ def generate_main(args) -> int:
     check_out_dir(args.out, force=getattr(args, "force", False))
     try:
         report = generate(cfg, args.out, synth=not getattr(args, "no_synth", False),
-                          by_unit=getattr(args, "synth_by_unit", False), force=getattr(args, "force", False))
+                          by_unit=getattr(args, "synth_by_unit", False), force=getattr(args, "force", False),
+                          board=getattr(args, "board", None))
     except DoesNotFitError as e:
         print(f"xnortrain: {e}", file=sys.stderr)
         return EXIT_DOES_NOT_FIT

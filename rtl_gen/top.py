@@ -74,7 +74,7 @@ from .rng import RngEngine, RngGeometry
 from .weight_memory import UNDO, UPDATE, OptimizerSpec, SweepGeometry, WeightMemory, WeightMemoryGeometry
 from .xnor_engine import XnorEngineCore, XnorGeometry
 
-__all__ = ["Accelerator", "LayerPlan", "SystemPlan", "TOP_NAME", "top_ports"]
+__all__ = ["PORT_ATTRS", "Accelerator", "LayerPlan", "SystemPlan", "TOP_NAME", "top_ports"]
 
 TOP_NAME = "xnortrain_top"
 E_WIDTH = 16
@@ -436,6 +436,32 @@ def top_ports(component) -> dict:
     return vivado_ports(component)
 
 
+# Xilinx interface attributes on the top-level ports (UG994 "Inferring AXI Interfaces", UG1118): with them a
+# module reference of the Verilog in a Vivado block design gets its clock (with the bus interfaces and the
+# reset it clocks), its active-high reset and its level interrupt without hand work; the AXI4-Lite and the two
+# AXI4-Stream interfaces are inferred from the port names. Amaranth writes ``Signal.attrs`` as Verilog
+# attributes on the top-level ports.
+PORT_ATTRS = {
+    "clk": {"X_INTERFACE_INFO": "xilinx.com:signal:clock:1.0 clk CLK",
+            "X_INTERFACE_PARAMETER": "ASSOCIATED_BUSIF s_axi:s_axis:m_axis, ASSOCIATED_RESET rst"},
+    "rst": {"X_INTERFACE_INFO": "xilinx.com:signal:reset:1.0 rst RST",
+            "X_INTERFACE_PARAMETER": "POLARITY ACTIVE_HIGH"},
+    "irq": {"X_INTERFACE_INFO": "xilinx.com:signal:interrupt:1.0 irq INTERRUPT",
+            "X_INTERFACE_PARAMETER": "SENSITIVITY LEVEL_HIGH"},
+}
+
+
+def _sync_domain(name: str):
+    """The top level's implicit clock domain, created at export with :data:`PORT_ATTRS` on its ports."""
+    from amaranth import ClockDomain
+
+    cd = ClockDomain(name)
+    if name == "sync":
+        cd.clk.attrs.update(PORT_ATTRS["clk"])
+        cd.rst.attrs.update(PORT_ATTRS["rst"])
+    return cd
+
+
 class _PortMux:
     """Drivers of one memory port from several phases: ``add(cond, **values)``; ``emit`` assigns them in an
     if/elif chain (conditions are mutually exclusive; the first listed wins)."""
@@ -559,7 +585,8 @@ class Accelerator(wiring.Component):
 
         # no source-location attributes: the text (and so the simulator build cache key) changes only when
         # the logic does
-        return to_verilog(self, self._plan.name, ports=top_ports(self), emit_src=False)
+        self.irq.attrs.update(PORT_ATTRS["irq"])
+        return to_verilog(self, self._plan.name, ports=top_ports(self), emit_src=False, missing_domain=_sync_domain)
 
     # ------------------------------------------------------------------------------------------------------
     def elaborate(self, platform):
