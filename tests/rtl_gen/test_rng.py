@@ -24,6 +24,9 @@ def small_config(**overrides):
         "model.layers": [{"type": "dense", "units": 10}, {"type": "dense", "units": 7}],
         "model.num_classes": 7,
         "train.batch_size": 13,
+        # system lanes the RNG geometries below agree with (the configuration checks hw.rng_block against them)
+        "hw.lanes_in": 8,
+        "hw.lanes_out": 4,
     }
     d.update(overrides)
     return d
@@ -169,7 +172,8 @@ SWEEP = [
     pytest.param((small_config(**{"hw.rng_block": 16, "hw.rng_seed": 7}), 0, 8, 4, 4, 30), id="n37x10-b16-li8-lo4-u4"),
     # one lane, one chunk per word, one word per block: a generator read and written back in the same visit,
     # the same lane every cycle; layer 1 (offset 100)
-    pytest.param((small_config(**{"hw.rng_block": 4}), 1, 4, 1, 4, 30), id="n10x7-b4-li4-lo1-u4"),
+    pytest.param((small_config(**{"hw.rng_block": 4, "hw.lanes_in": 4, "hw.lanes_out": 1}), 1, 4, 1, 4, 30),
+                 id="n10x7-b4-li4-lo1-u4"),
     # the MLP's first layer with the default block of 256 rows (25,088 visits per sweep)
     pytest.param(({}, 0, 64, 16, 8, 2), id="mlp-l0-li64-lo16-u8", marks=pytest.mark.rtl_slow),
 ]
