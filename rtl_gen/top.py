@@ -1657,8 +1657,11 @@ class Accelerator(wiring.Component):
         emit = Signal(name=f"split_emit{j}")  # a BN beat (real or padding) is complete this cycle
         m.d.comb += keep.eq(emit & (q < G2))
         ports["ydx_w"].add(keep, addr=wcount, data=word, en=1)
+        # every BN beat the engine sends, padding included: the phase ends when the last row's padding beats have
+        # left the engine too (a shared engine would otherwise start its next layer's dX with them)
+        ecount = Signal(range(B * per_row + 1), name=f"split_emitted{j}")
         with m.If(emit):
-            m.d.sync += q.eq(Mux(q == per_row - 1, 0, q + 1))
+            m.d.sync += [q.eq(Mux(q == per_row - 1, 0, q + 1)), ecount.eq(ecount + 1)]
             with m.If(keep):
                 m.d.sync += wcount.eq(wcount + 1)
 
@@ -1705,8 +1708,8 @@ class Accelerator(wiring.Component):
                 with m.If(st):
                     m.d.sync += n.eq(0)
         with m.If(st):
-            m.d.sync += [q.eq(0), wcount.eq(0)]
-        m.d.comb += done[key].eq(wcount == below.beats)
+            m.d.sync += [q.eq(0), wcount.eq(0), ecount.eq(0)]
+        m.d.comb += done[key].eq(ecount == B * per_row)
 
     def _array_dx(self, m, plan, lp, a, st, done, u, wm, ports):
         """dX on the po2 backward engine's array: it reads the codes and the weights itself and writes each word
