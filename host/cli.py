@@ -176,35 +176,109 @@ def _train_outputs(args, cfg: Config, arith: str) -> tuple[Path | None, Path | N
     return json_out, plot, ckpt
 
 
-def cmd_train(args) -> int:
-    from sim.train_loop import load_checkpoint, run_training
+def _default_target() -> str:
+    """``board`` on a PYNQ board (the ``pynq`` package importable and an FPGA manager present), else ``sim``."""
+    import importlib.util
+    import os
 
-    resume = load_checkpoint(args.resume) if args.resume else None
+    if importlib.util.find_spec("pynq") is not None and (
+            os.environ.get("BOARD") or Path("/sys/class/fpga_manager/fpga0").exists()):
+        return "board"
+    return "sim"
+
+
+def _train_kind(args, resume) -> tuple[str, str]:
+    """(arith, target) of ``xnortrain train``: arith ``float`` (the float reference; target ``float``) or
+    ``hw`` with target ``model`` (the bit-exact model), ``sim`` (the simulated board) or ``board``."""
     ckpt_arith = None if resume is None else ("hw" if resume.engine == "hw" else "float")
     if resume is not None and args.arith and args.arith != ckpt_arith:
         raise UserError(f"--arith {args.arith}: {args.resume} was written with --arith {ckpt_arith}")
-    arith = args.arith or ckpt_arith or "float"
+    if args.target and (args.arith == "float" or ckpt_arith == "float"):
+        why = "--arith float" if args.arith == "float" else f"{args.resume} was written by the float reference"
+        raise UserError(f"--target {args.target}: {why}; the targets train the hardware arithmetic")
+    arith = args.arith or ckpt_arith or "hw"
+    if arith == "float":
+        return "float", "float"
+    if args.target:
+        return "hw", args.target
+    if args.arith == "hw":
+        return "hw", "model"  # --arith hw alone: the bit-exact model, as before --target existed
+    if resume is not None:
+        return "hw", resume.meta.get("history", {}).get("meta", {}).get("target") or "model"
+    return "hw", _default_target()
+
+
+def _accelerator_engine(args, cfg: Config, target: str, stack):
+    """The :class:`host.train_target.AcceleratorEngine` of ``--target sim|board`` (resources on ``stack``)."""
+    from host.driver import Driver
+    from host.train_target import AcceleratorEngine
+
+    if target == "sim":
+        from host.simboard import SimBoard
+
+        board = stack.enter_context(SimBoard.build(cfg, log=print))
+        driver = Driver(board.description, board.transport, **board.driver_options())
+    else:
+        from host.board import open_board
+
+        driver = stack.enter_context(open_board(cfg, args.bitstream, log=print))
+    return AcceleratorEngine(cfg, driver, check_every=args.check_every, target=target)
+
+
+def cmd_train(args) -> int:
+    import contextlib
+
+    from sim.train_loop import load_checkpoint, run_training
+
+    if args.check_every < 0:
+        raise UserError(f"--check-every {args.check_every}: must be >= 0 (0 = no comparison with the model)")
+    resume = load_checkpoint(args.resume) if args.resume else None
+    arith, target = _train_kind(args, resume)
+    if args.check_every and target not in ("sim", "board"):
+        raise UserError(f"--check-every compares the accelerator with the bit-exact model; --target {target} "
+                        "has no accelerator (use --target sim or board)")
+    if args.bitstream and target != "board":
+        raise UserError(f"--bitstream is for --target board (this run: {target})")
     given = any(getattr(args, k, None) not in (None, []) for k in _TRAIN_CONFIG_OPTIONS)
     cfg = resume.config if resume is not None and not given else _train_config(args, arith)
-    json_out, plot, ckpt = _train_outputs(args, cfg, arith)
-    if arith == "hw":
-        from sim.hw.engine import HwEngine
+    json_out, plot, ckpt = _train_outputs(args, cfg, "float" if arith == "float" else
+                                          ("hw" if target == "model" else target))
+    with contextlib.ExitStack() as stack:
+        if arith == "float":
+            from sim.reference.engine import ReferenceEngine
 
-        engine = HwEngine(cfg)
-        what = f"hardware arithmetic, hw optimizer {cfg.hw.optimizer}"
-    else:
-        from sim.reference.engine import ReferenceEngine
+            engine = ReferenceEngine(cfg)
+            what = f"float arithmetic, scheme {cfg.approx.scheme}, optimizer {cfg.optimizer.name}"
+        elif target == "model":
+            from sim.hw.engine import HwEngine
 
-        engine = ReferenceEngine(cfg)
-        what = f"float arithmetic, scheme {cfg.approx.scheme}, optimizer {cfg.optimizer.name}"
-    print(
-        f"xnortrain: training {cfg.name} ({what}, B={cfg.train.batch_size}, {cfg.train.epochs} epochs, "
-        f"seed {cfg.train.seed}); checkpoint: {ckpt if ckpt is not None else 'none (--no-checkpoint)'}"
-    )
-    if resume is not None and resume.stopped in ("finished", "max_steps"):
-        print(f"{args.resume}: the run had stopped ({resume.stopped}) after {resume.step} steps; nothing to resume")
-    history = run_training(cfg, engine, progress=not args.no_progress, history_json=json_out, state_file=ckpt,
-                           resume=resume)
+            engine = HwEngine(cfg)
+            what = f"bit-exact hardware model, hw optimizer {cfg.hw.optimizer}"
+        else:
+            engine = _accelerator_engine(args, cfg, target, stack)
+            where = "simulated board (Verilator)" if target == "sim" else "PYNQ board"
+            check = f", compared with the bit-exact model every {args.check_every} steps" if args.check_every else ""
+            what = f"on the accelerator, {where}, hw optimizer {cfg.hw.optimizer}{check}; test accuracy by its infer"
+        print(
+            f"xnortrain: training {cfg.name} ({what}, B={cfg.train.batch_size}, {cfg.train.epochs} epochs, "
+            f"seed {cfg.train.seed}); checkpoint: {ckpt if ckpt is not None else 'none (--no-checkpoint)'}"
+        )
+        if resume is not None and resume.stopped in ("finished", "max_steps"):
+            print(f"{args.resume}: the run had stopped ({resume.stopped}) after {resume.step} steps; "
+                  "nothing to resume")
+        try:
+            history = run_training(cfg, engine, progress=not args.no_progress, history_json=json_out,
+                                   state_file=ckpt, resume=resume)
+        except Exception as e:
+            from host.train_target import TargetMismatch
+
+            if not isinstance(e, TargetMismatch):
+                raise
+            print(f"xnortrain: mismatch: {e}", file=sys.stderr)
+            if ckpt is not None:
+                print(f"the last checkpoint written between whole steps is kept in {ckpt}", file=sys.stderr)
+            return EXIT_MISMATCH
+        cycles = getattr(engine, "cycles", 0)
     if json_out is not None:
         print(f"history written to {json_out}")
     if plot is not None:
@@ -217,6 +291,11 @@ def cmd_train(args) -> int:
         )
     else:
         print("no epoch finished")
+    if cycles and history.total_steps:
+        steps_here = history.total_steps - (history.meta.get("resumed") or [{"step": 0}])[-1]["step"]
+        if steps_here > 0:
+            per = cycles / steps_here
+            print(f"accelerator: {per:,.0f} cycles per training step, {per / cfg.train.batch_size:,.0f} per image")
     if history.meta.get("stopped") == "interrupted":
         steps = history.meta.get("total_steps", 0)
         if ckpt is None:
@@ -286,20 +365,33 @@ def make_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser(
-        "train", help="train with the float reference or the bit-exact hardware model",
-        description="Train the float reference (--arith float, the default) or the bit-exact integer model of the "
-        "accelerator (--arith hw) on the configured dataset, evaluating on the test set after every epoch. Without "
-        "--model or --config the 'mlp' preset (configs/mlp_mnist.toml) is used. The whole training state is saved "
-        "to the checkpoint after every epoch and when the run stops; Ctrl-C or SIGTERM stop it at the next step "
-        "boundary (exit status 130) and --resume continues it bit-identically.",
+        "train", help="train on the accelerator (simulated or on a board), the bit-exact model or the float reference",
+        description="Train on the generated accelerator: --target sim (the default off a board) builds the "
+        "accelerator for the configuration and its Verilator simulator once (cached) and trains through the host "
+        "driver as on a board; --target board uses a PYNQ board's overlay (the default on a board); --target model "
+        "runs the bit-exact integer model alone (also --arith hw). After every epoch the test set is classified by "
+        "the target itself (the accelerator's infer command). --arith float trains the NumPy float reference. "
+        "Without --model or --config the 'mlp' preset (configs/mlp_mnist.toml) is used. The whole training state "
+        "is saved to the checkpoint after every epoch and when the run stops; Ctrl-C or SIGTERM stop it at the "
+        "next step boundary (exit status 130) and --resume continues it bit-identically, on any hardware target.",
     )
     _add_config_args(p)
     p.add_argument(
-        "--arith", choices=("float", "hw"),
-        help="float: the NumPy float reference (default; its optimiser is --optimizer); hw: the bit-exact "
-             "integer model, whose optimiser is hw.optimizer: --optimizer switch, bop, iir or sgdm (= hw sgd with "
-             "momentum) selects it, adam has no hardware equivalent",
+        "--target", choices=("sim", "board", "model"),
+        help="where the hardware arithmetic trains: sim = the accelerator in Verilator (default off a board), "
+             "board = the accelerator on a PYNQ board (default on one; --bitstream), model = the bit-exact model",
     )
+    p.add_argument(
+        "--arith", choices=("float", "hw"),
+        help="float: the NumPy float reference (its optimiser is --optimizer); hw: the hardware arithmetic "
+             "(alone: --target model), whose optimiser is hw.optimizer: --optimizer switch, bop, iir or sgdm "
+             "(= hw sgd with momentum) selects it, adam has no hardware equivalent",
+    )
+    p.add_argument("--check-every", type=int, default=0, metavar="K",
+                   help="--target sim|board: run the bit-exact model beside the accelerator and compare the whole "
+                        "state every K steps (logits every step); the first difference stops the run (exit 4)")
+    p.add_argument("--bitstream", metavar="BIT",
+                   help="--target board: the overlay (default xnortrain.bit; accelerator.json beside it)")
     p.add_argument("--epochs", type=int, help="shortcut for --set train.epochs=N")
     p.add_argument("--seed", type=int, help="shortcut for --set train.seed=N")
     p.add_argument("--max-steps", type=int, help="stop after N training steps (short runs)")
@@ -309,7 +401,7 @@ def make_parser() -> argparse.ArgumentParser:
         "--checkpoint", metavar="FILE",
         help="where the whole training state is saved, atomically, after every epoch and when the run stops "
              "(default: the --resume file when resuming, else next to --json as <stem>.ckpt.npz, else "
-             "results/<config name>-<arith>.ckpt.npz)",
+             "results/<config name>-<float|hw|sim|board>.ckpt.npz)",
     )
     p.add_argument("--no-checkpoint", action="store_true", help="save no training state")
     p.add_argument(

@@ -663,6 +663,8 @@ def _train(cfg, engine, data, ctl: _Control, *, progress, log, max_steps, histor
         "config": cfg.to_dict(),
         "stopped": "running",
     }
+    # where the engine runs (float, model, sim, board); engines of one kind share checkpoints across targets
+    target = getattr(engine, "target", engine_name)
     epoch, step, ep = 0, 0, None
     stop_reason = "running"  # of the loop: running, max_steps or finished (an interrupt is not one)
     if resume is not None:
@@ -692,12 +694,14 @@ def _train(cfg, engine, data, ctl: _Control, *, progress, log, max_steps, histor
         hist = History(**{k: v for k, v in ckpt.meta["history"].items() if k in History.__dataclass_fields__})
         hist.meta.pop("signal", None)
         hist.meta["stopped"] = "running"
-        hist.meta.setdefault("resumed", []).append({"step": int(loop["step"]), "from": str(where)})
+        hist.meta.setdefault("resumed", []).append({"step": int(loop["step"]), "from": str(where),
+                                                    "target": getattr(engine, "target", engine_name)})
         epoch, step, stop_reason = int(loop["epoch"]), int(loop["step"]), str(loop["stop_reason"])
         if loop["running_epoch"] is not None:
             ep = _Epoch(order=np.asarray(ckpt.arrays["order"]), drops=np.asarray(ckpt.arrays["drops"]),
                         **loop["running_epoch"])
         log(f"resuming from {where}: epoch {epoch + 1}, {step} steps done")
+    hist.meta["target"] = target
 
     def snapshot(engine_state) -> Checkpoint:
         """The state between whole steps: the engine's ``engine_state`` and the loop as it stands."""
@@ -718,13 +722,18 @@ def _train(cfg, engine, data, ctl: _Control, *, progress, log, max_steps, histor
         return Checkpoint(meta, engine_state, arrays)
 
     def save(engine_state) -> None:
-        """Write the history JSON and the checkpoint (signals wait until both are on disk)."""
+        """Write the history JSON and the checkpoint (signals wait until both are on disk). ``engine_state``
+        None: a step was cut and cannot be rolled back (an engine without per-step snapshots); the checkpoint
+        already on disk, written between whole steps, is kept."""
         phase, ctl.phase = ctl.phase, "save"
         try:
             if history_json is not None:
                 hist.to_json(history_json)
-            if state_file is not None:
+            if state_file is not None and engine_state is not None:
                 save_checkpoint(state_file, snapshot(engine_state))
+            elif state_file is not None:
+                log(f"the running step was cut and cannot be rolled back; the last checkpoint in {state_file} "
+                    "(written between whole steps) is kept")
         finally:
             ctl.phase = phase
 
@@ -764,7 +773,9 @@ def _train(cfg, engine, data, ctl: _Control, *, progress, log, max_steps, histor
                     xp = engine.prepare_inputs(xb, dither=dither_rng(cfg.train.seed, step))
                 else:
                     xp = engine.prepare_inputs(xb)
-                pre_step = engine.state_dict()
+                # the state before the step, to roll a cut step back; an engine whose state is expensive to
+                # read (the accelerator) says so and keeps the last checkpoint on disk instead
+                pre_step = engine.state_dict() if getattr(engine, "step_snapshot", True) else None
                 ctl.phase = "step"
                 res = engine.train_step(xp, yb, lr=lr, progress=frac)
                 ctl.phase = "book"
@@ -855,12 +866,15 @@ def _train(cfg, engine, data, ctl: _Control, *, progress, log, max_steps, histor
     return hist
 
 
-def _settle(engine, ctl: _Control, pre_step, ep: _Epoch | None, t0: float | None) -> dict:
-    """After an exception: the engine state between whole steps (a cut step is rolled back)."""
+def _settle(engine, ctl: _Control, pre_step, ep: _Epoch | None, t0: float | None) -> dict | None:
+    """After an exception: the engine state between whole steps (a cut step is rolled back); None when the
+    step was cut and the engine keeps no snapshot to roll back to (``step_snapshot = False``)."""
     if ctl.phase == "step" and pre_step is not None:
         with contextlib.suppress(Exception):
             engine.load_state_dict(pre_step)
         state = pre_step
+    elif ctl.phase == "step":
+        state = None
     else:
         state = engine.state_dict()
     if ep is not None and t0 is not None:

@@ -32,6 +32,7 @@ class HwEngine:
     """Trains with the integer datapath of :class:`sim.hw.model.HwModel`."""
 
     name = "hw"
+    target = "model"  # the bit-exact model alone (host.train_target: "sim" and "board" share its checkpoints)
 
     def __init__(self, cfg):
         self.cfg = cfg

@@ -36,6 +36,7 @@ class ReferenceEngine:
     """NumPy float reference of Algorithms 1 / 2 (:class:`sim.reference.model.BNNModel`)."""
 
     name = "reference"
+    target = "float"
 
     def __init__(self, cfg: Config, rng: np.random.Generator | None = None):
         self.cfg = cfg

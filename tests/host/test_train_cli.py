@@ -46,9 +46,11 @@ def test_help_says_what_train_does(capsys):
         main(["train", "--help"])
     assert e.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
-    for text in ("Train the float reference (--arith float, the default)", "bit-exact integer model",
+    for text in ("Train on the generated accelerator: --target sim (the default off a board)",
+                 "the accelerator's infer command", "--arith float trains the NumPy float reference",
+                 "integer model alone", "--check-every K", "--bitstream BIT",
                  "'mlp' preset (configs/mlp_mnist.toml)", "exit status 130", "--resume FILE", "bit-identically",
-                 "results/<config name>-<arith>.ckpt.npz", "adam has no hardware equivalent"):
+                 "results/<config name>-<float|hw|sim|board>.ckpt.npz", "adam has no hardware equivalent"):
         assert text in out, text
 
 
@@ -87,7 +89,7 @@ def _bad_paths(tmp_path):
 def test_output_paths_are_checked_before_training(tmp_path, capsys, no_training):
     cfg = tiny_config(tmp_path)
     for extra, msg in _bad_paths(tmp_path):
-        rc = main(["train", "--config", cfg, "--no-progress", *extra])
+        rc = main(["train", "--config", cfg, "--arith", "float", "--no-progress", *extra])
         cap = capsys.readouterr()
         if msg is None:
             assert rc == 0 and no_training
@@ -104,9 +106,9 @@ def test_unwritable_folder_is_refused(tmp_path, capsys, monkeypatch, no_training
     target.mkdir()
     real = os.access
     monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == target else real(p, mode))
-    assert main(["train", "--config", cfg, "--json", str(target / "h.json")]) == 2
+    assert main(["train", "--config", cfg, "--arith", "float", "--json", str(target / "h.json")]) == 2
     assert f"folder {target} is not writable" in capsys.readouterr().err and not no_training
-    assert main(["train", "--config", cfg, "--checkpoint", str(target / "a" / "b" / "c.npz")]) == 2
+    assert main(["train", "--config", cfg, "--arith", "float", "--checkpoint", str(target / "a" / "b" / "c.npz")]) == 2
     assert f"folder {target} is not writable" in capsys.readouterr().err and not no_training
     assert not (target / "a").exists()
 
@@ -116,10 +118,10 @@ def test_default_checkpoint_locations(tmp_path, monkeypatch, capsys, no_training
     monkeypatch.chdir(tmp_path)
     assert main(["train", "--config", cfg, "--arith", "hw"]) == 0
     assert no_training[-1][2]["state_file"] == Path("results/tiny-hw.ckpt.npz") and Path("results").is_dir()
-    assert main(["train", "--config", cfg, "--json", "h.json"]) == 0
+    assert main(["train", "--config", cfg, "--arith", "float", "--json", "h.json"]) == 0
     assert no_training[-1][2]["state_file"] == Path("h.ckpt.npz")
     assert "checkpoint: h.ckpt.npz" in capsys.readouterr().out
-    assert main(["train", "--config", cfg, "--no-checkpoint"]) == 0
+    assert main(["train", "--config", cfg, "--arith", "float", "--no-checkpoint"]) == 0
     assert no_training[-1][2]["state_file"] is None
 
 
@@ -146,7 +148,7 @@ def test_arith_hw_optimizer_without_hardware_equivalent_is_refused(tmp_path, cap
     assert main(["train", "--config", cfg, "--arith", "hw", "--optimizer", "bop", "--set", "hw.optimizer=iir",
                  "--no-checkpoint"]) == 0
     assert no_training[-1][0].hw.optimizer == "iir"
-    assert main(["train", "--config", cfg, "--optimizer", "adam", "--no-checkpoint"]) == 0
+    assert main(["train", "--config", cfg, "--arith", "float", "--optimizer", "adam", "--no-checkpoint"]) == 0
     assert no_training[-1][1].name == "reference"
     assert not any(c[1].name == "hw" and c[0].optimizer.name == "adam" for c in no_training)
 

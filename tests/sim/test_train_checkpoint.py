@@ -102,6 +102,7 @@ class Recorder:
     def __init__(self, engine):
         self.engine = engine
         self.name = engine.name
+        self.target = engine.target
         self.after = []
 
     def prepare_inputs(self, x, **kw):
