@@ -244,8 +244,16 @@ class PynqTransport(BlockingTransport):
     block design. ``pynq`` is imported here, never at module import (it exists only on the board).
 
     Buffers: one per direction, allocated once (by :meth:`attach`, which the :class:`Driver` calls, sized
-    for the largest transfer of the description) and reused; only :meth:`close` frees them, and never one
-    the DMA may still be using.
+    for the largest transfer of the description) on the DMA's device (``pynq.allocate(target=dma.device)``)
+    and reused; only :meth:`close` frees them, and never one the DMA may still be using. A transfer of ``n``
+    words hands the DMA the buffer's first ``n`` words (a ``PynqBuffer`` view: its physical address is the
+    buffer's), so the cache operations cover only those bytes: pynq's send channel flushes the array it is
+    given before it starts; a receive is invalidated here once complete (pynq does that only in ``wait()``).
+
+    Transfer size: the DMA moves at most ``dma.buffer_max_size`` bytes per transfer (``2**c_sg_length_width
+    - 1``, from the .hwh). :meth:`attach` refuses a description whose largest transfer does not fit
+    (:class:`HardwareMismatch`: the bitstream's DMA was built too narrow), and every transfer is checked
+    before it starts (pynq's own check raises a bare ``ValueError``).
 
     Waits (the DMA in simple mode): a transfer is complete when its channel reports ``idle`` (pynq's
     ``_SDMAChannel`` properties ``idle``, ``error``, ``running``; its blocking ``wait()`` polls without a
@@ -275,6 +283,7 @@ class PynqTransport(BlockingTransport):
         self.timeout_s = float(timeout_s)
         self.stop_timeout_s = float(stop_timeout_s)
         self._channels = {"send": self._dma.sendchannel, "receive": self._dma.recvchannel}
+        self._max_bytes = getattr(self._dma, "buffer_max_size", None)  # pynq's DMA: 2**c_sg_length_width - 1
         self._sizes = {"send": 0, "receive": 0}  # words of the largest transfer the description needs
         self._buffers: dict[str, Any] = {}
         self._in_flight = {"send": False, "receive": False}  # the DMA may still use the buffer
@@ -283,9 +292,18 @@ class PynqTransport(BlockingTransport):
     def attach(self, desc: AcceleratorDescription) -> None:
         """Allocate both buffers for the largest transfers of ``desc`` (the batch upload, every quantity)."""
         qs = desc.quantities
-        self._sizes["send"] = max([desc.batch_layout.beats + desc.label_layout.beats]
-                                  + [q.beats for q in qs if q.access != "ro"])
-        self._sizes["receive"] = max([1] + [q.beats for q in qs if q.access != "wo"])
+        sends = [("batch upload", desc.batch_layout.beats + desc.label_layout.beats)]
+        sends += [(f"restore {q.key}", q.beats) for q in qs if q.access != "ro"]
+        receives = [("readback", 1)] + [(f"readback {q.key}", q.beats) for q in qs if q.access != "wo"]
+        for direction, transfers in (("send", sends), ("receive", receives)):
+            what, words = max(transfers, key=lambda t: t[1])
+            if self._max_bytes is not None and 4 * words > self._max_bytes:
+                need = (4 * words).bit_length()
+                raise HardwareMismatch(
+                    f"the overlay's DMA moves at most {self._max_bytes} bytes per transfer (c_sg_length_width = "
+                    f"{self._width()}), but {desc.name}'s {what} is {4 * words} bytes: rebuild the bitstream with "
+                    f"a buffer length width of at least {need} bits", [f"dma.c_sg_length_width >= {need}"])
+            self._sizes[direction] = words
         for direction, words in self._sizes.items():
             self._buffer(direction, words)
 
@@ -300,22 +318,24 @@ class PynqTransport(BlockingTransport):
         n = len(words)
         if n == 0:
             return
+        self._check_size("send", n)
         buf = self._start("send", n)
         buf[:n] = words
-        buf.flush()
-        self._transfer("send", buf, n)
+        self._transfer("send", buf[:n], n)  # pynq's send channel flushes these n words before it starts
 
     def receive(self, count: int) -> np.ndarray:
         count = int(count)
         if count == 0:
             return np.zeros(0, np.uint32)
+        self._check_size("receive", count)
         buf = self._start("receive", count)
-        self._transfer("receive", buf, count)
+        self._transfer("receive", buf[:count], count)
         got = int(self._dma.mmio.read(self._S2MM_LENGTH)) // 4
         if got != count:
             raise AcceleratorError(f"DMA receive of {count} words: the stream ended (TLAST) after {got} words")
-        buf.invalidate()
-        return np.array(buf[:count], dtype=np.uint32)
+        view = buf[:count]
+        view.invalidate()  # the DMA wrote memory behind the CPU's cache
+        return np.array(view, dtype=np.uint32)
 
     def sleep(self, cycles: int) -> None:
         time.sleep(cycles * self._period)
@@ -331,6 +351,15 @@ class PynqTransport(BlockingTransport):
 
     # -- internals ------------------------------------------------------------------------------------------
 
+    def _width(self) -> int:
+        return (self._max_bytes + 1).bit_length() - 1
+
+    def _check_size(self, direction: str, words: int) -> None:
+        if self._max_bytes is not None and 4 * words > self._max_bytes:
+            raise AcceleratorError(f"DMA {direction} of {words} words ({4 * words} bytes) exceeds the overlay's DMA "
+                                   f"limit of {self._max_bytes} bytes per transfer (c_sg_length_width = "
+                                   f"{self._width()})")
+
     def _start(self, direction: str, words: int):
         """The buffer for a transfer of ``words`` words, once no earlier transfer can still use it."""
         self._settle(direction)
@@ -343,7 +372,8 @@ class PynqTransport(BlockingTransport):
         if buf is not None:  # a larger transfer than the description's: replace the buffer, once unused
             self._settle(direction)
             self._buffers.pop(direction).freebuffer()
-        buf = self._pynq.allocate(shape=(max(words, self._sizes[direction]),), dtype=np.uint32)
+        buf = self._pynq.allocate(shape=(max(words, self._sizes[direction]),), dtype=np.uint32,
+                                  target=getattr(self._dma, "device", None))  # memory the DMA reaches
         self._buffers[direction] = buf
         return buf
 

@@ -1,5 +1,9 @@
 """A small accelerator description and a Python mock of its command behaviour behind a register-file
-model, shared by the host tests (tests/host/test_driver.py, tests/host/test_pynq_transport.py)."""
+model, shared by the host tests (tests/host/test_driver.py, tests/host/test_pynq_transport.py) and the pynq tier
+(tests/pynq: the same mock behind pynq's own MMIO and DMA classes). :class:`ModelAccelerator` puts the
+bit-exact model (:class:`sim.hw.model.HwModel`) behind the same command behaviour, for a generated
+description (``SystemPlan(cfg).description()``): a training step trains the model on the uploaded batch, a
+read-back returns the model's state as the hardware's memories would stream it, a restore writes into it."""
 
 import asyncio
 
@@ -193,3 +197,106 @@ def random_state(desc, seed=0):
     n = sum(q.shape[0] for q in desc.quantities if q.name == "rng")
     state["rng"] = rng.integers(1, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
     return state
+
+
+class ModelAccelerator(MockAccelerator):
+    """:class:`MockAccelerator`'s command behaviour with the bit-exact model holding the state: ``upload``
+    decodes the batch from its beats, ``train`` runs :meth:`HwModel.train_step` on it (with ``lr`` and
+    ``progress`` set by the test before the step; the ``sched`` register the driver wrote must agree with
+    them), ``readback`` encodes a model quantity with the description's layout, ``restore`` decodes one into
+    the model. ``log`` and the error/timeout behaviour are the base class's."""
+
+    def __init__(self, desc, cfg, **kw):
+        from sim.hw.model import HwModel
+
+        super().__init__(desc, **kw)
+        self.model = HwModel(cfg)
+        self.lr, self.progress = float(cfg.lr), 0.0
+        self.x = self.labels = None
+        self.trace = None
+        self.switch_tables = {}  # layer -> the last table the driver restored
+
+    def _rng_slices(self):
+        at, out = 0, {}
+        for q in self.desc.quantities:
+            if q.name == "rng":
+                n = int(np.prod(q.shape))
+                out[q.layer] = slice(at, at + n)
+                at += n
+        return out
+
+    def _get(self, q):
+        m = self.model
+        if q.name == "logits":
+            return self.trace.logits_q if self.trace is not None else np.zeros(q.shape, np.int64)
+        if q.name == "phase_cycles":
+            return np.zeros(q.shape, np.int64)
+        if q.name == "rng":
+            return m.rng.get_state()[self._rng_slices()[q.layer]]
+        if q.name in m.opt:
+            return m.opt[q.name][q.layer]
+        return np.asarray(getattr(m, q.name)[q.layer])
+
+    def _set(self, q, a):
+        m = self.model
+        if q.name == "switch_table":
+            self.switch_tables[q.layer] = a
+        elif q.name == "rng":
+            state = m.rng.get_state()
+            state[self._rng_slices()[q.layer]] = a.astype(np.uint32)
+            m.rng.set_state(state)
+        elif q.name in m.opt:
+            m.opt[q.name][q.layer] = a.astype(m.opt[q.name][q.layer].dtype)
+        elif q.name == "e_beta":
+            m.e_beta[q.layer] = int(a)
+        else:
+            getattr(m, q.name)[q.layer] = a.astype(getattr(m, q.name)[q.layer].dtype)
+
+    def _quantity(self, key):
+        kind, layer = key
+        for q in self.desc.quantities:
+            if q.kind == kind and (q.layer or 0) == layer:
+                return q
+        raise AssertionError(f"no quantity of kind {kind} for layer {layer}")
+
+    def _finish(self):
+        if self.running == "train":
+            from sim.hw import optim as O
+
+            sched = {f: self.regs.output("sched", f) for f in ("lr_shift", "switch_gate")}
+            want = {"lr_shift": min(O.lr_shift(self.lr), 63), "switch_gate": O.switch_gate(self.lr / self.model.lr0)}
+            assert sched == want, f"sched register {sched} does not match lr {self.lr}: {want}"
+            self.trace = self.model.train_step(self.x, self.labels, lr=self.lr, progress=self.progress)
+            self.regs.set_input("cycles", "value", 1000 + self.model.steps)
+            self.regs.set_input("steps", "value", self.model.steps)
+            self.regs.set_input("correct", "value", int(self.trace.correct))
+            self.regs.set_input("undone", "value", int(self.trace.undone))
+            self.regs.set_input("loss", "value", int(self.trace.loss_q) & 0xFFFFFFFF)
+            self.regs.set_status("done", "train", 1)
+            self.running = None
+            return
+        super()._finish()
+
+    def send(self, words):
+        self.log.append(("send", len(words)))
+        name, key = self.pending
+        self.pending = None
+        words = np.asarray(words, dtype=np.uint32)
+        if name == "upload":
+            bl, ll = self.desc.batch_layout, self.desc.label_layout
+            assert len(words) == bl.beats + ll.beats, f"upload of {len(words)} words"
+            self.x = bl.decode(words[: bl.beats])
+            self.labels = ll.decode(words[bl.beats :])
+        elif name == "restore":
+            q = self._quantity(key)
+            self._set(q, q.decode(words))
+        self.running, self.polls = name, 0
+
+    def receive(self, count):
+        self.log.append(("receive", count))
+        name, key = self.pending
+        assert name == "readback"
+        self.pending = None
+        self.running, self.polls = name, 0
+        q = self._quantity(key)
+        return q.encode(np.asarray(self._get(q)).astype(np.int64))[:count]

@@ -19,7 +19,13 @@ DMACR = {"send": 0x00, "receive": 0x30}
 
 
 class FakeBuffer(np.ndarray):
-    """A ``pynq.allocate`` buffer: an ndarray with cache maintenance and ``freebuffer``."""
+    """A ``pynq.allocate`` buffer: an ndarray with cache maintenance and ``freebuffer``; a view (``buf[:n]``)
+    is the same buffer (as pynq's ``PynqBuffer``)."""
+
+    def __array_finalize__(self, obj):
+        for a in ("pynq", "number", "freed"):
+            if hasattr(obj, a):
+                setattr(self, a, getattr(obj, a))
 
     def flush(self):
         pass
@@ -38,8 +44,10 @@ class FakePynq(types.ModuleType):
         super().__init__("pynq")
         self.allocated = []  # sizes, in allocation order
         self.freed = []  # numbers of freed buffers
+        self.targets = []  # the device given to each allocate
 
-    def allocate(self, shape, dtype):
+    def allocate(self, shape, dtype, target=None):
+        self.targets.append(target)
         buf = np.zeros(shape, dtype).view(FakeBuffer)
         buf.pynq, buf.number, buf.freed = self, len(self.allocated), False
         self.allocated.append(int(np.prod(shape)))
@@ -141,6 +149,7 @@ class FakeDmaRegisters:
 class FakeDma:
     def __init__(self, acc):
         self.acc = acc
+        self.device = object()  # pynq's DMA driver: the device (memory) it is on
         self.received = 0
         self.reset_works = True
         self.sendchannel = FakeChannel(self, "send")
@@ -180,6 +189,7 @@ def test_buffers_are_allocated_once_for_the_largest_transfers(board):
                    + [q.beats for q in desc.quantities if q.access != "ro"])
     recv_max = max(q.beats for q in desc.quantities if q.access != "wo")
     assert sorted(pynq.allocated) == sorted([send_max, recv_max])
+    assert pynq.targets == [dma.device, dma.device]  # memory the DMA reaches, not pynq's default device
     state = random_state(desc)
     for _ in range(3):
         drv.upload(*batch())
