@@ -37,10 +37,8 @@ def check_config(cfg, desc) -> None:
     """Refuse a training configuration whose hardware sections or batch differ from the bitstream's."""
     if not desc.config:
         return
-    try:  # Python >= 3.11 and the sim package (a board image may have neither: the identification check stays)
-        import tomllib
-
-        from sim.config import config_from_dict
+    try:  # the sim package (tomllib, or tomli on Python 3.10); without it the identification check stays
+        from sim.config import config_from_dict, tomllib
         from sim.train_loop import config_difference
     except ImportError:
         return

@@ -13,10 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tomllib
 from pathlib import Path
 
-from sim.config import PRESETS, Config, ConfigError, apply_overrides, load_config
+from sim.config import PRESETS, Config, ConfigError, apply_overrides, load_config, tomllib
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1  # an unexpected internal error: a bug (the traceback is printed)

@@ -823,15 +823,13 @@ class Driver:
 
     def model_config(self):
         """The configuration the accelerator was generated from (accelerator.json's ``config``), or None
-        when the description has none or it cannot be loaded here (no ``sim`` package or Python < 3.11,
-        e.g. on a board image: the description's own checks still apply)."""
+        when the description has none or it cannot be loaded here (no ``sim`` package: the description's own
+        checks still apply)."""
         if self._model_cfg is None:
             self._model_cfg = False
             if self.desc.config:
                 try:
-                    import tomllib
-
-                    from sim.config import config_from_dict
+                    from sim.config import config_from_dict, tomllib
                     from sim.schema import ConfigError
                 except ImportError:
                     return None

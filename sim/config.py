@@ -25,10 +25,15 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-import tomllib
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10 (PYNQ board images): the same parser, published as tomli (a dependency there)
+    import tomli as tomllib
 
 from .hw_config import HwConfig
 from .schema import ConfigError, build, key_name, opt, sub
