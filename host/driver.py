@@ -265,10 +265,12 @@ class PynqTransport(BlockingTransport):
     in flight: the next transfer in that direction first waits for it to finish, or stops it.
     """
 
-    # AXI DMA (PG021) registers used to halt / reset a channel with a deadline (pynq's ``stop()`` polls
-    # without one): DMACR of each channel (bit 0 run/stop, bit 2 soft reset) and S2MM_LENGTH (bytes received)
+    # AXI DMA (PG021) registers used to halt / reset / restart a channel with a deadline (pynq's ``stop()`` and
+    # ``start()`` poll without one): DMACR of each channel (bit 0 run/stop, bit 2 soft reset) and S2MM_LENGTH
+    # (bytes received)
     _DMACR = {"send": 0x00, "receive": 0x30}
     _S2MM_LENGTH = 0x58
+    _RUN = 0x1
     _RESET = 0x4
 
     def __init__(self, overlay, *, ip: str = "xnortrain_0", dma: str = "axi_dma_0", clock_mhz: float = 100.0,
@@ -431,8 +433,14 @@ class PynqTransport(BlockingTransport):
                                 "(halt, then soft reset); its buffers are kept: reload the overlay")
                 raise AcceleratorError(self._broken)
             restart = list(self._channels)
-        for d in restart:
-            self._channels[d].start()
+        for d in restart:  # run/stop = 1 with a deadline (pynq's start() polls ``running`` without one) ...
+            c = self._channels[d]
+            mmio.write(self._DMACR[d], self._RUN)
+            if not self._poll(lambda c=c: c.running, self.stop_timeout_s):
+                self._broken = (f"the DMA's {d} channel did not restart within {self.stop_timeout_s:g} s after it was "
+                                "stopped; its buffers are kept: reload the overlay")
+                raise AcceleratorError(self._broken)
+            c.start()  # ... then pynq's start(): returns at once; lets the next transfer begin on a non-idle channel
             self._in_flight[d] = False
 
 

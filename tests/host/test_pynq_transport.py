@@ -139,6 +139,8 @@ class FakeDmaRegisters:
                     c.halted, c.busy = True, False
         elif not value & 1 and ch.halts:
             ch.halted, ch.busy = True, False
+        elif value & 1:
+            ch.halted = False
 
     def read(self, addr):
         if addr == 0x58:

@@ -11,7 +11,7 @@ The AXI DMA model (:class:`AxiDma`, simple mode, PG021 register map) is driven o
 pynq's ``pynq.lib.dma.DMA`` writes: a transfer starts when its LENGTH register is written while the channel
 runs, moves words between DRAM (at the address in SA/DA) and the accelerator's streams, and sets DMASR.Idle.
 Faults for tests: ``stuck`` (the transfer never ends, halting does not stop it, a soft reset does),
-``reset_works``, ``fail`` (DMASR.DMAIntErr).
+``reset_works``, ``starts`` (run/stop = 1 starts the channel), ``fail`` (DMASR.DMAIntErr).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class DmaChannelModel:
         self.halted, self.idle, self.failed, self.busy = True, False, False, False
         self.stuck = False  # the next transfers never complete; halting does not end them
         self.fail = False  # the next transfer fails (DMASR.DMAIntErr)
+        self.starts = True  # run/stop = 1 starts the channel (else it stays halted)
         self.transfers = []  # (physical address, bytes)
 
     def status(self):
@@ -53,7 +54,7 @@ class DmaChannelModel:
                 return
             self.regs[CR] = value
             if value & CR_RS:
-                self.halted = False
+                self.halted = self.halted and not self.starts
             elif not self.busy or not self.stuck:  # run/stop = 0 halts, unless the transfer hangs
                 self.halted, self.busy = True, False
         elif off == SR:

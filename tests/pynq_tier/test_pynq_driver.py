@@ -181,6 +181,16 @@ def test_a_dma_that_cannot_be_reset_leaves_the_transport_refusing_transfers(boar
     assert all(not buf.freed for buf in drv.transport._buffers.values()) and len(drv.transport._buffers) == 2
 
 
+def test_a_dma_channel_that_does_not_restart_after_a_reset_raises_instead_of_hanging(board):
+    drv, dma = board.driver(), board.dev.dma
+    dma.channels["receive"].stuck = True
+    dma.channels["send"].starts = False  # after the soft reset the other channel stays halted
+    t0 = time.monotonic()
+    with pytest.raises(AcceleratorError, match="send channel did not restart within 0.05 s .*reload the overlay"):
+        drv.read("w", 0)
+    assert time.monotonic() - t0 < 0.2 + 1.0 and dma.resets == 1
+
+
 def test_a_dma_error_is_raised(board):
     drv = board.driver()
     board.dev.dma.channels["send"].fail = True
