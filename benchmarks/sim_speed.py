@@ -1,8 +1,8 @@
 """Simulation speed of the whole accelerator: the cocotb testbench (before) against the simulated board
 (host/simboard.py, after), measured in one run on the same batches.
 
-For the paper's MLP (configs/mlp_mnist.toml, 784-256x4-10, B = 100) and, with ``--small``, a small MLP, this
-script runs ``--steps`` training steps
+For the paper's MLP (configs/mlp_mnist.toml, 784-256x4-10, B = 100) and/or a small MLP (784-12-10, B = 4;
+``--configs paper,small``), this script runs ``--steps`` training steps
 
 1. through cocotb (``rtl_gen.generate.run_system``: Verilator with VPI, the driver on cocotb's
    AsyncTransport, the testbench comparing with the bit-exact model after every step), and
@@ -11,11 +11,13 @@ script runs ``--steps`` training steps
 
 and prints per path: the build time (elaboration + Verilator + C++; "cached" when an earlier run's build was
 reused), seconds per training step (``Driver.train_step``: upload, schedule, step, result registers, logits)
-and simulated clock cycles per second. Both runs must agree with the model and with each other (loss,
-correct count, the accelerator's cycle count per step). Used for docs/results.md::
+and clock cycles per second (the accelerator's own cycle count of the step over that time, as the cocotb
+testbench reports it; the simulated board's total count, host traffic included, is in the JSON). Both runs
+must agree with the model and with each other (loss, correct count, the accelerator's cycle count per step).
+Used for docs/results.md::
 
     .venv/bin/python benchmarks/sim_speed.py --steps 3
-    .venv/bin/python benchmarks/sim_speed.py --steps 3 --small --json results/sim_speed.json
+    .venv/bin/python benchmarks/sim_speed.py --steps 3 --configs small,paper --json results/sim_speed.json
 
 ``--no-cocotb`` measures the simulated board alone. Clear ``build/`` (or set ``XNORTRAIN_BUILD_DIR`` to an
 empty folder) for cold build times.
@@ -102,7 +104,7 @@ def run_simboard(cfg, steps, log) -> dict:
             out["step_s"].append(round(wall, 3))
             out["cycles"].append(int(res.cycles))
             out["sim_cycles"].append(int(sim))
-            out["sim_cycles_per_s"].append(round(sim / wall))
+            out["sim_cycles_per_s"].append(round(res.cycles / wall))  # as the cocotb testbench counts them
             out["loss"].append(res.loss)
             out["correct"].append(int(res.correct))
             out["mismatch"].append(bad or None)
@@ -113,7 +115,8 @@ def run_simboard(cfg, steps, log) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--small", action="store_true", help="also measure a small MLP (784-12-10, B = 4)")
+    ap.add_argument("--configs", default="paper", help="comma-separated: paper (784-256x4-10, B = 100), small "
+                    "(784-12-10, B = 4); default paper")
     ap.add_argument("--no-cocotb", action="store_true", help="only the simulated board")
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args(argv)
@@ -122,9 +125,13 @@ def main(argv=None) -> int:
     from rtl_gen.toolchain import setup_environment
 
     setup_environment()
-    configs = [("paper MLP", load_config(CONFIG_DIR / "mlp_mnist.toml"))]
-    if args.small:
-        configs.insert(0, ("small MLP", apply_overrides(load_config("mlp"), SMALL)))
+    known = {"paper": lambda: ("paper MLP", load_config(CONFIG_DIR / "mlp_mnist.toml")),
+             "small": lambda: ("small MLP", apply_overrides(load_config("mlp"), SMALL))}
+    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    for n in names:
+        if n not in known:
+            ap.error(f"--configs: {n!r} is not one of {', '.join(known)}")
+    configs = [known[n]() for n in names]
     results, ok = [], True
     for label, cfg in configs:
         print(f"{label}: {args.steps} training steps", flush=True)
@@ -147,8 +154,9 @@ def main(argv=None) -> int:
         rate = float(np.median(r["sim_cycles_per_s"]))
         build = f"{r['build_s']:.0f}" + ("" if r["built"] else "*")
         print(f"{r['config']:<12} {r['path']:<9} {build:>8} {step:>8.2f} {r['cycles'][0]:>12,} {rate:>10,.0f}")
-    print("(median over the steps; build s: * = reused a cached build (elaboration, and for cocotb the restore and "
-          "state compares, remain); cycles/step: the accelerator's own count of the train command)")
+    print("(median over the steps; s/step: Driver.train_step (upload, step, results); cycles/s: the accelerator's "
+          "count of the train command over s/step; build s: elaboration + Verilator + C++, and for cocotb also the "
+          "restore and the state compares; * = the build was cached)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=1) + "\n")
