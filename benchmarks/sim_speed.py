@@ -87,21 +87,22 @@ def run_simboard(cfg, steps, log) -> dict:
     board = SimBoard.build(cfg, log=lambda m: (lines.append(m), log("  " + m)))
     build = time.monotonic() - t0
     out = {"path": "simboard", "build_s": round(build, 1), "built": not any("reusing" in m for m in lines),
-           "step_s": [], "cycles": [], "sim_cycles": [], "sim_cycles_per_s": [], "loss": [], "correct": [],
-           "mismatch": []}
+           "step_s": [], "step_cpu_s": [], "cycles": [], "sim_cycles": [], "sim_cycles_per_s": [], "loss": [],
+           "correct": [], "mismatch": []}
     with board:
         drv = Driver(board.description, board.transport)
         model = HwModel(cfg)
         drv.load_state_dict(model.state_dict())
         for x, y in batches(cfg, steps):
-            c0, t = board.cycles, time.perf_counter()
+            c0, t, cpu = board.cycles, time.perf_counter(), time.process_time()
             res = drv.train_step(x, y, lr=cfg.lr)
-            wall = time.perf_counter() - t
+            wall, cpu = time.perf_counter() - t, time.process_time() - cpu
             sim = board.cycles - c0
             model.train_step(x, y, lr=cfg.lr)
             got, want = drv.state_dict(), model.state_dict()
             bad = [k for k in sorted(want) if not np.array_equal(np.asarray(got[k]), np.asarray(want[k]))]
             out["step_s"].append(round(wall, 3))
+            out["step_cpu_s"].append(round(cpu, 3))
             out["cycles"].append(int(res.cycles))
             out["sim_cycles"].append(int(sim))
             out["sim_cycles_per_s"].append(round(res.cycles / wall))  # as the cocotb testbench counts them
@@ -148,15 +149,19 @@ def main(argv=None) -> int:
                                                          for k in ("cycles", "loss", "correct")))
         results += runs
     print()
-    print(f"{'configuration':<12} {'path':<9} {'build s':>8} {'s/step':>8} {'cycles/step':>12} {'cycles/s':>10}")
+    print(f"{'configuration':<12} {'path':<9} {'build s':>8} {'s/step':>8} {'CPU s/step':>10} {'cycles/step':>12} "
+          f"{'cycles/s':>10}")
     for r in results:
         step = float(np.median(r["step_s"]))
         rate = float(np.median(r["sim_cycles_per_s"]))
         build = f"{r['build_s']:.0f}" + ("" if r["built"] else "*")
-        print(f"{r['config']:<12} {r['path']:<9} {build:>8} {step:>8.2f} {r['cycles'][0]:>12,} {rate:>10,.0f}")
-    print("(median over the steps; s/step: Driver.train_step (upload, step, results); cycles/s: the accelerator's "
-          "count of the train command over s/step; build s: elaboration + Verilator + C++, and for cocotb also the "
-          "restore and the state compares; * = the build was cached)")
+        cpu = f"{float(np.median(r['step_cpu_s'])):.2f}" if "step_cpu_s" in r else "-"
+        print(f"{r['config']:<12} {r['path']:<9} {build:>8} {step:>8.2f} {cpu:>10} {r['cycles'][0]:>12,} "
+              f"{rate:>10,.0f}")
+    print("(median over the steps; s/step: Driver.train_step (upload, step, results); CPU s/step: this process's "
+          "CPU time in it (what an idle machine takes; cocotb's simulator runs in another process); cycles/s: the "
+          "accelerator's count of the train command over s/step; build s: elaboration + Verilator + C++, for cocotb "
+          "also the restore and the state compares; * = the build was cached)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=1) + "\n")

@@ -188,6 +188,7 @@ def build_library(verilog: str, top: str, *, log: Callable[[str], object] | None
         _run(make, env, folder, "the C++ build")
         t2 = time.monotonic()
         os.replace(obj / LIBRARY, lib)
+        shutil.rmtree(obj, ignore_errors=True)  # ~150 MB of objects for the paper's MLP; ccache keeps what matters
         stamp.write_text(json.dumps({"key": key, "verilate_s": round(t1 - t0, 1), "compile_s": round(t2 - t1, 1)},
                                     indent=1))
         log(f"simulated board: built in {t2 - t0:.0f} s (Verilator {t1 - t0:.0f} s, C++ {t2 - t1:.0f} s)")

@@ -171,3 +171,19 @@ def test_paper_mlp_three_steps_on_the_simulated_board():
         walls = _train_and_compare(board, cfg, 3)
         print(f"paper MLP on the simulated board: {', '.join(f'{w:.2f}' for w in walls)} s per step "
               f"({board.cycles:,} cycles simulated)")
+
+
+def test_the_wrapper_keeps_the_ports_and_registers_the_reset():
+    from host.simboard import WRAPPER, SimBoardBuildError, wrap_top
+
+    top = ("module acc(clk, rst, a, y);\n  input clk;\n  input rst;\n  input [11:0] a;\n  output [31:0] y;\n"
+           "  assign y = a;\nendmodule\n")
+    text = wrap_top(top, "acc")
+    assert text.splitlines()[0] == f"module {WRAPPER}(clk, rst, a, y);"
+    assert "  input [11:0] a;" in text and "  output [31:0] y;" in text and "  input clk;" in text
+    assert "always @(posedge clk) rst_q <= rst;" in text
+    assert "acc dut(.clk(clk), .rst(rst_q), .a(a), .y(y));" in text
+    with pytest.raises(SimBoardBuildError, match="module acc: no port 'rst'"):
+        wrap_top(top.replace("rst", "reset"), "acc")
+    with pytest.raises(SimBoardBuildError, match="the Verilog has no module 'other'"):
+        wrap_top(top, "other")
