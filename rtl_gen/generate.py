@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .toolchain import build_root, run_cocotb
+from .toolchain import COCOTB_MODEL_OPT, build_root, run_cocotb
 
 __all__ = ["VerifyResult", "generate", "run_system", "verify"]
 
@@ -46,19 +46,22 @@ def _batch_data(cfg, steps: int, data: str | os.PathLike | None, folder: Path) -
     return path
 
 
-#: g++ optimisation of the Verilated model: the whole accelerator is tens of MB of C++; -Os (cocotb's
-#: default) takes the better part of an hour to build on two cores, -O0 minutes but simulates slowly.
-SIM_OPT = os.environ.get("XNT_SIM_OPT", "-O1")
+#: g++ optimisation of the Verilated model's per-cycle code (``OPT_FAST``; the rest as in
+#: :data:`rtl_gen.toolchain.COCOTB_MODEL_OPT`, where the measured choice is explained): the whole accelerator is
+#: tens of MB of C++; -Os (cocotb's default) on all of it takes the better part of an hour to build on two cores.
+SIM_OPT = os.environ.get("XNT_SIM_OPT", COCOTB_MODEL_OPT["fast"])
 
 
 def _compile_flags(opt: str) -> list[str]:
-    """Set the Verilated model's optimisation level (values already in MAKEFLAGS win) and return build
-    arguments that make it part of the build folder's key."""
+    """Set the Verilated model's optimisation levels (``opt`` for OPT_FAST, :data:`COCOTB_MODEL_OPT` for OPT_SLOW
+    and OPT_GLOBAL; values already in MAKEFLAGS win) and return build arguments that make them part of the build
+    folder's key."""
     words = os.environ.get("MAKEFLAGS", "").split()
     have = {w.split("=", 1)[0] for w in words if "=" in w}
-    for name in ("OPT_FAST", "OPT_SLOW", "OPT_GLOBAL"):
+    levels = {"OPT_FAST": opt, "OPT_SLOW": COCOTB_MODEL_OPT["slow"], "OPT_GLOBAL": COCOTB_MODEL_OPT["global"]}
+    for name, level in levels.items():
         if name not in have:
-            words.append(f"{name}={opt if name == 'OPT_FAST' else '-O0'}")
+            words.append(f"{name}={level}")
     os.environ["MAKEFLAGS"] = " ".join(words)
     return ["-CFLAGS", f"-DXNT_OPT={opt.lstrip('-')}"]
 

