@@ -15,10 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["CycleReport", "step_cycles"]
+__all__ = ["CycleReport", "infer_cycles", "step_cycles"]
 
 #: Controller cycles per phase besides the units' own (start pulse, done detection, phase advance).
 PHASE_OVERHEAD = 3
+
+#: ``ifwd`` of the output layer: cycles after the logit unit's last beat until the phase is done.
+INFER_TAIL = 0
 
 
 @dataclass
@@ -55,9 +58,13 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def forward_cycles(plan, j: int) -> int:
+def forward_cycles(plan, j: int, *, infer: bool = False) -> int:
     """``fwd j``: engine (its rate paces BN pass 1), the rest of BN forward, the running-statistics unit's
-    rate on the per-channel stats (and the logit unit's for the output layer), then logits and loss."""
+    rate on the per-channel stats (and the logit unit's for the output layer), then logits and loss.
+
+    ``infer`` (``ifwd j``): the same passes in evaluation mode: the thresholds without divisions (three cycles
+    a channel), the per-channel constants without ``alpha`` or a running update (two cycles a channel), the
+    logits without the loss unit."""
     from .bn_unit import BnForwardUnit
     from .loss_unit import OutputGeometry
 
@@ -75,6 +82,13 @@ def forward_cycles(plan, j: int) -> int:
         # measured in RTL (784-12-10 and 784-32-32-10): in a hidden layer the BN core's per-channel epilogue
         # and the running-statistics update do not overlap; each channel costs both, less 3 cycles
         stats_per_ch = run_per_ch + epi3_per_ch - 3
+    if infer:
+        out = engine + 1 + bn["epi1"] + bn["pass2"] + (G + 3 * M) + bn["pass3"] + G
+        if not lp.top:
+            return out + 2 * M + PHASE_OVERHEAD
+        geo = OutputGeometry.from_config(cfg, lanes=plan.loss_lanes, div_steps=cfg.hw.div_steps)
+        out += M * max(2, geo.channel_cycles())
+        return out + geo.logit_cycles() - M * geo.channel_cycles() + INFER_TAIL + PHASE_OVERHEAD
     out = engine + 1 + bn["epi1"] + bn["pass2"] + bn["epi2"] + bn["pass3"] + G
     if lp.top:
         geo = OutputGeometry.from_config(cfg, lanes=plan.loss_lanes, div_steps=cfg.hw.div_steps)
@@ -155,3 +169,12 @@ def step_cycles(plan) -> CycleReport:
         rep.phases[f"{kind}{j}"] = int(fn[kind](plan, j))
     rep.step = sum(rep.phases.values()) + 2
     return rep
+
+
+def infer_cycles(plan, n: int | None = None) -> int:
+    """Cycles of an ``infer`` command (the ``cycles`` register): the phases ``ifwd 0 .. L-1``. The datapath always
+    runs the whole built batch (rows past the ``n`` uploaded samples hold stale data and are ignored), so the
+    count does not depend on ``n`` (1 .. B); per inferred image it is this over ``n``."""
+    if n is not None and not 1 <= n <= plan.batch:
+        raise ValueError(f"infer of {n} samples: the accelerator takes 1 .. {plan.batch} (its batch size)")
+    return sum(forward_cycles(plan, j, infer=True) for _, j in plan.infer_phases()) + 2

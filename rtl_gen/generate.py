@@ -94,7 +94,7 @@ def run_system(cfg, *, mode: str = "train", steps: int = 1, data=None, stress: b
     desc_path = plan.description().write_json(folder / "accelerator.json")
     cfg_path = folder / "config.toml"
     cfg_path.write_text(cfg.to_toml())
-    data_path = _batch_data(cfg, steps, data, folder) if mode in ("forward", "train", "restore") else None
+    data_path = _batch_data(cfg, steps, data, folder) if mode in ("forward", "train", "restore", "infer") else None
     report_path = folder / f"report-{mode}-{os.getpid()}.json"
     report_path.unlink(missing_ok=True)
     params = {"description": str(desc_path), "config": str(cfg_path), "data": str(data_path) if data_path else None,
