@@ -473,7 +473,7 @@ class BnForwardCore(wiring.Component):
         y_replay: ``In(stream.Signature(layer.y_layout))`` passes 2 and 3 (the same ``Y``, twice, from the
             controller's buffer).
         beta: ``In(stream.Signature(signed(Ib + Fb)))`` ``beta_q`` per channel, consumed in EPI2.
-        eval: ``In(1)`` evaluation mode (hold it for the whole batch): EPI2 takes the thresholds from the running
+        eval_mode: ``In(1)`` evaluation mode (hold it for the whole batch): EPI2 takes the thresholds from the running
             statistics (:func:`sim.hw.arith.bn_forward_eval`, no division), EPI3 sends ``C' = mu_r 2^Fb - beta_q
             s_r'`` as ``C`` and ``s_r'`` as ``S_eff`` (the eval logits' constants) without computing ``alpha``.
         run: ``In(run_layout)`` ``mu_r``, ``s_r`` of the channel whose ``beta`` is offered (eval mode).
@@ -499,7 +499,7 @@ class BnForwardCore(wiring.Component):
                 "y": In(stream.Signature(layer.y_layout)),
                 "y_replay": In(stream.Signature(layer.y_layout)),
                 "beta": In(stream.Signature(signed(layer.beta_width))),
-                "eval": In(1),
+                "eval_mode": In(1),
                 "run": In(layer.run_layout),
                 "x": Out(stream.Signature(layer.x_layout)),
                 "stats": Out(stream.Signature(layer.stats_layout)),
@@ -774,20 +774,20 @@ class BnForwardCore(wiring.Component):
                             with m.If(self.beta.valid):
                                 m.d.sync += [
                                     beta_r.eq(self.beta.payload),
-                                    S_r.eq(Mux(self.eval, Mux(self.run.s < 1, 1, self.run.s),
+                                    S_r.eq(Mux(self.eval_mode, Mux(self.run.s < 1, 1, self.run.s),
                                                mul_const(ys_l, B) - sum_l * ns_l)),
                                     mu_r.eq(self.run.mu),
                                     est.eq(CH1),
                                 ]
                         with m.Case(CH1):  # C = B 2^Fb sum_y - beta_q S' (eval: C' = mu_r 2^Fb - beta_q s_r')
-                            m.d.sync += [c_r.eq(Mux(self.eval, mu_r << fb, mul_const(sum_l, B << fb))
+                            m.d.sync += [c_r.eq(Mux(self.eval_mode, mu_r << fb, mul_const(sum_l, B << fb))
                                                 - beta_r * s_eff), est.eq(CH2)]
                         with m.Case(CH2):  # saturated, offset dividends of the three thresholds; divisor B^2
                             e = Signal(signed(lay.s_width + fb + 1))
                             v_lo = Signal(signed(w["C"] + 1))
                             v_hi = Signal(signed(w["C"] + 1))
                             m.d.comb += [e.eq(s_eff << fb), v_lo.eq(c_r - e), v_hi.eq(c_r + e)]
-                            with m.If(self.eval):  # theta = ceil(C' / 2^(Fr+Fb)), saturated: a shift, no division
+                            with m.If(self.eval_mode):  # theta = ceil(C' / 2^(Fr+Fb)), saturated: a shift, no division
                                 m.d.comb += [thr_word.theta.eq(t_eval), thr_word.lo.eq(t_eval), thr_word.hi.eq(t_eval),
                                              thr_wr.en.eq(1 << walk.l), chan_wr.en.eq(1)]
                                 channel_done(Phase.PASS3)
@@ -815,7 +815,7 @@ class BnForwardCore(wiring.Component):
                         with m.Case(CH0):  # chan_mem read
                             m.d.sync += est.eq(CH1)
                         with m.Case(CH1):  # A = K sum(x_hat y) - C sum(x_hat); B S'
-                            with m.If(self.eval):  # the eval constants C', s_r' go out as they are (no alpha)
+                            with m.If(self.eval_mode):  # the eval constants C', s_r' go out as they are (no alpha)
                                 m.d.comb += self.stats.valid.eq(1)
                                 with m.If(self.stats.ready):
                                     channel_done(Phase.PASS1)
@@ -869,7 +869,7 @@ class BnForwardUnit(wiring.Component):
                 "y": In(stream.Signature(layer.y_layout)),
                 "y_replay": In(stream.Signature(layer.y_layout)),
                 "beta": In(stream.Signature(signed(layer.beta_width))),
-                "eval": In(1),
+                "eval_mode": In(1),
                 "run": In(layer.run_layout),
                 "x": Out(stream.Signature(layer.x_layout)),
                 "stats": Out(stream.Signature(layer.stats_layout)),
@@ -912,7 +912,7 @@ class BnForwardUnit(wiring.Component):
         wiring.connect(m, div.resp, core.div_resp)
         for name in ("y", "y_replay", "beta"):
             wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(core, name))
-        m.d.comb += [core.eval.eq(self.eval), core.run.eq(self.run)]
+        m.d.comb += [core.eval_mode.eq(self.eval_mode), core.run.eq(self.run)]
         for name in ("x", "stats"):
             wiring.connect(m, getattr(core, name), wiring.flipped(getattr(self, name)))
         m.d.comb += self.phase.eq(core.phase)

@@ -212,7 +212,7 @@ class BnParamUnit(wiring.Component):
             at a time (two divisions by the constants ``2B`` and ``2B^2`` on the unit's divider).
         p1: ``In(stream P)`` per channel from the BN backward unit (kept for the update).
         beta_start: pulse: stream ``beta`` out on ``beta`` (channel order) for the BN forward unit.
-        eval / run: with ``eval`` high (evaluation mode: hold it while the stream runs) every ``beta`` beat
+        eval_mode / run: with ``eval_mode`` high (evaluation mode: hold it while the stream runs) every ``beta`` beat
             comes with the channel's running statistics on ``run`` (``mu``, ``s``); nothing is updated.
         update: pulse: run the beta update with ``scale`` (the layer's gradient scale exponent) and
             ``lr_shift`` (round(-log2 lr)), both sampled with the pulse; it starts once the running
@@ -254,7 +254,7 @@ class BnParamUnit(wiring.Component):
             "p1": In(stream.Signature(signed(self.p_width))),
             "beta_start": In(1),
             "beta": Out(stream.Signature(signed(self.beta_width))),
-            "eval": In(1),
+            "eval_mode": In(1),
             "run": Out(data.StructLayout({"mu": signed(self.run_width), "s": signed(self.run_width)})),
             "update": In(1),
             "scale": In(signed(E_WIDTH)),
@@ -377,12 +377,12 @@ class BnParamUnit(wiring.Component):
             m.d.sync += [b_addr.eq(b_addr + 1), b_left.eq(b_left - 1), b_inflight.eq(1)]
         b_run = Signal.like(self.run)
         m.d.comb += self.run.eq(b_run)
-        with m.If(b_issue & self.eval):  # eval: the running statistics travel with beta (no stats arrive then)
+        with m.If(b_issue & self.eval_mode):  # eval: the running statistics travel with beta (no stats arrive then)
             for name in ("mu", "s"):
                 m.d.comb += [rd[name].addr.eq(base + b_addr), rd[name].en.eq(1)]
         with m.If(b_inflight):
             m.d.sync += [b_inflight.eq(0), b_full.eq(1), b_data.eq(rd["beta"].data)]
-            with m.If(self.eval):
+            with m.If(self.eval_mode):
                 m.d.sync += [b_run.mu.eq(rd["mu"].data), b_run.s.eq(rd["s"].data)]
         with m.If(self.beta.valid & self.beta.ready):
             m.d.sync += b_full.eq(0)

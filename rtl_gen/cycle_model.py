@@ -177,4 +177,4 @@ def infer_cycles(plan, n: int | None = None) -> int:
     count does not depend on ``n`` (1 .. B); per inferred image it is this over ``n``."""
     if n is not None and not 1 <= n <= plan.batch:
         raise ValueError(f"infer of {n} samples: the accelerator takes 1 .. {plan.batch} (its batch size)")
-    return sum(forward_cycles(plan, j, infer=True) for _, j in plan.infer_phases()) + 2
+    return sum(forward_cycles(plan, j, infer=True) for _, j in plan.infer_phases())

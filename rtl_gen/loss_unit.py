@@ -456,7 +456,7 @@ class OutputLogitUnit(wiring.Component):
         consts: ``In(stream.Signature(consts_layout))``: per batch, ``classes`` beats in channel order with the
             BN unit's ``C`` and ``S'`` [``c | s << c_width | last << (c_width + s_width)``]. ``K = B^2 2^Fb`` is
             a configuration constant.
-        eval: ``In(1)`` (hold it for the batch) the eval logits of :func:`sim.hw.arith.output_logits_eval`: the
+        eval_mode: ``In(1)`` (hold it for the batch) the eval logits of :func:`sim.hw.arith.output_logits_eval`: the
             constants are ``C' = mu_r 2^Fb - beta_q s_r'`` and ``s_r'`` and ``K = 2^(Fr+Fb)`` (the same datapath;
             ``B^2`` becomes the shift ``2^Fr``). The outputs are :attr:`OutputGeometry.out_width` bits wide.
         y: ``In(stream.Signature(y_layout))``: then the batch's Y, ``B * groups`` beats, sample-major
@@ -479,7 +479,7 @@ class OutputLogitUnit(wiring.Component):
                 "y": In(stream.Signature(geo.y_layout)),
                 "x": Out(stream.Signature(geo.out_layout)),
                 "framing_error": Out(1),
-                "eval": In(1),
+                "eval_mode": In(1),
             }
         )
 
@@ -635,7 +635,7 @@ class OutputLogitUnit(wiring.Component):
                     ry2.eq(rd.data.r * y1),  # the DSP48 product
                     d2.eq(rd.data.d),
                     sh2.eq(rd.data.sh),
-                    diff3.eq(Mux(self.eval, ry2 << p.running_frac, _const_mul(ry2, geo.batch_square)) - d2),
+                    diff3.eq(Mux(self.eval_mode, ry2 << p.running_frac, _const_mul(ry2, geo.batch_square)) - d2),
                     sh3.eq(sh2),
                 ]
             xq = Signal(signed(geo.out_width), name=f"x3_{lane}")

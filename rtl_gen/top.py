@@ -1240,7 +1240,7 @@ class Accelerator(wiring.Component):
         st = Signal(name=f"fwd_any_start{j}")
         m.d.comb += [a.eq(act[key] | rerun | ev), st.eq(start[key] | start.get(rkey, 0) | start[ikey])]
         e, bn, par = eng[j], bnf[j], bnp[j]
-        m.d.comb += [bn.eval.eq(ev), par.eval.eq(ev), bn.run.eq(par.run)]
+        m.d.comb += [bn.eval_mode.eq(ev), par.eval_mode.eq(ev), bn.run.eq(par.run)]
         # rows of X_j -> engine
         xr = sub(f"fwd_rows{j}", RowReader(width=lp.lanes_in, banks=lp.lanes_b, words=W, rows=B))
         m.d.comb += xr.start.eq(st)
@@ -1382,7 +1382,7 @@ class Accelerator(wiring.Component):
         # logits -> loss unit and the logits buffer
         lw = plan.logit_width
         lg_count = Signal(range(B * plan.loss_groups + 1), name="logit_count")
-        m.d.comb += logit.eval.eq(ev)
+        m.d.comb += logit.eval_mode.eq(ev)
         for lane in range(nl):  # a training logit fits the loss unit's narrower lanes
             m.d.comb += loss.x.payload.x[lane].eq(logit.x.payload.x[lane])
         m.d.comb += [loss.x.payload.last.eq(logit.x.payload.last), loss.x.valid.eq(a & ~ev & logit.x.valid),

@@ -33,7 +33,7 @@ import cocotb
 import numpy as np
 from cocotb.triggers import ClockCycles, FallingEdge, ReadOnly
 
-from host.driver import AcceleratorDescription, AcceleratorError, AsyncTransport, Driver
+from host.driver import AcceleratorDescription, AcceleratorError, AsyncTransport, Driver, Send
 from rtl_gen.top import SystemPlan
 from sim.tb.common import AxiLiteMaster, Bench, tb_params
 
@@ -384,7 +384,9 @@ async def run_error_checks(tb: TB):
 
     kinds = tb.desc.kinds
     await expect("no_batch", "train")
+    await expect("no_batch", "infer")
     await expect("batch", "upload", batch=tb.desc.batch + 1)
+    await expect("batch", "upload", batch=0)
     await expect("layer", "readback", layer=len(tb.desc.layers), quantity=0)
     ro = next(q for q in tb.desc.quantities if q.access == "ro")
     await expect("quantity", "restore", layer=ro.layer or 0, quantity=ro.kind)
@@ -434,6 +436,11 @@ async def run_error_checks(tb: TB):
     st = await drv.read_register("status")
     assert st["batch_loaded"] == 1 and st["busy"] == 0, st
     checks.append(("recovered", []))
+    # a partial batch (what infer takes) is refused by train
+    await drv.transport.execute(drv._command("upload", batch=1))
+    await drv.transport.execute(drv._stream(Send(drv.batch_words(x[:1], y[:1], partial=True)), "upload"))
+    await drv.transport.execute(drv._wait_done("upload"))
+    await expect("batch", "train")
     tb.report["checks"] = checks
 
 
