@@ -331,6 +331,7 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
                     "lanes_b": lp.lanes_b, "update_lanes": lp.update_lanes} for lp in plan.layers],
         "batch": plan.batch,
         "cycles": {"per_step": cyc.step, "per_image": round(cyc.per_image, 1), "phases": cyc.phases,
+                   "infer": cyc.infer, "infer_per_image": round(cyc.infer_per_image, 1),
                    "source": "rtl_gen.cycle_model (checked against RTL simulation in tests/rtl_gen/test_system.py)"},
         "targets": dict(TARGETS),
     }

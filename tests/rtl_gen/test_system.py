@@ -145,6 +145,9 @@ def test_infer_plan_registers_and_cycle_model():
     m = plan.regmap
     assert m["cmd"].field("infer") and m["done"].field("infer")
     assert infer_cycles(plan, 1) == infer_cycles(plan, 4) == infer_cycles(plan) < step_cycles(plan).step
+    rep = step_cycles(SystemPlan(paper_cfg()))
+    assert rep.infer == 65_404 and rep.to_dict()["infer_per_image"] == 654.0  # measured in RTL (paper tier)
+    assert "cycles per infer: 65,404 (654 per image" in rep.format_text()
     for n in (0, 5):
         with pytest.raises(ValueError, match=f"infer of {n} samples: the accelerator takes 1 .. 4"):
             infer_cycles(plan, n)
@@ -784,7 +787,8 @@ def test_paper_mlp_infer():
         assert st["mismatch"] is None, st
     infers = [st for st in rep["steps"] if "infer" in st]
     assert [st["samples"] for st in infers] == [100, 49]
-    print(json.dumps({"infer_cycles": [st["cycles"] for st in infers], "model": infer_cycles(SystemPlan(cfg))}))
+    assert [st["cycles"] for st in infers] == [infer_cycles(SystemPlan(cfg))] * 2  # 65,404: 654 per image
+    print(json.dumps({"infer_cycles": [st["cycles"] for st in infers], "phases": infers[0]["phases"]}))
 
 
 def test_logit_and_loss_units_take_loss_lanes_classes_per_beat():
