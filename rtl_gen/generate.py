@@ -66,13 +66,14 @@ def _compile_flags(opt: str) -> list[str]:
 def run_system(cfg, *, mode: str = "train", steps: int = 1, data=None, stress: bool = False,
                name: str | None = None, lr: float | None = None, waves: bool = False, verbose: bool = False,
                timeout_cycles: int | None = None, model_overrides: list[str] | None = None,
-               lrs=None, progress=None, state=None) -> dict:
+               lrs=None, progress=None, state=None, tb_params: dict | None = None) -> dict:
     """Build the accelerator for ``cfg`` and run ``sim/tb/system_tb.py`` in ``mode``; returns its report.
 
     ``lr`` (one learning rate for every step) or ``lrs`` (one per step) and ``progress`` (one per step, the
     iir alpha decay's position) give the schedule of ``mode="train"``, default the configuration's initial rate
     at progress 0. ``state``: a :meth:`sim.hw.model.HwModel.state_dict` (e.g. of a model trained in Python) that
     the run starts from, restored into the model and the accelerator, instead of the power-on state.
+    ``tb_params``: more testbench parameters (sim/tb/system_tb.py), e.g. ``infer_n`` for ``mode="infer"``.
 
     ``model_overrides`` (for tests of the comparison itself) give the testbench's bit-exact model a configuration
     that differs from the hardware's by these ``key=value`` settings: a setting the datapath depends on must then
@@ -112,6 +113,7 @@ def run_system(cfg, *, mode: str = "train", steps: int = 1, data=None, stress: b
 
         timeout_cycles = max(200_000, 20 * step_cycles(plan).step)
     params["timeout_cycles"] = timeout_cycles
+    params.update(tb_params or {})
     if lr is not None:
         params["lr"] = lr
     for key, seq in (("lrs", lrs), ("progress", progress)):

@@ -13,7 +13,8 @@ Parameters (``$XNT_TB_PARAMS``, JSON):
 ``mode``         ``"forward"`` (layer-0 pre-activations only) or ``"train"`` (whole steps), or
                  ``"errors"`` (the command checks) or ``"restore"`` (checkpoint, train, restore, train), or
                  ``"infer"`` (train ``steps - 3`` steps, infer a full batch and a partial one of ``infer_n``
-                 samples against ``HwModel.forward_eval``, check the state is untouched, train one more step);
+                 samples against ``HwModel.forward_eval``, check the state is untouched, train one more step;
+                 ``infer_train_after`` 0: no step after the infers, ``steps - 2`` before them);
 ``report``       where to write the JSON report (cycles and first mismatch per step);
 ``lr``           learning rate of every step (default: the configuration's);
 ``lrs``          per-step learning rates (a list, one per step; overrides ``lr``), e.g. a decayed schedule;
@@ -470,11 +471,12 @@ async def infer_and_check(tb: TB, x, what: str) -> dict:
 async def run_infer(tb: TB, batches):
     """Train, infer a full and a partial batch (bit-exact eval logits and classes), check that the state is
     untouched (running statistics, weights, betas, generators), then train once more against the model."""
-    if len(batches) < 4:
-        raise ValueError(f"mode infer needs at least 4 batches (steps >= 4), got {len(batches)}")
+    after = int(PARAMS.get("infer_train_after", 1))
+    if len(batches) < 3 + after:
+        raise ValueError(f"mode infer needs at least {3 + after} batches (steps), got {len(batches)}")
     sched = schedule(tb, len(batches))
     await tb.drv.load_state_dict(tb.model.state_dict())
-    k = len(batches) - 3
+    k = len(batches) - 2 - after
     for s in range(k):
         entry = await train_and_check(tb, *batches[s], s, *sched[s])
         assert entry["mismatch"] is None, f"step {s}: first mismatch {entry['mismatch']}"
@@ -485,5 +487,7 @@ async def run_infer(tb: TB, batches):
     mm = await compare_state(tb, k)
     tb.report["state_after_infer"] = mm
     assert mm is None, f"the state changed in infer: {mm}"
+    if not after:
+        return
     entry = await train_and_check(tb, *batches[k + 2], k, *sched[k + 2])
     assert entry["mismatch"] is None, f"step after infer: first mismatch {entry['mismatch']}"

@@ -776,17 +776,18 @@ def test_paper_mlp_three_steps():
 @pytest.mark.paper
 def test_paper_mlp_infer():
     """The paper's MLP (B = 100): after one training step, ``infer`` of a full batch and of 49 samples equals
-    HwModel.forward_eval (logits and classes), leaves the state untouched, and the next step equals the model's."""
+    HwModel.forward_eval (logits and classes) and leaves the state untouched (the step after an infer: the
+    default tier's test_small_mlp_infer_matches_forward_eval). Reuses test_paper_mlp_three_steps's build."""
     from rtl_gen.cycle_model import infer_cycles
     from rtl_gen.generate import run_system
 
     cfg = paper_cfg()
-    rep = run_system(cfg, mode="infer", steps=4)
+    rep = run_system(cfg, mode="infer", steps=3, tb_params={"infer_train_after": 0})
     assert rep["state_after_infer"] is None
     for st in rep["steps"]:
         assert st["mismatch"] is None, st
     infers = [st for st in rep["steps"] if "infer" in st]
-    assert [st["samples"] for st in infers] == [100, 49]
+    assert [st["samples"] for st in infers] == [100, 49] and len(rep["steps"]) == 3
     assert [st["cycles"] for st in infers] == [infer_cycles(SystemPlan(cfg))] * 2  # 65,404: 654 per image
     print(json.dumps({"infer_cycles": [st["cycles"] for st in infers], "phases": infers[0]["phases"]}))
 
