@@ -32,7 +32,7 @@ not change. The ``error`` bits (sticky, write 1 to clear):
 ``label``     an uploaded label >= ``info.classes`` (the batch is not marked complete).
 
 ``done`` bits (sticky, write 1 to clear) report each command's completion; ``status.busy`` is high
-while a command runs. ``cycles`` holds the clock cycles of the last ``train`` command (from the cycle
+while a command runs. ``cycles`` holds the clock cycles of the last ``train`` or ``infer`` command (from the cycle
 after the command to the cycle it completes), ``steps`` counts completed training steps and
 ``correct`` is the last step's number of correctly classified samples.
 """
@@ -118,11 +118,11 @@ def build_regmap(*, name: str, layers: int, batch: int, classes: int, input_int8
             Field("state", 4, desc="controller state: " + ", ".join(f"{i} {s}" for i, s in enumerate(STATES))),
             Field("layer", layer_bits, desc="layer being processed"),
             Field("batch_loaded", 1, desc="a complete batch is waiting for train"),
-            Field("phase", 6, desc="train: index of the running phase (SystemPlan.phases())"),
+            Field("phase", 6, desc="train / infer: index of the running phase (SystemPlan.phases() + infer_phases())"),
         ]),
         Register("done", "w1c", desc="command completion flags", fields=[Field(d, 1) for d in DONE]),
         Register("error", "w1c", desc="refused or failed commands", fields=[Field(e, 1) for e in ERRORS]),
-        Register("cycles", "ro", width=32, desc="clock cycles of the last train command"),
+        Register("cycles", "ro", width=32, desc="clock cycles of the last train or infer command"),
         Register("steps", "ro", width=32, desc="training steps completed since reset"),
         Register("correct", "ro", width=16, desc="correctly classified samples of the last step"),
         Register("undone", "ro", width=1,
