@@ -787,6 +787,7 @@ class Driver:
         self.timeout_s = float(timeout_s)
         self._steps_base = 0  # steps restored by load_state_dict minus the hardware counter at that time
         self._schedule = None  # last schedule words written (to skip rewriting unchanged tables)
+        self.last_infer_cycles: int | None = None  # cycles register after the last infer
         self._model_cfg = None  # the description's configuration, loaded on the first restore (False: none)
         if step_log is not None and not hasattr(step_log, "record"):  # a path: host.energy.StepLog opens it
             from host.energy import StepLog
@@ -866,6 +867,13 @@ class Driver:
     def upload(self, x, labels):
         """Send one batch (``x``: ``[B, features]`` +-1 or int8 values; ``labels``: ``[B]``)."""
         return self.transport.execute(self._upload(x, labels))
+
+    def infer(self, x, *, logits: bool = False):
+        """Classify ``x`` (``[n, features]``, 1 <= n <= the batch size) on the accelerator with its running BN
+        statistics (``HwModel.forward_eval``); the training state is left untouched. Returns the predicted
+        classes (``[n]``, int64), and with ``logits=True`` ``(classes, logits)`` (``[n, classes]``, Q.FL
+        integers). The cycles of the command are in :attr:`last_infer_cycles`."""
+        return self.transport.execute(self._infer(x, logits=logits))
 
     def train_step(self, x, labels, *, lr: float, progress: float = 0.0, lr0: float | None = None):
         """Upload a batch, run one training step, read the logits: a :class:`StepResult`."""
@@ -978,18 +986,30 @@ class Driver:
         yield Write(done.addr, done.field(name).mask)
         yield from self._check_errors(f"command {name}")
 
-    def batch_words(self, x, labels) -> np.ndarray:
-        """The beats of one batch upload: the samples (``batch_layout``), then the labels (``label_layout``)."""
+    def batch_words(self, x, labels, *, partial: bool = False) -> np.ndarray:
+        """The beats of one batch upload: the samples (``batch_layout``), then the labels (``label_layout``).
+        ``partial``: ``n`` samples, 1 .. the batch size (an ``infer`` batch; ``train`` needs a full one)."""
         d = self.desc
         x = np.asarray(x)
         labels = np.asarray(labels)
-        if x.shape != (d.batch, d.features):
-            raise ValueError(f"batch: expected x of shape {(d.batch, d.features)}, got {x.shape}")
-        if labels.shape != (d.batch,):
-            raise ValueError(f"batch: expected {d.batch} labels, got shape {labels.shape}")
+        n = len(x) if partial and x.ndim == 2 else d.batch
+        if partial and not 1 <= n <= d.batch:
+            raise ValueError(f"batch: {n} samples; the accelerator takes 1 .. {d.batch} (its batch size) at a time")
+        if x.shape != (n, d.features):
+            raise ValueError(f"batch: expected x of shape {(n, d.features)}, got {x.shape}")
+        if labels.shape != (n,):
+            raise ValueError(f"batch: expected {n} labels, got shape {labels.shape}")
         if labels.size and (labels.min() < 0 or labels.max() >= d.classes):
             raise ValueError(f"batch: labels must be in 0..{d.classes - 1}")
-        return np.concatenate([d.batch_layout.encode(x), d.label_layout.encode(labels.astype(np.int64))])
+        if n == d.batch:
+            return np.concatenate([d.batch_layout.encode(x), d.label_layout.encode(labels.astype(np.int64))])
+        # the first n rows of a full batch (sample-major words), then n labels
+        full = np.ones((d.batch, d.features), dtype=x.dtype)
+        full[:n] = x
+        xw = d.batch_layout.encode(full)
+        lw = d.label_layout.encode(np.concatenate([labels.astype(np.int64), np.zeros(d.batch - n, np.int64)]))
+        lab_words = -(-n // d.label_layout.elems_per_word) * d.label_layout.beats_per_word
+        return np.concatenate([xw[: len(xw) // d.batch * n], lw[:lab_words]])
 
     def _upload(self, x, labels) -> Program:
         words = self.batch_words(x, labels)
@@ -1065,6 +1085,28 @@ class Driver:
         _, loss, _ = loss_grad(logits, labels, p)
         return StepResult(loss=loss, correct=int(correct), cycles=int(cycles), logits=logits, undone=bool(undone),
                           loss_q=int(loss_q))
+
+    def _infer(self, x, *, logits: bool) -> Program:
+        d = self.desc
+        x = np.asarray(x)
+        if x.ndim != 2 or x.shape[1] != d.features:
+            raise ValueError(f"infer: expected x of shape (n, {d.features}), got {x.shape}")
+        n = len(x)
+        if not 1 <= n <= d.batch:
+            raise ValueError(f"infer: {n} samples; the accelerator classifies 1 .. {d.batch} (its batch size) "
+                             "at a time")
+        words = self.batch_words(x, np.zeros(n, np.int64), partial=True)
+        yield from self._command("upload", batch=n)
+        yield from self._stream(Send(words), f"upload {n} samples to infer")
+        yield from self._wait_done("upload")
+        yield from self._command("infer")
+        yield from self._wait_done("infer")
+        self.last_infer_cycles = int((yield from self._read_fields("cycles"))["value"])
+        classes = (yield from self._readback(d.quantity("classes")))[:n].astype(np.int64)
+        if not logits:
+            return classes
+        lg = yield from self._readback(d.quantity("logits", len(d.layers) - 1))
+        return classes, np.asarray(lg)[:n]
 
     def _readback(self, q: QuantityLayout) -> Program:
         if q.access == "wo":

@@ -187,6 +187,27 @@ class BnLayer:
         return max(self.bounds.S, 1)
 
     @property
+    def run_width(self) -> int:
+        """Bits of the running statistics ``mu_r``, ``s_r`` (signed, Q.running_frac)."""
+        return self.widths["running"]
+
+    @property
+    def seff_width(self) -> int:
+        """Bits of the per-channel scale the unit keeps: ``S'`` (training) or ``s_r' = max(s_r, 1)`` (eval)."""
+        return max(self.s_width, self.run_width)
+
+    @property
+    def c_eval_bound(self) -> int:
+        """``|C'|`` of the eval thresholds: ``|mu_r 2^Fb - beta_q s_r'|`` with ``|mu_r|, s_r' <= running``."""
+        p = self.params
+        return (self.bounds.running << p.beta_frac) + (1 << (p.beta_int - 1 + p.beta_frac)) * self.bounds.running
+
+    @property
+    def c_width(self) -> int:
+        """Bits of the per-channel numerator: ``C`` (training) or ``C'`` (eval)."""
+        return max(self.widths["C"], signed_bits(self.c_eval_bound))
+
+    @property
     def count_width(self) -> int:
         """Bits of the signed counts ``Ns`` and ``sum x_hat`` (in ``[-B, B]``)."""
         return signed_bits(self.batch)
@@ -225,15 +246,20 @@ class BnLayer:
             {
                 "sum_y": signed(w["sum_y"]),
                 "S": unsigned(self.s_width),
-                "S_eff": unsigned(self.s_width),
+                "S_eff": unsigned(self.seff_width),
                 "theta": t,
                 "theta_lo": t,
                 "theta_hi": t,
                 "alpha_q": unsigned(w["alpha_q"]),
-                "C": signed(w["C"]),
+                "C": signed(self.c_width),
                 "last": 1,
             }
         )
+
+    @property
+    def run_layout(self) -> data.StructLayout:
+        """Running statistics of one channel (eval mode, with its ``beta``): ``mu`` (``mu_r``), ``s`` (``s_r``)."""
+        return data.StructLayout({"mu": signed(self.run_width), "s": signed(self.run_width)})
 
     @property
     def dx_layout(self) -> data.StructLayout:
@@ -447,6 +473,10 @@ class BnForwardCore(wiring.Component):
         y_replay: ``In(stream.Signature(layer.y_layout))`` passes 2 and 3 (the same ``Y``, twice, from the
             controller's buffer).
         beta: ``In(stream.Signature(signed(Ib + Fb)))`` ``beta_q`` per channel, consumed in EPI2.
+        eval_mode: ``In(1)`` evaluation mode (hold it for the whole batch): EPI2 takes the thresholds from the running
+            statistics (:func:`sim.hw.arith.bn_forward_eval`, no division), EPI3 sends ``C' = mu_r 2^Fb - beta_q
+            s_r'`` as ``C`` and ``s_r'`` as ``S_eff`` (the eval logits' constants) without computing ``alpha``.
+        run: ``In(run_layout)`` ``mu_r``, ``s_r`` of the channel whose ``beta`` is offered (eval mode).
         x: ``Out(stream.Signature(layer.x_layout))`` pass 3.
         stats: ``Out(stream.Signature(layer.stats_layout))`` per channel, in EPI3.
         div_req / div_resp: to and from a :class:`rtl_gen.divider.Divider` with :attr:`div_widths`.
@@ -469,6 +499,8 @@ class BnForwardCore(wiring.Component):
                 "y": In(stream.Signature(layer.y_layout)),
                 "y_replay": In(stream.Signature(layer.y_layout)),
                 "beta": In(stream.Signature(signed(layer.beta_width))),
+                "eval_mode": In(1),
+                "run": In(layer.run_layout),
                 "x": Out(stream.Signature(layer.x_layout)),
                 "stats": Out(stream.Signature(layer.stats_layout)),
                 "div_req": Out(stream.Signature(req)),
@@ -530,7 +562,7 @@ class BnForwardCore(wiring.Component):
         m.submodules.ys_mem = ys_mem = Memory(shape=data.ArrayLayout(sum_shape, L), depth=G, init=[])
         m.submodules.ns_mem = ns_mem = Memory(shape=data.ArrayLayout(cnt_shape, L), depth=G, init=[])
         m.submodules.thr_mem = thr_mem = Memory(shape=data.ArrayLayout(lay.thr_layout, L), depth=G, init=[])
-        chan_layout = data.StructLayout({"S_eff": unsigned(lay.s_width), "zero": 1, "C": signed(w["C"])})
+        chan_layout = data.StructLayout({"S_eff": unsigned(lay.seff_width), "zero": 1, "C": signed(lay.c_width)})
         m.submodules.chan_mem = chan_mem = Memory(shape=chan_layout, depth=M, init=[])
         sum_rd, sum_wr = sum_mem.read_port(), sum_mem.write_port()
         ys_rd, ys_wr = ys_mem.read_port(), ys_mem.write_port()
@@ -677,15 +709,24 @@ class BnForwardCore(wiring.Component):
 
         # Registers of the per-channel arithmetic.
         beta_r = Signal(signed(lay.beta_width))
-        S_r = Signal(unsigned(lay.s_width))
-        s_eff = Signal(unsigned(lay.s_width))
-        c_r = Signal(signed(w["C"]))
+        S_r = Signal(unsigned(lay.seff_width))
+        s_eff = Signal(unsigned(lay.seff_width))
+        mu_r = Signal(signed(lay.run_width))
+        c_r = Signal(signed(lay.c_width))
         a_r = Signal(unsigned(w["A"]))
         bs_r = Signal(unsigned(wd))
         m.d.comb += s_eff.eq(Mux(S_r == 0, 1, S_r))
 
         def clamp(v):
             return Mux(v < -TK, -TK, Mux(v > TK, TK, v))
+
+        # eval threshold ceil(C' / 2^(Fr+Fb)) saturated to [-T, T] (bn_forward_eval): saturate C' to +-T 2^(Fr+Fb)
+        fe = p.running_frac + fb
+        te = T << fe
+        t_eval = Signal(signed(w["theta"]), name="t_eval")
+        c_sat = Signal(signed(max(lay.c_width, te.bit_length() + 1)), name="c_eval_sat")
+        m.d.comb += [c_sat.eq(Mux(c_r < -te, -te, Mux(c_r > te, te, c_r))),
+                     t_eval.eq((c_sat + ((1 << fe) - 1)) >> fe)]
 
         chan_l = chan_rd.data
         m.d.comb += [
@@ -728,28 +769,36 @@ class BnForwardCore(wiring.Component):
                             channel_done(Phase.PASS2)
                 with m.Case(Phase.EPI2):
                     with m.Switch(est):
-                        with m.Case(CH0):  # beta in; S = B Ys - sum_y Ns
+                        with m.Case(CH0):  # beta in; S = B Ys - sum_y Ns (eval: s_r' = max(s_r, 1), mu_r)
                             m.d.comb += self.beta.ready.eq(1)
                             with m.If(self.beta.valid):
                                 m.d.sync += [
                                     beta_r.eq(self.beta.payload),
-                                    S_r.eq(mul_const(ys_l, B) - sum_l * ns_l),
+                                    S_r.eq(Mux(self.eval_mode, Mux(self.run.s < 1, 1, self.run.s),
+                                               mul_const(ys_l, B) - sum_l * ns_l)),
+                                    mu_r.eq(self.run.mu),
                                     est.eq(CH1),
                                 ]
-                        with m.Case(CH1):  # C = B 2^Fb sum_y - beta_q S'
-                            m.d.sync += [c_r.eq(mul_const(sum_l, B << fb) - beta_r * s_eff), est.eq(CH2)]
+                        with m.Case(CH1):  # C = B 2^Fb sum_y - beta_q S' (eval: C' = mu_r 2^Fb - beta_q s_r')
+                            m.d.sync += [c_r.eq(Mux(self.eval_mode, mu_r << fb, mul_const(sum_l, B << fb))
+                                                - beta_r * s_eff), est.eq(CH2)]
                         with m.Case(CH2):  # saturated, offset dividends of the three thresholds; divisor B^2
                             e = Signal(signed(lay.s_width + fb + 1))
                             v_lo = Signal(signed(w["C"] + 1))
                             v_hi = Signal(signed(w["C"] + 1))
                             m.d.comb += [e.eq(s_eff << fb), v_lo.eq(c_r - e), v_hi.eq(c_r + e)]
-                            m.d.sync += [
-                                dividends[0].eq((clamp(c_r) + (TK + K - 1)) >> fb),  # ceil(C / K)
-                                dividends[1].eq((clamp(v_lo) + (TK + K - 1)) >> fb),  # ceil((C - S' 2^Fb) / K)
-                                dividends[2].eq((clamp(v_hi) + TK) >> fb),  # floor((C + S' 2^Fb) / K)
-                                est.eq(CH3),
-                            ]
-                            start_division(B * B)
+                            with m.If(self.eval_mode):  # theta = ceil(C' / 2^(Fr+Fb)), saturated: a shift, no division
+                                m.d.comb += [thr_word.theta.eq(t_eval), thr_word.lo.eq(t_eval), thr_word.hi.eq(t_eval),
+                                             thr_wr.en.eq(1 << walk.l), chan_wr.en.eq(1)]
+                                channel_done(Phase.PASS3)
+                            with m.Else():
+                                m.d.sync += [
+                                    dividends[0].eq((clamp(c_r) + (TK + K - 1)) >> fb),  # ceil(C / K)
+                                    dividends[1].eq((clamp(v_lo) + (TK + K - 1)) >> fb),  # ceil((C - S' 2^Fb) / K)
+                                    dividends[2].eq((clamp(v_hi) + TK) >> fb),  # floor((C + S' 2^Fb) / K)
+                                    est.eq(CH3),
+                                ]
+                                start_division(B * B)
                         with m.Case(CH3):
                             m.d.comb += [
                                 self.div_req.valid.eq(nreq < 3),
@@ -766,11 +815,16 @@ class BnForwardCore(wiring.Component):
                         with m.Case(CH0):  # chan_mem read
                             m.d.sync += est.eq(CH1)
                         with m.Case(CH1):  # A = K sum(x_hat y) - C sum(x_hat); B S'
-                            m.d.sync += [
-                                a_r.eq(mul_const(ys_l, K) - chan_l.C * ns_l),
-                                bs_r.eq(mul_const(chan_l.S_eff, B)),
-                                est.eq(CH2),
-                            ]
+                            with m.If(self.eval_mode):  # the eval constants C', s_r' go out as they are (no alpha)
+                                m.d.comb += self.stats.valid.eq(1)
+                                with m.If(self.stats.ready):
+                                    channel_done(Phase.PASS1)
+                            with m.Else():
+                                m.d.sync += [
+                                    a_r.eq(mul_const(ys_l, K) - chan_l.C * ns_l),
+                                    bs_r.eq(mul_const(chan_l.S_eff, B)),
+                                    est.eq(CH2),
+                                ]
                         with m.Case(CH2):  # alpha_q = floor(floor((A 2^(Fa+1) + B S' 2^Fb) / 2^(Fb+1)) / (B S'))
                             m.d.sync += [
                                 dividends[0].eq(((a_r << (fa + 1)) + (bs_r << fb)) >> (fb + 1)),
@@ -815,6 +869,8 @@ class BnForwardUnit(wiring.Component):
                 "y": In(stream.Signature(layer.y_layout)),
                 "y_replay": In(stream.Signature(layer.y_layout)),
                 "beta": In(stream.Signature(signed(layer.beta_width))),
+                "eval_mode": In(1),
+                "run": In(layer.run_layout),
                 "x": Out(stream.Signature(layer.x_layout)),
                 "stats": Out(stream.Signature(layer.stats_layout)),
                 "phase": Out(3),
@@ -856,6 +912,7 @@ class BnForwardUnit(wiring.Component):
         wiring.connect(m, div.resp, core.div_resp)
         for name in ("y", "y_replay", "beta"):
             wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(core, name))
+        m.d.comb += [core.eval_mode.eq(self.eval_mode), core.run.eq(self.run)]
         for name in ("x", "stats"):
             wiring.connect(m, getattr(core, name), wiring.flipped(getattr(self, name)))
         m.d.comb += self.phase.eq(core.phase)

@@ -6,8 +6,12 @@ accelerator description (``host.driver.AcceleratorDescription``) and implemented
 
 Commands (``cmd``, one pulse field each; write exactly one bit):
 
-``upload``   accept one batch on the stream input: ``arg.batch`` samples, then their labels.
-``train``    run one training step (forward, loss, backward, update) on the uploaded batch.
+``upload``   accept one batch on the stream input: ``arg.batch`` samples (1 .. ``info.batch``), then their
+             labels.
+``train``    run one training step (forward, loss, backward, update) on the uploaded batch (a full one).
+``infer``    classify the uploaded batch (any size): the forward pass with the running BN statistics, every
+             layer's state untouched; the predicted classes are then read back as quantity ``classes``
+             (the argmax of the eval logits, first index on ties) and the logits as ``logits``.
 ``readback`` send quantity ``arg.quantity`` of layer ``arg.layer`` on the stream output.
 ``restore``  accept quantity ``arg.quantity`` of layer ``arg.layer`` on the stream input.
 ``abort``    stop the running command (streams are drained and refilled with nothing); always accepted.
@@ -18,16 +22,17 @@ not change. The ``error`` bits (sticky, write 1 to clear):
 ``busy``      a command (other than abort) while another one runs, e.g. start while training or a
               read-back during training;
 ``multiple``  more than one command bit in one write;
-``batch``     ``arg.batch`` is not a batch size the hardware was built for (``info.batch``);
+``batch``     ``arg.batch`` is 0 or above the batch size the hardware was built for (``info.batch``), or
+              ``train`` after an upload of fewer samples;
 ``layer``     ``arg.layer`` >= ``info.layers``;
 ``quantity``  ``arg.quantity`` is not a quantity of that layer, or a restore of a read-only one;
-``no_batch``  ``train`` without a complete batch uploaded since the last step;
+``no_batch``  ``train`` or ``infer`` without a complete batch uploaded since the last command;
 ``framing``   an input stream transfer whose TLAST came early or not on the last beat (the command ends,
               the rest of the transfer is accepted and dropped, so the DMA never stalls);
 ``label``     an uploaded label >= ``info.classes`` (the batch is not marked complete).
 
 ``done`` bits (sticky, write 1 to clear) report each command's completion; ``status.busy`` is high
-while a command runs. ``cycles`` holds the clock cycles of the last ``train`` command (from the cycle
+while a command runs. ``cycles`` holds the clock cycles of the last ``train`` or ``infer`` command (from the cycle
 after the command to the cycle it completes), ``steps`` counts completed training steps and
 ``correct`` is the last step's number of correctly classified samples.
 """
@@ -61,13 +66,14 @@ __all__ = [
 
 MAGIC = 0x584E  # "XN"
 REGMAP_VERSION = 1
-COMMANDS = ("upload", "train", "readback", "restore", "abort")
-DONE = ("upload", "train", "readback", "restore")
+COMMANDS = ("upload", "train", "readback", "restore", "abort", "infer")
+DONE = ("upload", "train", "readback", "restore", "infer")
 ERRORS = ("busy", "multiple", "batch", "layer", "quantity", "no_batch", "framing", "label")
 OPTIMIZER_CODES = {"switch": 0, "bop": 1, "iir": 2, "sgd": 3}
 
 #: Controller states as shown in ``status.state`` (for debugging from the host).
-STATES = ("idle", "upload", "forward", "loss", "backward", "update", "readback", "restore", "drain", "finish")
+STATES = ("idle", "upload", "forward", "loss", "backward", "update", "readback", "restore", "drain", "finish",
+          "infer")
 
 
 def build_regmap(*, name: str, layers: int, batch: int, classes: int, input_int8: bool, optimizer: str,
@@ -97,7 +103,7 @@ def build_regmap(*, name: str, layers: int, batch: int, classes: int, input_int8
             Field(c, 1, desc=f"start {c}") for c in COMMANDS
         ]),
         Register("arg", "rw", desc="command arguments", fields=[
-            Field("batch", 16, desc="upload: samples in the batch (must equal info_batch.batch)"),
+            Field("batch", 16, desc="upload: samples in the batch, 1 .. info_batch.batch (train needs a full one)"),
             Field("layer", layer_bits, desc="readback/restore: weight layer"),
             Field("quantity", qbits, desc="readback/restore: quantity code (accelerator.json 'kinds')"),
         ]),
@@ -112,11 +118,11 @@ def build_regmap(*, name: str, layers: int, batch: int, classes: int, input_int8
             Field("state", 4, desc="controller state: " + ", ".join(f"{i} {s}" for i, s in enumerate(STATES))),
             Field("layer", layer_bits, desc="layer being processed"),
             Field("batch_loaded", 1, desc="a complete batch is waiting for train"),
-            Field("phase", 6, desc="train: index of the running phase (SystemPlan.phases())"),
+            Field("phase", 6, desc="train / infer: index of the running phase (SystemPlan.phases() + infer_phases())"),
         ]),
         Register("done", "w1c", desc="command completion flags", fields=[Field(d, 1) for d in DONE]),
         Register("error", "w1c", desc="refused or failed commands", fields=[Field(e, 1) for e in ERRORS]),
-        Register("cycles", "ro", width=32, desc="clock cycles of the last train command"),
+        Register("cycles", "ro", width=32, desc="clock cycles of the last train or infer command"),
         Register("steps", "ro", width=32, desc="training steps completed since reset"),
         Register("correct", "ro", width=16, desc="correctly classified samples of the last step"),
         Register("undone", "ro", width=1,
@@ -206,6 +212,8 @@ class BnParamUnit(wiring.Component):
             at a time (two divisions by the constants ``2B`` and ``2B^2`` on the unit's divider).
         p1: ``In(stream P)`` per channel from the BN backward unit (kept for the update).
         beta_start: pulse: stream ``beta`` out on ``beta`` (channel order) for the BN forward unit.
+        eval_mode / run: with ``eval_mode`` high (evaluation mode: hold it while the stream runs) every ``beta`` beat
+            comes with the channel's running statistics on ``run`` (``mu``, ``s``); nothing is updated.
         update: pulse: run the beta update with ``scale`` (the layer's gradient scale exponent) and
             ``lr_shift`` (round(-log2 lr)), both sampled with the pulse; it starts once the running
             statistics in flight are done; ``busy`` until it is done.
@@ -246,6 +254,8 @@ class BnParamUnit(wiring.Component):
             "p1": In(stream.Signature(signed(self.p_width))),
             "beta_start": In(1),
             "beta": Out(stream.Signature(signed(self.beta_width))),
+            "eval_mode": In(1),
+            "run": Out(data.StructLayout({"mu": signed(self.run_width), "s": signed(self.run_width)})),
             "update": In(1),
             "scale": In(signed(E_WIDTH)),
             "lr_shift": In(6),
@@ -365,8 +375,15 @@ class BnParamUnit(wiring.Component):
         with m.If(b_issue):
             m.d.comb += [rd["beta"].addr.eq(base + b_addr), rd["beta"].en.eq(1)]
             m.d.sync += [b_addr.eq(b_addr + 1), b_left.eq(b_left - 1), b_inflight.eq(1)]
+        b_run = Signal.like(self.run)
+        m.d.comb += self.run.eq(b_run)
+        with m.If(b_issue & self.eval_mode):  # eval: the running statistics travel with beta (no stats arrive then)
+            for name in ("mu", "s"):
+                m.d.comb += [rd[name].addr.eq(base + b_addr), rd[name].en.eq(1)]
         with m.If(b_inflight):
             m.d.sync += [b_inflight.eq(0), b_full.eq(1), b_data.eq(rd["beta"].data)]
+            with m.If(self.eval_mode):
+                m.d.sync += [b_run.mu.eq(rd["mu"].data), b_run.s.eq(rd["s"].data)]
         with m.If(self.beta.valid & self.beta.ready):
             m.d.sync += b_full.eq(0)
         with m.If(self.beta_start):

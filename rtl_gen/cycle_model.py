@@ -8,17 +8,21 @@ sweep consumes dW tiles as they come); phases never overlap. The model is checke
 count the RTL reports (``cycles`` register, and the per-phase log) in tests/rtl_gen/test_system.py.
 
 :func:`step_cycles` returns a :class:`CycleReport` with the cycles per phase, per step and per training
-image (the step amortised over the batch).
+image (the step amortised over the batch), and of an ``infer`` command (:func:`infer_cycles`) and per
+inferred image.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["CycleReport", "step_cycles"]
+__all__ = ["CycleReport", "infer_cycles", "step_cycles"]
 
 #: Controller cycles per phase besides the units' own (start pulse, done detection, phase advance).
 PHASE_OVERHEAD = 3
+
+#: ``ifwd`` of the output layer: cycles after the logit unit's last beat until the phase is done.
+INFER_TAIL = 0
 
 
 @dataclass
@@ -26,17 +30,25 @@ class CycleReport:
     phases: dict = field(default_factory=dict)  # "fwd0" -> cycles
     step: int = 0
     batch: int = 1
+    infer: int = 0  # cycles of an infer command (any number of samples up to the batch)
 
     @property
     def per_image(self) -> float:
         return self.step / self.batch
 
+    @property
+    def infer_per_image(self) -> float:
+        """Cycles per inferred image with full batches."""
+        return self.infer / self.batch
+
     def to_dict(self) -> dict:
         return {"phases": dict(self.phases), "step": self.step, "per_image": round(self.per_image, 1),
-                "batch": self.batch}
+                "batch": self.batch, "infer": self.infer, "infer_per_image": round(self.infer_per_image, 1)}
 
     def format_text(self) -> str:
         lines = [f"cycles per training step: {self.step:,} ({self.per_image:,.0f} per image, batch {self.batch})"]
+        if self.infer:
+            lines.append(f"cycles per infer: {self.infer:,} ({self.infer_per_image:,.0f} per image with full batches)")
         for k, v in self.phases.items():
             lines.append(f"  {k:<8} {v:>10,}  ({100 * v / max(self.step, 1):4.1f} %)")
         if any(k.startswith("undo") for k in self.phases):
@@ -55,9 +67,13 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def forward_cycles(plan, j: int) -> int:
+def forward_cycles(plan, j: int, *, infer: bool = False) -> int:
     """``fwd j``: engine (its rate paces BN pass 1), the rest of BN forward, the running-statistics unit's
-    rate on the per-channel stats (and the logit unit's for the output layer), then logits and loss."""
+    rate on the per-channel stats (and the logit unit's for the output layer), then logits and loss.
+
+    ``infer`` (``ifwd j``): the same passes in evaluation mode: the thresholds without divisions (three cycles
+    a channel), the per-channel constants without ``alpha`` or a running update (two cycles a channel), the
+    logits without the loss unit."""
     from .bn_unit import BnForwardUnit
     from .loss_unit import OutputGeometry
 
@@ -75,6 +91,14 @@ def forward_cycles(plan, j: int) -> int:
         # measured in RTL (784-12-10 and 784-32-32-10): in a hidden layer the BN core's per-channel epilogue
         # and the running-statistics update do not overlap; each channel costs both, less 3 cycles
         stats_per_ch = run_per_ch + epi3_per_ch - 3
+    if infer:
+        out = engine + 1 + bn["epi1"] + bn["pass2"] + (G + 3 * M) + bn["pass3"]
+        if not lp.top:  # a group's read, then two cycles a channel
+            return out + G + 2 * M + PHASE_OVERHEAD
+        geo = OutputGeometry.from_config(cfg, lanes=plan.loss_lanes, div_steps=cfg.hw.div_steps)
+        # the first group's read and channel read, then the logit unit's pace (later groups' reads hide in it);
+        # measured: 784-12-10 (two groups) and the paper's MLP (one group)
+        return out + 2 + geo.logit_cycles() + INFER_TAIL + PHASE_OVERHEAD
     out = engine + 1 + bn["epi1"] + bn["pass2"] + bn["epi2"] + bn["pass3"] + G
     if lp.top:
         geo = OutputGeometry.from_config(cfg, lanes=plan.loss_lanes, div_steps=cfg.hw.div_steps)
@@ -154,4 +178,14 @@ def step_cycles(plan) -> CycleReport:
     for kind, j in plan.phases():
         rep.phases[f"{kind}{j}"] = int(fn[kind](plan, j))
     rep.step = sum(rep.phases.values()) + 2
+    rep.infer = infer_cycles(plan)
     return rep
+
+
+def infer_cycles(plan, n: int | None = None) -> int:
+    """Cycles of an ``infer`` command (the ``cycles`` register): the phases ``ifwd 0 .. L-1``. The datapath always
+    runs the whole built batch (rows past the ``n`` uploaded samples hold stale data and are ignored), so the
+    count does not depend on ``n`` (1 .. B); per inferred image it is this over ``n``."""
+    if n is not None and not 1 <= n <= plan.batch:
+        raise ValueError(f"infer of {n} samples: the accelerator takes 1 .. {plan.batch} (its batch size)")
+    return sum(forward_cycles(plan, j, infer=True) for _, j in plan.infer_phases())

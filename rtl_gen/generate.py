@@ -69,13 +69,14 @@ def _compile_flags(opt: str) -> list[str]:
 def run_system(cfg, *, mode: str = "train", steps: int = 1, data=None, stress: bool = False,
                name: str | None = None, lr: float | None = None, waves: bool = False, verbose: bool = False,
                timeout_cycles: int | None = None, model_overrides: list[str] | None = None,
-               lrs=None, progress=None, state=None) -> dict:
+               lrs=None, progress=None, state=None, tb_params: dict | None = None) -> dict:
     """Build the accelerator for ``cfg`` and run ``sim/tb/system_tb.py`` in ``mode``; returns its report.
 
     ``lr`` (one learning rate for every step) or ``lrs`` (one per step) and ``progress`` (one per step, the
     iir alpha decay's position) give the schedule of ``mode="train"``, default the configuration's initial rate
     at progress 0. ``state``: a :meth:`sim.hw.model.HwModel.state_dict` (e.g. of a model trained in Python) that
     the run starts from, restored into the model and the accelerator, instead of the power-on state.
+    ``tb_params``: more testbench parameters (sim/tb/system_tb.py), e.g. ``infer_n`` for ``mode="infer"``.
 
     ``model_overrides`` (for tests of the comparison itself) give the testbench's bit-exact model a configuration
     that differs from the hardware's by these ``key=value`` settings: a setting the datapath depends on must then
@@ -97,7 +98,7 @@ def run_system(cfg, *, mode: str = "train", steps: int = 1, data=None, stress: b
     desc_path = plan.description().write_json(folder / "accelerator.json")
     cfg_path = folder / "config.toml"
     cfg_path.write_text(cfg.to_toml())
-    data_path = _batch_data(cfg, steps, data, folder) if mode in ("forward", "train", "restore") else None
+    data_path = _batch_data(cfg, steps, data, folder) if mode in ("forward", "train", "restore", "infer") else None
     report_path = folder / f"report-{mode}-{os.getpid()}.json"
     report_path.unlink(missing_ok=True)
     params = {"description": str(desc_path), "config": str(cfg_path), "data": str(data_path) if data_path else None,
@@ -115,6 +116,7 @@ def run_system(cfg, *, mode: str = "train", steps: int = 1, data=None, stress: b
 
         timeout_cycles = max(200_000, 20 * step_cycles(plan).step)
     params["timeout_cycles"] = timeout_cycles
+    params.update(tb_params or {})
     if lr is not None:
         params["lr"] = lr
     for key, seq in (("lrs", lrs), ("progress", progress)):
@@ -334,6 +336,7 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
                     "lanes_b": lp.lanes_b, "update_lanes": lp.update_lanes} for lp in plan.layers],
         "batch": plan.batch,
         "cycles": {"per_step": cyc.step, "per_image": round(cyc.per_image, 1), "phases": cyc.phases,
+                   "infer": cyc.infer, "infer_per_image": round(cyc.infer_per_image, 1),
                    "source": "rtl_gen.cycle_model (checked against RTL simulation in tests/rtl_gen/test_system.py)"},
         "targets": dict(TARGETS),
     }

@@ -193,16 +193,47 @@ class OutputGeometry:
         return signed_bits(self.bounds.y)
 
     @property
+    def c_eval_bound(self) -> int:
+        """``|C'| = |mu_r 2^Fb - beta_q s_r'|`` of the eval logits (``|mu_r|, s_r' <=`` the running bound)."""
+        p = self.params
+        return (self.bounds.running << p.beta_frac) + (1 << (p.beta_int - 1 + p.beta_frac)) * self.bounds.running
+
+    @property
+    def c_max(self) -> int:
+        return max(self.bounds.C, self.c_eval_bound)
+
+    @property
     def c_width(self) -> int:
-        return signed_bits(self.bounds.C)
+        """Bits of the per-channel numerator constant: ``C`` (training) or ``C'`` (eval)."""
+        return signed_bits(self.c_max)
 
     @property
     def s_width(self) -> int:
-        return unsigned_bits(self.bounds.S)
+        """Bits of the denominator: ``S'`` (training) or ``s_r'`` (eval)."""
+        return max(unsigned_bits(self.bounds.S), unsigned_bits(self.bounds.running))
 
     @property
     def logit_width(self) -> int:
+        """Bits of a training logit (the loss unit's input)."""
         return signed_bits(self.bounds.logit_q)
+
+    @property
+    def eval_logit_bound(self) -> int:
+        """``|x|`` of an eval logit ``((y 2^Fr - mu_r) 2^Fb + beta_q s_r') / (s_r' 2^Fb)`` in Q.FL with ``s_r' >= 1``
+        (the running statistics do not bound it as the batch's do), plus the rounding."""
+        p = self.params
+        num = (self.bounds.y << (p.running_frac + p.beta_frac)) + self.c_eval_bound
+        return ((num << p.logit_frac) >> p.beta_frac) + 2
+
+    @property
+    def out_width(self) -> int:
+        """Bits of the logit unit's output (and the logits buffer): a training or an eval logit."""
+        return max(self.logit_width, signed_bits(self.eval_logit_bound))
+
+    @property
+    def eval_mul(self) -> int:
+        """``2^Fr``: the eval numerator's factor on ``y`` (``B^2`` in training)."""
+        return 1 << self.params.running_frac
 
     @property
     def grad_width(self) -> int:
@@ -284,6 +315,11 @@ class OutputGeometry:
     def x_layout(self) -> data.StructLayout:
         """Logit beats: ``x`` (``lanes`` signed Q.FL values) and ``last``."""
         return data.StructLayout({"x": data.ArrayLayout(signed(self.logit_width), self.lanes), "last": 1})
+
+    @property
+    def out_layout(self) -> data.StructLayout:
+        """The logit unit's output beats: ``x`` (``lanes`` signed :attr:`out_width` values) and ``last``."""
+        return data.StructLayout({"x": data.ArrayLayout(signed(self.out_width), self.lanes), "last": 1})
 
     @property
     def g_layout(self) -> data.StructLayout:
@@ -420,6 +456,9 @@ class OutputLogitUnit(wiring.Component):
         consts: ``In(stream.Signature(consts_layout))``: per batch, ``classes`` beats in channel order with the
             BN unit's ``C`` and ``S'`` [``c | s << c_width | last << (c_width + s_width)``]. ``K = B^2 2^Fb`` is
             a configuration constant.
+        eval_mode: ``In(1)`` (hold it for the batch) the eval logits of :func:`sim.hw.arith.output_logits_eval`: the
+            constants are ``C' = mu_r 2^Fb - beta_q s_r'`` and ``s_r'`` and ``K = 2^(Fr+Fb)`` (the same datapath;
+            ``B^2`` becomes the shift ``2^Fr``). The outputs are :attr:`OutputGeometry.out_width` bits wide.
         y: ``In(stream.Signature(y_layout))``: then the batch's Y, ``B * groups`` beats, sample-major
             [``y lanes | last``] (the XNOR engine's payload when its ``lanes_out == lanes``).
         x: ``Out(stream.Signature(x_layout))``: the logits in the same order [``x lanes | last``], padding 0.
@@ -438,8 +477,9 @@ class OutputLogitUnit(wiring.Component):
             {
                 "consts": In(stream.Signature(geo.consts_layout)),
                 "y": In(stream.Signature(geo.y_layout)),
-                "x": Out(stream.Signature(geo.x_layout)),
+                "x": Out(stream.Signature(geo.out_layout)),
                 "framing_error": Out(1),
+                "eval_mode": In(1),
             }
         )
 
@@ -466,10 +506,10 @@ class OutputLogitUnit(wiring.Component):
 
         # Worst-case magnitudes of the internal values (for register widths).
         r_max = 1 << (p.logit_frac + guard + 1)
-        cr_max = geo.bounds.C * r_max
+        cr_max = geo.c_max * r_max
         d_max = (cr_max >> fb) + 1 + (1 << (geo.s_width + guard - 1))
         ry_max = r_max * geo.bounds.y
-        diff_max = geo.batch_square * ry_max + d_max
+        diff_max = max(geo.batch_square, geo.eval_mul) * ry_max + d_max
         sh_shape = range(max(geo.s_width, 2))
         slot = data.StructLayout({"r": geo.recip_bits, "d": signed(signed_bits(d_max)), "sh": sh_shape})
 
@@ -546,7 +586,7 @@ class OutputLogitUnit(wiring.Component):
                 m.d.sync += [run.eq(1), taken.eq(0), w_lane.eq(0), w_addr.eq(0)]
 
         # --- per element: x = (B^2 (R y) - D) >> (n + G) ----------------------------------------------------
-        m.submodules.queue = queue = StreamRegister(shape=geo.x_layout)
+        m.submodules.queue = queue = StreamRegister(shape=geo.out_layout)
         adv = Signal()  # the pipeline moves (low only while the output queue refuses a result)
         push = Signal()
         issue = Signal()
@@ -595,10 +635,10 @@ class OutputLogitUnit(wiring.Component):
                     ry2.eq(rd.data.r * y1),  # the DSP48 product
                     d2.eq(rd.data.d),
                     sh2.eq(rd.data.sh),
-                    diff3.eq(_const_mul(ry2, geo.batch_square) - d2),
+                    diff3.eq(Mux(self.eval_mode, ry2 << p.running_frac, _const_mul(ry2, geo.batch_square)) - d2),
                     sh3.eq(sh2),
                 ]
-            xq = Signal(signed(geo.logit_width), name=f"x3_{lane}")
+            xq = Signal(signed(geo.out_width), name=f"x3_{lane}")
             m.d.comb += xq.eq((diff3 >> (guard + 1)) >> sh3)  # keeps the low bits: |x| <= the logit bound
             if lane >= geo.real_last:
                 out_lanes.append(Mux(last3, 0, xq))

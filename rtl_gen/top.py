@@ -351,13 +351,19 @@ class SystemPlan:
                   pad=(self.batch, ng * nl), reshape=(self.batch * ng * nl,),
                   transpose=(0,), signed=True, access="ro")
 
-        n_ph = len(self.phases())
+        # infer: the predicted class of every sample, written into the labels memory (the batch's labels are not
+        # needed after an infer); rows past the uploaded samples hold stale classes
+        self._add("classes", None, (self.batch,), target=("labels",), space=0, count=self.batch, inner=1,
+                  width=self.label_bits, elem_bits=self.label_bits, elems_per_word=1, access="ro")
+
+        n_ph = len(self.phases()) + len(self.infer_phases())  # the step's phases, then infer's
         self._add("phase_cycles", None, (n_ph,), target=("plog",), space=0, count=n_ph, inner=1, width=32,
                   elem_bits=32, elems_per_word=1, access="ro")
 
     @property
     def logit_width(self) -> int:
-        return self.layers[-1].widths["logit_q"]
+        """Bits of a logit in the logits buffer: a training or an eval logit (``OutputGeometry.out_width``)."""
+        return OutputGeometry.from_config(self.cfg, lanes=self.loss_lanes).out_width
 
     def quantity(self, name: str, layer: int) -> HostQuantity:
         for hq in self.quantities:
@@ -429,6 +435,11 @@ class SystemPlan:
         if self.undo:  # the re-run of the forward pass, then the undo of each layer (skipped if the loss fell)
             out += [("rfwd", j) for j in range(L)] + [("undo", j) for j in range(L)]
         return out
+
+    def infer_phases(self) -> list[tuple[str, int]]:
+        """The controller's phases of an ``infer`` command: the forward pass of every layer in evaluation mode
+        (``ifwd j``: the datapath of ``fwd j`` with the running BN statistics; nothing is updated)."""
+        return [("ifwd", j) for j in range(len(self.layers))]
 
 
 def top_ports(component) -> dict:
@@ -614,8 +625,9 @@ class Accelerator(wiring.Component):
                     m.d.comb += getattr(getattr(regs, r.name), f.name).eq(f.reset)
 
         # ---- phases ----------------------------------------------------------------------------------------
-        phases = plan.phases()
+        phases = plan.phases() + plan.infer_phases()  # a train command runs the first n_train, infer the rest
         n_ph = len(phases)
+        n_train = len(plan.phases())
         training = Signal()
         ph = Signal(range(max(n_ph, 2)))
         ph_start = Signal()  # first cycle of the current phase
@@ -634,7 +646,8 @@ class Accelerator(wiring.Component):
         self.unit_names = []  # the shared units' submodule names
         self._pool = {}  # (name, params) -> [unit, uses]: readers shared by the phases of several layers (_pooled)
         self._wide_driven = set()  # ids of shared units' wide inputs that already have a default driver (_wide)
-        fwd_act = {lp.index: act[("fwd", lp.index)] | act.get(("rfwd", lp.index), 0) for lp in LP}
+        fwd_act = {lp.index: act[("fwd", lp.index)] | act.get(("rfwd", lp.index), 0) | act[("ifwd", lp.index)]
+                   for lp in LP}
         bwd_act = {lp.index: act[("bwd", lp.index)] for lp in LP}
         upd_act = {lp.index: act[("upd", lp.index)] for lp in LP}
         # units that keep every layer's state (in their memories, one region per layer) and take the layer
@@ -820,6 +833,8 @@ class Accelerator(wiring.Component):
         # ---- controller state ----------------------------------------------------------------------------
         busy = Signal()
         batch_loaded = Signal()
+        n_loaded = Signal(range(B + 1))  # samples of the uploaded batch (train needs B)
+        up_n = Signal(range(B + 1))
         label_bad = Signal()
         cycles = Signal(32)
         steps = Signal(32)
@@ -832,7 +847,7 @@ class Accelerator(wiring.Component):
         reading = Signal()
         state_code = Signal(4)
         cur_layer = Signal(range(max(L, 2)))
-        done_set = {k: Signal(name=f"done_{k}") for k in ("upload", "train", "readback", "restore")}
+        done_set = {k: Signal(name=f"done_{k}") for k in ("upload", "train", "readback", "restore", "infer")}
         err_set = {k: Signal(name=f"err_{k}") for k in
                    ("busy", "multiple", "batch", "layer", "quantity", "no_batch", "framing", "label")}
         for k, s_ in done_set.items():
@@ -855,8 +870,8 @@ class Accelerator(wiring.Component):
         ]
         if plan.loss_bits > 32:
             m.d.comb += regs.loss_hi.value.eq(self._loss_q[32:])
-        cmds = {c: getattr(regs.cmd, c) for c in ("upload", "train", "readback", "restore", "abort")}
-        n_cmds = Signal(range(6))
+        cmds = {c: getattr(regs.cmd, c) for c in ("upload", "train", "readback", "restore", "abort", "infer")}
+        n_cmds = Signal(range(7))
         any_cmd = Signal()
         m.d.comb += [n_cmds.eq(sum(s_.as_unsigned() for s_ in cmds.values())), any_cmd.eq(n_cmds != 0),
                      abort.eq(cmds["abort"])]
@@ -890,7 +905,7 @@ class Accelerator(wiring.Component):
         host_on = Signal()  # the host sequencer owns the targets
         m.d.comb += host_on.eq(restoring | reading)
         self._connect_targets(m, plan, seq, targets, tsel, host_on, wm, rng, bnp, host_sel,
-                              {"logits": lgb_r, "plog": plog_r},
+                              {"logits": lgb_r, "plog": plog_r, "labels": lab_r},
                               ports)
         # restore words from the beat writer go to the sequencer
         m.d.comb += [
@@ -959,18 +974,28 @@ class Accelerator(wiring.Component):
                     with m.If(n_cmds > 1):
                         m.d.comb += err_set["multiple"].eq(1)
                     with m.Elif(cmds["upload"]):
-                        with m.If(regs.arg.batch != B):
+                        with m.If((regs.arg.batch == 0) | (regs.arg.batch > B)):
                             m.d.comb += err_set["batch"].eq(1)
                         with m.Else():
-                            m.d.sync += [batch_loaded.eq(0), label_bad.eq(0), target_x.eq(0)]
-                            m.d.comb += [writer.start.eq(1), writer.count.eq(B * l0.words), writer.final.eq(0),
-                                         writer.beats.eq(beats_for(l0.lanes_in)), up_rows.start.eq(1)]
+                            m.d.sync += [batch_loaded.eq(0), label_bad.eq(0), target_x.eq(0), up_n.eq(regs.arg.batch)]
+                            m.d.comb += [writer.start.eq(1), writer.count.eq(regs.arg.batch * l0.words),
+                                         writer.final.eq(0), writer.beats.eq(beats_for(l0.lanes_in)),
+                                         up_rows.start.eq(1)]
                             m.next = "upload"
                     with m.Elif(cmds["train"]):
                         with m.If(~batch_loaded):
                             m.d.comb += err_set["no_batch"].eq(1)
+                        with m.Elif(n_loaded != B):
+                            m.d.comb += err_set["batch"].eq(1)
                         with m.Else():
                             m.d.sync += [cycles.eq(0), counting.eq(1), batch_loaded.eq(0), ph.eq(0),
+                                         training.eq(1), ph_start.eq(1)]
+                            m.next = "train"
+                    with m.Elif(cmds["infer"]):  # the eval forward pass over all B rows (past n: stale, ignored)
+                        with m.If(~batch_loaded):
+                            m.d.comb += err_set["no_batch"].eq(1)
+                        with m.Else():
+                            m.d.sync += [cycles.eq(0), counting.eq(1), batch_loaded.eq(0), ph.eq(n_train),
                                          training.eq(1), ph_start.eq(1)]
                             m.next = "train"
                     with m.Else():  # readback / restore
@@ -1005,14 +1030,14 @@ class Accelerator(wiring.Component):
             with m.State("upload_labels"):
                 m.d.comb += [busy.eq(1), state_code.eq(1), uploading.eq(1)]
                 m.d.sync += target_x.eq(1)
-                m.d.comb += [writer.start.eq(1), writer.count.eq(B), writer.final.eq(1), writer.beats.eq(1)]
+                m.d.comb += [writer.start.eq(1), writer.count.eq(up_n), writer.final.eq(1), writer.beats.eq(1)]
                 m.next = "upload"
             with m.State("upload_check"):
                 m.d.comb += [busy.eq(1), state_code.eq(1)]
                 with m.If(label_bad):
                     m.d.comb += err_set["label"].eq(1)
                 with m.Else():
-                    m.d.sync += batch_loaded.eq(1)
+                    m.d.sync += [batch_loaded.eq(1), n_loaded.eq(up_n)]
                     m.d.comb += done_set["upload"].eq(1)
                 m.next = "idle"
             with m.State("train"):
@@ -1021,16 +1046,20 @@ class Accelerator(wiring.Component):
                     for i, key in enumerate(phases):
                         with m.Case(i):
                             m.d.comb += state_code.eq({"fwd": 2, "rfwd": 2, "bwd": 4, "dx": 4, "upd": 5,
-                                                       "undo": 5}[key[0]])
+                                                       "undo": 5, "ifwd": 10}[key[0]])
                 m.d.sync += ph_start.eq(0)
                 with m.If(abort):
                     m.d.sync += [counting.eq(0), training.eq(0)]
                     m.next = "idle"
                 with m.Elif(phase_done & ~ph_start):
                     m.d.comb += [plog_wp.addr.eq(ph), plog_wp.data.eq(cycles + 1), plog_wp.en.eq(1)]
-                    with m.If(ph == n_ph - 1):
+                    with m.If(ph == n_train - 1):
                         m.d.sync += [counting.eq(0), training.eq(0), steps.eq(steps + 1)]
                         m.d.comb += done_set["train"].eq(1)
+                        m.next = "idle"
+                    with m.Elif(ph == n_ph - 1):
+                        m.d.sync += [counting.eq(0), training.eq(0)]
+                        m.d.comb += done_set["infer"].eq(1)
                         m.next = "idle"
                     with m.Else():
                         m.d.sync += [ph.eq(ph + 1), ph_start.eq(1)]
@@ -1171,9 +1200,10 @@ class Accelerator(wiring.Component):
                     u.host_rdata.ready.eq(here & seq.resp.ready),
                 ]
                 rv, rd, rr = u.host_rdata.valid, u.host_rdata.payload, u.host.ready
-            else:  # a plain memory: the logits buffer or the phase log
+            else:  # a plain memory: the logits buffer, the phase log or the labels (classes after an infer)
                 rp = mems[t[0]]
-                depth = plan.batch * plan.loss_groups if t[0] == "logits" else len(plan.phases())
+                depth = {"logits": plan.batch * plan.loss_groups, "labels": plan.batch}.get(
+                    t[0], len(plan.phases()) + len(plan.infer_phases()))
                 tgt = m.submodules[f"{t[0]}_target"] = MemoryTarget(outer=depth, inner=1, width=len(rp.data))
                 m.d.comb += [
                     tgt.req.valid.eq(here & seq.req.valid),
@@ -1181,7 +1211,8 @@ class Accelerator(wiring.Component):
                     tgt.resp.ready.eq(here & seq.resp.ready),
                     tgt.r_data.eq(rp.data),
                 ]
-                ports["lgb_r" if t[0] == "logits" else "plog_r"].add(here, addr=tgt.r_addr, en=tgt.r_en)
+                ports[{"logits": "lgb_r", "labels": "lab_r"}.get(t[0], "plog_r")].add(here, addr=tgt.r_addr,
+                                                                                        en=tgt.r_en)
                 rv, rd, rr = tgt.resp.valid, tgt.resp.payload, tgt.req.ready
             with m.If(tsel == ti):
                 m.d.comb += [resp_valid.eq(rv), resp_data.eq(rd), req_ready.eq(rr)]
@@ -1201,10 +1232,15 @@ class Accelerator(wiring.Component):
         # and the correct count of the first run alone
         rkey = ("rfwd", j)
         rerun = act.get(rkey, Const(0))
+        # infer (ifwd j): the same datapath in evaluation mode (``ev``): thresholds and logit constants from the
+        # running statistics; the running statistics, the loss unit and the step's registers are left alone
+        ikey = ("ifwd", j)
+        ev = act[ikey]
         a = Signal(name=f"fwd_any{j}")
         st = Signal(name=f"fwd_any_start{j}")
-        m.d.comb += [a.eq(act[key] | rerun), st.eq(start[key] | start.get(rkey, 0))]
+        m.d.comb += [a.eq(act[key] | rerun | ev), st.eq(start[key] | start.get(rkey, 0) | start[ikey])]
         e, bn, par = eng[j], bnf[j], bnp[j]
+        m.d.comb += [bn.eval_mode.eq(ev), par.eval_mode.eq(ev), bn.run.eq(par.run)]
         # rows of X_j -> engine
         xr = sub(f"fwd_rows{j}", RowReader(width=lp.lanes_in, banks=lp.lanes_b, words=W, rows=B))
         m.d.comb += xr.start.eq(st)
@@ -1287,7 +1323,7 @@ class Accelerator(wiring.Component):
         # per-channel statistics: S', alpha; running statistics; (output layer) logit constants
         st_count = Signal(range(lp.n_out + 1), name=f"stats_count{j}")
         to_par = _StreamView(Signal(name=f"stats_par_valid{j}"), Signal(name=f"stats_par_ready{j}"))
-        m.d.comb += [par.stats.valid.eq(to_par.valid & ~rerun), to_par.ready.eq(par.stats.ready | rerun)]
+        m.d.comb += [par.stats.valid.eq(to_par.valid & ~rerun & ~ev), to_par.ready.eq(par.stats.ready | rerun | ev)]
         dsts = [to_par] + ([logit.consts] if lp.top else [])
         stats_valid = Signal(name=f"stats_valid{j}")
         m.d.comb += stats_valid.eq(a & bn.stats.valid)
@@ -1307,12 +1343,12 @@ class Accelerator(wiring.Component):
             m.d.sync += st_count.eq(st_count + 1)
         fin = (st_count == lp.n_out) & (x_count == lp.beats) & ~par.busy
         if lp.top:
-            fin = fin & self._output(m, plan, lp, a, st, rr, to_bn, rg, logit, loss, ports, correct, rerun)
-        m.d.comb += done[key].eq(fin)
+            fin = fin & self._output(m, plan, lp, a, st, rr, to_bn, rg, logit, loss, ports, correct, rerun, ev)
+        m.d.comb += [done[key].eq(fin), done[ikey].eq(fin)]
         if rkey in done:
             m.d.comb += done[rkey].eq(fin)
 
-    def _output(self, m, plan, lp, a, st, rr, to_bn, rg, logit, loss, ports, correct, rerun):
+    def _output(self, m, plan, lp, a, st, rr, to_bn, rg, logit, loss, ports, correct, rerun, ev):
         """Logits (third Y replay), loss gradient g into the top of YDX, logits into their buffer, correct count.
 
         The logit and loss units take ``nl = plan.loss_lanes`` classes per beat: each Y beat of ``lo`` lanes is
@@ -1346,10 +1382,14 @@ class Accelerator(wiring.Component):
         # logits -> loss unit and the logits buffer
         lw = plan.logit_width
         lg_count = Signal(range(B * plan.loss_groups + 1), name="logit_count")
-        m.d.comb += [loss.x.payload.eq(logit.x.payload), loss.x.valid.eq(a & logit.x.valid),
-                     logit.x.ready.eq(a & loss.x.ready)]
+        m.d.comb += logit.eval_mode.eq(ev)
+        for lane in range(nl):  # a training logit fits the loss unit's narrower lanes
+            m.d.comb += loss.x.payload.x[lane].eq(logit.x.payload.x[lane])
+        m.d.comb += [loss.x.payload.last.eq(logit.x.payload.last), loss.x.valid.eq(a & ~ev & logit.x.valid),
+                     logit.x.ready.eq(a & (ev | loss.x.ready))]
         lg_take = Signal(name="logit_take")
-        m.d.comb += lg_take.eq(a & logit.x.valid & loss.x.ready)
+        m.d.comb += lg_take.eq(a & logit.x.valid & (ev | loss.x.ready))
+        cls_done = self._argmax(m, plan, st, lg_take & ev, logit.x.payload, ports)
         lg_word = Signal(nl * lw, name="logit_word")
         for lane in range(nl):
             m.d.comb += lg_word[lane * lw:(lane + 1) * lw].eq(logit.x.payload.x[lane])
@@ -1360,10 +1400,11 @@ class Accelerator(wiring.Component):
             m.d.sync += lg_count.eq(lg_count + 1)
         # labels
         labr = self._sub("labels_reader", MemoryReader(width=plan.label_bits, depth=B))
-        m.d.comb += [labr.start.eq(st), labr.base.eq(0), labr.count.eq(B), labr.wrap.eq(0)]
+        # not started in infer: a reader left holding a word would hand it to the next step's loss unit
+        m.d.comb += [labr.start.eq(st & ~ev), labr.base.eq(0), labr.count.eq(B), labr.wrap.eq(0)]
         ports["lab_r"].add(a, addr=labr.r_addr, en=labr.r_en)
         m.d.comb += [labr.r_data.eq(ports["lab_r"].port.data), loss.label.payload.eq(labr.o.payload.data),
-                     loss.label.valid.eq(a & labr.o.valid), labr.o.ready.eq(a & loss.label.ready)]
+                     loss.label.valid.eq(a & ~ev & labr.o.valid), labr.o.ready.eq(a & ~ev & loss.label.ready)]
         # gradient: nl lanes per beat joined into words of lo lanes (a word ends after lo / nl parts or with the
         # sample); the parts taken so far wait in g_held
         gw = len(loss.g.payload.g[0])
@@ -1406,7 +1447,45 @@ class Accelerator(wiring.Component):
                     m.d.sync += [self._loss_q.eq(loss.loss_q), self._loss_rose.eq(0), correct.eq(loss.correct)]
             else:
                 m.d.sync += [self._loss_q.eq(loss.loss_q), correct.eq(loss.correct)]
-        return loss_done & (g_count == lp.beats)
+        return Mux(ev, cls_done, loss_done & (g_count == lp.beats))
+
+    def _argmax(self, m, plan, st, take, payload, ports):
+        """Infer: the class of every sample, the argmax of its eval logits (the first on ties, as numpy's argmax
+        and the ``correct`` count of :func:`sim.hw.arith.loss_grad`), written into the labels memory at the
+        sample's row; ``take``: a logit beat of ``nl`` classes (``last`` on a sample's last beat). Returns the
+        signal that every sample of the batch has its class."""
+        B, C, nl = plan.batch, plan.classes, plan.loss_lanes
+        ng = plan.loss_groups
+        real_last = C - (ng - 1) * nl
+        lw = plan.logit_width
+        og = Signal(range(max(ng, 2)), name="cls_beat")  # beat within the sample
+        sample = Signal(range(B + 1), name="cls_sample")
+        best_v = Signal(signed(lw), name="cls_best")
+        best_i = Signal(range(max(C, 2)), name="cls_best_i")
+        # the first maximum of this beat's real lanes (a lane past the classes only in the last beat)
+        cand_v, cand_i = payload.x[0], Const(0, range(max(nl, 2)))
+        for lane in range(1, nl):
+            real = Const(1) if lane < real_last else (og != ng - 1)
+            v = Signal(signed(lw), name=f"cls_v{lane}")
+            i = Signal(range(max(nl, 2)), name=f"cls_i{lane}")
+            better = real & (payload.x[lane] > cand_v)
+            m.d.comb += [v.eq(Mux(better, payload.x[lane], cand_v)), i.eq(Mux(better, lane, cand_i))]
+            cand_v, cand_i = v, i
+        new = Signal(name="cls_new")
+        nv = Signal(signed(lw), name="cls_new_v")
+        ni = Signal(range(max(C, 2)), name="cls_new_i")
+        m.d.comb += [new.eq((og == 0) | (cand_v > best_v)), nv.eq(Mux(new, cand_v, best_v)),
+                     ni.eq(Mux(new, og * nl + cand_i, best_i))]
+        end = Signal(name="cls_end")
+        m.d.comb += end.eq(take & payload.last)
+        ports["lab_w"].add(end, addr=sample, data=ni, en=1)
+        with m.If(st):
+            m.d.sync += [og.eq(0), sample.eq(0)]
+        with m.Elif(take):
+            m.d.sync += [best_v.eq(nv), best_i.eq(ni), og.eq(Mux(payload.last, 0, og + 1))]
+            with m.If(payload.last):
+                m.d.sync += sample.eq(sample + 1)
+        return sample == B
 
     def _sub(self, name, unit):
         self._m.submodules[name] = ResetInserter({"sync": self._abort})(unit)

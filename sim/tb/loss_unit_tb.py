@@ -149,7 +149,7 @@ class LogitTB(TB):
             await s
         cycles = self.x.stamps[-1] - self.consts.stamps[c0] + 1
         assert self.x.stamps[x0] > self.consts.stamps[-1], "logits before the last constants"
-        rows, lasts, pads = g.unpack_rows(got, g.logit_width)
+        rows, lasts, pads = g.unpack_rows(got, g.out_width)
         assert lasts == [int(i % g.groups == g.groups - 1) for i in range(len(got))], "wrong last flags"
         assert not any(pads), f"padding lanes not 0: {pads[:8]}"
         return rows, want, cycles

@@ -11,7 +11,10 @@ Parameters (``$XNT_TB_PARAMS``, JSON):
 ``data``         path of an ``.npz`` with ``x`` (uint8 images ``[n, C, H, W]``) and ``y`` (labels);
 ``steps``        training steps to run (batches are taken in order from ``data``);
 ``mode``         ``"forward"`` (layer-0 pre-activations only) or ``"train"`` (whole steps), or
-                 ``"errors"`` (the command checks) or ``"restore"`` (checkpoint, train, restore, train);
+                 ``"errors"`` (the command checks) or ``"restore"`` (checkpoint, train, restore, train), or
+                 ``"infer"`` (train ``steps - 3`` steps, infer a full batch and a partial one of ``infer_n``
+                 samples against ``HwModel.forward_eval``, check the state is untouched, train one more step;
+                 ``infer_train_after`` 0: no step after the infers, ``steps - 2`` before them);
 ``report``       where to write the JSON report (cycles and first mismatch per step);
 ``lr``           learning rate of every step (default: the configuration's);
 ``lrs``          per-step learning rates (a list, one per step; overrides ``lr``), e.g. a decayed schedule;
@@ -31,7 +34,7 @@ import cocotb
 import numpy as np
 from cocotb.triggers import ClockCycles, FallingEdge, ReadOnly
 
-from host.driver import AcceleratorDescription, AcceleratorError, AsyncTransport, Driver
+from host.driver import AcceleratorDescription, AcceleratorError, AsyncTransport, Driver, Send
 from rtl_gen.top import SystemPlan
 from sim.tb.common import AxiLiteMaster, Bench, tb_params
 
@@ -239,6 +242,8 @@ async def test_system(dut):
         await run_training(tb, load_batches(PARAMS["data"], tb.cfg, tb.desc.batch, steps))
     elif mode == "restore":
         await run_restore(tb, load_batches(PARAMS["data"], tb.cfg, tb.desc.batch, steps))
+    elif mode == "infer":
+        await run_infer(tb, load_batches(PARAMS["data"], tb.cfg, tb.desc.batch, steps))
     else:
         raise ValueError(f"unknown mode {mode!r}")
     tb.write_report()
@@ -296,8 +301,9 @@ async def train_and_check(tb: TB, x, y, step: int, lr: float, progress: float = 
     wall = time.perf_counter() - t0  # upload + step + result registers, in simulation
     trace = tb.model.train_step(x, y, lr=lr, progress=progress)
     mm = await compare_state(tb, step, trace, result)
-    ends = [int(v) for v in np.asarray(await tb.drv.read("phase_cycles")).ravel()]  # cycle count at each phase end
     names = [f"{kind}{j}" for kind, j in SystemPlan(tb.cfg).phases()]
+    # cycle count at each phase end (the step's phases first, then infer's)
+    ends = [int(v) for v in np.asarray(await tb.drv.read("phase_cycles")).ravel()][: len(names)]
     entry = {"step": step, "cycles": int(result.cycles), "mismatch": mm, "loss": result.loss,
              "loss_q": int(result.loss_q), "lr": lr, "progress": progress, "flips": int(trace.flips),
              "at_limit": state_at_limits(tb.model),
@@ -379,7 +385,9 @@ async def run_error_checks(tb: TB):
 
     kinds = tb.desc.kinds
     await expect("no_batch", "train")
+    await expect("no_batch", "infer")
     await expect("batch", "upload", batch=tb.desc.batch + 1)
+    await expect("batch", "upload", batch=0)
     await expect("layer", "readback", layer=len(tb.desc.layers), quantity=0)
     ro = next(q for q in tb.desc.quantities if q.access == "ro")
     await expect("quantity", "restore", layer=ro.layer or 0, quantity=ro.kind)
@@ -429,4 +437,57 @@ async def run_error_checks(tb: TB):
     st = await drv.read_register("status")
     assert st["batch_loaded"] == 1 and st["busy"] == 0, st
     checks.append(("recovered", []))
+    # a partial batch (what infer takes) is refused by train
+    await drv.transport.execute(drv._command("upload", batch=1))
+    await drv.transport.execute(drv._stream(Send(drv.batch_words(x[:1], y[:1], partial=True)), "upload"))
+    await drv.transport.execute(drv._wait_done("upload"))
+    await expect("batch", "train")
     tb.report["checks"] = checks
+
+
+async def infer_and_check(tb: TB, x, what: str) -> dict:
+    """One ``Driver.infer`` with logits against :meth:`sim.hw.model.HwModel.forward_eval`; a report entry."""
+    classes, logits = await tb.drv.infer(x, logits=True)
+    want = tb.model.forward_eval(x)
+    plan = SystemPlan(tb.cfg)
+    ends = [int(v) for v in np.asarray(await tb.drv.read("phase_cycles")).ravel()][len(plan.phases()):]
+    entry = {"infer": what, "samples": len(x), "cycles": tb.drv.last_infer_cycles, "mismatch": None,
+             "phases": dict(zip([f"{k}{j}" for k, j in plan.infer_phases()], np.diff([0, *ends]).tolist(),
+                                strict=True))}
+    if not np.array_equal(logits, want):
+        bad = np.argwhere(logits != want)[0]
+        entry["mismatch"] = {"quantity": "eval logits", "index": [int(v) for v in bad],
+                             "expected": int(want[tuple(bad)]), "got": int(logits[tuple(bad)])}
+    elif not np.array_equal(classes, want.argmax(axis=1)):
+        bad = int(np.argmax(classes != want.argmax(axis=1)))
+        entry["mismatch"] = {"quantity": "classes", "index": [bad], "expected": int(want[bad].argmax()),
+                             "got": int(classes[bad])}
+    tb.report["steps"].append(entry)
+    tb.write_report()
+    tb.dut._log.info("infer %s: %d samples, %d cycles, mismatch %s", what, len(x), entry["cycles"], entry["mismatch"])
+    return entry
+
+
+async def run_infer(tb: TB, batches):
+    """Train, infer a full and a partial batch (bit-exact eval logits and classes), check that the state is
+    untouched (running statistics, weights, betas, generators), then train once more against the model."""
+    after = int(PARAMS.get("infer_train_after", 1))
+    if len(batches) < 3 + after:
+        raise ValueError(f"mode infer needs at least {3 + after} batches (steps), got {len(batches)}")
+    sched = schedule(tb, len(batches))
+    await tb.drv.load_state_dict(tb.model.state_dict())
+    k = len(batches) - 2 - after
+    for s in range(k):
+        entry = await train_and_check(tb, *batches[s], s, *sched[s])
+        assert entry["mismatch"] is None, f"step {s}: first mismatch {entry['mismatch']}"
+    n = int(PARAMS.get("infer_n", max(1, tb.desc.batch // 2 - 1)))
+    for what, x in (("full", batches[k][0]), ("partial", batches[k + 1][0][:n])):
+        entry = await infer_and_check(tb, x, what)
+        assert entry["mismatch"] is None, f"infer {what}: first mismatch {entry['mismatch']}"
+    mm = await compare_state(tb, k)
+    tb.report["state_after_infer"] = mm
+    assert mm is None, f"the state changed in infer: {mm}"
+    if not after:
+        return
+    entry = await train_and_check(tb, *batches[k + 2], k, *sched[k + 2])
+    assert entry["mismatch"] is None, f"step after infer: first mismatch {entry['mismatch']}"

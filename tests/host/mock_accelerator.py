@@ -19,7 +19,7 @@ B, F, C = 4, 20, 3
 
 
 def make_desc() -> AcceleratorDescription:
-    kinds = {"w": 0, "acc": 1, "beta": 2, "rng": 3, "logits": 4}
+    kinds = {"w": 0, "acc": 1, "beta": 2, "rng": 3, "logits": 4, "classes": 5}
     regmap = build_regmap(name="mock", layers=2, batch=B, classes=C, input_int8=False, optimizer="switch",
                           quantity_kinds=len(kinds))
 
@@ -40,6 +40,7 @@ def make_desc() -> AcceleratorDescription:
         flat("beta", 1, (C,), 24, 1, signed=True),
         flat("rng", 1, (C,), 32, 1),
         flat("logits", 1, (B, C), 16, 2, signed=True, access="ro"),
+        flat("classes", None, (B,), 2, 1, access="ro"),
     ]
     return AcceleratorDescription(
         name="mock", regmap=regmap, batch=B, classes=C, input="binary", features=F, layers=[(F, 8), (8, C)],
@@ -67,6 +68,8 @@ class MockAccelerator:
         self.train_polls = train_polls
         self.hang = hang
         self.steps = 0
+        self.loaded = None  # samples of the uploaded batch
+        self.uploaded = None  # their +-1 values
 
     # register side
     def read(self, addr):
@@ -100,17 +103,33 @@ class MockAccelerator:
         if self.running or self.pending:
             return self._error("busy")
         if name == "upload":
-            if arg["batch"] != self.desc.batch:
+            if not 1 <= arg["batch"] <= self.desc.batch:
                 return self._error("batch")
-            self.pending = ("upload", None)
+            self.pending = ("upload", arg["batch"])
         elif name == "train":
+            if self.loaded != self.desc.batch:
+                return self._error("no_batch" if self.loaded is None else "batch")
+            self.loaded = None
             self.running, self.polls = "train", 0
+        elif name == "infer":
+            if self.loaded is None:
+                return self._error("no_batch")
+            # the mock's classifier: the number of +1 inputs of the sample modulo the classes (rows past the
+            # uploaded samples keep what the memory held)
+            q = self.desc.quantity("classes")
+            classes = q.decode(self.memory.get((q.kind, 0), np.zeros(q.beats, np.uint32))).astype(np.int64)
+            classes[: len(self.uploaded)] = (self.uploaded > 0).sum(axis=1) % self.desc.classes
+            self.memory[(q.kind, 0)] = q.encode(classes)
+            self.loaded = None
+            self.running, self.polls = "infer", 0
         else:
             if arg["layer"] >= len(self.desc.layers):
                 return self._error("layer")
             self.pending = (name, (arg["quantity"], arg["layer"]))
 
     def _finish(self):
+        if self.running == "infer":
+            self.regs.set_input("cycles", "value", 321)
         if self.running == "train":
             self.steps += 1
             self.regs.set_input("cycles", "value", 1234)
@@ -126,6 +145,13 @@ class MockAccelerator:
         self.pending = None
         if name == "restore":
             self.memory[key] = np.array(words, dtype=np.uint32)
+        if name == "upload":  # the samples (key: their count), then the labels
+            d = self.desc
+            per = len(d.batch_layout.encode(np.ones((d.batch, d.features), np.int8))) // d.batch
+            x_words = np.zeros(per * d.batch, np.uint32)
+            x_words[: per * key] = words[: per * key]
+            self.uploaded = d.batch_layout.decode(x_words)[:key]
+            self.loaded = key
         self.running, self.polls = name, 0
 
     def receive(self, count):

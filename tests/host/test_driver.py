@@ -418,3 +418,53 @@ def test_restore_applies_the_models_state_check_from_the_description_config():
     # without the configuration only the description's (bit width) check applies
     desc.config = ""
     Driver(desc, NoBusTransport(), check=False).check_state(state)
+
+
+# --- infer ------------------------------------------------------------------------------------------------
+
+
+def test_infer_uploads_n_samples_runs_infer_and_reads_the_classes():
+    desc = make_desc()
+    acc = MockAccelerator(desc)
+    drv = Driver(desc, MockTransport(acc))
+    x, _ = batch()
+    acc.log.clear()
+    got = drv.infer(x[:3])
+    m = desc.regmap
+    assert acc.log[:5] == [
+        ("write", "arg", m.encode("arg", batch=3)),
+        ("write", "done", m["done"].field("upload").mask),
+        ("write", "cmd", m.encode("cmd", upload=1)),
+        ("read", "error", 0),
+        ("send", 3 + 1),  # three 20-bit rows, then the three labels in one word
+    ]
+    assert acc.log.count(("write", "cmd", m.encode("cmd", infer=1))) == 1
+    assert ("receive", desc.quantity("classes").beats) in acc.log
+    assert ("receive", desc.quantity("logits", 1).beats) not in acc.log
+    assert got.shape == (3,) and (got == (x[:3] > 0).sum(axis=1) % C).all()
+    assert drv.last_infer_cycles == 321
+    classes, logits = drv.infer(x, logits=True)  # a full batch, with the logits
+    assert (classes == (x > 0).sum(axis=1) % C).all() and logits.shape == (B, C)
+
+
+@pytest.mark.parametrize("n", [0, B + 1])
+def test_infer_refuses_an_empty_or_oversized_batch(n):
+    desc = make_desc()
+    acc = MockAccelerator(desc)
+    drv = Driver(desc, MockTransport(acc))
+    acc.log.clear()
+    with pytest.raises(ValueError, match=f"infer: {n} samples; the accelerator classifies 1 .. {B}"):
+        drv.infer(np.ones((n, F), np.int8))
+    assert acc.log == []  # nothing reached the accelerator
+
+
+def test_train_after_a_partial_upload_is_refused():
+    desc = make_desc()
+    acc = MockAccelerator(desc)
+    drv = Driver(desc, MockTransport(acc))
+    x, y = batch()
+    drv.transport.execute(drv._command("upload", batch=2))
+    drv.transport.execute(drv._stream(Send(drv.batch_words(x[:2], y[:2], partial=True)), "upload"))
+    drv.transport.execute(drv._wait_done("upload"))
+    with pytest.raises(AcceleratorError, match="batch"):
+        drv.transport.execute(drv._command("train"))

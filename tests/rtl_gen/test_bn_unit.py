@@ -15,7 +15,7 @@ from amaranth.sim import Simulator
 from rtl_gen.bn_unit import BnBackwardUnit, BnForwardUnit, BnLayer, forward_cycles, mul_const
 from rtl_gen.toolchain import run_cocotb, to_verilog
 from sim.config import apply_overrides, load_config
-from sim.hw.arith import ArithParams, bn_backward, bn_forward
+from sim.hw.arith import ArithParams, bn_backward, bn_forward, bn_forward_eval
 from sim.hw.widths import layer_bounds
 from sim.tb.bn_unit_tb import small_config
 
@@ -185,6 +185,70 @@ def test_forward_in_amaranth_simulator(geo):
     measured, model = _pysim_forward(lay, y, beta, seed=3, p_idle=0.0, p_stall=0.0)
     assert measured == model
     _pysim_forward(lay, y, beta, seed=4, p_idle=0.3, p_stall=0.4)
+
+
+def _pysim_forward_eval(lay, y, beta, mu, s_r, *, seed, p_idle, p_stall):
+    """BnForwardUnit with ``eval_mode`` high: x_hat from the running statistics, per channel C' and s_r'."""
+    dut = BnForwardUnit(layer=lay)
+    coin = random.Random(seed)
+    words = _beats(lay, y, "y")
+    xs, stats = [], []
+
+    async def bench(ctx):
+        n = [0, 0, 0]
+        ctx.set(dut.eval_mode, 1)
+        while len(stats) < lay.channels:
+            take_x, take_s = coin.random() >= p_stall, coin.random() >= p_stall
+            ctx.set(dut.x.ready, take_x)
+            ctx.set(dut.stats.ready, take_s)
+            c = min(n[2], lay.channels - 1)
+            ctx.set(dut.run, {"mu": int(mu[c]), "s": int(s_r[c])})  # travels with the channel's beta
+            for k, (port, items) in enumerate(
+                ((dut.y, words), (dut.y_replay, words + words), (dut.beta, [int(v) for v in beta]))
+            ):
+                if _drive(ctx, port, items, n[k], coin, p_idle):
+                    n[k] += 1
+            if take_x and ctx.get(dut.x.valid):
+                xs.append(ctx.get(dut.x.payload.x_hat))
+            if take_s and ctx.get(dut.stats.valid):
+                st = ctx.get(dut.stats.payload)
+                stats.append((int(st.C), int(st.S_eff)))
+            await ctx.tick()
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    p = lay.params
+    M, G, L = lay.channels, lay.groups, lay.lanes
+    bits = np.array([[(v >> lane) & 1 for lane in range(L)] for v in xs]).reshape(lay.batch, G * L)
+    assert (np.where(bits[:, :M] > 0, 1, -1) == bn_forward_eval(y, beta, mu, s_r, p, lay.y_bound)).all()
+    s_eff = np.maximum(s_r, 1)
+    assert stats == [(int(m_) * (1 << p.beta_frac) - int(b) * int(s_), int(s_))
+                     for m_, b, s_ in zip(mu, beta, s_eff, strict=True)]
+
+
+@pytest.mark.parametrize("geo", [(6, 5, 7, 2), (5, 3, 9, 4), (4, 12, 16, 8)])
+def test_forward_eval_in_amaranth_simulator(geo):
+    """Evaluation mode (the ``infer`` command): thresholds ``ceil((mu_r 2^Fb - beta s_r') / 2^(Fr+Fb))`` by a
+    shift, saturated at +-(Ymax+1), bit for bit :func:`sim.hw.arith.bn_forward_eval`; the constants the eval
+    logits need (C', s_r') on the stats stream. Running statistics across their whole range: s_r <= 0 (s_r' = 1),
+    a mean beyond +-Ymax (every sample on one side), and values near the thresholds."""
+    batch, channels, fan_in, lanes = geo
+    lay = BnLayer.from_config(small_config(batch, channels, fan_in), 0, lanes=lanes)
+    rng = np.random.default_rng(7)
+    p = lay.params
+    run = lay.bounds.running
+    y = rng.integers(-fan_in, fan_in + 1, (batch, channels))
+    beta = rng.integers(p.beta_lo, p.beta_hi + 1, channels)
+    mu = rng.integers(-(fan_in << p.running_frac), (fan_in << p.running_frac) + 1, channels)
+    s_r = rng.integers(1, 4 << p.running_frac, channels)
+    mu[0], s_r[0] = run, 0  # s_r' = 1 and a mean above every y: all -1
+    mu[1 % channels], s_r[1 % channels] = -run, -3
+    beta[2 % channels] = 0  # theta = ceil(mu_r 2^-Fr): y equal to it gives +1
+    mu[2 % channels] = int(y[0, 2 % channels]) << p.running_frac
+    _pysim_forward_eval(lay, y, beta, mu, s_r, seed=5, p_idle=0.0, p_stall=0.0)
+    _pysim_forward_eval(lay, y, beta, mu, s_r, seed=6, p_idle=0.3, p_stall=0.4)
 
 
 @pytest.mark.parametrize("pass2_lanes", [None, 1])

@@ -25,7 +25,7 @@ from rtl_gen.loss_unit import (
 )
 from rtl_gen.toolchain import run_cocotb, to_verilog
 from sim.config import apply_overrides, load_config
-from sim.hw.arith import ArithParams, bn_forward, exp2_table, loss_grad, output_logits
+from sim.hw.arith import ArithParams, bn_forward, exp2_table, loss_grad, output_logits, output_logits_eval
 from sim.hw.widths import derive_widths, layer_bounds, signed_bits
 
 # the output layer sees int8 pixels: Y 18 bits
@@ -144,7 +144,8 @@ def test_verilog_ports():
         return {name: int(hi or 0) + 1 for hi, name in found}
 
     w = ports(to_verilog(OutputLogitUnit.from_config(config(), lanes=4), "logit_unit"))
-    assert w["consts__payload"] == 43 + 23 + 1 and w["y__payload"] == 4 * 10 + 1 and w["x__payload"] == 4 * 15 + 1
+    # x: 4 lanes of an eval logit (30 bits; a training logit needs 15, the loss unit's input below)
+    assert w["consts__payload"] == 43 + 23 + 1 and w["y__payload"] == 4 * 10 + 1 and w["x__payload"] == 4 * 30 + 1
     w = ports(to_verilog(LossGradUnit.from_config(config(), lanes=4), "loss_unit"))
     assert w["x__payload"] == 61 and w["label__payload"] == 4 and w["g__payload"] == 4 * 18 + 1
     assert w["loss_q"] == (100 << 16).bit_length() and w["correct"] == 7 and w["done"] == 1
@@ -158,7 +159,8 @@ def wiring_value(payload):
     return payload.as_value() if hasattr(payload, "as_value") else payload
 
 
-def _pysim(dut, sources: dict, sink: str, count: int, *, seed: int, p_idle: float, p_stall: float, batches=0):
+def _pysim(dut, sources: dict, sink: str, count: int, *, seed: int, p_idle: float, p_stall: float, batches=0,
+           init=None):
     """Offer the words of ``sources`` (port name -> list) on their streams and take ``count`` words from ``sink``,
     with random idle cycles and backpressure; returns ``(words, first source transfer cycle, last sink
     transfer cycle, [(loss_q, correct)] at every done pulse)``. Waits for ``batches`` done pulses."""
@@ -169,6 +171,8 @@ def _pysim(dut, sources: dict, sink: str, count: int, *, seed: int, p_idle: floa
 
     async def bench(ctx):
         cycle = 0
+        if init is not None:
+            await init(ctx)
         while len(got) < count or len(stats) < batches:
             offers = {}
             for name, words in sources.items():
@@ -236,10 +240,45 @@ def test_logit_unit_in_amaranth_simulator(overrides, lanes, div_steps):
             words += got
             if stress == (0.0, 0.0):
                 assert stamps["last"] - stamps["consts"] + 1 == g.logit_cycles()
-        rows, lasts, pads = g.unpack_rows(words, g.logit_width)
+        rows, lasts, pads = g.unpack_rows(words, g.out_width)
         want = np.concatenate([output_logits(y, fwd, g.params) for y, fwd in jobs])
         assert (rows == want).all() and not any(pads)
         assert lasts == [int(i % g.groups == g.groups - 1) for i in range(len(words))]
+
+
+@pytest.mark.parametrize("overrides, lanes", [(small(7, 5), 3), (small(10, 4), 4), (small(3, 100), 2)],
+                         ids=["c7-b5-l3", "c10-b4-l4", "c3-b100"])
+def test_logit_unit_eval_in_amaranth_simulator(overrides, lanes):
+    """``eval_mode`` (the infer command): constants C' = mu_r 2^Fb - beta s_r' and s_r', K = 2^(Fr+Fb): bit for bit
+    :func:`sim.hw.arith.output_logits_eval`, with running statistics at the ends of their range (s_r' = 1 gives
+    the widest logits); with ``eval_mode`` low the same geometry gives the training logits."""
+    dut = OutputLogitUnit.from_config(config(overrides), lanes=lanes)
+    g = dut.geometry
+    p = g.params
+    rng = np.random.default_rng(lanes + 1)
+    run = g.bounds.running
+    y = rng.integers(-g.bounds.y, g.bounds.y + 1, (g.batch, g.classes))
+    y[0], y[-1] = g.bounds.y, -g.bounds.y
+    beta = rng.integers(p.beta_lo, p.beta_hi + 1, g.classes)
+    mu = rng.integers(-run, run + 1, g.classes)
+    s_r = rng.integers(-2, run + 1, g.classes)
+    beta[0], mu[0], s_r[0] = p.beta_lo, run, 1
+    beta[1], mu[1], s_r[1] = p.beta_hi, -run, 0
+    s_eff = np.maximum(s_r, 1)
+    c = mu * (1 << p.beta_frac) - beta * s_eff
+    want = output_logits_eval(y, beta, mu, s_r, p)
+    assert int(np.abs(want).max()) >= 1 << (g.logit_width - 1)  # beyond a training logit's width
+    words = {"consts": g.pack_consts(c, s_eff), "y": g.pack_rows(y, g.y_width)}
+
+    async def hold_eval(ctx):
+        ctx.set(dut.eval_mode, 1)
+
+    got = _pysim(dut, words, "x", g.batch * g.groups, seed=1, p_idle=0.2, p_stall=0.3, init=hold_eval)[0]
+    assert (g.unpack_rows(got, g.out_width)[0] == want).all()
+    ((yt, fwd),) = _bn_batches(g, rng, 1)
+    got = _pysim(dut, {"consts": g.pack_consts(fwd.C, fwd.S_eff), "y": g.pack_rows(yt, g.y_width)}, "x",
+                 g.batch * g.groups, seed=2, p_idle=0.0, p_stall=0.0)[0]
+    assert (g.unpack_rows(got, g.out_width)[0] == output_logits(yt, fwd, p)).all()
 
 
 def _labelled_logits(g, rng, samples):
@@ -311,7 +350,9 @@ class _Chain(wiring.Component):
         m.submodules.logits, m.submodules.loss = self.logits, self.loss
         wiring.connect(m, wiring.flipped(self.consts), self.logits.consts)
         wiring.connect(m, wiring.flipped(self.y), self.logits.y)
-        wiring.connect(m, self.logits.x, self.loss.x)
+        lx, sx = self.logits.x, self.loss.x  # training logits fit the loss unit's narrower lanes
+        m.d.comb += [sx.valid.eq(lx.valid), lx.ready.eq(sx.ready), sx.payload.last.eq(lx.payload.last)]
+        m.d.comb += [sx.payload.x[i].eq(lx.payload.x[i]) for i in range(len(sx.payload.x))]
         wiring.connect(m, wiring.flipped(self.label), self.loss.label)
         wiring.connect(m, self.loss.g, wiring.flipped(self.g))
         m.d.comb += [self.loss_q.eq(self.loss.loss_q), self.correct.eq(self.loss.correct), self.done.eq(self.loss.done)]

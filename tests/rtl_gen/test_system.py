@@ -132,6 +132,27 @@ def test_unsupported_configurations_are_rejected(over, message):
         SystemPlan(apply_overrides(load_config("mlp"), over))
 
 
+def test_infer_plan_registers_and_cycle_model():
+    """``infer``: its phases follow the step's, the classes come back as a read-only quantity of one label per
+    sample, the command has its cmd and done bits; its cycles do not depend on the samples uploaded."""
+    from rtl_gen.cycle_model import infer_cycles
+
+    plan = SystemPlan(small_cfg())
+    assert plan.infer_phases() == [("ifwd", 0), ("ifwd", 1)]
+    q = plan.quantity("classes", None).layout
+    assert (q.shape, q.access, q.elem_bits, q.words) == ((4,), "ro", plan.label_bits, 4)
+    assert plan.quantity("phase_cycles", None).layout.shape == (len(plan.phases()) + 2,)
+    m = plan.regmap
+    assert m["cmd"].field("infer") and m["done"].field("infer")
+    assert infer_cycles(plan, 1) == infer_cycles(plan, 4) == infer_cycles(plan) < step_cycles(plan).step
+    rep = step_cycles(SystemPlan(paper_cfg()))
+    assert rep.infer == 65_404 and rep.to_dict()["infer_per_image"] == 654.0  # measured in RTL (paper tier)
+    assert "cycles per infer: 65,404 (654 per image" in rep.format_text()
+    for n in (0, 5):
+        with pytest.raises(ValueError, match=f"infer of {n} samples: the accelerator takes 1 .. 4"):
+            infer_cycles(plan, n)
+
+
 def test_cycle_model_of_the_paper_mlp_meets_the_target():
     rep = step_cycles(SystemPlan(paper_cfg()))
     assert rep.per_image <= 4000
@@ -501,6 +522,29 @@ def test_shared_units_whole_steps():
 
 
 @pytest.mark.rtl
+@pytest.mark.parametrize("over", [pytest.param([], id="1-class-beats"),
+                                  pytest.param(["hw.loss_lanes=4"], id="4-class-beats", marks=pytest.mark.rtl_slow)])
+def test_small_mlp_infer_matches_forward_eval(over):
+    """``infer`` on 784-12-10 (B = 4) after a training step: a full batch and one of a single sample give
+    HwModel.forward_eval's logits and their argmax, bit for bit; the state read back is the model's (no running
+    statistics, beta, weight or generator changed), and the next training step still equals the model's. The
+    cycles are the cycle model's. With 4 classes a logit beat the argmax runs across beats and skips the last
+    beat's two padding lanes."""
+    from rtl_gen.cycle_model import infer_cycles
+    from rtl_gen.generate import run_system
+
+    cfg = small_cfg(*over)
+    rep = run_system(cfg, mode="infer", steps=4)
+    assert rep["state_after_infer"] is None
+    infers = [st for st in rep["steps"] if "infer" in st]
+    assert [(st["infer"], st["samples"]) for st in infers] == [("full", 4), ("partial", 1)]
+    for st in rep["steps"]:
+        assert st["mismatch"] is None, st
+    assert len(rep["steps"]) == 4
+    assert [st["cycles"] for st in infers] == [infer_cycles(SystemPlan(cfg))] * 2, infers
+
+
+@pytest.mark.rtl
 def test_small_mlp_command_errors():
     from rtl_gen.generate import run_system
 
@@ -730,6 +774,25 @@ def test_paper_mlp_three_steps():
         assert abs(c - res.model_cycles) <= 0.05 * res.model_cycles, (c, res.model_cycles)
     print(json.dumps({"cycles": res.cycles, "model_cycles": res.model_cycles, "wall_s": round(time.time() - t0),
                       "steps": res.steps}))
+
+
+@pytest.mark.paper
+def test_paper_mlp_infer():
+    """The paper's MLP (B = 100): after one training step, ``infer`` of a full batch and of 49 samples equals
+    HwModel.forward_eval (logits and classes) and leaves the state untouched (the step after an infer: the
+    default tier's test_small_mlp_infer_matches_forward_eval). Reuses test_paper_mlp_three_steps's build."""
+    from rtl_gen.cycle_model import infer_cycles
+    from rtl_gen.generate import run_system
+
+    cfg = paper_cfg()
+    rep = run_system(cfg, mode="infer", steps=3, tb_params={"infer_train_after": 0})
+    assert rep["state_after_infer"] is None
+    for st in rep["steps"]:
+        assert st["mismatch"] is None, st
+    infers = [st for st in rep["steps"] if "infer" in st]
+    assert [st["samples"] for st in infers] == [100, 49] and len(rep["steps"]) == 3
+    assert [st["cycles"] for st in infers] == [infer_cycles(SystemPlan(cfg))] * 2  # 65,404: 654 per image
+    print(json.dumps({"infer_cycles": [st["cycles"] for st in infers], "phases": infers[0]["phases"]}))
 
 
 def test_logit_and_loss_units_take_loss_lanes_classes_per_beat():
