@@ -216,7 +216,7 @@ def _accelerator_engine(args, cfg: Config, target: str, stack):
         from host.simboard import SimBoard
 
         board = stack.enter_context(SimBoard.build(cfg, log=print))
-        driver = Driver(board.description, board.transport, **board.driver_options())
+        driver = Driver(board.description, board.transport)
     else:
         from host.board import open_board
 

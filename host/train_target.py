@@ -95,15 +95,15 @@ class AcceleratorEngine:
         self.driver = driver
         self.target = target
         self.check_every = int(check_every)
-        self._model = HwEngine(cfg) if self.check_every else None
+        start = HwEngine(cfg)  # the configuration's initial state (seeded), as the model target starts
+        self._model = start if self.check_every else None
         self._steps = 0
         self.n_weights = int(cfg.n_weights)
         self._weight_keys = [q.key for q in driver.desc.quantities if q.name == "w" and q.access == "rw"]
         self._weights = None
         self.last_step = None  # the driver's StepResult of the last step (cycles, logits, loss_q)
         self.cycles = 0  # accelerator cycles of all training steps run by this engine
-        if self._model is not None:
-            self._model.load_state_dict(self.driver.state_dict())  # start in lockstep with the hardware
+        self.driver.load_state_dict(start.state_dict())  # a resume replaces it (load_state_dict)
 
     # -- TrainEngine ---------------------------------------------------------------------------------------
 
@@ -133,7 +133,10 @@ class AcceleratorEngine:
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, int]:
         from sim.hw.arith import ArithParams, loss_grad
 
-        classes, logits = self.driver.infer(x, logits=True)
+        B = int(self.driver.desc.batch)  # the accelerator classifies up to its batch size per command
+        parts = [self.driver.infer(x[i:i + B], logits=True) for i in range(0, len(x), B)]
+        classes = np.concatenate([c for c, _ in parts])
+        logits = np.concatenate([lg for _, lg in parts])
         if self._model is not None:
             self._compare({"logits": self._model.model.forward_eval(x)}, {"logits": logits}, "inference logits")
         p = ArithParams.from_config(self.cfg)

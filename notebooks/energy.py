@@ -76,7 +76,7 @@ if driver is None:  # no board: the simulated board; its steps are timed the sam
     from host.simboard import SimBoard
 
     board = stack.enter_context(SimBoard.build(cfg))
-    driver = Driver(board.description, board.transport, step_log=StepLog(steps_path), **board.driver_options())
+    driver = Driver(board.description, board.transport, step_log=StepLog(steps_path))
 
 data = load_training_data(cfg)
 prep = HwEngine(cfg)

@@ -70,7 +70,7 @@ if driver is None:  # no board: the simulated board (Verilator), built once and 
     from host.simboard import SimBoard
 
     board = stack.enter_context(SimBoard.build(cfg))
-    driver = Driver(board.description, board.transport, **board.driver_options())
+    driver = Driver(board.description, board.transport)
 print("connected:", driver.desc.name, driver.read_register("info"))
 
 # %% [markdown]

@@ -39,7 +39,8 @@ class ModelDriver:
         self.engine = HwEngine(cfg)
         self.m = self.engine.model
         L = len(cfg.weight_layers())
-        self.desc = SimpleNamespace(quantities=[SimpleNamespace(name="w", key=f"w{j}", access="rw")
+        self.desc = SimpleNamespace(batch=cfg.train.batch_size,
+                                    quantities=[SimpleNamespace(name="w", key=f"w{j}", access="rw")
                                                 for j in range(L)])
         self.corrupt_after = corrupt_after
         self.steps = 0
@@ -58,6 +59,7 @@ class ModelDriver:
 
     def infer(self, x, *, logits=False):
         self.calls["infer"] += 1
+        assert 1 <= len(x) <= self.desc.batch  # as the accelerator: up to one batch per command
         lg = self.m.forward_eval(x)
         classes = np.argmax(lg, axis=1)
         return (classes, lg) if logits else classes
@@ -99,7 +101,7 @@ def test_accelerator_engine_trains_like_the_model(opt):
         assert h_model.flip_ratio[0] > 0  # weights flip within the first epoch: the ratio is measured
     _same(acc.state_dict(), model.state_dict())
     # evaluation went through infer (one call per test batch per epoch); no whole-state read per step
-    assert drv.calls["infer"] == 2 * -(-50 // cfg.train.eval_batch_size)
+    assert drv.calls["infer"] == 2 * -(-50 // cfg.train.batch_size)
     assert drv.calls["state"] <= 2 * 2 + 2  # checkpoints only, not one per step
     assert acc.cycles == 1000 * h_acc.total_steps
 
