@@ -83,12 +83,31 @@ def _compiler_id() -> str:
     return out.splitlines()[0] if out else "g++"
 
 
+def _host_cpu() -> str:
+    """A short digest of this machine's processor (model and instruction-set flags)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        lines = [ln for ln in info.splitlines() if ln.startswith(("model name", "flags", "Features", "CPU part"))]
+        text = "\n".join(dict.fromkeys(lines))
+    except OSError:
+        import platform
+
+        text = f"{platform.machine()} {platform.processor()}"
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
 def _make_vars() -> dict[str, str]:
     """The make variables of the Verilated model's build: optimisation levels from
-    :data:`rtl_gen.toolchain.MODEL_OPT` (they key the cache, so they are not taken from MAKEFLAGS)."""
+    :data:`rtl_gen.toolchain.MODEL_OPT` (they key the cache, so they are not taken from MAKEFLAGS). Code built
+    for this processor (``-march=native``) also names it in a define, so that neither this cache nor a ccache
+    shared with another kind of machine hands the objects to a processor that lacks their instructions."""
     from rtl_gen.toolchain import MODEL_OPT
 
-    return {"OPT_FAST": MODEL_OPT["fast"], "OPT_SLOW": MODEL_OPT["slow"], "OPT_GLOBAL": MODEL_OPT["global"]}
+    out = {"OPT_FAST": MODEL_OPT["fast"], "OPT_SLOW": MODEL_OPT["slow"], "OPT_GLOBAL": MODEL_OPT["global"]}
+    for k, v in out.items():
+        if "-march=native" in v.split():
+            out[k] = f"{v} -DXNT_HOST_CPU={_host_cpu()}"
+    return out
 
 
 WRAPPER = "simboard_top"

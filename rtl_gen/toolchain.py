@@ -61,10 +61,12 @@ _SIMULATORS = ("verilator", "icarus")
 #: g++ optimisation of a Verilated model's three groups of files (verilated.mk's ``OPT_FAST``: the code that
 #: runs every cycle; ``OPT_SLOW``: construction and initial values, run once; ``OPT_GLOBAL``: Verilator's
 #: runtime), for the simulated board (host/simboard.py). Measured on the paper's MLP (docs/results.md,
-#: "Simulation speed"): -O2 on the per-cycle code simulates ~7 % faster than -O1 for ~33 % more compiler
-#: time (57 s against 43 s of CPU); -O3 was no faster than -O2 and took several times longer; the rest runs once or
-#: hardly at all, -O0 compiles fastest.
-MODEL_OPT = {"fast": "-O2", "slow": "-O0", "global": "-O0"}
+#: "Simulation speed"; idle model, CPU time): -O2 on the per-cycle code simulates ~7 % faster than -O1 (250k
+#: against 230k cycles/s) for ~33 % more compiler time (57 s against 43 s of CPU), -O2 -march=native another
+#: ~15 % (287k; 55 s); -O3 was no faster than -O2 and took several times longer; the rest runs once or hardly
+#: at all, -O0 compiles fastest. The simulated board's library is built on and for this machine (its cache key
+#: names the processor).
+MODEL_OPT = {"fast": "-O2 -march=native", "slow": "-O0", "global": "-O0"}
 
 #: The same for the cocotb system builds (rtl_gen.generate._compile_flags): many per test run, each simulating
 #: a few steps through VPI, so build time weighs more than the model's speed there: -O1.

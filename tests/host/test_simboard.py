@@ -187,3 +187,18 @@ def test_the_wrapper_keeps_the_ports_and_registers_the_reset():
         wrap_top(top.replace("rst", "reset"), "acc")
     with pytest.raises(SimBoardBuildError, match="the Verilog has no module 'other'"):
         wrap_top(top, "other")
+
+
+def test_code_built_for_this_processor_is_keyed_on_it(monkeypatch):
+    """-march=native objects must not be reused on another kind of processor: the processor's digest goes into
+    the compiler's flags (ccache's key) and so into the library's key; portable flags get no such define."""
+    from host import simboard
+    from rtl_gen import toolchain
+
+    monkeypatch.setitem(toolchain.MODEL_OPT, "fast", "-O2 -march=native")
+    here = simboard.library_key("module a; endmodule\n", "a")
+    assert here["make"]["OPT_FAST"] == f"-O2 -march=native -DXNT_HOST_CPU={simboard._host_cpu()}"
+    monkeypatch.setattr(simboard, "_host_cpu", lambda: "0123456789")
+    assert simboard.library_key("module a; endmodule\n", "a")["make"]["OPT_FAST"].endswith("=0123456789")
+    monkeypatch.setitem(toolchain.MODEL_OPT, "fast", "-O2")
+    assert simboard.library_key("module a; endmodule\n", "a")["make"]["OPT_FAST"] == "-O2"
