@@ -78,6 +78,13 @@ def test_whole_steps_equal_the_bit_exact_model(small):
 
 
 @pytest.mark.rtl
+def test_infer_equals_the_model_and_leaves_the_state(small):
+    cfg, board, _ = small
+    _train_and_compare(board, cfg, 1)
+    _infer_and_compare(board, cfg)
+
+
+@pytest.mark.rtl
 def test_state_restore_round_trip(small):
     """Checkpoint, train two steps, restore the checkpoint, train the same two steps: identical states."""
     cfg, board, _ = small
@@ -171,6 +178,27 @@ def test_paper_mlp_three_steps_on_the_simulated_board():
         walls = _train_and_compare(board, cfg, 3)
         print(f"paper MLP on the simulated board: {', '.join(f'{w:.2f}' for w in walls)} s per step "
               f"({board.cycles:,} cycles simulated)")
+        _infer_and_compare(board, cfg)
+
+
+def _infer_and_compare(board, cfg):
+    """After training: ``infer`` of a full batch and of a partial one (49 samples) equals the bit-exact model's
+    evaluation forward pass (classes and logits), costs the cycle model's cycles, and leaves the state as it was."""
+    from rtl_gen.cycle_model import infer_cycles
+    from rtl_gen.top import SystemPlan
+    from sim.hw.model import HwModel
+
+    drv = Driver(board.description, board.transport)
+    model = HwModel(cfg)
+    state = drv.state_dict()
+    model.load_state_dict(state)
+    (x, _), = _batches(apply_overrides(cfg, ["train.seed=7"]), 1)
+    for n in (cfg.train.batch_size, 49):
+        classes, logits = drv.infer(x[:n], logits=True)
+        want = model.forward_eval(x[:n])
+        assert np.array_equal(logits, want) and np.array_equal(classes, np.argmax(want, axis=1)), n
+        assert drv.last_infer_cycles == infer_cycles(SystemPlan(cfg)), n
+    assert _differences(drv.state_dict(), state) == []
 
 
 def test_the_wrapper_keeps_the_ports_and_registers_the_reset():

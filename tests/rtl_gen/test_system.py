@@ -776,11 +776,13 @@ def test_paper_mlp_three_steps():
                       "steps": res.steps}))
 
 
-@pytest.mark.paper
+@pytest.mark.rtl_slow
 def test_paper_mlp_infer():
     """The paper's MLP (B = 100): after one training step, ``infer`` of a full batch and of 49 samples equals
     HwModel.forward_eval (logits and classes) and leaves the state untouched (the step after an infer: the
-    default tier's test_small_mlp_infer_matches_forward_eval). Reuses test_paper_mlp_three_steps's build."""
+    default tier's test_small_mlp_infer_matches_forward_eval). Reuses test_paper_mlp_three_steps's build. About
+    4 min of cocotb simulation: the paper tier infers the paper's MLP on the simulated board instead
+    (tests/host/test_simboard.py), the same Verilog without cocotb."""
     from rtl_gen.cycle_model import infer_cycles
     from rtl_gen.generate import run_system
 
