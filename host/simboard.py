@@ -141,6 +141,30 @@ def wrap_top(verilog: str, top: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _generator_digest() -> str:
+    """Hash of every Python source the generated Verilog can depend on (the generator in ``rtl_gen/``, the
+    configuration and the widths in ``sim/``, ``boards/``) and of the Amaranth version."""
+    import amaranth
+
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256(str(getattr(amaranth, "__version__", "")).encode())
+    for folder in ("rtl_gen", "sim", "boards"):
+        for f in sorted((root / folder).rglob("*.py")):
+            h.update(str(f.relative_to(root)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def verilog_cache_path(cfg, top: str) -> Path:
+    """Where the accelerator's Verilog for ``cfg`` is kept: elaborating the paper's MLP takes most of a minute,
+    so :meth:`SimBoard.build` reuses the text while the configuration (its resolved TOML) and the generator's
+    sources are unchanged."""
+    from rtl_gen.toolchain import build_root
+
+    key = hashlib.sha256((cfg.to_toml() + "\n" + _generator_digest()).encode()).hexdigest()[:16]
+    return build_root() / "verilog" / f"{top}-{key}.v"
+
+
 def library_key(verilog: str, top: str) -> dict:
     """What the simulator library is made of (hashed into its folder's name)."""
     from rtl_gen.toolchain import verilator_version
@@ -340,9 +364,18 @@ class SimBoard:
 
         log = log or (lambda _msg: None)
         plan = SystemPlan(cfg)
-        t0 = time.monotonic()
-        verilog = Accelerator(plan).verilog()
-        log(f"simulated board: {plan.name} for {cfg.name} elaborated in {time.monotonic() - t0:.0f} s")
+        path = verilog_cache_path(cfg, plan.name)
+        if path.is_file():
+            verilog = path.read_text()
+            log(f"simulated board: {plan.name} for {cfg.name}: Verilog from {path}")
+        else:
+            t0 = time.monotonic()
+            verilog = Accelerator(plan).verilog()
+            log(f"simulated board: {plan.name} for {cfg.name} elaborated in {time.monotonic() - t0:.0f} s")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}")
+            tmp.write_text(verilog)
+            os.replace(tmp, path)  # atomic: another process may read or write the same key
         lib, _ = build_library(verilog, plan.name, log=log)
         return cls(lib, plan.description(), bus_cycles=bus_cycles, max_idle=max_idle)
 

@@ -230,3 +230,16 @@ def test_code_built_for_this_processor_is_keyed_on_it(monkeypatch):
     assert simboard.library_key("module a; endmodule\n", "a")["make"]["OPT_FAST"].endswith("=0123456789")
     monkeypatch.setitem(toolchain.MODEL_OPT, "fast", "-O2")
     assert simboard.library_key("module a; endmodule\n", "a")["make"]["OPT_FAST"] == "-O2"
+
+
+def test_the_verilog_cache_is_keyed_on_configuration_and_generator(monkeypatch):
+    """SimBoard.build reuses elaborated Verilog only for the same resolved configuration and generator sources."""
+    import host.simboard as sb
+
+    cfg = apply_overrides(load_config("mlp"), SMALL)
+    a = sb.verilog_cache_path(cfg, "top")
+    assert a == sb.verilog_cache_path(apply_overrides(load_config("mlp"), SMALL), "top")
+    assert a != sb.verilog_cache_path(apply_overrides(cfg, ["hw.dx_passes=1"]), "top")
+    assert a != sb.verilog_cache_path(apply_overrides(cfg, ["train.seed=3"]), "top")  # the seed is in the TOML
+    monkeypatch.setattr(sb, "_generator_digest", lambda: "another generator")
+    assert a != sb.verilog_cache_path(cfg, "top")
