@@ -80,6 +80,7 @@ if driver is None:  # no board: the simulated board; its steps are timed the sam
 
 data = load_training_data(cfg)
 prep = HwEngine(cfg)
+driver.load_state_dict(prep.state_dict())  # the configuration's seeded initial state
 B = cfg.train.batch_size
 t_idle0 = time.time()
 time.sleep(IDLE_SECONDS)  # the idle window before the first step

@@ -75,14 +75,15 @@ print("connected:", driver.desc.name, driver.read_register("info"))
 
 # %% [markdown]
 # ## Train, step by step, beside the bit-exact model
-# The bit-exact model starts from the state the accelerator holds (read back over the DMA) and takes the same
-# batches with the same learning rate. After every step the logits of the batch must be equal; every 10 steps
-# the whole state (weights, optimiser state, BN parameters and statistics, random generators) is compared.
+# The accelerator starts from the bit-exact model's initial state (weights drawn from the configuration's seed,
+# written over the DMA) and both take the same batches with the same learning rate. After every step the
+# logits of the batch must be equal; every 10 steps the whole state (weights, optimiser state, BN parameters
+# and statistics, random generators) is compared.
 
 # %%
 data = load_training_data(cfg)
-model = HwEngine(cfg)
-model.load_state_dict(driver.state_dict())
+model = HwEngine(cfg)  # the configuration's seeded initial state ...
+driver.load_state_dict(model.state_dict())  # ... written into the accelerator (checked whole first)
 rng = np.random.default_rng(SEED)
 order = rng.permutation(len(data.x_train))
 B = cfg.train.batch_size
