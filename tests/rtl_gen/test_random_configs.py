@@ -6,9 +6,10 @@ Each case draws a network depth, layer widths, batch size, lane parameters and h
 with and without undo, bop, iir, sgd with and without momentum) from a seeded generator, builds the
 accelerator, runs ``STEPS`` (3) whole training steps on real MNIST in Verilator and compares every read-back
 quantity with the bit-exact model after each step: some faults only show from the second step on (state the
-first step leaves behind: momentum, the IIR filter, switch counters, a pointer that is not rewound). ``XNT_RANDOM_CONFIGS`` sets the number of cases
-(default 6), ``XNT_RANDOM_SEED`` the seed (default 2026). Draws the generator rejects with a ConfigError are
-counted and replaced (the rejection itself is what the fast tests of test_system.py check).
+first step leaves behind: momentum, the IIR filter, switch counters, a pointer that is not rewound).
+``XNT_RANDOM_CONFIGS`` sets the number of cases (default 6), ``XNT_RANDOM_SEED`` the seed (default 2026).
+Draws the generator rejects with a ConfigError are counted and replaced (the rejection itself is what the
+fast tests of test_system.py check).
 """
 
 from __future__ import annotations
