@@ -229,6 +229,8 @@ def cmd_train(args) -> int:
 
     from sim.train_loop import load_checkpoint, run_training
 
+    if args.eval_every < 0:
+        raise UserError(f"--eval-every {args.eval_every}: must be >= 0 (0 = after every epoch only)")
     if args.check_every < 0:
         raise UserError(f"--check-every {args.check_every}: must be >= 0 (0 = no comparison with the model)")
     resume = load_checkpoint(args.resume) if args.resume else None
@@ -267,7 +269,7 @@ def cmd_train(args) -> int:
                   "nothing to resume")
         try:
             history = run_training(cfg, engine, progress=not args.no_progress, history_json=json_out,
-                                   state_file=ckpt, resume=resume)
+                                   state_file=ckpt, resume=resume, eval_every=args.eval_every)
         except Exception as e:
             from host.train_target import TargetMismatch
 
@@ -389,6 +391,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--check-every", type=int, default=0, metavar="K",
                    help="--target sim|board: run the bit-exact model beside the accelerator and compare the whole "
                         "state every K steps (logits every step); the first difference stops the run (exit 4)")
+    p.add_argument("--eval-every", type=int, default=0, metavar="N",
+                   help="also classify the test set after every N-th training step (besides every epoch's end)")
     p.add_argument("--bitstream", metavar="BIT",
                    help="--target board: the overlay (default xnortrain.bit; accelerator.json beside it)")
     p.add_argument("--epochs", type=int, help="shortcut for --set train.epochs=N")

@@ -133,6 +133,8 @@ class History:
     flip_ratio: list = field(default_factory=list)  # flips / binary weights, averaged over the epoch's steps
     steps: list = field(default_factory=list)  # steps run in the epoch
     dropped: list = field(default_factory=list)  # mini-batches skipped by SMD in the epoch
+    # evaluations within epochs (``eval_every``): {"step", "epoch" (fractional), "test_loss", "test_acc"}
+    evals: list = field(default_factory=list)
     seconds: list = field(default_factory=list)  # wall time of the epoch (training + evaluation)
     meta: dict = field(default_factory=dict)  # run description: engine, config, data source, stop reason
 
@@ -173,6 +175,9 @@ class History:
         ep = self.epoch
         ax_acc.plot(ep, [100 * a for a in self.train_acc], label="train")
         ax_acc.plot(ep, [100 * a for a in self.test_acc], label="test")
+        if self.evals:
+            ax_acc.plot([e["epoch"] for e in self.evals], [100 * e["test_acc"] for e in self.evals], ".",
+                        label="test (every N steps)")
         ax_acc.set_xlabel("epoch")
         ax_acc.set_ylabel("accuracy (%)")
         ax_acc.set_title(f"best test {100 * self.best:.2f} %")
@@ -594,6 +599,7 @@ def run_training(
     resume: Checkpoint | str | os.PathLike | None = None,
     checkpoint: str | os.PathLike | None = None,
     handle_signals: bool = True,
+    eval_every: int = 0,
 ) -> History:
     """Train ``engine`` for ``cfg.train.epochs`` epochs and return the :class:`History`.
 
@@ -610,7 +616,11 @@ def run_training(
     (a second signal at once, rolling the running step back); the history is returned with
     ``meta["stopped"] = "interrupted"`` and ``meta["signal"]``.
     ``log``: called with one line per epoch (``None`` for silence).
+    ``eval_every``: N > 0 also evaluates the test set after every N-th training step (``History.evals``, one
+    log line each); evaluation leaves the training state untouched, so it does not change the run.
     """
+    if int(eval_every) < 0:
+        raise ConfigError(f"eval_every = {eval_every}: must be >= 0 (0 = evaluate after every epoch only)")
     if checkpoint is not None:
         history_json = checkpoint if history_json is None else history_json
         if state_file is None:
@@ -621,12 +631,13 @@ def run_training(
         ctl.install()
     try:
         return _train(cfg, engine, data, ctl, progress=progress, log=log, max_steps=max_steps,
-                      history_json=history_json, state_file=state_file, resume=resume)
+                      history_json=history_json, state_file=state_file, resume=resume, eval_every=int(eval_every))
     finally:
         ctl.restore()
 
 
-def _train(cfg, engine, data, ctl: _Control, *, progress, log, max_steps, history_json, state_file, resume):
+def _train(cfg, engine, data, ctl: _Control, *, progress, log, max_steps, history_json, state_file, resume,
+           eval_every=0):
     data = load_training_data(cfg, data)
     rngs = seed_rngs(cfg.train.seed)
     x_train, y_train = data.x_train, data.y_train
@@ -790,6 +801,15 @@ def _train(cfg, engine, data, ctl: _Control, *, progress, log, max_steps, histor
                 if limit and step >= limit:
                     stop_reason = "max_steps"
                 ctl.phase = "idle"
+                if eval_every and step % eval_every == 0 and ep.position < per_epoch:  # the epoch's end evaluates
+                    ctl.phase = "eval"
+                    tl, ta = evaluate_dataset(engine, data.x_test, data.y_test, cfg.train.eval_batch_size)
+                    ctl.phase = "book"
+                    hist.evals.append({"step": step, "epoch": epoch + ep.position / per_epoch,
+                                       "test_loss": tl, "test_acc": ta})
+                    ctl.phase = "idle"
+                    log(f"step {step:6d} (epoch {epoch + ep.position / per_epoch:.2f})  test {100 * ta:6.2f}%  "
+                        f"test loss {tl:.4f}")
                 if bar is not None and ep.n_steps % 20 == 0:
                     bar.set_postfix(loss=f"{ep.loss_sum / ep.seen:.3f}", acc=f"{ep.correct / ep.seen:.3f}",
                                     lr=f"{lr:.2g}")

@@ -245,3 +245,19 @@ def test_sigterm_leaves_a_resumable_checkpoint_and_exit_130(tmp_path):
     eng.load_state_dict(saved.engine_state)  # validated whole
     assert int(eng.state_dict()["steps"]) == saved.step
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_target_options_that_do_not_fit_together_are_refused(tmp_path, capsys, no_training):
+    cfg = tiny_config(tmp_path)
+    for argv, msg in [
+        (["--arith", "float", "--eval-every", "-1"], "--eval-every -1: must be >= 0"),
+        (["--target", "sim", "--check-every", "-2"], "--check-every -2: must be >= 0"),
+        (["--target", "model", "--check-every", "5"], "--target model has no accelerator"),
+        (["--arith", "float", "--target", "sim"], "--target sim: --arith float"),
+        (["--target", "sim", "--bitstream", "x.bit"], "--bitstream is for --target board"),
+        (["--target", "board", "--bitstream", str(tmp_path / "nope.bit")], "nope.bit: no such file"),
+    ]:
+        assert main(["train", "--config", cfg, "--no-checkpoint", *argv]) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and msg in err[0], (argv, err)
+        assert not no_training

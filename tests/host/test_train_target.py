@@ -197,3 +197,18 @@ def test_first_difference():
     assert first_difference(a, {"x": np.array([1, 2, 3]), "s": np.array(6)}) == ("s", (), 5, 6)
     assert first_difference(a, {"x": np.array([1, 2])})[0] == "x"
     assert first_difference(a, {"x": np.array([1, 2, 3])}) == ("s", (), "present", "missing")
+
+
+def test_eval_every_evaluates_within_epochs_on_the_target():
+    """``eval_every = 7``: the test set is classified after steps 7 and 14 (10 steps per epoch; the epoch ends
+    evaluate anyway), on the accelerator through ``infer``, with the model's figures."""
+    cfg = small_cfg("hw.optimizer=iir")
+    h_model = _run(cfg, HwEngine(cfg), eval_every=7)
+    drv = ModelDriver(cfg)
+    h = _run(cfg, AcceleratorEngine(cfg, drv, target="sim"), eval_every=7)
+    assert [e["step"] for e in h.evals] == [7, 14] and h.evals == h_model.evals
+    assert h.evals[0]["epoch"] == 0.7 and 0 <= h.evals[1]["test_acc"] <= 1
+    assert drv.calls["infer"] == 4 * -(-50 // cfg.train.batch_size)  # 2 epoch ends + 2 within
+    assert h.test_acc == h_model.test_acc  # evaluating does not change the run
+    with pytest.raises(ValueError, match="eval_every = -1"):
+        _run(cfg, HwEngine(cfg), eval_every=-1)
