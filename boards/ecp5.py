@@ -8,15 +8,18 @@ pessimistic hint about the critical paths, never the Zynq's Fmax.
 
 Flow (:func:`run_ecp5`, everything relative to one work folder, YoWASP sees no absolute ``/tmp`` paths)::
 
-    yosys:    read_verilog design.v; synth_ecp5 -top <top> -noabc9 -json design.json; tee -o stats.json stat -json
+    yosys:    read_verilog design.v; synth_ecp5 -top <top> with classic ABC (``abc -dress -lut 4:7``) in place of its
+              ABC9 step (:func:`_synth_script`); write_json design.json; tee -o stats.json stat -json
     (fit check on the synthesised cells: :func:`synth_resources`, refuses before place and route)
     nextpnr:  --85k --package CABGA381 --speed 6 --json design.json --freq <MHz> --report pnr.json
               --lpf pins.lpf --lpf-allow-unconstrained --timing-allow-fail --textcfg design.config
     ecppack:  design.config xnortrain.bit
 
-- ``-noabc9``: Yosys 0.70's default ABC9 mapping of ``synth_ecp5`` stops on an internal assertion for the
-  generated accelerator (``GetSize(conn.first) == GetSize(conn.second)`` in ``abc9_ops -reintegrate``); the
-  classic ABC mapping works.
+- Classic ABC: Yosys 0.70's ``synth_ecp5`` (a wrapper of ``synth_lattice``) maps LUTs with ABC9, which stops
+  on an internal assertion for the generated accelerator (``GetSize(conn.first) == GetSize(conn.second)`` after
+  ``abc9_ops -reintegrate``, 4 minutes into the small 784-12-10 system); its ``-noabc9`` option is gone (accepted
+  and ignored). The script runs ``synth_ecp5`` up to ``map_luts``, maps with classic ABC, and resumes at
+  ``map_cells``.
 - Pins: the accelerator's ports are AXI4-Lite and AXI-Stream, which go to the Zynq's PS7 inside the chip and have
   no counterpart on a ULX3S. The LPF (:func:`lpf_text`) puts the clock on the board's 25 MHz oscillator pin and
   lets nextpnr place every other port bit on any free pin (``--lpf-allow-unconstrained``): the bitstream is real
@@ -322,7 +325,7 @@ def _summarise_path(path: Mapping) -> dict:
     }
 
 
-_FLOW_VERSION = 1
+_FLOW_VERSION = 2
 
 
 def run_ecp5(verilog: str, top: str, *, workdir: str | os.PathLike, board: str | Ecp5Board = "ulx3s-85f",
@@ -360,8 +363,7 @@ def run_ecp5(verilog: str, top: str, *, workdir: str | os.PathLike, board: str |
         for name in ("design.json", "stats.json", "pnr.json", "design.config", "xnortrain.bit", "meta.json"):
             (folder / name).unlink(missing_ok=True)
         (folder / "design.v").write_text(verilog)
-        (folder / "synth.ys").write_text(f"read_verilog design.v\nsynth_ecp5 -top {top} -noabc9 -json design.json\n"
-                                         "tee -o stats.json stat -json\n")
+        (folder / "synth.ys").write_text(_synth_script(top))
         say(f"  yosys synth_ecp5 {top} ...")
         t0 = time.perf_counter()
         res = run_yowasp("yosys", ["-q", "-l", "yosys.log", "-s", "synth.ys"], cwd=folder, check=False)
@@ -423,6 +425,21 @@ def run_ecp5(verilog: str, top: str, *, workdir: str | os.PathLike, board: str |
                       synth=synth, critical_path=crit, out_of_context=out_of_context,
                       bitstream=(folder / "xnortrain.bit") if bitstream else None, workdir=folder,
                       elapsed_s=elapsed, cached=cached, versions=versions)
+
+
+def _synth_script(top: str) -> str:
+    """``synth_ecp5`` with its LUT mapping done by classic ABC instead of ABC9 (see the module docstring)."""
+    return "\n".join([
+        "read_verilog design.v",
+        f"synth_ecp5 -top {top} -run begin:map_luts",
+        "check -latchonly -assert",
+        "techmap -map +/lattice/latches_map.v",
+        "abc -dress -lut 4:7",  # LUT4s, and up to LUT7 through the slices' PFUMX/L6MUX21 (widelut)
+        "clean",
+        f"synth_ecp5 -top {top} -run map_cells: -json design.json",
+        "tee -o stats.json stat -json",
+        "",
+    ])
 
 
 def _synth_key(verilog: str, top: str, yosys_version: str) -> dict:

@@ -293,7 +293,9 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
     with percentages and a fit verdict naming every resource over the limit; ``by_unit``: the sum of the
     top level's submodules synthesised one by one, :func:`rtl_gen.synth.synthesize_units`, for designs whose
     whole-design synthesis takes hours; ``board``: a Zynq board name, also writes ``vivado/build.tcl`` and
-    ``vivado/Makefile``, the Vivado build of a PYNQ overlay, :mod:`boards.vivado`). Returns the report dict.
+    ``vivado/Makefile``, the Vivado build of a PYNQ overlay, :mod:`boards.vivado`; ``board="ulx3s-85f"``: instead
+    of the xc7z020 estimate, the ECP5 place-and-route timing proxy of :mod:`boards.ecp5` with Fmax, utilisation
+    and ``ecp5/xnortrain.bit``, and with ``by_unit`` every unit out of context). Returns the report dict.
 
     Nothing is created until the design is built: the output folder is checked first (:func:`check_out_dir`;
     ``force=False`` refuses a non-empty one, as ``xnortrain generate`` does without ``--force``), then the memory

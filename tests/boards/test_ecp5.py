@@ -190,3 +190,37 @@ def test_real_flow_on_a_small_xnor_engine(tmp_path, monkeypatch):
     again = run_ecp5(verilog, "xnor_small", workdir=tmp_path / "w", freq_mhz=50)
     assert again.cached and again.fmax_mhz == rep.fmax_mhz
     assert ecp5.BOARDS["ulx3s-85f"] is ULX3S_85F
+
+
+def test_units_run_out_of_context_one_folder_each(tmp_path, monkeypatch):
+    """run_ecp5_units: one cached out-of-context run per direct submodule, named by the submodule (fake tools)."""
+    from boards.ecp5 import run_ecp5_units
+
+    monkeypatch.setenv("XNORTRAIN_BUILD_DIR", str(tmp_path / "build"))
+    seen = []
+
+    def run(tool, args, *, cwd, capture=True, check=True):
+        import subprocess
+
+        seen.append((tool, cwd.name, "--out-of-context" in args, "--textcfg" in args))
+        if tool == "yosys":
+            (cwd / "design.json").write_text("{}")
+            (cwd / "stats.json").write_text(json.dumps({"design": {"num_cells_by_type": {"LUT4": 5}}}))
+        else:
+            (cwd / "pnr.json").write_text(json.dumps(_report(achieved=90.0)))
+        return subprocess.CompletedProcess([tool], 0, "", "")
+
+    monkeypatch.setattr(toolchain, "run_yowasp", run)
+    verilog = "".join(
+        f"module {name}(clk, o);\n  input clk;\n  output [511:0] o;\nendmodule\n"
+        for name in ("top", "top.alpha", "top.alpha.inner", "top.beta"))
+    reps = dict(run_ecp5_units(verilog, "top", freq_mhz=100))
+    assert list(reps) == ["alpha", "beta"]
+    assert all(r.out_of_context and r.bitstream is None and r.synth["IO"] == 0 for r in reps.values())
+    assert reps["alpha"].top == "alpha" and reps["alpha"].fmax_mhz == 90.0 and not reps["alpha"].timing_met
+    assert [(t, ooc, cfg) for t, _, ooc, cfg in seen] == [("yosys", False, False), ("nextpnr-ecp5", True, False)] * 2
+    assert len({folder for _, folder, _, _ in seen}) == 2
+    assert "inner" in (reps["alpha"].workdir / "design.v").read_text()  # a unit brings its own submodules
+    seen.clear()
+    again = dict(run_ecp5_units(verilog, "top", freq_mhz=100))
+    assert seen == [] and all(r.cached for r in again.values())
