@@ -406,6 +406,12 @@ def run_ecp5(verilog: str, top: str, *, workdir: str | os.PathLike, board: str |
         res = run_yowasp("nextpnr-ecp5", args, cwd=folder, check=False)
         elapsed["pnr"] = round(time.perf_counter() - t0, 1)
         if res.returncode != 0 or not (folder / "pnr.json").is_file():
+            over = _log_overflows(_tail(folder / "nextpnr.log", 400), brd)
+            if over:
+                err = DoesNotFitError(f"{top} does not fit the {brd.device.name} ({brd.package}) of the {brd.title}: "
+                                      + "; ".join(over) + " (nextpnr-ecp5)")
+                err.overflows, err.resources = over, synth
+                raise err
             raise Ecp5Error(f"nextpnr-ecp5 of {top} failed (exit {res.returncode}); log: {folder / 'nextpnr.log'}\n"
                             + "\n".join(_tail(folder / "nextpnr.log") or [res.stderr.strip()]))
         if bitstream:
@@ -425,6 +431,22 @@ def run_ecp5(verilog: str, top: str, *, workdir: str | os.PathLike, board: str |
                       synth=synth, critical_path=crit, out_of_context=out_of_context,
                       bitstream=(folder / "xnortrain.bit") if bitstream else None, workdir=folder,
                       elapsed_s=elapsed, cached=cached, versions=versions)
+
+
+_UTIL_LINE = re.compile(r"^Info:\s+(\w+):\s+(\d+)/\s*(\d+)\s+\d+%")
+
+
+def _log_overflows(lines: list[str], board: Ecp5Board) -> list[str]:
+    """Fit messages from nextpnr's "Device utilisation" lines (``Info:  TRELLIS_COMB: 90000/ 83640 107%``) for
+    every resource over what the device has (nextpnr stops then, without a report)."""
+    names = {cell: name for name, cell in ECP5_RESOURCES.items()}
+    used = {}
+    for line in lines:
+        if m := _UTIL_LINE.match(line):
+            used[m[1]] = (int(m[2]), int(m[3]))
+    res = {names.get(k, k): u for k, (u, _a) in used.items()}
+    limits = {**{names.get(k, k): a for k, (_u, a) in used.items()}, **board.limits}
+    return check_ecp5_fit(res, {k: v for k, v in limits.items() if k in res}, what="")
 
 
 def _synth_script(top: str) -> str:

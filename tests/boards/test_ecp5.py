@@ -224,3 +224,14 @@ def test_units_run_out_of_context_one_folder_each(tmp_path, monkeypatch):
     seen.clear()
     again = dict(run_ecp5_units(verilog, "top", freq_mhz=100))
     assert seen == [] and all(r.cached for r in again.values())
+
+
+def test_nextpnr_utilisation_overflow_becomes_a_fit_refusal():
+    from boards.ecp5 import _log_overflows
+
+    log = ["Info: Device utilisation:", "Info: \t          TRELLIS_IO:     185/    365    50%",
+           "Info: \t              DP16KD:     230/    208   110%",
+           "Info: \t        TRELLIS_COMB:   49152/  83640    58%"]
+    assert _log_overflows(log, ULX3S_85F) == ["EBR: needs 230 of 208 (+22, 111 %)"]
+    log[1] = "Info: \t          TRELLIS_IO:     210/    365    57%"  # over the package's 205 pins, under the die's pads
+    assert _log_overflows(log, ULX3S_85F) == ["IO: needs 210 of 205 (+5, 102 %)", "EBR: needs 230 of 208 (+22, 111 %)"]
