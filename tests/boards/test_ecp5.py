@@ -235,3 +235,49 @@ def test_nextpnr_utilisation_overflow_becomes_a_fit_refusal():
     assert _log_overflows(log, ULX3S_85F) == ["EBR: needs 230 of 208 (+22, 111 %)"]
     log[1] = "Info: \t          TRELLIS_IO:     210/    365    57%"  # over the package's 205 pins, under the die's pads
     assert _log_overflows(log, ULX3S_85F) == ["IO: needs 210 of 205 (+5, 102 %)", "EBR: needs 230 of 208 (+22, 111 %)"]
+
+
+@pytest.mark.rtl  # elaborates a small accelerator (~10 s)
+def test_generate_ulx3s_report_and_bitstream(tmp_path, monkeypatch, capsys):
+    """generate --board ulx3s-85f with stand-in tools: report.json's ecp5 block, the printed proxy label, the
+    bitstream and logs copied to DIR/ecp5, the requested clock = the description's, no xc7 estimate."""
+    from host.cli import EXIT_OK, main
+
+    monkeypatch.setenv("XNORTRAIN_BUILD_DIR", str(tmp_path / "build"))
+    calls = []
+
+    def run(tool, args, *, cwd, capture=True, check=True):
+        import subprocess
+
+        calls.append(tool)
+        if tool == "yosys":
+            (cwd / "design.json").write_text("{}")
+            (cwd / "stats.json").write_text(json.dumps({"design": {"num_cells_by_type": {"LUT4": 900}}}))
+        elif tool == "nextpnr-ecp5":
+            assert args[args.index("--freq") + 1] == "100" and "--lpf" in args
+            (cwd / "pnr.json").write_text(json.dumps(_report(achieved=61.5, used_io=185)))
+            (cwd / "design.config").write_text(".device LFE5U-85F\n")
+        else:
+            assert tool == "ecppack"
+            (cwd / "xnortrain.bit").write_bytes(b"\xff\x00bit")
+        return subprocess.CompletedProcess([tool], 0, "", "")
+
+    monkeypatch.setattr(toolchain, "run_yowasp", run)
+    out = tmp_path / "acc"
+    args = ["generate", "--model", "mlp", *[a for s in SMALL_MLP for a in ("--set", s)], "--board", "ulx3s-85f",
+            "--out", str(out)]
+    assert main(args) == EXIT_OK
+    assert calls == ["yosys", "nextpnr-ecp5", "ecppack"]
+    rep = json.loads((out / "report.json").read_text())
+    e = rep["ecp5"]
+    assert rep["fits"] is True and rep["device"] == "LFE5U-85F" and "resources" not in rep
+    assert e["fmax_mhz"] == 61.5 and e["freq_mhz"] == 100.0 and e["timing_met"] is False
+    assert e["utilisation"]["IO"] == {"used": 185, "available": 205}
+    assert e["utilisation"]["LUT4"]["used"] == 1200 and e["synth_resources"]["LUT4"] == 900
+    assert "another family" in e["note"] and e["critical_path"]["to"] == "r1.M"
+    assert e["bitstream"] == str(out / "ecp5" / "xnortrain.bit")
+    assert (out / "ecp5" / "xnortrain.bit").read_bytes() == b"\xff\x00bit"
+    assert (out / "ecp5" / "pins.lpf").is_file()
+    text = (out / "report.txt").read_text()
+    assert "Fmax 61.5 MHz (requested 100 MHz: NOT met)" in text and "timing proxy for another family" in text
+    assert "Fmax 61.5 MHz" in capsys.readouterr().out
