@@ -51,6 +51,8 @@ def main(argv=None) -> int:
     ap.add_argument("--only", action="append", default=[], metavar="PREFIX", help="only units with this prefix")
     ap.add_argument("--units-only", action="store_true", help="skip the whole design (in context, bitstream)")
     ap.add_argument("--top-only", action="store_true", help="only the whole design")
+    ap.add_argument("--synth-only", action="store_true",
+                    help="whole design: synthesis and the fit check only (estimated LUT4/FF/EBR/MULT18/IO), no units")
     ap.add_argument("--flag", type=float, default=100.0, help="name the critical path of units below this (MHz)")
     ap.add_argument("--out", help="also write the rows as JSON")
     args = ap.parse_args(argv)
@@ -72,10 +74,15 @@ def main(argv=None) -> int:
         digest = hashlib.sha256(verilog.encode()).hexdigest()[:12]
         try:
             rep = run_ecp5(verilog, plan.name, workdir=build_root() / "ecp5" / f"{plan.name}-{digest}",
-                           board=ULX3S_85F, freq_mhz=freq, bitstream=True, log=print)
+                           board=ULX3S_85F, freq_mhz=freq, bitstream=True, place=not args.synth_only, log=print)
         except DoesNotFitError as e:
             print(f"DOES NOT FIT: {e}", flush=True)
             return 3
+        if args.synth_only:
+            print("fits (synth_ecp5 estimate, before place and route): "
+                  + ", ".join(f"{k} {v:,.0f} of {ULX3S_85F.limits[k]:,}" for k, v in rep.synth.items()
+                              if k in ULX3S_85F.limits), flush=True)
+            return 0
         top = {**_row("(whole design, in context)", rep, args.flag), "IO": rep.utilisation["IO"]["used"],
                "bitstream": str(rep.bitstream), "elapsed_s": rep.elapsed_s}
         print(rep.format_text(), flush=True)

@@ -330,12 +330,13 @@ _FLOW_VERSION = 2
 
 def run_ecp5(verilog: str, top: str, *, workdir: str | os.PathLike, board: str | Ecp5Board = "ulx3s-85f",
              freq_mhz: float = 100.0, out_of_context: bool = False, bitstream: bool = True, check_fit: bool = True,
-             seed: int = 1, log=None) -> Ecp5Report:
+             seed: int = 1, place: bool = True, log=None) -> Ecp5Report:
     """Synthesise, place and route ``verilog`` (top module ``top``) for ``board`` in ``workdir``; with
     ``bitstream`` (not with ``out_of_context``) also pack ``workdir/xnortrain.bit``.
 
     With ``check_fit`` the synthesised netlist is compared with the die and the package before place and route:
-    :class:`rtl_gen.synth.DoesNotFitError` names every resource over the limit (LUT4, FF, EBR, MULT18, IO)."""
+    :class:`rtl_gen.synth.DoesNotFitError` names every resource over the limit (LUT4, FF, EBR, MULT18, IO).
+    ``place=False`` stops after synthesis and the fit check (a report without Fmax: ``synth`` only)."""
     from rtl_gen.synth import DoesNotFitError
     from rtl_gen.toolchain import run_yowasp
 
@@ -387,6 +388,10 @@ def run_ecp5(verilog: str, top: str, *, workdir: str | os.PathLike, board: str |
             err.resources = synth
             raise err
 
+    if not place:
+        return Ecp5Report(top=top, board=brd, freq_mhz=float(freq_mhz), fmax_mhz=None, synth=synth,
+                          out_of_context=out_of_context, workdir=folder, elapsed_s=elapsed, cached=cached,
+                          versions=versions)
     if meta.get("pnr_key") != pnr_key or not (folder / "pnr.json").is_file():
         cached = False
         (folder / "pnr.json").unlink(missing_ok=True)

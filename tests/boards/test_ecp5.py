@@ -281,3 +281,12 @@ def test_generate_ulx3s_report_and_bitstream(tmp_path, monkeypatch, capsys):
     text = (out / "report.txt").read_text()
     assert "Fmax 61.5 MHz (requested 100 MHz: NOT met)" in text and "timing proxy for another family" in text
     assert "Fmax 61.5 MHz" in capsys.readouterr().out
+
+
+def test_synthesis_only_stops_before_place_and_route(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(toolchain, "run_yowasp", _fake_yosys({"LUT4": 1000, "DP16KD": 20}, calls))
+    verilog = "module small(clk, q);\n  input clk;\n  output [7:0] q;\nendmodule\n"
+    rep = run_ecp5(verilog, "small", workdir=tmp_path / "w", place=False)
+    assert calls == ["yosys"] and rep.fmax_mhz is None and not rep.timing_met
+    assert (rep.synth["LUT4"], rep.synth["EBR"], rep.synth["IO"]) == (1000, 20, 9)
