@@ -432,7 +432,8 @@ def _ecp5_flow(report: dict, lines: list, verilog: str, plan, board, out: Path, 
             units[name] = urep.to_dict()
             cp = urep.critical_path
             u = urep.utilisation
-            lines.append(f"  {name:<24} {urep.fmax_mhz or 0:7.1f} MHz  {u['LUT4']['used']:>6,} LUT4 "
+            fmax = "no clock" if urep.fmax_mhz is None else f"{urep.fmax_mhz:7.1f} MHz"
+            lines.append(f"  {name:<24} {fmax:>11}  {u['LUT4']['used']:>6,} LUT4 "
                          f"{u['FF']['used']:>6,} FF {u['EBR']['used']:>4} EBR {u['MULT18']['used']:>4} MULT18"
                          + (f"  critical: {cp['from']} -> {cp['to']} ({cp['levels']} cells)" if cp else ""))
         report["ecp5"]["units"] = units
