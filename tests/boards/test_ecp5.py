@@ -254,7 +254,7 @@ def test_generate_ulx3s_report_and_bitstream(tmp_path, monkeypatch, capsys):
             (cwd / "design.json").write_text("{}")
             (cwd / "stats.json").write_text(json.dumps({"design": {"num_cells_by_type": {"LUT4": 900}}}))
         elif tool == "nextpnr-ecp5":
-            assert args[args.index("--freq") + 1] == "100" and "--lpf" in args
+            assert args[args.index("--freq") + 1] == "100" and ("--lpf" in args) != ("--out-of-context" in args)
             (cwd / "pnr.json").write_text(json.dumps(_report(achieved=61.5, used_io=185)))
             (cwd / "design.config").write_text(".device LFE5U-85F\n")
         else:
@@ -265,9 +265,10 @@ def test_generate_ulx3s_report_and_bitstream(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(toolchain, "run_yowasp", run)
     out = tmp_path / "acc"
     args = ["generate", "--model", "mlp", *[a for s in SMALL_MLP for a in ("--set", s)], "--board", "ulx3s-85f",
-            "--out", str(out)]
+            "--out", str(out), "--synth-by-unit"]
     assert main(args) == EXIT_OK
-    assert calls == ["yosys", "nextpnr-ecp5", "ecppack"]
+    assert calls[:3] == ["yosys", "nextpnr-ecp5", "ecppack"]
+    assert calls[3:] == ["yosys", "nextpnr-ecp5"] * ((len(calls) - 3) // 2)  # units: out of context, no bitstream
     rep = json.loads((out / "report.json").read_text())
     e = rep["ecp5"]
     assert rep["fits"] is True and rep["device"] == "LFE5U-85F" and "resources" not in rep
@@ -281,6 +282,10 @@ def test_generate_ulx3s_report_and_bitstream(tmp_path, monkeypatch, capsys):
     text = (out / "report.txt").read_text()
     assert "Fmax 61.5 MHz (requested 100 MHz: NOT met)" in text and "timing proxy for another family" in text
     assert "Fmax 61.5 MHz" in capsys.readouterr().out
+    units = e["units"]
+    assert {"engine0", "engine1", "csr", "wmem0", "bn_param0_1"} <= set(units) and len(calls) == 3 + 2 * len(units)
+    assert all(u["out_of_context"] and u["fmax_mhz"] == 61.5 for u in units.values())
+    assert "units out of context" in text and "  engine0" in text
 
 
 def test_synthesis_only_stops_before_place_and_route(tmp_path, monkeypatch):
