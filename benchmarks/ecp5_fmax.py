@@ -10,9 +10,16 @@ under ``build/ecp5`` by its Verilog, so a second call prints the table at once.
 Output: one line per unit as it finishes, then a Markdown table (unit, Fmax, LUT4, FF, EBR, MULT18, critical path
 for units below ``--flag`` MHz) and the sums; ``--out`` also writes the JSON.
 
-Command used for the figures in the report (the largest MLP of the preset family that fits the LFE5U-85F)::
+Measured (2 shared cores): the 784-12-10 test MLP (lanes 32/8/2/8, batch 4; 2.2 MB of Verilog) synthesises in
+3.5 min and places and routes in 27 min; its 36 units out of context take 18 min together. A whole-design
+``synth_ecp5`` of 784-256-256-10 (lanes 32/8/1/8, batch 100; 4.1 MB) was still in Yosys's memory passes after
+21 min (stopped): size the layers with ``--units-only``/``--synth-only`` first. Command for the 784-12-10 figures
+(the same as ``xnortrain generate --model mlp --set ... --board ulx3s-85f --synth-by-unit``)::
 
-    nice -n 15 .venv/bin/python benchmarks/ecp5_fmax.py --set 'model.layers=[...]' --out results/ecp5_fmax.json
+    nice -n 15 .venv/bin/python benchmarks/ecp5_fmax.py --config mlp --set model.input_format=binary \
+        --set train.batch_size=4 --set 'model.layers=[{type="dense",units=12},{type="dense",units=10}]' \
+        --set hw.lanes_in=32 --set hw.lanes_out=8 --set hw.lanes_b=2 --set hw.update_lanes=8 \
+        --set hw.dw_passes=4 --set hw.dx_passes=2 --out results/ecp5_fmax.json
 """
 
 from __future__ import annotations
