@@ -448,9 +448,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--synth-by-unit", dest="synth_by_unit", action="store_true",
                    help="synthesise the top level's submodules one by one and add them up (the paper's MLP: about "
                         "25 min instead of hours; misses optimisation across unit boundaries)")
-    p.add_argument("--board", choices=("pynq-z2", "pynq-z1", "zedboard"),
-                   help="also write DIR/vivado/ (build.tcl + Makefile): the Vivado build of a PYNQ overlay "
-                        "(xnortrain.bit + xnortrain.hwh) for this board; `make -C DIR/vivado` needs Vivado")
+    p.add_argument("--board", choices=("pynq-z2", "pynq-z1", "zedboard", "ulx3s-85f"),
+                   help="pynq-z2|pynq-z1|zedboard: also write DIR/vivado/ (build.tcl + Makefile), the Vivado build of "
+                        "a PYNQ overlay (xnortrain.bit + xnortrain.hwh); `make -C DIR/vivado` needs Vivado. "
+                        "ulx3s-85f: instead of the xc7z020 estimate, place and route on the ECP5-85F with yosys "
+                        "synth_ecp5 + nextpnr-ecp5 (Fmax, utilisation, DIR/ecp5/xnortrain.bit): a timing proxy for "
+                        "another family, not the Zynq; with --synth-by-unit also each unit out of context")
     p.set_defaults(func=_lazy("rtl_gen.generate", "generate_main"))
 
     p = sub.add_parser("verify", help="simulate training steps in Verilator and compare with the bit-exact model")

@@ -293,7 +293,9 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
     with percentages and a fit verdict naming every resource over the limit; ``by_unit``: the sum of the
     top level's submodules synthesised one by one, :func:`rtl_gen.synth.synthesize_units`, for designs whose
     whole-design synthesis takes hours; ``board``: a Zynq board name, also writes ``vivado/build.tcl`` and
-    ``vivado/Makefile``, the Vivado build of a PYNQ overlay, :mod:`boards.vivado`). Returns the report dict.
+    ``vivado/Makefile``, the Vivado build of a PYNQ overlay, :mod:`boards.vivado`; ``board="ulx3s-85f"``: instead
+    of the xc7z020 estimate, the ECP5 place-and-route timing proxy of :mod:`boards.ecp5` with Fmax, utilisation
+    and ``ecp5/xnortrain.bit``, and with ``by_unit`` every unit out of context). Returns the report dict.
 
     Nothing is created until the design is built: the output folder is checked first (:func:`check_out_dir`;
     ``force=False`` refuses a non-empty one, as ``xnortrain generate`` does without ``--force``), then the memory
@@ -303,11 +305,19 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
     import time
 
     out = check_out_dir(out_dir, force=force)
+    ecp5 = None
     if board is not None:
-        from boards.zynq import get_board
+        from boards.ecp5 import BOARDS as ECP5_BOARDS
 
-        board = get_board(board)
-    check_memory_budget(cfg)
+        if str(getattr(board, "name", board)).lower() in ECP5_BOARDS:
+            from boards.ecp5 import get_ecp5_board
+
+            ecp5, board = get_ecp5_board(board), None
+        else:
+            from boards.zynq import get_board
+
+            board = get_board(board)
+    check_memory_budget(cfg, device=ecp5.device.name if ecp5 is not None else "xc7z020")
     from .cycle_model import step_cycles
     from .top import Accelerator, SystemPlan
 
@@ -343,7 +353,12 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
     lines = [f"xnortrain accelerator {plan.name} for {cfg.name}: {len(plan.layers)} dense layers "
              f"{[plan.features] + [lp.n_out for lp in plan.layers]}, batch {plan.batch}, optimizer {cfg.hw.optimizer}",
              "", cyc.format_text()]
-    if synth:
+    if ecp5 is not None:
+        if synth:
+            _ecp5_flow(report, lines, verilog, plan, ecp5, out, by_unit=by_unit, log=log)
+        else:
+            log(f"  --no-synth: no ECP5 synthesis, place and route or bitstream for the {ecp5.title}")
+    elif synth:
         from .synth import synthesize, synthesize_units
 
         how = "unit by unit" if by_unit else "as a whole"
@@ -363,13 +378,65 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
         "cycles_per_image": cyc.per_image <= TARGETS["cycles_per_image"],
         **({"LUT": report["percent"].get("LUT", 0) <= TARGETS["LUT_percent"],
             "BRAM36": report["resources"]["BRAM36"] <= TARGETS["BRAM36"],
-            "DSP": report["resources"]["DSP"] <= TARGETS["DSP"]} if synth else {}),
+            "DSP": report["resources"]["DSP"] <= TARGETS["DSP"]} if synth and ecp5 is None else {}),
     }
     text = "\n".join(lines) + "\n"
     (out / "report.txt").write_text(text)
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     log(text)
     return report
+
+
+def _ecp5_flow(report: dict, lines: list, verilog: str, plan, board, out: Path, *, by_unit: bool, log) -> None:
+    """``generate --board ulx3s-85f``: the ECP5 place-and-route proxy (:mod:`boards.ecp5`) of the whole design,
+    with a bitstream in ``out/ecp5/xnortrain.bit``, and with ``by_unit`` every top-level submodule placed and
+    routed out of context. Fills ``report["ecp5"]`` and ``report["fits"]``; raises ``DoesNotFitError`` (before
+    place and route) when the synthesised design exceeds the die or the package's pins."""
+    import shutil
+
+    from boards.ecp5 import run_ecp5, run_ecp5_units
+
+    freq = float(plan.description().clock_mhz)
+    log(f"ECP5 timing proxy on the {board.title}: yosys synth_ecp5 + nextpnr-ecp5 at {freq:g} MHz (minutes) ...")
+    digest = hashlib.sha256(verilog.encode()).hexdigest()[:12]
+    work = build_root() / "ecp5" / f"{plan.name}-{digest}"
+    from .synth import DoesNotFitError
+
+    try:
+        rep = run_ecp5(verilog, plan.name, workdir=work, board=board, freq_mhz=freq, bitstream=True, log=log)
+    except DoesNotFitError as e:
+        report["device"] = board.device.name
+        report["fits"] = False
+        report["overflows"] = list(getattr(e, "overflows", [str(e)]))
+        report["ecp5"] = {"board": board.name, "synth_resources": getattr(e, "resources", {}),
+                          "limits": board.limits, "bitstream": None}
+        lines += ["", f"DOES NOT FIT the {board.device.name} ({board.package}, {board.title}): "
+                  + "; ".join(report["overflows"]) + " (Yosys synth_ecp5 cell counts; no place and route run)"]
+        return
+    dest = out / "ecp5"
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("xnortrain.bit", "pnr.json", "pins.lpf", "nextpnr.log", "yosys.log"):
+        if (work / name).is_file():
+            shutil.copyfile(work / name, dest / name)
+    rep.bitstream = dest / "xnortrain.bit"
+    rep.workdir = dest
+    report["ecp5"] = rep.to_dict()
+    report["device"] = board.device.name
+    report["fits"] = True
+    report["overflows"] = []
+    lines += ["", rep.format_text()]
+    if by_unit:
+        units = {}
+        lines += ["", f"units out of context on the {board.device.name} (Fmax of register-to-register paths):"]
+        for name, urep in run_ecp5_units(verilog, plan.name, board=board, freq_mhz=freq, log=log):
+            units[name] = urep.to_dict()
+            cp = urep.critical_path
+            u = urep.utilisation
+            fmax = "no clock" if urep.fmax_mhz is None else f"{urep.fmax_mhz:7.1f} MHz"
+            lines.append(f"  {name:<24} {fmax:>11}  {u['LUT4']['used']:>6,} LUT4 "
+                         f"{u['FF']['used']:>6,} FF {u['EBR']['used']:>4} EBR {u['MULT18']['used']:>4} MULT18"
+                         + (f"  critical: {cp['from']} -> {cp['to']} ({cp['levels']} cells)" if cp else ""))
+        report["ecp5"]["units"] = units
 
 
 def generate_main(args) -> int:

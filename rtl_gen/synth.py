@@ -77,6 +77,7 @@ __all__ = [
     "SynthReport",
     "check_fit",
     "map_cells",
+    "part_texts",
     "synthesize",
     "synthesize_component",
 ]
@@ -299,7 +300,8 @@ def synthesize(
     compared with (synthesis itself is per family), so one cached run serves every device of the family.
     """
     if family not in _FAMILIES:
-        raise ValueError(f"family must be one of {_FAMILIES} (ECP5 synthesis is not wired up yet), not {family!r}")
+        raise ValueError(f"family must be one of {_FAMILIES}, not {family!r} (ECP5: boards.ecp5.run_ecp5, "
+                         "synth_ecp5 with nextpnr place and route)")
     dev = get_device(device)
     if dev.family != family:
         raise ValueError(f"device {dev.name} is family {dev.family!r}, not {family!r}")
@@ -370,16 +372,11 @@ def synthesize(
 TOP_PART = "(top level)"
 
 
-def synthesize_parts(verilog: str, top: str, *, device: str | Device = "xc7z020", only=None,
-                     include_top: bool | None = None):
-    """Yield ``(name, SynthReport, index, count)`` for every direct submodule of ``top`` synthesised on its
-    own (flattened, with its descendants; ``name`` without the ``<top>.`` prefix), then ``(TOP_PART, ...)``
-    for ``top``'s own logic with the submodules as black boxes. ``only``: a predicate on the short names;
-    ``include_top``: whether the top level's part comes last (default: only when ``only`` is None).
-
-    Amaranth names submodules ``<top>.<name>``; each part reads only its own modules, so a design whose
-    whole-design synthesis takes hours (the paper's MLP: 11.5 MB of Verilog) is measured in about 25 minutes.
-    Each part is a cached :func:`synthesize` run."""
+def part_texts(verilog: str, top: str, *, only=None, include_top: bool | None = None):
+    """Split ``verilog`` into the parts :func:`synthesize_parts` synthesises: a list of ``(name, alias, text,
+    boxes)``, one per direct submodule of ``top`` (``name`` without the ``<top>.`` prefix; ``text`` its modules
+    with the submodule renamed to ``alias``, a plain identifier) and, with ``include_top``, ``(TOP_PART, alias,
+    text, boxes)`` for ``top``'s own logic with its submodules (``boxes``) as black boxes."""
     texts = {}
     for block in re.findall(r"^module .*?^endmodule\n", verilog, re.M | re.S):
         texts[re.match(r"module \\?([^\s(]+)", block).group(1)] = block
@@ -390,7 +387,8 @@ def synthesize_parts(verilog: str, top: str, *, device: str | Device = "xc7z020"
              if only is None or only(n[len(top) + 1:])]
     if (only is None) if include_top is None else include_top:
         parts.append((top, [texts[top]], subs))
-    for index, (name, blocks, boxes) in enumerate(parts):
+    out = []
+    for name, blocks, boxes in parts:
         # a plain identifier for the part's top, so synthesize() and its cache can take it
         alias = f"xnt_part_{hashlib.sha256(name.encode()).hexdigest()[:10]}"
         text = "".join(blocks)
@@ -399,10 +397,26 @@ def synthesize_parts(verilog: str, top: str, *, device: str | Device = "xc7z020"
             block = texts[b]
             ports = re.findall(r"^\s*((?:input|output|inout)\b[^;]*;)", block, re.M)
             text += "(* blackbox *)\n" + block[: block.index(";") + 1] + "\n" + "\n".join(ports) + "\nendmodule\n"
+        out.append((TOP_PART if boxes else name[len(top) + 1:], alias, text, boxes))
+    return out
+
+
+def synthesize_parts(verilog: str, top: str, *, device: str | Device = "xc7z020", only=None,
+                     include_top: bool | None = None):
+    """Yield ``(name, SynthReport, index, count)`` for every direct submodule of ``top`` synthesised on its
+    own (flattened, with its descendants; ``name`` without the ``<top>.`` prefix), then ``(TOP_PART, ...)``
+    for ``top``'s own logic with the submodules as black boxes. ``only``: a predicate on the short names;
+    ``include_top``: whether the top level's part comes last (default: only when ``only`` is None).
+
+    Amaranth names submodules ``<top>.<name>``; each part reads only its own modules, so a design whose
+    whole-design synthesis takes hours (the paper's MLP: 11.5 MB of Verilog) is measured in about 25 minutes.
+    Each part is a cached :func:`synthesize` run."""
+    parts = part_texts(verilog, top, only=only, include_top=include_top)
+    for index, (name, alias, text, boxes) in enumerate(parts):
         rep = synthesize(text, alias, device=device)
         for b in boxes:  # black-box instances are cells of their own type
             rep.cells.pop("\\" + b, None)
-        yield (TOP_PART if boxes else name[len(top) + 1:]), rep, index, len(parts)
+        yield name, rep, index, len(parts)
 
 
 def synthesize_units(verilog: str, top: str, *, device: str | Device = "xc7z020", log=None) -> SynthReport:

@@ -1,0 +1,122 @@
+"""Fmax on the ECP5-85F (ULX3S) of a generated accelerator and of each of its units: the open place-and-route
+timing proxy of issue 19 part 5 (:mod:`boards.ecp5`; a proxy for another family, not the Zynq's Fmax).
+
+Every direct submodule of the top level is synthesised (``synth_ecp5``) and placed and routed out of context
+(``nextpnr-ecp5 --out-of-context``: no I/O, Fmax of its register-to-register paths), after the whole design in
+context with a bitstream (unless ``--units-only``), as ``xnortrain generate --board ulx3s-85f`` does; a whole
+design that does not fit the die stops the script (exit 3) before the units. Each run is cached
+under ``build/ecp5`` by its Verilog, so a second call prints the table at once.
+
+Output: one line per unit as it finishes, then a Markdown table (unit, Fmax, LUT4, FF, EBR, MULT18, critical path
+for units below ``--flag`` MHz) and the sums; ``--out`` also writes the JSON.
+
+Measured (2 shared cores): the 784-12-10 test MLP (lanes 32/8/2/8, batch 4; 2.2 MB of Verilog) synthesises in
+3.5 min and places and routes in 27 min; its 36 units out of context take 18 min together. A whole-design
+``synth_ecp5`` of 784-256-256-10 (lanes 32/8/1/8, batch 100; 4.1 MB) was still in Yosys's memory passes after
+21 min (stopped): size the layers with ``--units-only``/``--synth-only`` first. Command for the 784-12-10 figures
+(the same as ``xnortrain generate --model mlp --set ... --board ulx3s-85f --synth-by-unit``)::
+
+    nice -n 15 .venv/bin/python benchmarks/ecp5_fmax.py --config mlp --set model.input_format=binary \
+        --set train.batch_size=4 --set 'model.layers=[{type="dense",units=12},{type="dense",units=10}]' \
+        --set hw.lanes_in=32 --set hw.lanes_out=8 --set hw.lanes_b=2 --set hw.update_lanes=8 \
+        --set hw.dw_passes=4 --set hw.dx_passes=2 --out results/ecp5_fmax.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from boards.ecp5 import ULX3S_85F, run_ecp5, run_ecp5_units  # noqa: E402
+from rtl_gen.toolchain import build_root  # noqa: E402
+from rtl_gen.top import Accelerator, SystemPlan  # noqa: E402
+from sim.config import apply_overrides, load_config  # noqa: E402
+
+
+def _row(name: str, rep, flag: float) -> dict:
+    u = rep.utilisation
+    cp = rep.critical_path or {}
+    return {"unit": name, "fmax_mhz": None if rep.fmax_mhz is None else round(rep.fmax_mhz, 1),
+            **{k: u[k]["used"] for k in ("LUT4", "FF", "EBR", "MULT18")},
+            "critical_path": (f"{cp.get('from')} -> {cp.get('to')}: {cp.get('delay_ns')} ns "
+                              f"({cp.get('logic_ns')} logic, {cp.get('levels')} cells)") if cp else None,
+            "below": rep.fmax_mhz is not None and rep.fmax_mhz < flag,
+            "path": cp}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default="configs/mlp_mnist.toml")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="configuration override")
+    ap.add_argument("--only", action="append", default=[], metavar="PREFIX", help="only units with this prefix")
+    ap.add_argument("--units-only", action="store_true", help="skip the whole design (in context, bitstream)")
+    ap.add_argument("--top-only", action="store_true", help="only the whole design")
+    ap.add_argument("--synth-only", action="store_true",
+                    help="whole design: synthesis and the fit check only (estimated LUT4/FF/EBR/MULT18/IO), no units")
+    ap.add_argument("--flag", type=float, default=100.0, help="name the critical path of units below this (MHz)")
+    ap.add_argument("--out", help="also write the rows as JSON")
+    args = ap.parse_args(argv)
+
+    cfg = apply_overrides(load_config(args.config), args.set)
+    plan = SystemPlan(cfg)
+    freq = float(plan.description().clock_mhz)
+    t0 = time.monotonic()
+    verilog = Accelerator(plan).verilog()
+    print(f"{cfg.name} {[plan.features] + [lp.n_out for lp in plan.layers]}, batch {plan.batch}: "
+          f"{len(verilog) / 1e6:.1f} MB of Verilog in {time.monotonic() - t0:.0f} s", flush=True)
+    rows, top = [], None
+    only = (lambda n: any(n.startswith(p) for p in args.only)) if args.only else None
+    if not args.units_only:
+        import hashlib
+
+        from rtl_gen.synth import DoesNotFitError
+
+        digest = hashlib.sha256(verilog.encode()).hexdigest()[:12]
+        try:
+            rep = run_ecp5(verilog, plan.name, workdir=build_root() / "ecp5" / f"{plan.name}-{digest}",
+                           board=ULX3S_85F, freq_mhz=freq, bitstream=True, place=not args.synth_only, log=print)
+        except DoesNotFitError as e:
+            print(f"DOES NOT FIT: {e}", flush=True)
+            return 3
+        if args.synth_only:
+            print("fits (synth_ecp5 estimate, before place and route): "
+                  + ", ".join(f"{k} {v:,.0f} of {ULX3S_85F.limits[k]:,}" for k, v in rep.synth.items()
+                              if k in ULX3S_85F.limits), flush=True)
+            return 0
+        top = {**_row("(whole design, in context)", rep, args.flag), "IO": rep.utilisation["IO"]["used"],
+               "bitstream": str(rep.bitstream), "elapsed_s": rep.elapsed_s}
+        print(rep.format_text(), flush=True)
+    if not args.top_only:
+        for name, rep in run_ecp5_units(verilog, plan.name, board=ULX3S_85F, freq_mhz=freq, only=only):
+            row = _row(name, rep, args.flag)
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "path"}), flush=True)
+
+    print("\n| unit | Fmax (MHz) | LUT4 | FF | EBR | MULT18 |\n| --- | ---: | ---: | ---: | ---: | ---: |")
+    for r in sorted(rows, key=lambda r: r["fmax_mhz"] or 0):
+        print(f"| {r['unit']} | {r['fmax_mhz']} | {r['LUT4']:,} | {r['FF']:,} | {r['EBR']} | {r['MULT18']} |")
+    if rows:
+        tot = {k: sum(r[k] for r in rows) for k in ("LUT4", "FF", "EBR", "MULT18")}
+        print(f"| sum of units | | {tot['LUT4']:,} | {tot['FF']:,} | {tot['EBR']} | {tot['MULT18']} |")
+    if top is not None:
+        print(f"| **whole design** (in context, IO {top['IO']}) | **{top['fmax_mhz']}** | {top['LUT4']:,} | "
+              f"{top['FF']:,} | {top['EBR']} | {top['MULT18']} |")
+    for r in [*rows, *([top] if top else [])]:
+        if r["below"]:
+            print(f"below {args.flag:g} MHz: {r['unit']}: {r['critical_path']}")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"config": cfg.name, "overrides": args.set, "units": rows, "top": top},
+                                             indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,511 @@
+"""ECP5 place and route: where the generated design closes timing on an FPGA with a fully open flow.
+
+The accelerator targets the Zynq-7000 (Vivado), for which no open place-and-route exists here. The Lattice
+ECP5 has one: YoWASP's ``yosys synth_ecp5``, ``nextpnr-ecp5`` and ``ecppack`` give real placement, routing, a
+timing analysis and a bitstream. The figures are a **timing proxy for another family**: ECP5 LUT4 slices, 18 kbit
+EBRs and 18x18 multipliers are slower and smaller than 7-series LUT6s, BRAM36s and DSP48E1s, so an ECP5 Fmax is a
+pessimistic hint about the critical paths, never the Zynq's Fmax.
+
+Flow (:func:`run_ecp5`, everything relative to one work folder, YoWASP sees no absolute ``/tmp`` paths)::
+
+    yosys:    read_verilog design.v; synth_ecp5 -top <top> with classic ABC (``abc -dress -lut 4:7``) in place of its
+              ABC9 step (:func:`_synth_script`); write_json design.json; tee -o stats.json stat -json
+    (fit check on the synthesised cells: :func:`synth_resources`, refuses before place and route)
+    nextpnr:  --85k --package CABGA381 --speed 6 --json design.json --freq <MHz> --report pnr.json
+              --lpf pins.lpf --lpf-allow-unconstrained --timing-allow-fail --textcfg design.config
+    ecppack:  design.config xnortrain.bit
+
+- Classic ABC: Yosys 0.70's ``synth_ecp5`` (a wrapper of ``synth_lattice``) maps LUTs with ABC9, which stops
+  on an internal assertion for the generated accelerator (``GetSize(conn.first) == GetSize(conn.second)`` after
+  ``abc9_ops -reintegrate``, 4 minutes into the small 784-12-10 system); its ``-noabc9`` option is gone (accepted
+  and ignored). The script runs ``synth_ecp5`` up to ``map_luts``, maps with classic ABC, and resumes at
+  ``map_cells``.
+- Pins: the accelerator's ports are AXI4-Lite and AXI-Stream, which go to the Zynq's PS7 inside the chip and have
+  no counterpart on a ULX3S. The LPF (:func:`lpf_text`) puts the clock on the board's 25 MHz oscillator pin and
+  lets nextpnr place every other port bit on any free pin (``--lpf-allow-unconstrained``): the bitstream is real
+  but only a placement study, it would not run anything on the board. The top of the paper's family uses 185
+  port bits; the CABGA381 package has 205 user I/O pins on the 85k die (ECP5 data sheet).
+- Units (:func:`run_ecp5` with ``out_of_context=True``): nextpnr's ``--out-of-context`` inserts no I/O buffers,
+  so a unit with hundreds of port bits places without pins. Its ports are unclocked: the Fmax covers paths from
+  register to register inside the unit, as when every unit boundary is registered.
+- ``--timing-allow-fail``: the report is what we want, also when the design misses the requested clock; the
+  result says ``timing_met`` and the Fmax.
+
+Results are cached per work folder by a key over the Verilog, top, flow options and tool versions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from boards.devices import LFE5U_85F, Device
+
+__all__ = [
+    "BOARDS",
+    "ECP5_RESOURCES",
+    "Ecp5Board",
+    "Ecp5Error",
+    "Ecp5Report",
+    "check_ecp5_fit",
+    "get_ecp5_board",
+    "lpf_text",
+    "parse_nextpnr_report",
+    "run_ecp5",
+    "run_ecp5_units",
+    "synth_resources",
+]
+
+
+class Ecp5Error(RuntimeError):
+    """A tool of the ECP5 flow failed; the message names its log."""
+
+
+@dataclass(frozen=True)
+class Ecp5Board:
+    """An ECP5 board: the die, the nextpnr device options and the clock pin."""
+
+    name: str
+    title: str
+    device: Device
+    nextpnr_device: str
+    """nextpnr-ecp5's die option (``--85k``)."""
+    package: str
+    speed: int
+    io_pins: int
+    """User I/O pins of the package (nextpnr's ``TRELLIS_IO`` availability counts every pad of the die, 365 on
+    the 85k, bonded or not; the report gives the package's count instead)."""
+    clock_pin: str
+    clock_mhz: float
+    """The board oscillator on :attr:`clock_pin` (the accelerator's own clock is the configured one)."""
+
+    @property
+    def limits(self) -> dict[str, int]:
+        """The fit limits: the die's LUT4/FF/EBR/MULT18 and the package's I/O pins."""
+        return {**{k: self.device.limits[k] for k in ("LUT4", "FF", "EBR", "MULT18")}, "IO": self.io_pins}
+
+
+ULX3S_85F = Ecp5Board(
+    name="ulx3s-85f",
+    title="ULX3S (LFE5U-85F-6BG381C)",
+    device=LFE5U_85F,
+    nextpnr_device="--85k",
+    package="CABGA381",
+    speed=6,
+    io_pins=LFE5U_85F.packages["CABGA381"],
+    clock_pin="G2",  # clk_25mhz on the ULX3S (its public constraint file)
+    clock_mhz=25.0,
+)
+
+BOARDS: Mapping[str, Ecp5Board] = {b.name: b for b in (ULX3S_85F,)}
+
+
+def get_ecp5_board(name: str | Ecp5Board) -> Ecp5Board:
+    if isinstance(name, Ecp5Board):
+        return name
+    try:
+        return BOARDS[str(name).lower()]
+    except KeyError:
+        raise ValueError(f"unknown ECP5 board {name!r}; known: {', '.join(BOARDS)}") from None
+
+
+#: Report resource -> nextpnr ``utilization`` cell type.
+ECP5_RESOURCES: Mapping[str, str] = {
+    "LUT4": "TRELLIS_COMB",
+    "FF": "TRELLIS_FF",
+    "EBR": "DP16KD",
+    "MULT18": "MULT18X18D",
+    "IO": "TRELLIS_IO",
+}
+
+#: Yosys ``synth_ecp5`` cells -> report resources, for the fit check before place and route. A CCU2C (carry
+#: chain) is two LUT4 halves of one slice; a TRELLIS_DPR16X4 (16x4 distributed RAM) takes the LUT4s of two
+#: slices plus the write port of a third (nextpnr packs it as 6 TRELLIS_COMB).
+_SYNTH_CELLS: Mapping[str, tuple[str, float]] = {
+    "LUT4": ("LUT4", 1),
+    "CCU2C": ("LUT4", 2),
+    "TRELLIS_DPR16X4": ("LUT4", 6),
+    "PFUMX": ("PFUMX", 1),
+    "L6MUX21": ("L6MUX21", 1),
+    "TRELLIS_FF": ("FF", 1),
+    "DP16KD": ("EBR", 1),
+    "PDPW16KD": ("EBR", 1),
+    "MULT18X18D": ("MULT18", 1),
+    "ALU54B": ("ALU54", 1),
+}
+
+
+def synth_resources(cells: Mapping[str, int]) -> dict[str, float]:
+    """Resources of a ``synth_ecp5`` netlist from its cell counts (``stat -json``'s ``num_cells_by_type``).
+    ``IO`` is not counted here (see :func:`port_bits`); unknown cells go under ``other``."""
+    out: dict[str, float] = {"LUT4": 0, "FF": 0, "EBR": 0, "MULT18": 0}
+    for cell, n in cells.items():
+        name, weight = _SYNTH_CELLS.get(cell.removeprefix("\\"), ("other", 1))
+        out[name] = out.get(name, 0) + weight * n
+    return out
+
+
+def port_bits(verilog: str, top: str) -> int:
+    """The number of port bits of module ``top`` (each needs a pin when placed in context)."""
+    block = re.search(rf"^module \\?{re.escape(top)}\b.*?^endmodule", verilog, re.M | re.S)
+    if block is None:
+        raise ValueError(f"top module {top!r} is not defined in the Verilog text")
+    bits = 0
+    for rng in re.findall(r"^\s*(?:input|output|inout)\s+(?:wire\s+|reg\s+|signed\s+)*(\[[^\]]+\])?", block.group(0),
+                          re.M):
+        if rng:
+            hi, lo = (int(v) for v in rng.strip("[]").split(":"))
+            bits += abs(hi - lo) + 1
+        else:
+            bits += 1
+    return bits
+
+
+def check_ecp5_fit(resources: Mapping[str, float], limits: Mapping[str, int], *, what: str) -> list[str]:
+    """One line per resource of ``limits`` that ``resources`` exceeds, e.g.
+    ``"EBR: needs 290 of 208 (+82, 139 %)"``; empty when it fits."""
+    out = []
+    for name, limit in limits.items():
+        used = resources.get(name, 0)
+        if used > limit:
+            out.append(f"{name}: needs {_num(used)} of {_num(limit)} (+{_num(used - limit)}, "
+                       f"{100 * used / limit:.0f} %)")
+    return out
+
+
+def lpf_text(board: Ecp5Board, clock_port: str = "clk") -> str:
+    """The pin constraints: the clock on the board oscillator's pin; every other port is left to nextpnr."""
+    return "\n".join([
+        "# xnortrain: ECP5 timing proxy. Only the clock has a pin; nextpnr places the other ports",
+        "# (AXI4-Lite and AXI-Stream, which have no counterpart on this board) on free pins.",
+        f'LOCATE COMP "{clock_port}" SITE "{board.clock_pin}";',
+        f'IOBUF PORT "{clock_port}" IO_TYPE=LVCMOS33;',
+        "",
+    ])
+
+
+@dataclass
+class Ecp5Report:
+    """Outcome of :func:`run_ecp5`."""
+
+    top: str
+    board: Ecp5Board
+    freq_mhz: float
+    """The requested clock (nextpnr ``--freq``)."""
+    fmax_mhz: float | None
+    """The achieved Fmax of the clock (the slowest clock if there are several)."""
+    fmax: dict[str, dict] = field(default_factory=dict)
+    """nextpnr's per-clock ``{"achieved": MHz, "constraint": MHz}``."""
+    utilisation: dict[str, dict] = field(default_factory=dict)
+    """``LUT4``/``FF``/``EBR``/``MULT18``/``IO`` -> ``{"used", "available"}`` after place and route."""
+    synth: dict[str, float] = field(default_factory=dict)
+    """Resources from the synthesised netlist (:func:`synth_resources`), plus ``IO`` = port bits."""
+    critical_path: dict | None = None
+    """The slowest clock's critical path (:func:`_summarise_path`)."""
+    out_of_context: bool = False
+    bitstream: Path | None = None
+    workdir: Path | None = None
+    elapsed_s: dict[str, float] = field(default_factory=dict)
+    cached: bool = False
+    versions: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def timing_met(self) -> bool:
+        return self.fmax_mhz is not None and self.fmax_mhz >= self.freq_mhz
+
+    def to_dict(self) -> dict:
+        return {
+            "board": self.board.name,
+            "device": f"{self.board.device.name} {self.board.package} speed {self.board.speed}",
+            "top": self.top,
+            "freq_mhz": self.freq_mhz,
+            "fmax_mhz": None if self.fmax_mhz is None else round(self.fmax_mhz, 2),
+            "timing_met": self.timing_met,
+            "fmax": self.fmax,
+            "utilisation": self.utilisation,
+            "synth_resources": self.synth,
+            "critical_path": self.critical_path,
+            "out_of_context": self.out_of_context,
+            "bitstream": None if self.bitstream is None else str(self.bitstream),
+            "workdir": None if self.workdir is None else str(self.workdir),
+            "elapsed_s": self.elapsed_s,
+            "cached": self.cached,
+            "versions": self.versions,
+            "note": "timing proxy on a Lattice ECP5 (another family), not the Zynq-7000's Fmax",
+        }
+
+    def format_text(self) -> str:
+        head = (f"{self.top} on the {self.board.title} (yosys synth_ecp5 + nextpnr-ecp5"
+                + (", out of context" if self.out_of_context else "") + "; a timing proxy for another family, "
+                "not the Zynq)")
+        fm = "n/a" if self.fmax_mhz is None else f"{self.fmax_mhz:.1f} MHz"
+        lines = [head, f"  Fmax {fm} (requested {self.freq_mhz:g} MHz: "
+                 + ("met" if self.timing_met else "NOT met") + ")",
+                 f"  {'resource':<8} {'used':>8} {'avail':>8} {'%':>6}"]
+        for name, u in self.utilisation.items():
+            pct = 100 * u["used"] / u["available"] if u["available"] else 0.0
+            lines.append(f"  {name:<8} {u['used']:>8,} {u['available']:>8,} {pct:>5.1f}%")
+        if self.critical_path:
+            cp = self.critical_path
+            lines.append(f"  critical path {cp['delay_ns']:.2f} ns ({cp['logic_ns']:.2f} logic, {cp['routing_ns']:.2f} "
+                         f"routing, {cp['levels']} cells): {cp['from']} -> {cp['to']}")
+        if self.bitstream is not None:
+            lines.append(f"  bitstream: {self.bitstream}")
+        if self.workdir is not None:
+            lines.append(f"  logs: {self.workdir}")
+        return "\n".join(lines)
+
+
+def parse_nextpnr_report(data: Mapping, *, io_pins: int | None = None) -> tuple[dict, dict, dict | None]:
+    """``(fmax, utilisation, critical_path)`` from nextpnr's ``--report`` JSON.
+
+    ``fmax``: clock -> ``{"achieved", "constraint"}`` (MHz); ``utilisation``: :data:`ECP5_RESOURCES` names ->
+    ``{"used", "available"}``; ``critical_path``: the slowest clock's path summarised by :func:`_summarise_path`
+    (None when nextpnr reports none, e.g. a design without registers). ``io_pins``: the package's user I/O, which
+    replaces nextpnr's ``TRELLIS_IO`` availability (every pad of the die)."""
+    fmax = {str(k): {"achieved": float(v["achieved"]), "constraint": float(v["constraint"])}
+            for k, v in data.get("fmax", {}).items()}
+    util_raw = data.get("utilization", {})
+    util = {}
+    for name, cell in ECP5_RESOURCES.items():
+        u = util_raw.get(cell, {"used": 0, "available": 0})
+        util[name] = {"used": int(u["used"]), "available": int(u["available"])}
+    if io_pins is not None:
+        util["IO"]["available"] = int(io_pins)
+    slowest = min(fmax, key=lambda k: fmax[k]["achieved"]) if fmax else None
+    paths = data.get("critical_paths", [])
+    chosen = None
+    for p in paths:
+        if slowest is not None and _clock_name(p.get("from")) == _clock_name(slowest) \
+                and _clock_name(p.get("to")) == _clock_name(slowest):
+            chosen = p
+            break
+    if chosen is None and paths:
+        chosen = max(paths, key=lambda p: sum(float(s.get("delay", 0)) for s in p.get("path", [])))
+    return fmax, util, (None if chosen is None else _summarise_path(chosen))
+
+
+def _clock_name(name) -> str:
+    """``posedge $glbnet$clk$TRELLIS_IO_IN`` (a path's clock) and ``$glbnet$clk$TRELLIS_IO_IN`` (an ``fmax`` key)
+    -> ``clk``."""
+    text = str(name or "").split(" ")[-1].removeprefix("$glbnet$")
+    return text.split("$")[0] or text
+
+
+def _summarise_path(path: Mapping) -> dict:
+    """A critical path as ``from``/``to`` (cell.port), total, logic and routing delay (ns), the number of cells,
+    and the cells along it (``steps``: ``{"type", "cell", "port", "delay_ns", "net"}``)."""
+    steps = path.get("path", [])
+    logic = sum(float(s.get("delay", 0)) for s in steps if s.get("type") != "routing")
+    routing = sum(float(s.get("delay", 0)) for s in steps if s.get("type") == "routing")
+    summary = []
+    for s in steps:
+        to = s.get("to", {})
+        summary.append({"type": s.get("type"), "cell": to.get("cell"), "port": to.get("port"),
+                        "delay_ns": round(float(s.get("delay", 0)), 3), "net": s.get("net")})
+    first = steps[0].get("from", {}) if steps else {}
+    last = steps[-1].get("to", {}) if steps else {}
+    return {
+        "clock_from": path.get("from"),
+        "clock_to": path.get("to"),
+        "from": f"{first.get('cell')}.{first.get('port')}",
+        "to": f"{last.get('cell')}.{last.get('port')}",
+        "delay_ns": round(logic + routing, 3),
+        "logic_ns": round(logic, 3),
+        "routing_ns": round(routing, 3),
+        "levels": sum(1 for s in steps if s.get("type") == "logic"),
+        "steps": summary,
+    }
+
+
+_FLOW_VERSION = 2
+
+
+def run_ecp5(verilog: str, top: str, *, workdir: str | os.PathLike, board: str | Ecp5Board = "ulx3s-85f",
+             freq_mhz: float = 100.0, out_of_context: bool = False, bitstream: bool = True, check_fit: bool = True,
+             seed: int = 1, place: bool = True, log=None) -> Ecp5Report:
+    """Synthesise, place and route ``verilog`` (top module ``top``) for ``board`` in ``workdir``; with
+    ``bitstream`` (not with ``out_of_context``) also pack ``workdir/xnortrain.bit``.
+
+    With ``check_fit`` the synthesised netlist is compared with the die and the package before place and route:
+    :class:`rtl_gen.synth.DoesNotFitError` names every resource over the limit (LUT4, FF, EBR, MULT18, IO).
+    ``place=False`` stops after synthesis and the fit check (a report without Fmax: ``synth`` only)."""
+    from rtl_gen.synth import DoesNotFitError
+    from rtl_gen.toolchain import run_yowasp
+
+    brd = get_ecp5_board(board)
+    if not 1.0 <= float(freq_mhz) <= 500.0:
+        raise ValueError(f"freq_mhz {freq_mhz!r}: expected 1 to 500 MHz")
+    if out_of_context and bitstream:
+        raise ValueError("an out-of-context design has no I/O: no bitstream (bitstream=False)")
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_$]*", top):
+        raise ValueError(f"top must be a Verilog identifier, not {top!r}")
+    n_ports = port_bits(verilog, top)
+    say = log or (lambda _msg: None)
+    versions = {t: importlib.metadata.version(f"yowasp-{t}") for t in ("yosys", "nextpnr-ecp5")}
+    folder = Path(workdir).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    synth_key = _synth_key(verilog, top, versions["yosys"])
+    pnr_key = {**synth_key, "nextpnr": versions["nextpnr-ecp5"], "board": brd.name, "freq": float(freq_mhz),
+               "ooc": out_of_context, "seed": seed, "bit": bitstream}
+    meta = _read_json(folder / "meta.json") or {}
+    elapsed = dict(meta.get("elapsed_s", {}))
+    cached = True
+
+    if meta.get("synth_key") != synth_key or not (folder / "design.json").is_file():
+        cached = False
+        for name in ("design.json", "stats.json", "pnr.json", "design.config", "xnortrain.bit", "meta.json"):
+            (folder / name).unlink(missing_ok=True)
+        (folder / "design.v").write_text(verilog)
+        (folder / "synth.ys").write_text(_synth_script(top))
+        say(f"  yosys synth_ecp5 {top} ...")
+        t0 = time.perf_counter()
+        res = run_yowasp("yosys", ["-q", "-l", "yosys.log", "-s", "synth.ys"], cwd=folder, check=False)
+        elapsed = {"synth": round(time.perf_counter() - t0, 1)}
+        if res.returncode != 0 or not (folder / "design.json").is_file():
+            raise Ecp5Error(f"yosys synth_ecp5 of {top} failed (exit {res.returncode}); log: {folder / 'yosys.log'}\n"
+                            + "\n".join(_tail(folder / "yosys.log")))
+        meta = {"synth_key": synth_key, "elapsed_s": elapsed}
+        (folder / "meta.json").write_text(json.dumps(meta, indent=1))
+
+    stats = _read_json(folder / "stats.json") or {}
+    cells = stats.get("design", {}).get("num_cells_by_type") or {}
+    synth = synth_resources(cells)
+    synth["IO"] = 0 if out_of_context else n_ports
+    if check_fit:
+        problems = check_ecp5_fit(synth, brd.limits, what=top)
+        if problems:
+            err = DoesNotFitError(f"{top} does not fit the {brd.device.name} ({brd.package}) of the {brd.title}: "
+                                  + "; ".join(problems))
+            err.overflows = problems
+            err.resources = synth
+            raise err
+
+    if not place:
+        return Ecp5Report(top=top, board=brd, freq_mhz=float(freq_mhz), fmax_mhz=None, synth=synth,
+                          out_of_context=out_of_context, workdir=folder, elapsed_s=elapsed, cached=cached,
+                          versions=versions)
+    if meta.get("pnr_key") != pnr_key or not (folder / "pnr.json").is_file():
+        cached = False
+        (folder / "pnr.json").unlink(missing_ok=True)
+        (folder / "xnortrain.bit").unlink(missing_ok=True)
+        args = [brd.nextpnr_device, "--package", brd.package, "--speed", str(brd.speed), "--json", "design.json",
+                "--freq", f"{float(freq_mhz):g}", "--report", "pnr.json", "--timing-allow-fail", "--seed", str(seed),
+                "--log", "nextpnr.log", "-q"]
+        if out_of_context:
+            args.append("--out-of-context")
+        else:
+            (folder / "pins.lpf").write_text(lpf_text(brd))
+            args += ["--lpf", "pins.lpf", "--lpf-allow-unconstrained"]
+        if bitstream:
+            args += ["--textcfg", "design.config"]
+        say(f"  nextpnr-ecp5 {top} at {float(freq_mhz):g} MHz ...")
+        t0 = time.perf_counter()
+        res = run_yowasp("nextpnr-ecp5", args, cwd=folder, check=False)
+        elapsed["pnr"] = round(time.perf_counter() - t0, 1)
+        if res.returncode != 0 or not (folder / "pnr.json").is_file():
+            over = _log_overflows(_tail(folder / "nextpnr.log", 400), brd)
+            if over:
+                err = DoesNotFitError(f"{top} does not fit the {brd.device.name} ({brd.package}) of the {brd.title}: "
+                                      + "; ".join(over) + " (nextpnr-ecp5)")
+                err.overflows, err.resources = over, synth
+                raise err
+            raise Ecp5Error(f"nextpnr-ecp5 of {top} failed (exit {res.returncode}); log: {folder / 'nextpnr.log'}\n"
+                            + "\n".join(_tail(folder / "nextpnr.log") or [res.stderr.strip()]))
+        if bitstream:
+            say("  ecppack ...")
+            t0 = time.perf_counter()
+            res = run_yowasp("ecppack", ["--input", "design.config", "--bit", "xnortrain.bit"], cwd=folder,
+                             check=False)
+            elapsed["pack"] = round(time.perf_counter() - t0, 1)
+            if res.returncode != 0 or not (folder / "xnortrain.bit").is_file():
+                raise Ecp5Error(f"ecppack of {top} failed (exit {res.returncode}): {res.stderr.strip()}")
+        meta.update({"pnr_key": pnr_key, "elapsed_s": elapsed})
+        (folder / "meta.json").write_text(json.dumps(meta, indent=1))
+
+    fmax, util, crit = parse_nextpnr_report(_read_json(folder / "pnr.json") or {}, io_pins=brd.io_pins)
+    slowest = min((v["achieved"] for v in fmax.values()), default=None)
+    return Ecp5Report(top=top, board=brd, freq_mhz=float(freq_mhz), fmax_mhz=slowest, fmax=fmax, utilisation=util,
+                      synth=synth, critical_path=crit, out_of_context=out_of_context,
+                      bitstream=(folder / "xnortrain.bit") if bitstream else None, workdir=folder,
+                      elapsed_s=elapsed, cached=cached, versions=versions)
+
+
+_UTIL_LINE = re.compile(r"^Info:\s+(\w+):\s+(\d+)/\s*(\d+)\s+\d+%")
+
+
+def _log_overflows(lines: list[str], board: Ecp5Board) -> list[str]:
+    """Fit messages from nextpnr's "Device utilisation" lines (``Info:  TRELLIS_COMB: 90000/ 83640 107%``) for
+    every resource over what the device has (nextpnr stops then, without a report)."""
+    names = {cell: name for name, cell in ECP5_RESOURCES.items()}
+    used = {}
+    for line in lines:
+        if m := _UTIL_LINE.match(line):
+            used[m[1]] = (int(m[2]), int(m[3]))
+    res = {names.get(k, k): u for k, (u, _a) in used.items()}
+    limits = {**{names.get(k, k): a for k, (_u, a) in used.items()}, **board.limits}
+    return check_ecp5_fit(res, {k: v for k, v in limits.items() if k in res}, what="")
+
+
+def _synth_script(top: str) -> str:
+    """``synth_ecp5`` with its LUT mapping done by classic ABC instead of ABC9 (see the module docstring)."""
+    return "\n".join([
+        "read_verilog design.v",
+        f"synth_ecp5 -top {top} -run begin:map_luts",
+        "check -latchonly -assert",
+        "techmap -map +/lattice/latches_map.v",
+        "abc -dress -lut 4:7",  # LUT4s, and up to LUT7 through the slices' PFUMX/L6MUX21 (widelut)
+        "clean",
+        f"synth_ecp5 -top {top} -run map_cells: -json design.json",
+        "tee -o stats.json stat -json",
+        "",
+    ])
+
+
+def _synth_key(verilog: str, top: str, yosys_version: str) -> dict:
+    """What a cached ``synth_ecp5`` result in a work folder depends on."""
+    return {"flow": _FLOW_VERSION, "yosys": yosys_version, "top": top,
+            "verilog": hashlib.sha256(verilog.encode()).hexdigest()}
+
+
+def run_ecp5_units(verilog: str, top: str, *, board: str | Ecp5Board = "ulx3s-85f", freq_mhz: float = 100.0,
+                   only=None, log=None):
+    """Yield ``(name, Ecp5Report)`` for every direct submodule of ``top`` (the parts of
+    :func:`rtl_gen.synth.part_texts`; ``only`` a predicate on their names) placed and routed out of context, each
+    in its own cached folder under ``build_root()/ecp5/units``."""
+    from rtl_gen.synth import part_texts
+    from rtl_gen.toolchain import build_root
+
+    for name, alias, text, _boxes in part_texts(verilog, top, only=only, include_top=False):
+        digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+        if log is not None:
+            log(f"  unit {name}:")
+        rep = run_ecp5(text, alias, workdir=build_root() / "ecp5" / "units" / f"{alias}-{digest}", board=board,
+                       freq_mhz=freq_mhz, out_of_context=True, bitstream=False, check_fit=False, log=log)
+        rep.top = name
+        yield name, rep
+
+
+def _num(x: float) -> str:
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:,.1f}"
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _tail(path: Path, n: int = 15) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()[-n:]
+    except OSError:
+        return []
