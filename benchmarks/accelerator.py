@@ -7,7 +7,7 @@ script
 1. generates the accelerator (``rtl_gen.generate.generate``): Verilog, register map, cycle model and,
    unless ``--no-synth``, Yosys ``synth_xilinx`` resources for the xc7z020;
 2. runs ``--steps`` training steps on vendored MNIST in Verilator through the host driver
-   (``rtl_gen.generate.verify``), comparing with the bit-exact model after every step;
+   (``host.verify.verify``), comparing with the bit-exact model after every step;
 3. writes ``<out>/accelerator.json``: cycles per step measured in RTL and predicted by the cycle model,
    cycles per training image, the per-phase split (which engine limits), wall time of the build and of the
    simulated steps, simulated cycles per second, and the resources.
@@ -81,7 +81,8 @@ def main(argv=None) -> int:
     def save():
         path.write_text(json.dumps(result, indent=1) + "\n")
 
-    from rtl_gen.generate import generate, verify
+    from host.verify import verify
+    from rtl_gen.generate import generate
 
     model_rep = step_cycles(SystemPlan(cfg))
     result["cycle_model"] = model_rep.to_dict()

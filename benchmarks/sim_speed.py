@@ -4,7 +4,7 @@
 For the paper's MLP (configs/mlp_mnist.toml, 784-256x4-10, B = 100) and/or a small MLP (784-12-10, B = 4;
 ``--configs paper,small``), this script runs ``--steps`` training steps
 
-1. through cocotb (``rtl_gen.generate.run_system``: Verilator with VPI, the driver on cocotb's
+1. through cocotb (``host.verify.run_system``: Verilator with VPI, the driver on cocotb's
    AsyncTransport, the testbench comparing with the bit-exact model after every step), and
 2. on the simulated board (``host.simboard.SimBoard``: the Verilated model with a C++ bus harness via ctypes,
    the driver on a BlockingTransport), compared with the bit-exact model after every step here,
@@ -57,7 +57,7 @@ def batches(cfg, steps):
 
 
 def run_cocotb(cfg, steps, log) -> dict:
-    from rtl_gen.generate import run_system
+    from host.verify import run_system
     from rtl_gen.toolchain import build_root
 
     before = set((build_root() / "cocotb").glob("system-*"))

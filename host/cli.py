@@ -461,7 +461,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=1, help="training steps to simulate and compare (default 1)")
     p.add_argument("--data", metavar="PATH",
                    help="an .npz with x/y, or a dataset folder (default: the configured dataset, vendored MNIST)")
-    p.set_defaults(func=_lazy("rtl_gen.generate", "verify_main"))
+    p.set_defaults(func=_lazy("host.verify", "verify_main"))
 
     p = sub.add_parser(
         "energy-measure", help="joules per training step from a power log and the driver's step log",

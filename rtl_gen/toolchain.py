@@ -68,7 +68,7 @@ _SIMULATORS = ("verilator", "icarus")
 #: names the processor).
 MODEL_OPT = {"fast": "-O2 -march=native", "slow": "-O0", "global": "-O0"}
 
-#: The same for the cocotb system builds (rtl_gen.generate._compile_flags): many per test run, each simulating
+#: The same for the cocotb system builds (host.verify._compile_flags): many per test run, each simulating
 #: a few steps through VPI, so build time weighs more than the model's speed there: -O1.
 COCOTB_MODEL_OPT = {"fast": "-O1", "slow": "-O0", "global": "-O0"}
 

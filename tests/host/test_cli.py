@@ -127,15 +127,16 @@ def test_generate_refuses_a_design_over_the_memory_budget_before_elaborating(tmp
 
 
 def test_generate_and_verify_exit_with_the_does_not_fit_and_mismatch_codes(monkeypatch, tmp_path):
+    import host.verify as v
     import rtl_gen.generate as g
 
     monkeypatch.setattr(g, "generate", lambda *a, **k: {"fits": False})
     assert main(["generate", "--out", str(tmp_path / "a")]) == 3
     monkeypatch.setattr(g, "generate", lambda *a, **k: {"fits": True})
     assert main(["generate", "--out", str(tmp_path / "a")]) == 0
-    monkeypatch.setattr(g, "verify", lambda *a, **k: g.VerifyResult(ok=False, message="first mismatch"))
+    monkeypatch.setattr(v, "verify", lambda *a, **k: v.VerifyResult(ok=False, message="first mismatch"))
     assert main(["verify", "--steps", "1"]) == 4
-    monkeypatch.setattr(g, "verify", lambda *a, **k: g.VerifyResult(ok=True))
+    monkeypatch.setattr(v, "verify", lambda *a, **k: v.VerifyResult(ok=True))
     assert main(["verify", "--steps", "1"]) == 0
 
 

@@ -1,5 +1,5 @@
 # amaranth: UnusedElaboratable=no
-"""The generate / verify flows (rtl_gen.generate) and their commands.
+"""The generate flow (rtl_gen.generate), verify (host.verify) and their commands.
 
 Fast: ``xnortrain generate --no-synth`` writes the Verilog, the register map and a report whose cycle figures
 are the cycle model's; configuration mistakes stop with the field named; the mismatch finder reports the
@@ -91,7 +91,7 @@ def test_verify_command_on_a_small_mlp(capsys):
 def test_verify_finds_a_model_that_disagrees_with_the_hardware():
     """The comparison can fail: the same accelerator (same Verilog, so the cached build) checked against a model
     whose running statistics follow another EMA rate must mismatch at step 0, in those statistics only."""
-    from rtl_gen.generate import verify
+    from host.verify import verify
 
     cfg = apply_overrides(load_config("mlp"), SMALL_SET)
     lines = []

@@ -73,7 +73,7 @@ for _i in range(N_CASES):
 @pytest.mark.random_configs
 @pytest.mark.parametrize("case", range(N_CASES))
 def test_random_configuration_step_matches_the_model(case):
-    from rtl_gen.generate import run_system
+    from host.verify import run_system
 
     cfg, over, _rejected = CASES[case]
     rep = run_system(cfg, mode="train", steps=STEPS)

@@ -439,7 +439,7 @@ def test_small_mlp_whole_steps_match_the_model():
     """Two whole training steps of 784-12-10 (binarised MNIST, B = 4) through the driver: after every step
     weights, accumulators, generators, BN parameters, running statistics, logits, loss and correct count
     read back equal sim.hw.model.HwModel; the measured cycles agree with the cycle model within 5 %."""
-    from rtl_gen.generate import run_system
+    from host.verify import run_system
 
     cfg = small_cfg()
     rep = run_system(cfg, mode="train", steps=2)
@@ -504,7 +504,7 @@ def test_shared_units_whole_steps():
     6 padding lanes), layers 1 and 2 share their XNOR engine and layers 0 .. 2 their BN and po2 units (fan-in
     784 and 32); the logit and loss units take 2 of the 10 classes per beat; two whole steps bit-exact and
     within 5 % of the cycle model."""
-    from rtl_gen.generate import run_system
+    from host.verify import run_system
 
     # dX and dW on the DSP48 array (hw.dw_dsp, hw.dx_dsp); logit and loss units in 2-class parts (the default is 1)
     cfg = small_cfg(SHARED_LAYERS, SHARED_LANES, "hw.lanes_b=1", "hw.loss_lanes=2", "hw.dw_passes=2")
@@ -530,8 +530,8 @@ def test_small_mlp_infer_matches_forward_eval(over):
     statistics, beta, weight or generator changed), and the next training step still equals the model's. The
     cycles are the cycle model's. With 4 classes a logit beat the argmax runs across beats and skips the last
     beat's two padding lanes."""
+    from host.verify import run_system
     from rtl_gen.cycle_model import infer_cycles
-    from rtl_gen.generate import run_system
 
     cfg = small_cfg(*over)
     rep = run_system(cfg, mode="infer", steps=4)
@@ -546,7 +546,7 @@ def test_small_mlp_infer_matches_forward_eval(over):
 
 @pytest.mark.rtl
 def test_small_mlp_command_errors():
-    from rtl_gen.generate import run_system
+    from host.verify import run_system
 
     rep = run_system(small_cfg(), mode="errors")
     assert ["recovered", []] in rep["checks"]
@@ -554,7 +554,7 @@ def test_small_mlp_command_errors():
 
 @pytest.mark.rtl
 def test_small_mlp_restore_gives_identical_results():
-    from rtl_gen.generate import run_system
+    from host.verify import run_system
 
     # with random idle beats on the input stream, backpressure on the output stream and AXI-Lite delays
     rep = run_system(small_cfg(), mode="restore", steps=4, stress=True)
@@ -571,7 +571,7 @@ def test_other_optimisers_whole_steps_and_restore(over):
     momentum): two steps, a checkpoint of every quantity, two more, restore, the same two again; every step's
     read-back equals the model and the restored run is identical. The steps run down a decayed schedule
     (lr0, lr0 / 2, lr0 / 8, lr0 / 4 at progress 0 .. 0.9): each optimiser's per-step constants follow it."""
-    from rtl_gen.generate import run_system
+    from host.verify import run_system
 
     cfg = small_cfg(*over)
     lrs = [cfg.lr * f for f in (1.0, 0.5, 0.125, 0.25)]
@@ -699,7 +699,7 @@ def test_trained_state_whole_steps_at_decayed_rates(name):
     loss. (From the power-on state, switch and bop flip no weight in the first steps.) The switch run is the
     default suite's representative (its build is the small MLP's); the others are rtl_slow (their builds are
     test_other_optimisers_whole_steps_and_restore's)."""
-    from rtl_gen.generate import run_system
+    from host.verify import run_system
 
     cfg = small_cfg(*ALL_OPTIMISERS[name])
     pre, mult = PRETRAIN[name]
@@ -719,7 +719,7 @@ def test_switch_undo_whole_steps():
     """hw.switch_undo: after the update the batch runs forward again and, where its integer loss rose, the update
     of every layer is reverted (accumulators kept). Four steps bit-exact, including the ``undone`` flag; the
     steps exercise both outcomes; an undo sweep costs what the cycle model says, a skipped one a few cycles."""
-    from rtl_gen.generate import run_system
+    from host.verify import run_system
 
     # cutoff 1: every step flips about a thousand weights; with this seed the loss rises after step 0's update
     # (undone) and falls after the others
@@ -764,7 +764,7 @@ def test_paper_mlp_three_steps():
     after every step, and the measured cycles are within 5 % of the cycle model."""
     import time
 
-    from rtl_gen.generate import verify
+    from host.verify import verify
 
     t0 = time.time()
     res = verify(paper_cfg(), 3)
@@ -783,8 +783,8 @@ def test_paper_mlp_infer():
     default tier's test_small_mlp_infer_matches_forward_eval). Reuses test_paper_mlp_three_steps's build. About
     4 min of cocotb simulation: the paper tier infers the paper's MLP on the simulated board instead
     (tests/host/test_simboard.py), the same Verilog without cocotb."""
+    from host.verify import run_system
     from rtl_gen.cycle_model import infer_cycles
-    from rtl_gen.generate import run_system
 
     cfg = paper_cfg()
     rep = run_system(cfg, mode="infer", steps=3, tb_params={"infer_train_after": 0})

@@ -44,7 +44,7 @@ def _one_constant_channel(rng, n, w0, c):
 @pytest.mark.rtl
 @pytest.mark.parametrize("kind", ["identical", "one_constant_channel"])
 def test_degenerate_batches_whole_steps(kind, tmp_path):
-    from rtl_gen.generate import run_system
+    from host.verify import run_system
 
     # its own seed: its own batch file in the shared build folder (the seed is not in the Verilog)
     cfg = apply_overrides(load_config("mlp"), [*SMALL, "train.seed=11"])

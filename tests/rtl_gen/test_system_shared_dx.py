@@ -25,7 +25,7 @@ CASE7 = [
 
 @pytest.mark.rtl
 def test_shared_engine_with_padding_passes_whole_steps_match_the_model():
-    from rtl_gen.generate import run_system
+    from host.verify import run_system
     from rtl_gen.top import SystemPlan
 
     cfg = apply_overrides(load_config("mlp"), CASE7)
