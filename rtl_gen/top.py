@@ -1757,12 +1757,15 @@ class Accelerator(wiring.Component):
                         for lane in range(lo2):
                             src = (s_ * lo2 + lane) * vw
                             m.d.comb += word[lane * dxw:(lane + 1) * dxw].eq(hold[src:src + vw].as_signed())
-            m.d.comb += emit.eq(a & full)
-            with m.If(a & full):
+            # a shared engine hands other layers' dX beats out while this phase is idle: only this phase's beats
+            # load the holding register, and none leaves in the phase's first cycle, when the write position
+            # still points past the end of the previous step's buffer (into the codes packed above YDX's words)
+            m.d.comb += emit.eq(a & full & ~st)
+            with m.If(emit):
                 m.d.sync += sub_i.eq(sub_i + 1)
                 with m.If(sub_i == r - 1):
                     m.d.sync += full.eq(0)
-            with m.If(u.dx.valid & u.dx.ready):  # (re)load: the next beat follows the last sub-beat directly
+            with m.If(a & u.dx.valid & u.dx.ready):  # (re)load: the next beat follows the last sub-beat directly
                 m.d.sync += [full.eq(1), hold.eq(u.dx.payload.dx.as_value()), sub_i.eq(0)]
             with m.If(st):
                 m.d.sync += [full.eq(0), sub_i.eq(0)]
