@@ -45,6 +45,7 @@ a transfer carries TLAST.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -75,6 +76,7 @@ __all__ = [
     "TransferTimeout",
     "Transport",
     "Write",
+    "description_hash",
     "pack_words",
     "unpack_words",
 ]
@@ -82,6 +84,8 @@ __all__ = [
 DESCRIPTION_FORMAT = "xnortrain-accelerator"
 DESCRIPTION_VERSION = 1
 BEAT_BITS = 32
+#: The read-only register (``rtl_gen.controller.build_regmap``) holding :func:`description_hash` of the description.
+HASH_REGISTER = "id_hash"
 
 # --- bus operations ---------------------------------------------------------------------------------------
 
@@ -695,6 +699,29 @@ class AcceleratorDescription:
         return cls.from_dict(json.loads(text_or_path))
 
 
+def description_hash(desc: AcceleratorDescription | Mapping) -> int:
+    """The 32-bit hash of an accelerator description (an :class:`AcceleratorDescription` or its ``to_dict()``,
+    e.g. accelerator.json loaded): the generator builds it into the ``id_hash`` register, the driver compares
+    the register with the hash of the description it was given (:meth:`Driver.connect`).
+
+    Covered: everything ``to_dict()`` holds (geometry, every quantity layout, the batch and label formats, the
+    optimiser schedule, the register map, the configuration text) except the ``id_hash`` register's own value
+    (set to 0 here: the map holding the hash must hash like the map built with 0) and ``clock_mhz`` (a setting
+    of the bitstream build, not of the Verilog; :class:`PynqTransport` compares it with the overlay's clock).
+    The dict goes through a JSON round trip first, so a description and the same description read back from
+    accelerator.json hash alike; then SHA-256 of its canonical JSON text, first 4 bytes little-endian."""
+    d = desc.to_dict() if isinstance(desc, AcceleratorDescription) else desc
+    d = json.loads(json.dumps(d))  # a copy in JSON types (tuples -> lists, keys -> str)
+    d.pop("clock_mhz", None)
+    for reg in d.get("regmap", {}).get("registers", []):
+        if reg.get("name") == HASH_REGISTER:
+            reg["reset"] = 0
+            for f in reg.get("fields", []):
+                f["reset"] = 0
+    text = json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
+
+
 # --- the driver -------------------------------------------------------------------------------------------
 
 
@@ -727,7 +754,7 @@ class StateError(ValueError):
 
 
 #: Registers that identify the accelerator (build-time constants) and are checked by :meth:`Driver.connect`.
-IDENTITY_REGISTERS = ("id", "info", "info_batch")
+IDENTITY_REGISTERS = ("id", "info", "info_batch", HASH_REGISTER)
 
 
 #: Commands: ``cmd`` register pulse field -> ``done`` register flag that reports its completion.
@@ -802,19 +829,31 @@ class Driver:
 
     def connect(self):
         """Check that the hardware is the accelerator of the description: read the identification (``id``),
-        geometry (``info``) and batch (``info_batch``) registers and compare every field with the value
-        :meth:`expected_identity` gives. Raises :class:`HardwareMismatch` naming each differing field with
-        the expected and the read value; returns the fields read (by register)."""
+        geometry (``info``), batch (``info_batch``) and description hash (``id_hash``) registers and compare
+        every field with the value :meth:`expected_identity` gives. Raises :class:`HardwareMismatch` naming
+        each differing field with the expected and the read value ("description hash": the hardware was built
+        from another description than this one, :func:`description_hash`), or when the description predates
+        the hash register; returns the fields read (by register)."""
         return self.transport.execute(self._connect())
 
     def expected_identity(self) -> dict[str, dict[str, int]]:
         """What :meth:`connect` expects: each field's build-time value in the register map of the
         description; ``info.layers``, ``info.classes``, ``info.input_int8`` and ``info_batch.batch`` from the
-        description's own fields (the ones the driver packs data with)."""
+        description's own fields (the ones the driver packs data with); ``id_hash.value`` is
+        :func:`description_hash` of the description (not the value its register map records, so an edited
+        accelerator.json is refused too)."""
         d = self.desc
         own = {("info", "layers"): len(d.layers), ("info", "classes"): d.classes,
-               ("info", "input_int8"): int(d.input == "int8"), ("info_batch", "batch"): d.batch}
+               ("info", "input_int8"): int(d.input == "int8"), ("info_batch", "batch"): d.batch,
+               (HASH_REGISTER, "value"): description_hash(d)}
         out = {}
+        if HASH_REGISTER not in self.map:
+            # refused, not warned: without the hash nothing ties the description to the bitstream beyond a few
+            # geometry fields, and a wrong pairing trains silently wrong (issue 19)
+            raise HardwareMismatch(
+                f"accelerator.json ({d.name}) has no {HASH_REGISTER!r} register: it was generated before "
+                "descriptions were hashed into the bitstream; regenerate it and the bitstream with this xnortrain",
+                [f"{HASH_REGISTER}: missing from accelerator.json"])
         for reg in IDENTITY_REGISTERS:
             if reg not in self.map:
                 raise ValueError(f"accelerator.json: the register map has no {reg!r} register")
@@ -907,8 +946,9 @@ class Driver:
         got, bad = {}, []
         for reg, fields in self.expected_identity().items():
             got[reg] = yield from self._read_fields(reg)
-            bad += [f"{reg}.{f}: accelerator.json {v}, hardware {got[reg][f]}" for f, v in fields.items()
-                    if got[reg][f] != v]
+            bad += [f"description hash ({reg}): accelerator.json {v:#010x}, hardware {got[reg][f]:#010x}"
+                    if reg == HASH_REGISTER else f"{reg}.{f}: accelerator.json {v}, hardware {got[reg][f]}"
+                    for f, v in fields.items() if got[reg][f] != v]
         if bad:
             raise HardwareMismatch(f"the accelerator is not the one accelerator.json describes ({self.desc.name}; "
                                    f"another bitstream or description?): {'; '.join(bad)}", bad)
