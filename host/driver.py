@@ -49,6 +49,7 @@ import hashlib
 import json
 import math
 import time
+import warnings
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,7 @@ __all__ = [
     "AcceleratorTimeout",
     "AsyncTransport",
     "BlockingTransport",
+    "ClockWarning",
     "Driver",
     "HardwareMismatch",
     "PynqTransport",
@@ -254,6 +256,16 @@ class PynqTransport(BlockingTransport):
     buffer's), so the cache operations cover only those bytes: pynq's send channel flushes the array it is
     given before it starts; a receive is invalidated here once complete (pynq does that only in ``wait()``).
 
+    Clock: the accelerator's clock is the overlay's FCLK0 (``pynq.Clocks.fclk0_mhz``, set from the .hwh when the
+    overlay is loaded), read when the transport is made; ``clock_mhz`` overrides it (an accelerator clocked
+    from another source). It paces :meth:`sleep` and the transfer deadlines. :meth:`attach` compares it with
+    the description's ``clock_mhz`` (the clock the bitstream was built and timing-checked for): within
+    ``CLOCK_TOLERANCE`` nothing is said; slower, or faster by at most ``CLOCK_FAST_LIMIT`` (the PS PLL rounds a
+    requested clock to the nearest divider, and Vivado checks timing at the rounded one), a
+    :class:`ClockWarning` names both figures; faster than that, :class:`HardwareMismatch` (the design met
+    timing only at the described clock: results could be silently wrong). A slower clock only makes steps
+    take longer: the deadlines here and the driver's wall-time budget follow this clock.
+
     Transfer size: the DMA moves at most ``dma.buffer_max_size`` bytes per transfer (``2**c_sg_length_width
     - 1``, from the .hwh). :meth:`attach` refuses a description whose largest transfer does not fit
     (:class:`HardwareMismatch`: the bitstream's DMA was built too narrow), and every transfer is checked
@@ -277,7 +289,10 @@ class PynqTransport(BlockingTransport):
     _RUN = 0x1
     _RESET = 0x4
 
-    def __init__(self, overlay, *, ip: str = "xnortrain_0", dma: str = "axi_dma_0", clock_mhz: float = 100.0,
+    CLOCK_TOLERANCE = 0.01  # relative difference from the description's clock that goes unreported
+    CLOCK_FAST_LIMIT = 0.05  # faster than the description's clock by more than this: refused
+
+    def __init__(self, overlay, *, ip: str = "xnortrain_0", dma: str = "axi_dma_0", clock_mhz: float | None = None,
                  timeout_s: float = 5.0, stop_timeout_s: float = 0.5):
         import pynq  # (board only)
 
@@ -285,7 +300,17 @@ class PynqTransport(BlockingTransport):
         self._ip = getattr(overlay, ip)
         self._dma = getattr(overlay, dma)
         self._mmio = self._ip.mmio
-        self._period = 1e-6 / clock_mhz
+        if clock_mhz is None:
+            try:
+                clock_mhz = float(pynq.Clocks.fclk0_mhz)
+            except Exception as e:  # noqa: BLE001 (pynq raises RuntimeError, AttributeError, OSError off a Zynq)
+                raise HardwareMismatch(f"cannot read the overlay's clock (pynq.Clocks.fclk0_mhz: {e}); pass "
+                                       "PynqTransport(overlay, clock_mhz=...) with the accelerator's clock") from None
+        if not (isinstance(clock_mhz, int | float) and math.isfinite(clock_mhz) and clock_mhz > 0):
+            raise ValueError(f"clock_mhz must be a positive number of MHz, not {clock_mhz!r}")
+        #: the accelerator's clock (MHz): the overlay's FCLK0 unless given
+        self.clock_mhz = float(clock_mhz)
+        self._period = 1e-6 / self.clock_mhz
         self.timeout_s = float(timeout_s)
         self.stop_timeout_s = float(stop_timeout_s)
         self._channels = {"send": self._dma.sendchannel, "receive": self._dma.recvchannel}
@@ -296,7 +321,9 @@ class PynqTransport(BlockingTransport):
         self._broken: str | None = None  # why no transfer can run any more
 
     def attach(self, desc: AcceleratorDescription) -> None:
-        """Allocate both buffers for the largest transfers of ``desc`` (the batch upload, every quantity)."""
+        """Compare the clock with the description's (see the class docstring), then allocate both buffers for
+        the largest transfers of ``desc`` (the batch upload, every quantity)."""
+        self.check_clock(desc.clock_mhz)
         qs = desc.quantities
         sends = [("batch upload", desc.batch_layout.beats + desc.label_layout.beats)]
         sends += [(f"restore {q.key}", q.beats) for q in qs if q.access != "ro"]
@@ -312,6 +339,21 @@ class PynqTransport(BlockingTransport):
             self._sizes[direction] = words
         for direction, words in self._sizes.items():
             self._buffer(direction, words)
+
+    def check_clock(self, expected_mhz: float) -> None:
+        """Report a clock that differs from ``expected_mhz`` (accelerator.json's ``clock_mhz``): a
+        :class:`ClockWarning` or, faster than ``CLOCK_FAST_LIMIT`` allows, :class:`HardwareMismatch`."""
+        have, want = self.clock_mhz, float(expected_mhz)
+        if abs(have - want) <= self.CLOCK_TOLERANCE * want:
+            return
+        what = (f"the accelerator runs at {have:g} MHz (the overlay's FCLK0), accelerator.json says "
+                f"clock_mhz = {want:g} MHz")
+        if have > want * (1 + self.CLOCK_FAST_LIMIT):
+            raise HardwareMismatch(
+                f"{what}: the design met timing at {want:g} MHz only, so results could be silently wrong; "
+                f"set pynq.Clocks.fclk0_mhz = {want:g} or rebuild the bitstream for {have:g} MHz",
+                [f"clock: accelerator.json {want:g} MHz, overlay {have:g} MHz"])
+        warnings.warn(f"{what}; the driver's deadlines follow {have:g} MHz", ClockWarning, stacklevel=3)
 
     def read(self, addr: int) -> int:
         return int(self._mmio.read(addr))
@@ -749,6 +791,10 @@ class HardwareMismatch(AcceleratorError):
         self.fields = tuple(fields)
 
 
+class ClockWarning(RuntimeWarning):
+    """The board clocks the accelerator at another frequency than its description says (both figures named)."""
+
+
 class StateError(ValueError):
     """A state dict that cannot be restored (a key missing or unknown, a shape, dtype or value wrong)."""
 
@@ -787,6 +833,7 @@ class Driver:
     ``poll_cycles``: first wait between status polls (doubling up to 64x); ``timeout_cycles`` and
     ``timeout_s``: a command not done after this many (polled) cycles or this many seconds of wall time is
     aborted and raises :class:`AcceleratorTimeout` (``timeout_s`` defaults to twice the cycle budget at the
+    transport's ``clock_mhz`` where it has one (:class:`PynqTransport`: the overlay's clock), else at the
     description's clock, at least a minute; a simulation, slower than the clock, passes its own).
     ``check``: run :meth:`connect` in the constructor (blocking transports only: with an
     :class:`AsyncTransport` await ``connect()`` yourself).
@@ -807,8 +854,9 @@ class Driver:
         self.transport = transport
         self.poll_cycles = int(poll_cycles)
         self.timeout_cycles = int(timeout_cycles)
-        if timeout_s is None:
-            timeout_s = max(60.0, 2 * self.timeout_cycles / (desc.clock_mhz * 1e6))
+        if timeout_s is None:  # at the transport's clock where it knows it (PynqTransport: the overlay's)
+            clock = getattr(transport, "clock_mhz", None) or desc.clock_mhz
+            timeout_s = max(60.0, 2 * self.timeout_cycles / (clock * 1e6))
         if not float(timeout_s) > 0:
             raise ValueError(f"timeout_s must be > 0 seconds, not {timeout_s!r}")
         self.timeout_s = float(timeout_s)
