@@ -358,3 +358,25 @@ def test_an_explicit_clock_overrides_the_overlay_and_an_unreadable_one_is_named(
         PynqTransport(overlay)
     with pytest.raises(ValueError, match=r"clock_mhz must be a positive number of MHz, not 0"):
         PynqTransport(overlay, clock_mhz=0)
+
+
+def test_open_board_takes_the_clock_from_the_overlay_not_from_accelerator_json(monkeypatch, tmp_path):
+    from host.board import open_board
+
+    desc = make_desc()
+    desc.clock_mhz = 100.0
+    desc.write_json(tmp_path / "accelerator.json")
+    (tmp_path / "vivado").mkdir()
+    bit = tmp_path / "vivado" / "xnortrain.bit"
+    bit.write_bytes(b"")
+    bit.with_suffix(".hwh").write_text("")
+    acc = MockAccelerator(desc)
+    pynq = FakePynq()
+    pynq.Clocks.fclk0_mhz = 90.0
+    pynq.Overlay = lambda path: SimpleNamespace(xnortrain_0=SimpleNamespace(mmio=FakeMMIO(acc)),
+                                                axi_dma_0=FakeDma(acc))
+    monkeypatch.setitem(sys.modules, "pynq", pynq)
+    with pytest.warns(ClockWarning, match=r"runs at 90 MHz .*clock_mhz = 100 MHz"):
+        with open_board(None, str(bit), log=lambda *a: None) as drv:
+            assert drv.transport.clock_mhz == 90.0
+            assert drv.transport._period == pytest.approx(1e-6 / 90.0)
