@@ -79,7 +79,7 @@ def open_board(cfg, bitstream: str | None, *, log=print, step_log=None) -> Itera
                          "pip install xnortrain[board] there); off a board use --target sim") from None
     log(f"loading overlay {bit} (description {desc_path})")
     overlay = pynq.Overlay(str(bit))
-    transport = PynqTransport(overlay, clock_mhz=desc.clock_mhz)
+    transport = PynqTransport(overlay)  # the overlay's clock; checked against desc.clock_mhz when attached
     try:
         yield Driver(desc, transport, step_log=step_log)
     finally:

@@ -45,9 +45,11 @@ a transfer carries TLAST.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
+import warnings
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +64,7 @@ __all__ = [
     "AcceleratorTimeout",
     "AsyncTransport",
     "BlockingTransport",
+    "ClockWarning",
     "Driver",
     "HardwareMismatch",
     "PynqTransport",
@@ -75,6 +78,7 @@ __all__ = [
     "TransferTimeout",
     "Transport",
     "Write",
+    "description_hash",
     "pack_words",
     "unpack_words",
 ]
@@ -82,6 +86,8 @@ __all__ = [
 DESCRIPTION_FORMAT = "xnortrain-accelerator"
 DESCRIPTION_VERSION = 1
 BEAT_BITS = 32
+#: The read-only register (``rtl_gen.controller.build_regmap``) holding :func:`description_hash` of the description.
+HASH_REGISTER = "id_hash"
 
 # --- bus operations ---------------------------------------------------------------------------------------
 
@@ -250,6 +256,16 @@ class PynqTransport(BlockingTransport):
     buffer's), so the cache operations cover only those bytes: pynq's send channel flushes the array it is
     given before it starts; a receive is invalidated here once complete (pynq does that only in ``wait()``).
 
+    Clock: the accelerator's clock is the overlay's FCLK0 (``pynq.Clocks.fclk0_mhz``, set from the .hwh when the
+    overlay is loaded), read when the transport is made; ``clock_mhz`` overrides it (an accelerator clocked
+    from another source). It paces :meth:`sleep` and the transfer deadlines. :meth:`attach` compares it with
+    the description's ``clock_mhz`` (the clock the bitstream was built and timing-checked for): within
+    ``CLOCK_TOLERANCE`` nothing is said; slower, or faster by at most ``CLOCK_FAST_LIMIT`` (the PS PLL rounds a
+    requested clock to the nearest divider, and Vivado checks timing at the rounded one), a
+    :class:`ClockWarning` names both figures; faster than that, :class:`HardwareMismatch` (the design met
+    timing only at the described clock: results could be silently wrong). A slower clock only makes steps
+    take longer: the deadlines here and the driver's wall-time budget follow this clock.
+
     Transfer size: the DMA moves at most ``dma.buffer_max_size`` bytes per transfer (``2**c_sg_length_width
     - 1``, from the .hwh). :meth:`attach` refuses a description whose largest transfer does not fit
     (:class:`HardwareMismatch`: the bitstream's DMA was built too narrow), and every transfer is checked
@@ -273,7 +289,10 @@ class PynqTransport(BlockingTransport):
     _RUN = 0x1
     _RESET = 0x4
 
-    def __init__(self, overlay, *, ip: str = "xnortrain_0", dma: str = "axi_dma_0", clock_mhz: float = 100.0,
+    CLOCK_TOLERANCE = 0.01  # relative difference from the description's clock that goes unreported
+    CLOCK_FAST_LIMIT = 0.05  # faster than the description's clock by more than this: refused
+
+    def __init__(self, overlay, *, ip: str = "xnortrain_0", dma: str = "axi_dma_0", clock_mhz: float | None = None,
                  timeout_s: float = 5.0, stop_timeout_s: float = 0.5):
         import pynq  # (board only)
 
@@ -281,7 +300,17 @@ class PynqTransport(BlockingTransport):
         self._ip = getattr(overlay, ip)
         self._dma = getattr(overlay, dma)
         self._mmio = self._ip.mmio
-        self._period = 1e-6 / clock_mhz
+        if clock_mhz is None:
+            try:
+                clock_mhz = float(pynq.Clocks.fclk0_mhz)
+            except Exception as e:  # noqa: BLE001 (pynq raises RuntimeError, AttributeError, OSError off a Zynq)
+                raise HardwareMismatch(f"cannot read the overlay's clock (pynq.Clocks.fclk0_mhz: {e}); pass "
+                                       "PynqTransport(overlay, clock_mhz=...) with the accelerator's clock") from None
+        if not (isinstance(clock_mhz, int | float) and math.isfinite(clock_mhz) and clock_mhz > 0):
+            raise ValueError(f"clock_mhz must be a positive number of MHz, not {clock_mhz!r}")
+        #: the accelerator's clock (MHz): the overlay's FCLK0 unless given
+        self.clock_mhz = float(clock_mhz)
+        self._period = 1e-6 / self.clock_mhz
         self.timeout_s = float(timeout_s)
         self.stop_timeout_s = float(stop_timeout_s)
         self._channels = {"send": self._dma.sendchannel, "receive": self._dma.recvchannel}
@@ -292,7 +321,9 @@ class PynqTransport(BlockingTransport):
         self._broken: str | None = None  # why no transfer can run any more
 
     def attach(self, desc: AcceleratorDescription) -> None:
-        """Allocate both buffers for the largest transfers of ``desc`` (the batch upload, every quantity)."""
+        """Compare the clock with the description's (see the class docstring), then allocate both buffers for
+        the largest transfers of ``desc`` (the batch upload, every quantity)."""
+        self.check_clock(desc.clock_mhz)
         qs = desc.quantities
         sends = [("batch upload", desc.batch_layout.beats + desc.label_layout.beats)]
         sends += [(f"restore {q.key}", q.beats) for q in qs if q.access != "ro"]
@@ -308,6 +339,21 @@ class PynqTransport(BlockingTransport):
             self._sizes[direction] = words
         for direction, words in self._sizes.items():
             self._buffer(direction, words)
+
+    def check_clock(self, expected_mhz: float) -> None:
+        """Report a clock that differs from ``expected_mhz`` (accelerator.json's ``clock_mhz``): a
+        :class:`ClockWarning` or, faster than ``CLOCK_FAST_LIMIT`` allows, :class:`HardwareMismatch`."""
+        have, want = self.clock_mhz, float(expected_mhz)
+        if abs(have - want) <= self.CLOCK_TOLERANCE * want:
+            return
+        what = (f"the accelerator runs at {have:g} MHz (the overlay's FCLK0), accelerator.json says "
+                f"clock_mhz = {want:g} MHz")
+        if have > want * (1 + self.CLOCK_FAST_LIMIT):
+            raise HardwareMismatch(
+                f"{what}: the design met timing at {want:g} MHz only, so results could be silently wrong; "
+                f"set pynq.Clocks.fclk0_mhz = {want:g} or rebuild the bitstream for {have:g} MHz",
+                [f"clock: accelerator.json {want:g} MHz, overlay {have:g} MHz"])
+        warnings.warn(f"{what}; the driver's deadlines follow {have:g} MHz", ClockWarning, stacklevel=3)
 
     def read(self, addr: int) -> int:
         return int(self._mmio.read(addr))
@@ -695,6 +741,29 @@ class AcceleratorDescription:
         return cls.from_dict(json.loads(text_or_path))
 
 
+def description_hash(desc: AcceleratorDescription | Mapping) -> int:
+    """The 32-bit hash of an accelerator description (an :class:`AcceleratorDescription` or its ``to_dict()``,
+    e.g. accelerator.json loaded): the generator builds it into the ``id_hash`` register, the driver compares
+    the register with the hash of the description it was given (:meth:`Driver.connect`).
+
+    Covered: everything ``to_dict()`` holds (geometry, every quantity layout, the batch and label formats, the
+    optimiser schedule, the register map, the configuration text) except the ``id_hash`` register's own value
+    (set to 0 here: the map holding the hash must hash like the map built with 0) and ``clock_mhz`` (a setting
+    of the bitstream build, not of the Verilog; :class:`PynqTransport` compares it with the overlay's clock).
+    The dict goes through a JSON round trip first, so a description and the same description read back from
+    accelerator.json hash alike; then SHA-256 of its canonical JSON text, first 4 bytes little-endian."""
+    d = desc.to_dict() if isinstance(desc, AcceleratorDescription) else desc
+    d = json.loads(json.dumps(d))  # a copy in JSON types (tuples -> lists, keys -> str)
+    d.pop("clock_mhz", None)
+    for reg in d.get("regmap", {}).get("registers", []):
+        if reg.get("name") == HASH_REGISTER:
+            reg["reset"] = 0
+            for f in reg.get("fields", []):
+                f["reset"] = 0
+    text = json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
+
+
 # --- the driver -------------------------------------------------------------------------------------------
 
 
@@ -722,12 +791,16 @@ class HardwareMismatch(AcceleratorError):
         self.fields = tuple(fields)
 
 
+class ClockWarning(RuntimeWarning):
+    """The board clocks the accelerator at another frequency than its description says (both figures named)."""
+
+
 class StateError(ValueError):
     """A state dict that cannot be restored (a key missing or unknown, a shape, dtype or value wrong)."""
 
 
 #: Registers that identify the accelerator (build-time constants) and are checked by :meth:`Driver.connect`.
-IDENTITY_REGISTERS = ("id", "info", "info_batch")
+IDENTITY_REGISTERS = ("id", "info", "info_batch", HASH_REGISTER)
 
 
 #: Commands: ``cmd`` register pulse field -> ``done`` register flag that reports its completion.
@@ -760,6 +833,7 @@ class Driver:
     ``poll_cycles``: first wait between status polls (doubling up to 64x); ``timeout_cycles`` and
     ``timeout_s``: a command not done after this many (polled) cycles or this many seconds of wall time is
     aborted and raises :class:`AcceleratorTimeout` (``timeout_s`` defaults to twice the cycle budget at the
+    transport's ``clock_mhz`` where it has one (:class:`PynqTransport`: the overlay's clock), else at the
     description's clock, at least a minute; a simulation, slower than the clock, passes its own).
     ``check``: run :meth:`connect` in the constructor (blocking transports only: with an
     :class:`AsyncTransport` await ``connect()`` yourself).
@@ -780,8 +854,9 @@ class Driver:
         self.transport = transport
         self.poll_cycles = int(poll_cycles)
         self.timeout_cycles = int(timeout_cycles)
-        if timeout_s is None:
-            timeout_s = max(60.0, 2 * self.timeout_cycles / (desc.clock_mhz * 1e6))
+        if timeout_s is None:  # at the transport's clock where it knows it (PynqTransport: the overlay's)
+            clock = getattr(transport, "clock_mhz", None) or desc.clock_mhz
+            timeout_s = max(60.0, 2 * self.timeout_cycles / (clock * 1e6))
         if not float(timeout_s) > 0:
             raise ValueError(f"timeout_s must be > 0 seconds, not {timeout_s!r}")
         self.timeout_s = float(timeout_s)
@@ -802,19 +877,31 @@ class Driver:
 
     def connect(self):
         """Check that the hardware is the accelerator of the description: read the identification (``id``),
-        geometry (``info``) and batch (``info_batch``) registers and compare every field with the value
-        :meth:`expected_identity` gives. Raises :class:`HardwareMismatch` naming each differing field with
-        the expected and the read value; returns the fields read (by register)."""
+        geometry (``info``), batch (``info_batch``) and description hash (``id_hash``) registers and compare
+        every field with the value :meth:`expected_identity` gives. Raises :class:`HardwareMismatch` naming
+        each differing field with the expected and the read value ("description hash": the hardware was built
+        from another description than this one, :func:`description_hash`), or when the description predates
+        the hash register; returns the fields read (by register)."""
         return self.transport.execute(self._connect())
 
     def expected_identity(self) -> dict[str, dict[str, int]]:
         """What :meth:`connect` expects: each field's build-time value in the register map of the
         description; ``info.layers``, ``info.classes``, ``info.input_int8`` and ``info_batch.batch`` from the
-        description's own fields (the ones the driver packs data with)."""
+        description's own fields (the ones the driver packs data with); ``id_hash.value`` is
+        :func:`description_hash` of the description (not the value its register map records, so an edited
+        accelerator.json is refused too)."""
         d = self.desc
         own = {("info", "layers"): len(d.layers), ("info", "classes"): d.classes,
-               ("info", "input_int8"): int(d.input == "int8"), ("info_batch", "batch"): d.batch}
+               ("info", "input_int8"): int(d.input == "int8"), ("info_batch", "batch"): d.batch,
+               (HASH_REGISTER, "value"): description_hash(d)}
         out = {}
+        if HASH_REGISTER not in self.map:
+            # refused, not warned: without the hash nothing ties the description to the bitstream beyond a few
+            # geometry fields, and a wrong pairing trains silently wrong (issue 19)
+            raise HardwareMismatch(
+                f"accelerator.json ({d.name}) has no {HASH_REGISTER!r} register: it was generated before "
+                "descriptions were hashed into the bitstream; regenerate it and the bitstream with this xnortrain",
+                [f"{HASH_REGISTER}: missing from accelerator.json"])
         for reg in IDENTITY_REGISTERS:
             if reg not in self.map:
                 raise ValueError(f"accelerator.json: the register map has no {reg!r} register")
@@ -907,8 +994,9 @@ class Driver:
         got, bad = {}, []
         for reg, fields in self.expected_identity().items():
             got[reg] = yield from self._read_fields(reg)
-            bad += [f"{reg}.{f}: accelerator.json {v}, hardware {got[reg][f]}" for f, v in fields.items()
-                    if got[reg][f] != v]
+            bad += [f"description hash ({reg}): accelerator.json {v:#010x}, hardware {got[reg][f]:#010x}"
+                    if reg == HASH_REGISTER else f"{reg}.{f}: accelerator.json {v}, hardware {got[reg][f]}"
+                    for f, v in fields.items() if got[reg][f] != v]
         if bad:
             raise HardwareMismatch(f"the accelerator is not the one accelerator.json describes ({self.desc.name}; "
                                    f"another bitstream or description?): {'; '.join(bad)}", bad)

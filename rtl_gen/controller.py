@@ -45,6 +45,7 @@ from amaranth import Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from host.driver import HASH_REGISTER
 from rtl_gen.regmap import Field, Register, RegisterMap
 from sim.hw.optim import PROB_BITS
 from sim.hw_config import LAYER_FIELD_BITS
@@ -61,11 +62,12 @@ __all__ = [
     "MAGIC",
     "OPTIMIZER_CODES",
     "REGMAP_VERSION",
+    "HASH_REGISTER",
     "build_regmap",
 ]
 
 MAGIC = 0x584E  # "XN"
-REGMAP_VERSION = 1
+REGMAP_VERSION = 2  # 2: the description hash register ``id_hash``
 COMMANDS = ("upload", "train", "readback", "restore", "abort", "infer")
 DONE = ("upload", "train", "readback", "restore", "infer")
 ERRORS = ("busy", "multiple", "batch", "layer", "quantity", "no_batch", "framing", "label")
@@ -77,9 +79,12 @@ STATES = ("idle", "upload", "forward", "loss", "backward", "update", "readback",
 
 
 def build_regmap(*, name: str, layers: int, batch: int, classes: int, input_int8: bool, optimizer: str,
-                 quantity_kinds: int, layer_bits: int = LAYER_FIELD_BITS, loss_bits: int = 32) -> RegisterMap:
+                 quantity_kinds: int, layer_bits: int = LAYER_FIELD_BITS, loss_bits: int = 32,
+                 desc_hash: int = 0) -> RegisterMap:
     """The accelerator's register map (12-bit address space: one 4 KiB AXI window). ``loss_bits``: width of the
-    loss unit's integer loss (``loss``, and ``loss_hi`` for the bits above 32)."""
+    loss unit's integer loss (``loss``, and ``loss_hi`` for the bits above 32). ``desc_hash``: the value of the
+    read-only ``id_hash`` register, :func:`host.driver.description_hash` of the accelerator's description (which
+    leaves this value out, so it can be computed from the map built with 0)."""
     if not 1 <= layers < (1 << layer_bits):
         raise ValueError(f"layers = {layers} does not fit the {layer_bits}-bit layer field")
     if optimizer not in OPTIMIZER_CODES:
@@ -99,6 +104,8 @@ def build_regmap(*, name: str, layers: int, batch: int, classes: int, input_int8
         Register("info_batch", "ro", desc="batch size the datapath is built for", fields=[
             Field("batch", 16, reset=batch),
         ]),
+        Register(HASH_REGISTER, "ro", width=32, reset=desc_hash,
+                 desc="hash of accelerator.json (host.driver.description_hash): the driver refuses another one"),
         Register("cmd", "pulse", desc="commands: write exactly one bit", fields=[
             Field(c, 1, desc=f"start {c}") for c in COMMANDS
         ]),

@@ -32,7 +32,7 @@ from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from host.driver import AcceleratorDescription, QuantityLayout
+from host.driver import HASH_REGISTER, AcceleratorDescription, QuantityLayout, description_hash
 from sim.hw.arith import ArithParams, loss_grad_scale
 from sim.hw.optim import PROB_BITS
 from sim.hw.widths import derive_widths, hw_supported
@@ -400,11 +400,25 @@ class SystemPlan:
 
     @property
     def regmap(self):
+        return self._regmap(self.desc_hash)
+
+    def _regmap(self, desc_hash: int):
         return build_regmap(name=self.name, layers=len(self.layers), batch=self.batch, classes=self.classes,
                             input_int8=self.input_kind == "int8", optimizer=self.cfg.hw.optimizer,
-                            quantity_kinds=max(len(self.kinds), 2), loss_bits=self.loss_bits)
+                            quantity_kinds=max(len(self.kinds), 2), loss_bits=self.loss_bits, desc_hash=desc_hash)
+
+    @property
+    def desc_hash(self) -> int:
+        """The ``id_hash`` register's value: :func:`host.driver.description_hash` of :meth:`description` (which
+        leaves the register's own value out, so the description with the map built with 0 gives it)."""
+        if getattr(self, "_desc_hash", None) is None:
+            self._desc_hash = description_hash(self._description(self._regmap(0)))
+        return self._desc_hash
 
     def description(self) -> AcceleratorDescription:
+        return self._description(self.regmap)
+
+    def _description(self, regmap) -> AcceleratorDescription:
         h = self.cfg.hw
         sched = {
             "optimizer": h.optimizer, "lr0": float(self.cfg.lr), "switch_lambda": h.switch_lambda,
@@ -416,7 +430,7 @@ class SystemPlan:
             "epochs": self.cfg.train.epochs, "arith": dict(vars(self.p)),
         }  # fmt: skip
         return AcceleratorDescription(
-            name=self.name, regmap=self.regmap, batch=self.batch, classes=self.classes, input=self.input_kind,
+            name=self.name, regmap=regmap, batch=self.batch, classes=self.classes, input=self.input_kind,
             features=self.features, layers=[(lp.n_in, lp.n_out) for lp in self.layers],
             batch_layout=self.batch_layout, label_layout=self.label_layout,
             quantities=[hq.layout for hq in self.quantities], kinds=dict(self.kinds), schedule=sched,
@@ -620,7 +634,7 @@ class Accelerator(wiring.Component):
         wiring.connect(m, wiring.flipped(self.s_axi), csr.s_axi)
         regs = csr.regs
         for r in self._regmap:
-            if r.name in ("id", "info", "info_batch"):
+            if r.name in ("id", "info", "info_batch", HASH_REGISTER):
                 for f in r.fields:
                     m.d.comb += getattr(getattr(regs, r.name), f.name).eq(f.reset)
 

@@ -9,7 +9,7 @@ import asyncio
 
 import numpy as np
 
-from host.driver import AcceleratorDescription, AsyncTransport, BlockingTransport, QuantityLayout
+from host.driver import AcceleratorDescription, AsyncTransport, BlockingTransport, QuantityLayout, description_hash
 from rtl_gen.controller import build_regmap
 from rtl_gen.regmap import RegisterFile
 
@@ -18,10 +18,17 @@ from rtl_gen.regmap import RegisterFile
 B, F, C = 4, 20, 3
 
 
-def make_desc() -> AcceleratorDescription:
+def make_desc(*, hidden: int = 8) -> AcceleratorDescription:
+    """The mock description (``hidden``: the hidden layer's width, 8; its ``id_hash`` register holds the hash of
+    this description, as the generator's does)."""
+    desc = _make_desc(hidden, 0)
+    return _make_desc(hidden, description_hash(desc))
+
+
+def _make_desc(H: int, desc_hash: int) -> AcceleratorDescription:
     kinds = {"w": 0, "acc": 1, "beta": 2, "rng": 3, "logits": 4, "classes": 5}
     regmap = build_regmap(name="mock", layers=2, batch=B, classes=C, input_int8=False, optimizer="switch",
-                          quantity_kinds=len(kinds))
+                          quantity_kinds=len(kinds), desc_hash=desc_hash)
 
     def flat(name, layer, shape, bits, per, signed=False, access="rw", encoding="int"):
         n = int(np.prod(shape))
@@ -31,19 +38,19 @@ def make_desc() -> AcceleratorDescription:
                               encoding=encoding, access=access)
 
     quantities = [
-        QuantityLayout("w", 0, 0, (F, 8), 1, 8, pad=(24, 8), reshape=(3, 8, 8), transpose=(2, 0, 1), encoding="sign"),
-        flat("acc", 0, (F, 8), 7, 4, signed=True),
-        flat("beta", 0, (8,), 24, 1, signed=True),
-        flat("rng", 0, (8,), 32, 1),
-        QuantityLayout("w", 1, 0, (8, C), 1, 8, pad=(8, C), reshape=(8, C), transpose=(1, 0), encoding="sign"),
-        flat("acc", 1, (8, C), 7, 4, signed=True),
+        QuantityLayout("w", 0, 0, (F, H), 1, 8, pad=(24, H), reshape=(3, 8, H), transpose=(2, 0, 1), encoding="sign"),
+        flat("acc", 0, (F, H), 7, 4, signed=True),
+        flat("beta", 0, (H,), 24, 1, signed=True),
+        flat("rng", 0, (H,), 32, 1),
+        QuantityLayout("w", 1, 0, (H, C), 1, 8, pad=(H, C), reshape=(H, C), transpose=(1, 0), encoding="sign"),
+        flat("acc", 1, (H, C), 7, 4, signed=True),
         flat("beta", 1, (C,), 24, 1, signed=True),
         flat("rng", 1, (C,), 32, 1),
         flat("logits", 1, (B, C), 16, 2, signed=True, access="ro"),
         flat("classes", None, (B,), 2, 1, access="ro"),
     ]
     return AcceleratorDescription(
-        name="mock", regmap=regmap, batch=B, classes=C, input="binary", features=F, layers=[(F, 8), (8, C)],
+        name="mock", regmap=regmap, batch=B, classes=C, input="binary", features=F, layers=[(F, H), (H, C)],
         batch_layout=QuantityLayout("x", None, 0, (B, F), 1, 32, pad=(B, 32), reshape=(B, 32), transpose=(0, 1),
                                     encoding="sign"),
         label_layout=QuantityLayout("labels", None, 0, (B,), 8, 4, pad=(B,), reshape=(B,), transpose=(0,)),

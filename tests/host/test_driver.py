@@ -31,6 +31,7 @@ from host.driver import (
     Read,
     Send,
     StateError,
+    description_hash,
     pack_words,
     unpack_words,
 )
@@ -199,7 +200,7 @@ def test_programs_yield_plain_operations():
     assert op == Read(drv.map.addr("id"))
     with pytest.raises(StopIteration) as stop:
         prog.send(drv.map["id"].reset_word)
-    assert stop.value.value == {"magic": 0x584E, "version": 1}
+    assert stop.value.value == {"magic": 0x584E, "version": 2}
     up = drv._upload(*batch())
     ops = [next(up)]
     while not isinstance(ops[-1], Send):
@@ -220,12 +221,13 @@ def test_constructor_reads_the_identification_and_geometry_registers():
     desc = make_desc()
     acc = MockAccelerator(desc)
     Driver(desc, MockTransport(acc))
-    assert [e[:2] for e in acc.log] == [("read", "id"), ("read", "info"), ("read", "info_batch")]
+    assert [e[:2] for e in acc.log] == [("read", "id"), ("read", "info"), ("read", "info_batch"),
+                                        ("read", "id_hash")]
 
 
 @pytest.mark.parametrize("reg, fld, value", [
     ("id", "magic", 0x1234),  # another design behind the address
-    ("id", "version", 2),
+    ("id", "version", 1),  # a bitstream of the register map before the description hash
     ("info", "layers", 3),
     ("info", "classes", 10),
     ("info", "input_int8", 1),
@@ -250,6 +252,63 @@ def test_connect_reports_every_mismatching_field_and_a_dead_bus():
     with pytest.raises(HardwareMismatch, match=r"id\.magic: accelerator.json 22606, hardware 65535.*"
                                                 r"info_batch\.batch: accelerator.json 4, hardware 65535"):
         Driver(desc, t)
+
+
+def test_description_hash_ignores_its_own_register_and_the_clock_and_survives_the_json_file(tmp_path):
+    desc = make_desc()
+    h = description_hash(desc)
+    assert desc.regmap["id_hash"].field("value").reset == h != 0
+    assert description_hash(AcceleratorDescription.from_json(desc.write_json(tmp_path / "a.json"))) == h
+    assert description_hash(desc.to_dict()) == h
+    desc.clock_mhz = 142.0  # a bitstream-build setting, compared with the overlay by PynqTransport instead
+    assert description_hash(desc) == h
+    d = desc.to_dict()
+    d["regmap"]["registers"][[r["name"] for r in d["regmap"]["registers"]].index("id_hash")]["reset"] = 123
+    assert description_hash(d) == h
+
+
+@pytest.mark.parametrize("edit", [
+    lambda d: d.update(layers=[[F, 16], [16, C]]),  # a hidden layer's width
+    lambda d: d["quantities"][0].update(elems_per_word=4),  # a lane count (elements per word of w0)
+    lambda d: d["batch_layout"].update(elem_bits=2),  # the batch format
+    lambda d: d.update(config=d["config"] + "# edited\n"),  # the configuration text
+    lambda d: d["schedule"].update(switch_cutoff=62),
+    lambda d: d["regmap"]["registers"][-1].update(addr=d["regmap"]["registers"][-1]["addr"] + 4),  # the map
+])
+def test_description_hash_changes_with_anything_the_host_relies_on(edit):
+    d = make_desc().to_dict()
+    h = description_hash(d)
+    edit(d)
+    assert description_hash(d) != h
+
+
+def test_connect_refuses_a_description_of_another_width_by_its_hash():
+    acc = MockAccelerator(make_desc())  # the bitstream: hidden layer 8 wide
+    other = make_desc(hidden=16)  # same id / info / info_batch fields, another hidden width
+    assert description_hash(other) != description_hash(acc.desc)
+    with pytest.raises(HardwareMismatch, match=rf"description hash \(id_hash\): accelerator.json "
+                                               rf"{description_hash(other):#010x}, hardware "
+                                               rf"{description_hash(acc.desc):#010x}") as e:
+        Driver(other, MockTransport(acc))
+    assert len(e.value.fields) == 1  # every other identity field agrees: only the hash tells them apart
+    assert not [e for e in acc.log if e[0] != "read"]
+
+
+def test_connect_refuses_an_edited_description_whose_map_still_records_the_hash():
+    desc = make_desc()
+    acc = MockAccelerator(desc)
+    desc.schedule["switch_cutoff"] = 62  # edited by hand: the register map still records the bitstream's hash
+    with pytest.raises(HardwareMismatch, match=r"description hash"):
+        Driver(desc, MockTransport(acc))
+
+
+def test_connect_refuses_a_description_without_the_hash_register():
+    desc = make_desc()
+    d = desc.to_dict()  # as the generator wrote it before the hash register existed
+    d["regmap"]["registers"] = [r for r in d["regmap"]["registers"] if r["name"] != "id_hash"]
+    old = AcceleratorDescription.from_dict(d)
+    with pytest.raises(HardwareMismatch, match=r"accelerator.json \(mock\) has no 'id_hash' register.*regenerate"):
+        Driver(old, MockTransport(MockAccelerator(desc)))
 
 
 def test_connect_compares_with_the_description_fields_too():

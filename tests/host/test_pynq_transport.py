@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from mock_accelerator import C, MockAccelerator, batch, make_desc, random_state
 
-from host.driver import AcceleratorError, Driver, PynqTransport, TransferTimeout
+from host.driver import AcceleratorError, ClockWarning, Driver, HardwareMismatch, PynqTransport, TransferTimeout
 
 DMACR = {"send": 0x00, "receive": 0x30}
 
@@ -45,6 +45,7 @@ class FakePynq(types.ModuleType):
         self.allocated = []  # sizes, in allocation order
         self.freed = []  # numbers of freed buffers
         self.targets = []  # the device given to each allocate
+        self.Clocks = SimpleNamespace(fclk0_mhz=100.0)  # the overlay's FCLK0 (accelerator.json: 100 MHz)
 
     def allocate(self, shape, dtype, target=None):
         self.targets.append(target)
@@ -292,3 +293,90 @@ def test_ctrl_c_during_a_wait_does_not_free_the_buffer(board):
     drv.transport.close()
     assert not ch.busy and sorted(pynq.freed) == [0, 1]
 
+
+
+# --- the clock: the overlay's FCLK0, with accelerator.json's clock_mhz as the expectation -------------------
+
+
+def _clocked(monkeypatch, fclk0_mhz, desc_mhz=100.0, **kw):
+    pynq = FakePynq()
+    pynq.Clocks.fclk0_mhz = fclk0_mhz
+    monkeypatch.setitem(sys.modules, "pynq", pynq)
+    desc = make_desc()
+    desc.clock_mhz = desc_mhz
+    acc = MockAccelerator(desc)
+    overlay = SimpleNamespace(xnortrain_0=SimpleNamespace(mmio=FakeMMIO(acc)), axi_dma_0=FakeDma(acc))
+    t = PynqTransport(overlay, timeout_s=0.1, stop_timeout_s=0.02, **kw)
+    return desc, t
+
+
+@pytest.mark.parametrize("fclk0", [100.0, 100.9, 99.2])
+def test_the_clock_comes_from_the_overlay_and_a_rounding_difference_is_silent(monkeypatch, recwarn, fclk0):
+    desc, t = _clocked(monkeypatch, fclk0)
+    assert t.clock_mhz == fclk0 and t._period == pytest.approx(1e-6 / fclk0)
+    drv = Driver(desc, t)
+    assert not [w for w in recwarn if issubclass(w.category, ClockWarning)]
+    assert drv.timeout_s == pytest.approx(max(60.0, 2 * drv.timeout_cycles / (fclk0 * 1e6)))
+
+
+@pytest.mark.parametrize("fclk0", [50.0, 142.857143, 104.0])  # 140 MHz asked, the PLL gives 1000/7
+def test_a_slower_or_slightly_faster_clock_is_a_warning_naming_both(monkeypatch, fclk0):
+    desc, t = _clocked(monkeypatch, fclk0, desc_mhz=140.0 if fclk0 > 130 else 100.0)
+    with pytest.warns(ClockWarning, match=rf"runs at {fclk0:g} MHz \(the overlay's FCLK0\), accelerator.json says "
+                                          rf"clock_mhz = {desc.clock_mhz:g} MHz"):
+        drv = Driver(desc, t)
+    # the driver's wall-time budget follows the real clock: a slow board is not aborted early
+    assert drv.timeout_s == pytest.approx(max(60.0, 2 * drv.timeout_cycles / (fclk0 * 1e6)))
+    drv.upload(*batch())
+
+
+def test_a_clock_faster_than_the_design_was_built_for_is_refused(monkeypatch):
+    desc, t = _clocked(monkeypatch, 125.0)
+    with pytest.raises(HardwareMismatch, match=r"runs at 125 MHz .*clock_mhz = 100 MHz: the design met timing at "
+                                               r"100 MHz only"):
+        Driver(desc, t)
+    assert t._buffers == {}  # refused before anything was allocated
+
+
+def test_an_explicit_clock_overrides_the_overlay_and_an_unreadable_one_is_named(monkeypatch):
+    desc, t = _clocked(monkeypatch, 50.0, clock_mhz=100.0)
+    assert t.clock_mhz == 100.0
+    Driver(desc, t)
+
+    class NoClocks:
+        @property
+        def fclk0_mhz(self):
+            raise RuntimeError("Architecture not supported for Clocks")
+
+    pynq = FakePynq()
+    pynq.Clocks = NoClocks()
+    monkeypatch.setitem(sys.modules, "pynq", pynq)
+    acc = MockAccelerator(desc)
+    overlay = SimpleNamespace(xnortrain_0=SimpleNamespace(mmio=FakeMMIO(acc)), axi_dma_0=FakeDma(acc))
+    with pytest.raises(HardwareMismatch, match=r"cannot read the overlay's clock \(pynq.Clocks.fclk0_mhz: "
+                                               r"Architecture not supported"):
+        PynqTransport(overlay)
+    with pytest.raises(ValueError, match=r"clock_mhz must be a positive number of MHz, not 0"):
+        PynqTransport(overlay, clock_mhz=0)
+
+
+def test_open_board_takes_the_clock_from_the_overlay_not_from_accelerator_json(monkeypatch, tmp_path):
+    from host.board import open_board
+
+    desc = make_desc()
+    desc.clock_mhz = 100.0
+    desc.write_json(tmp_path / "accelerator.json")
+    (tmp_path / "vivado").mkdir()
+    bit = tmp_path / "vivado" / "xnortrain.bit"
+    bit.write_bytes(b"")
+    bit.with_suffix(".hwh").write_text("")
+    acc = MockAccelerator(desc)
+    pynq = FakePynq()
+    pynq.Clocks.fclk0_mhz = 90.0
+    pynq.Overlay = lambda path: SimpleNamespace(xnortrain_0=SimpleNamespace(mmio=FakeMMIO(acc)),
+                                                axi_dma_0=FakeDma(acc))
+    monkeypatch.setitem(sys.modules, "pynq", pynq)
+    with pytest.warns(ClockWarning, match=r"runs at 90 MHz .*clock_mhz = 100 MHz"):
+        with open_board(None, str(bit), log=lambda *a: None) as drv:
+            assert drv.transport.clock_mhz == 90.0
+            assert drv.transport._period == pytest.approx(1e-6 / 90.0)

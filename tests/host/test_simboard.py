@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from host.driver import AcceleratorError, Driver, TransferTimeout
+from host.driver import AcceleratorError, Driver, HardwareMismatch, TransferTimeout, description_hash
 from sim.config import apply_overrides, load_config
 
 SMALL = [
@@ -75,6 +75,24 @@ def small():
 def test_whole_steps_equal_the_bit_exact_model(small):
     cfg, board, _ = small
     _train_and_compare(board, cfg, 3)
+
+
+@pytest.mark.rtl
+def test_the_verilog_holds_the_description_hash_and_refuses_another_description(small):
+    from rtl_gen.top import SystemPlan
+
+    cfg, board, _ = small
+    desc = board.description
+    word = board.transport.read(desc.regmap.addr("id_hash"))  # the generated Verilog's register
+    assert word == description_hash(desc) == SystemPlan(cfg).desc_hash != 0
+    # another configuration with the same identification fields (layers, classes, batch, input, optimiser)
+    other_cfg = apply_overrides(load_config("mlp"), SMALL + ['model.layers=[{type="dense",units=16},'
+                                                             '{type="dense",units=10}]'])
+    other = SystemPlan(other_cfg).description()
+    with pytest.raises(HardwareMismatch, match=rf"description hash \(id_hash\): accelerator.json "
+                                               rf"{description_hash(other):#010x}, hardware {word:#010x}") as e:
+        Driver(other, board.transport)
+    assert len(e.value.fields) == 1  # only the hash tells the two apart
 
 
 @pytest.mark.rtl

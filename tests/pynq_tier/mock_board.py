@@ -26,6 +26,7 @@ from pynq.buffer import PynqBuffer
 ACC_BASE, ACC_RANGE = 0x43C0_0000, 0x1_0000
 DMA_BASE, DMA_RANGE = 0x4040_0000, 0x1_0000
 DRAM_BASE = 0x1680_0000
+SLCR_BASE, SLCR_RANGE = 0xF800_0000, 0x200  # the PS's system-level control registers (clocks)
 
 # AXI DMA (PG021) register offsets per channel (MM2S at 0x00, S2MM at 0x30)
 CR, SR, ADDR, ADDR_MSB, LENGTH = 0x00, 0x04, 0x18, 0x1C, 0x28
@@ -138,15 +139,42 @@ class AcceleratorRegisters:
         self.acc.write(off, value)
 
 
+class Slcr:
+    """The Zynq-7000 PS's clock registers (SLCR, UG585) that ``pynq.Clocks`` reads for ``fclk0_mhz``: the IO PLL's
+    feedback divider (IO_PLL_CTRL.PLL_FDIV, bits 12..18, times the 50 MHz PS reference) and FPGA0_CLK_CTRL
+    (SRCSEL bits 4..5 = 0: the IO PLL; DIVISOR0 bits 8..13, DIVISOR1 bits 20..25). Reset: 1000 MHz / 10 / 1 =
+    100 MHz. Other registers read 0."""
+
+    IO_PLL_CTRL, FPGA0_CLK_CTRL = 0x108, 0x170
+
+    def __init__(self):
+        self.regs = {self.IO_PLL_CTRL: 20 << 12}
+        self.set_fclk0(10, 1)
+
+    def set_fclk0(self, div0, div1):
+        self.regs[self.FPGA0_CLK_CTRL] = (div1 << 20) | (div0 << 8)
+
+    def read(self, off):
+        return self.regs.get(off, 0)
+
+    def write(self, off, value):
+        self.regs[off] = value
+
+
 class MockZynq(pynq.Device):
-    """The board's PL as a pynq device: the accelerator and the DMA on the register bus, DRAM for buffers."""
+    """The board's PL as a pynq device: the accelerator and the DMA on the register bus, DRAM for buffers, and the
+    PS's clock registers (:class:`Slcr`, for ``pynq.Clocks``: ``arch`` is a Zynq-7000's)."""
+
+    arch = "armv7l"
 
     def __init__(self, acc, tag="mock_zynq", *, dram_base=DRAM_BASE):
         super().__init__(tag)
         self.capabilities = {"REGISTER_RW": True}
         self.acc = acc
         self.dma = AxiDma(self, acc)
-        self.ips = [(ACC_BASE, ACC_RANGE, AcceleratorRegisters(acc)), (DMA_BASE, DMA_RANGE, self.dma)]
+        self.slcr = Slcr()
+        self.ips = [(ACC_BASE, ACC_RANGE, AcceleratorRegisters(acc)), (DMA_BASE, DMA_RANGE, self.dma),
+                    (SLCR_BASE, SLCR_RANGE, self.slcr)]
         self.next_addr = dram_base
         self.bos = {}  # bo -> [physical address, DRAM bytearray, weakref to the host buffer]
         self.allocations, self.flushes, self.invalidates = [], [], []

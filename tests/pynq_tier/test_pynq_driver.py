@@ -11,7 +11,15 @@ import pytest
 from mock_accelerator import ModelAccelerator
 from mock_board import CHANNEL_BASE, MockOverlay, MockZynq
 
-from host.driver import AcceleratorError, Driver, HardwareMismatch, PynqTransport, TransferTimeout
+from host.driver import (
+    AcceleratorError,
+    ClockWarning,
+    Driver,
+    HardwareMismatch,
+    PynqTransport,
+    TransferTimeout,
+    description_hash,
+)
 
 pytestmark = pytest.mark.pynq
 
@@ -47,6 +55,9 @@ class Board:
         # pynq's default device is another one: buffers must come from the DMA's own device
         self.decoy = MockZynq(ModelAccelerator(acc_desc or desc, cfg), "decoy", dram_base=0x3000_0000)
         monkeypatch.setattr(pynq.Device, "_active_device", self.decoy, raising=False)
+        # pynq.Clocks reads the PS clock registers of its device (the board's; its instance is made afresh)
+        monkeypatch.setattr(pynq.Clocks, "device", self.dev)
+        monkeypatch.delattr(pynq.Clocks, "_real_instance", raising=False)
         self.overlay = MockOverlay(self.dev, length_width=length_width)
         assert isinstance(self.overlay.xnortrain_0.mmio, pynq.MMIO)
 
@@ -198,10 +209,9 @@ def test_a_dma_error_is_raised(board):
         drv.upload(*batch(board.desc, 0))
 
 
-# (a description differing only in a hidden layer's width is not caught yet: the identification registers hold no
-# hash of the description, issue 19 part 2)
 @pytest.mark.parametrize("other", [
-    {"batch": 8}, {"layers": '[{type="dense",units=12},{type="dense",units=12},{type="dense",units=10}]'}])
+    {"batch": 8}, {"layers": '[{type="dense",units=12},{type="dense",units=12},{type="dense",units=10}]'},
+    {"layers": '[{type="dense",units=16},{type="dense",units=10}]'}])  # only the description hash differs
 def test_a_description_of_another_accelerator_is_refused(small_design, monkeypatch, other):
     cfg, desc = small_design
     cfg2, desc2 = small(**other)
@@ -210,5 +220,24 @@ def test_a_description_of_another_accelerator_is_refused(small_design, monkeypat
         b.driver()
     assert info.value.fields
     want = "info_batch.batch: accelerator.json 8, hardware 4" if "batch" in other else \
-        "info.layers: accelerator.json 3, hardware 2"
+        "info.layers: accelerator.json 3, hardware 2" if "units=12},{" in other["layers"] else \
+        f"description hash (id_hash): accelerator.json {description_hash(desc2):#010x}, hardware " \
+        f"{description_hash(desc):#010x}"
     assert want in info.value.fields
+    assert any(f.startswith("description hash") for f in info.value.fields)  # every other description differs
+
+
+def test_the_clock_is_the_overlays_fclk0(board):
+    t = board.transport()
+    assert t.clock_mhz == pynq.Clocks.fclk0_mhz == 100.0  # read through pynq's Clocks from the PS registers
+    board.dev.slcr.set_fclk0(8, 1)  # 125 MHz: faster than the 100 MHz the bitstream was built for
+    t = board.transport()
+    assert t.clock_mhz == 125.0
+    with pytest.raises(HardwareMismatch, match=r"runs at 125 MHz \(the overlay's FCLK0\), accelerator.json says "
+                                               r"clock_mhz = 100 MHz: the design met timing at 100 MHz only"):
+        Driver(board.desc, t)
+    board.dev.slcr.set_fclk0(20, 1)  # 50 MHz: slower, so only a warning, and the steps still run
+    with pytest.warns(ClockWarning, match=r"runs at 50 MHz .*clock_mhz = 100 MHz"):
+        drv = board.driver()
+    assert drv.transport.clock_mhz == 50.0
+    drv.upload(*batch(board.desc, 0))

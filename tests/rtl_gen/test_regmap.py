@@ -226,3 +226,35 @@ def test_axi_lite_register_bank_rtl():
         waves=bool(os.environ.get("XNT_WAVES")),
     )
     assert run.tests == 8
+
+
+# --- the accelerator's map: the description hash register (issue 19) ------------------------------------------
+
+
+def test_the_generated_map_holds_the_hash_of_the_description_without_its_own_value():
+    from host.driver import description_hash
+    from rtl_gen.controller import build_regmap
+    from rtl_gen.top import SystemPlan
+    from sim.config import apply_overrides, load_config
+
+    def plan(units):
+        return SystemPlan(apply_overrides(load_config("mlp"), [
+            "model.input_format=binary", "train.batch_size=4", "hw.lanes_in=32", "hw.lanes_out=8", "hw.lanes_b=2",
+            "hw.update_lanes=8", f'model.layers=[{{type="dense",units={units}}},{{type="dense",units=10}}]']))
+
+    p12, p16 = plan(12), plan(16)
+    reg = p12.regmap["id_hash"]
+    assert (reg.access, [f.width for f in reg.fields]) == ("ro", [32])
+    assert reg.field("value").reset == p12.desc_hash == description_hash(p12.description()) != 0
+    assert p12.description().regmap["id_hash"].field("value").reset == p12.desc_hash
+    # one hidden width apart: the same id / info / info_batch words, another hash
+    assert all(p12.regmap[r].reset_word == p16.regmap[r].reset_word for r in ("id", "info", "info_batch"))
+    assert p16.desc_hash != p12.desc_hash
+    # the hash register follows the identification registers; its value does not move any address
+    m0 = build_regmap(name="t", layers=2, batch=4, classes=10, input_int8=False, optimizer="switch",
+                      quantity_kinds=6)
+    m1 = build_regmap(name="t", layers=2, batch=4, classes=10, input_int8=False, optimizer="switch",
+                      quantity_kinds=6, desc_hash=0xFFFFFFFF)
+    assert [r.name for r in m0][:4] == ["id", "info", "info_batch", "id_hash"]
+    assert {r.name: r.addr for r in m0} == {r.name: r.addr for r in m1}
+    assert m1["id_hash"].reset_word == 0xFFFFFFFF
