@@ -315,11 +315,12 @@ class ModelAccelerator(MockAccelerator):
         name, key = self.pending
         self.pending = None
         words = np.asarray(words, dtype=np.uint32)
-        if name == "upload":
+        if name == "upload":  # whole batches only here (partial uploads: MockAccelerator)
             bl, ll = self.desc.batch_layout, self.desc.label_layout
-            assert len(words) == bl.beats + ll.beats, f"upload of {len(words)} words"
+            assert key == self.desc.batch and len(words) == bl.beats + ll.beats, f"upload of {len(words)} words"
             self.x = bl.decode(words[: bl.beats])
             self.labels = ll.decode(words[bl.beats :])
+            self.uploaded, self.loaded = self.x, key
         elif name == "restore":
             q = self._quantity(key)
             self._set(q, q.decode(words))
