@@ -457,7 +457,7 @@ def part_texts(verilog: str, top: str, *, only=None, include_top: bool | None = 
     return out
 
 
-#: How long :func:`check_cluster` and the cluster runs wait for a scheduler to answer.
+#: How long :func:`check_cluster` and the cluster runs wait for a scheduler to answer (``timeout=None``).
 CLUSTER_TIMEOUT_S = 10.0
 
 
@@ -473,11 +473,12 @@ def part_job(text: str, alias: str, device: str, yosys_version: str) -> dict:
     return {"cells": rep.cells, "elapsed_s": rep.elapsed_s, "cached": rep.cached,
             "workdir": None if rep.workdir is None else str(rep.workdir),
             "warnings": rep.warnings, "memories": rep.memories, "yosys_version": rep.yosys_version,
-            "host": socket.gethostname()}
+            "host": socket.gethostname(), "pid": os.getpid()}
 
 
-def _dask_client(address: str, timeout: float):
+def _dask_client(address: str, timeout: float | None):
     """A ``distributed.Client`` connected to the scheduler at ``address``, or :class:`ClusterError` naming it."""
+    timeout = CLUSTER_TIMEOUT_S if timeout is None else timeout
     try:
         from distributed import Client
     except ImportError:
@@ -493,7 +494,7 @@ def _dask_client(address: str, timeout: float):
         raise ClusterError(f"cluster {address}: not a scheduler address ({e})") from None
 
 
-def check_cluster(address: str, *, timeout: float = CLUSTER_TIMEOUT_S) -> int:
+def check_cluster(address: str, *, timeout: float | None = None) -> int:
     """Connect to the Dask scheduler at ``address`` and return its worker count; :class:`ClusterError` (naming
     the address) when it does not answer or has no workers. ``generate`` calls it before elaborating."""
     with _dask_client(address, timeout) as client:
@@ -504,7 +505,8 @@ def check_cluster(address: str, *, timeout: float = CLUSTER_TIMEOUT_S) -> int:
     return workers
 
 
-def _run_jobs(jobs_args: list[tuple], *, jobs: int, cluster: str | None, timeout: float) -> Iterator[tuple[int, dict]]:
+def _run_jobs(jobs_args: list[tuple], *, jobs: int, cluster: str | None,
+              timeout: float | None) -> Iterator[tuple[int, dict]]:
     """Run :func:`part_job` on every argument tuple; yield ``(index, result)`` as each finishes."""
     if cluster is not None:
         from distributed import as_completed as dask_completed
@@ -532,7 +534,7 @@ def _run_jobs(jobs_args: list[tuple], *, jobs: int, cluster: str | None, timeout
 
 def synthesize_parts(verilog: str, top: str, *, device: str | Device = "xc7z020", only=None,
                      include_top: bool | None = None, jobs: int = 1, cluster: str | None = None,
-                     timeout: float = CLUSTER_TIMEOUT_S):
+                     timeout: float | None = None):
     """Yield ``(name, SynthReport, index, count)`` for every direct submodule of ``top`` synthesised on its
     own (flattened, with its descendants; ``name`` without the ``<top>.`` prefix), and ``(TOP_PART, ...)``
     for ``top``'s own logic with the submodules as black boxes. ``only``: a predicate on the short names;
@@ -561,7 +563,7 @@ def synthesize_parts(verilog: str, top: str, *, device: str | Device = "xc7z020"
 
 
 def synthesize_units(verilog: str, top: str, *, device: str | Device = "xc7z020", log=None, jobs: int = 1,
-                     cluster: str | None = None, timeout: float = CLUSTER_TIMEOUT_S) -> SynthReport:
+                     cluster: str | None = None, timeout: float | None = None) -> SynthReport:
     """Resources of a large design as the sum of its parts (:func:`synthesize_parts`, ``jobs`` and ``cluster``
     as there). The sum misses optimisation across unit boundaries (constants tied to a unit's ports); ``log``
     (e.g. ``print``) gets one line per part as it finishes. The report is the same whichever way the parts
