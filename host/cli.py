@@ -458,8 +458,8 @@ def make_parser() -> argparse.ArgumentParser:
                      help="with --synth-by-unit: synthesise N units at once on this machine (default 1); same report")
     par.add_argument("--cluster", metavar="ADDRESS",
                      help="with --synth-by-unit: run the unit syntheses on the Dask cluster whose scheduler is at "
-                          "ADDRESS (e.g. tcp://host:8786; workers: `dask worker ADDRESS --nthreads 1` in this "
-                          "package's environment, extra `cluster`); same report. An unreachable address: exit 2")
+                          "ADDRESS (e.g. tcp://host:8786; workers: `dask worker ADDRESS --nworkers N --nthreads 1` in "
+                          "this package's environment, extra `cluster`); same report. An unreachable address: exit 2")
     p.add_argument("--board", choices=("pynq-z2", "pynq-z1", "zedboard", "ulx3s-85f"),
                    help="pynq-z2|pynq-z1|zedboard: also write DIR/vivado/ (build.tcl + Makefile), the Vivado build of "
                         "a PYNQ overlay (xnortrain.bit + xnortrain.hwh); `make -C DIR/vivado` needs Vivado. "

@@ -501,7 +501,7 @@ def check_cluster(address: str, *, timeout: float | None = None) -> int:
         workers = len(client.scheduler_info().get("workers", {}))
     if workers == 0:
         raise ClusterError(f"cluster {address}: the scheduler has no workers (start some with `dask worker "
-                           f"{address} --nthreads 1`)")
+                           f"{address} --nworkers N --nthreads 1`)")
     return workers
 
 
