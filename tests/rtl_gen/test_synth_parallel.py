@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 import types
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -182,6 +183,45 @@ def test_ecp5_units_in_parallel_come_in_their_order(monkeypatch):
     parallel = [(name, rep.alias, rep.workdir)
                 for name, rep in ecp5.run_ecp5_units(_VERILOG_STUB, "t", jobs=3, log=lines.append)]
     assert parallel == serial and max(peak) > 1 and lines == [f"  unit u{i}: done" for i in range(4)]
+
+
+def _slow_fake_yosys(monkeypatch, calls):
+    """``run_yowasp`` replaced by a Yosys stub that takes 0.3 s, writing stats.json before the log like Yosys."""
+
+    def run(tool, args, *, cwd, check=True, capture=True):
+        calls.append(Path(cwd))
+        time.sleep(0.3)
+        (Path(cwd) / "stats.json").write_text(json.dumps({"design": {"num_cells_by_type": {"LUT6": 7}}}))
+        (Path(cwd) / "yosys.log").write_text("")
+        return types.SimpleNamespace(returncode=0, stderr="")
+
+    monkeypatch.setattr(synth, "run_yowasp", run)
+
+
+def test_one_cache_entry_is_written_once_by_concurrent_jobs(tmp_path, monkeypatch):
+    """Four jobs asking for the same design at once: one runs Yosys, the others wait on the entry's lock and
+    read the finished result (the lock is per open file, so threads contend like processes do)."""
+    monkeypatch.setenv("XNORTRAIN_BUILD_DIR", str(tmp_path))
+    calls = []
+    _slow_fake_yosys(monkeypatch, calls)
+    with ThreadPoolExecutor(4) as pool:
+        reps = list(pool.map(lambda _: synth.synthesize("module stub(); endmodule", "stub"), range(4)))
+    assert len(calls) == 1 and sorted(r.cached for r in reps) == [False, True, True, True]
+    assert {r.resources["LUT"] for r in reps} == {7} and len({r.workdir for r in reps}) == 1
+
+
+def test_an_entry_left_half_written_is_run_again(tmp_path, monkeypatch):
+    """A run killed after Yosys wrote stats.json but before meta.json (the mark of a finished entry) is not
+    taken as a result: the next call runs Yosys again."""
+    monkeypatch.setenv("XNORTRAIN_BUILD_DIR", str(tmp_path))
+    calls = []
+    _slow_fake_yosys(monkeypatch, calls)
+    first = synth.synthesize("module stub(); endmodule", "stub")
+    (first.workdir / "meta.json").unlink()
+    (first.workdir / "stats.json").write_text('{"design": {"num_cells_by_')  # cut short
+    again = synth.synthesize("module stub(); endmodule", "stub")
+    assert len(calls) == 2 and not again.cached and again.resources["LUT"] == 7
+    assert not list(first.workdir.glob(".meta.json.*"))  # the atomic write leaves no temporary behind
 
 
 # --- UltraScale+ cells and devices ---------------------------------------------------------------------------
