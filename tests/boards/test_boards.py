@@ -20,6 +20,31 @@ def test_xc7z020_limits():
     assert round(dev.bram_bits / 1e6, 1) == 5.2 and round(dev.bram_bits / 2**20, 1) == 4.9
 
 
+@pytest.mark.parametrize(
+    "die, lut, lutram, ff, bram36, uram, dsp",
+    [
+        # DS987 (K26 SOM) and Vivado's "Available" column for xck26-sfvc784-2lv-c
+        ("xck26", 117_120, 57_600, 234_240, 144, 64, 1_248),
+        # DS891 (ZU7EV) and Vivado's "Available" column for xczu7ev-ffvc1156-2-e
+        ("xczu7ev", 230_400, 101_760, 460_800, 312, 96, 1_728),
+    ],
+)
+def test_ultrascale_plus_limits(die, lut, lutram, ff, bram36, uram, dsp):
+    dev = get_device(die)
+    assert dev.family == "xcup"
+    want = {"LUT": lut, "LUTRAM": lutram, "FF": ff, "BRAM36": bram36, "URAM": uram, "DSP": dsp}
+    assert {k: dev.limits[k] for k in want} == want
+    clbs = lut // 8  # UG574: 8 LUT6, 16 FF, 4 MUXF7, 2 MUXF8, 1 MUXF9 per CLB
+    assert (dev.limits["MUXF7"], dev.limits["MUXF8"], dev.limits["MUXF9"]) == (4 * clbs, 2 * clbs, clbs)
+    assert "CARRY4" not in dev.limits  # Yosys emits CARRY4, the die has CARRY8: reported, not limited
+    assert dev.uram_bits == uram * 288 * 1024 and dev.bram_bits == bram36 * 36 * 1024
+    assert round(dev.uram_bits / 2**20) == {"xck26": 18, "xczu7ev": 27}[die]  # "18 Mb" / "27 Mb" in the tables
+
+
+def test_xc7z020_has_no_ultraram():
+    assert get_device("xc7z020").uram_bits == 0 and "URAM" not in get_device("xc7z020").limits
+
+
 def test_ecp5_limits():
     dev = get_device("LFE5U-85F")
     assert dev.family == "ecp5"
@@ -37,6 +62,9 @@ def test_ecp5_limits():
         ("xc7z020-clg400-1", "xc7z020"),
         ("lfe5u-85f", "LFE5U-85F"),
         ("LFE5U-85F-6BG381C", "LFE5U-85F"),
+        ("xck26-sfvc784-2LV-c", "xck26"),
+        ("XCZU7EV-FFVC1156-2-E", "xczu7ev"),
+        ("xczu7evffvc1156", "xczu7ev"),
     ],
 )
 def test_device_from_part_string(part, die):
@@ -45,7 +73,7 @@ def test_device_from_part_string(part, die):
 
 @pytest.mark.parametrize("name", ["xc7z010", "xc7z0201", "", "LFE5U-45F"])
 def test_unknown_device_lists_known(name):
-    with pytest.raises(UnknownDeviceError, match="known: xc7z020, LFE5U-85F"):
+    with pytest.raises(UnknownDeviceError, match="known: xc7z020, xck26, xczu7ev, LFE5U-85F"):
         get_device(name)
 
 
