@@ -22,6 +22,7 @@ import argparse
 import hashlib
 import importlib.metadata
 import json
+import re
 import subprocess
 import sys
 import time
@@ -102,6 +103,35 @@ def text_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+_MEM_DECL = re.compile(r"^\s*reg \[(\d+):0\] (\S+) \[(\d+):0\];", re.M)
+
+
+def memory_rows(text: str, mapping: dict) -> list[dict]:
+    """The memories of a part's Verilog (``reg [W-1:0] name [D-1:0]``) with Yosys's mapping of each (``BRAM SDP``,
+    ``LUTRAM SDP``, ``FF``; :attr:`rtl_gen.synth.SynthReport.memories`, keyed ``<module>.<name>``)."""
+    by_name = {k.rsplit(".", 1)[-1]: v for k, v in mapping.items()}
+    return [{"name": n, "width": int(w) + 1, "depth": int(d) + 1, "mapped": by_name.get(n, "?")}
+            for w, n, d in _MEM_DECL.findall(text)]
+
+
+def annotate(data: dict) -> None:
+    """Fill ``memories`` of rows synthesised before it was recorded, from the cached runs under build/synth
+    (matched by the Verilog's hash)."""
+    from rtl_gen.synth import _memories_of  # the same log parsing as the reports
+    from rtl_gen.toolchain import build_root
+
+    folders = {}
+    for f in (build_root() / "synth").glob("*/design.v"):
+        folders[hashlib.sha256(f.read_bytes()).hexdigest()] = f.parent
+    for point in data["points"].values():
+        for row in point["rows"]:
+            folder = folders.get(row["verilog_sha256"])
+            if "mem_shapes" in row or folder is None:
+                continue
+            log = (folder / "yosys.log").read_text(errors="replace").splitlines()
+            row["mem_shapes"] = memory_rows((folder / "design.v").read_text(), _memories_of(log))
+
+
 def run_point(name: str, log=print) -> dict:
     preset, sets, kinds = POINTS[name]
     t0 = time.perf_counter()
@@ -115,7 +145,7 @@ def run_point(name: str, log=print) -> dict:
             rep.cells.pop(b, None)
         row = {"part": part, "kind": kind, **{k: rep.resources.get(k, 0) for k in KEYS},
                "seconds": round(rep.elapsed_s or 0.0, 1), "verilog_sha256": text_hash(text),
-               "memories": rep.memories}
+               "mem_shapes": memory_rows(text, rep.memories)}
         rows.append(row)
         log(f"  [{i + 1}/{len(parts)}] {part} ({kind}): {row['LUT']} LUT, {row['FF']} FF, {row['BRAM36']} BRAM36, "
             f"{row['DSP']} DSP" + (" (cached)" if rep.cached else f" ({row['seconds']:.0f} s)"))
@@ -126,7 +156,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--point", action="append", choices=sorted(POINTS), help="only these points (repeatable)")
     ap.add_argument("--out", type=Path, default=CALIBRATION_PATH, help=f"JSON file (default {CALIBRATION_PATH})")
+    ap.add_argument("--annotate", action="store_true",
+                    help="only add the memory shapes to rows that lack them (from the cached runs) and exit")
     args = ap.parse_args(argv)
+    if args.annotate:
+        data = json.loads(args.out.read_text())
+        annotate(data)
+        args.out.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        return 0
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                                 check=True).stdout.strip()

@@ -45,7 +45,7 @@ LUT_SHARE = 0.70
 #: The parameters searched and their values.
 GRID: dict[str, tuple] = {
     "lanes_in": (32, 64, 128, 256),
-    "lanes_out": (4, 8, 16, 32, 64),
+    "lanes_out": (8, 16, 32, 64),
     "dw_passes": (1, 2, 4, 8, 16),
     "dx_passes": (1, 2, 4, 8),
     "po2_lanes": (1, 2, 4, 8, 16),
@@ -108,9 +108,12 @@ def over(resources: dict, limits: dict) -> list[str]:
 
 
 class _Cycles:
-    """``step_cycles(plan).per_image`` without the infer phases, with ``fwd`` / ``bwd`` memoised on exactly what
-    they read (the layer geometries of the units they build and the hw fields those take); the test compares it with
-    :func:`~rtl_gen.cycle_model.step_cycles` on random designs."""
+    """``step_cycles(plan).per_image`` without the infer phases, with every phase memoised on the lanes it depends
+    on for one base configuration (the cycle model's phase functions build units to ask their cycle counts): a
+    phase of layer ``j`` reads that layer's geometry and the BN / po2 unit layers (the ``lanes_out`` of every layer
+    decide the unit groups and envelopes), ``fwd`` also the dividers and loss lanes, ``bwd`` the po2 and multiplier
+    lanes, ``dx`` / ``upd`` the passes (and ``upd`` the update lanes and dividers). The test compares it with
+    :func:`~rtl_gen.cycle_model.step_cycles` on designs that move every searched field."""
 
     def __init__(self):
         self.memo: dict = {}
@@ -119,24 +122,45 @@ class _Cycles:
         from . import cycle_model as cm
 
         h = plan.cfg.hw
+        lis = tuple(lp.lanes_in for lp in plan.layers)
+        los = tuple(lp.lanes_out for lp in plan.layers)
+        passes = tuple((lp.dw_passes, lp.dx_passes, lp.lanes_b) for lp in plan.layers)
+        keys = {
+            "fwd": (lis, los, h.div_steps, plan.loss_lanes),
+            "rfwd": (lis, los, h.div_steps, plan.loss_lanes),
+            "bwd": (los, h.po2_lanes, h.mul_steps),
+            "dx": (lis, los, passes, h.dx_dsp, h.dw_dsp),
+            "upd": (lis, los, passes, h.dx_dsp, h.dw_dsp, tuple(lp.update_lanes for lp in plan.layers), h.div_steps),
+            "undo": (lis, los, tuple(lp.update_lanes for lp in plan.layers)),
+        }
+        fns = {"fwd": cm.forward_cycles, "rfwd": cm.forward_cycles, "bwd": cm.backward_cycles, "dx": cm.dx_cycles,
+               "upd": cm.update_cycles, "undo": cm.undo_cycles}
         total = 0
         for kind, j in plan.phases():
-            lp = plan.layers[j]
-            if kind in ("fwd", "rfwd"):
-                key = ("fwd", j, repr(plan.bn_unit_layer(j)), repr(plan.bn_param_layer(j)), repr(lp.geometry),
-                       lp.top, plan.batch, h.div_steps, plan.loss_lanes)
-                fn = cm.forward_cycles
-            elif kind == "bwd":
-                lay = plan.bn_unit_layer(j)
-                key = ("bwd", repr(lay), plan.po2_lanes(lay.lanes), h.mul_steps)
-                fn = cm.backward_cycles
-            else:
-                total += int({"dx": cm.dx_cycles, "upd": cm.update_cycles, "undo": cm.undo_cycles}[kind](plan, j))
-                continue
+            key = (kind, j, keys[kind])
             if key not in self.memo:
-                self.memo[key] = int(fn(plan, j))
+                self.memo[key] = int(fns[kind](plan, j))
             total += self.memo[key]
         return (total + 2) / plan.batch
+
+
+class _SearchPlan:
+    """A :class:`~rtl_gen.top.SystemPlan` without its host-path quantities (most of its construction time), for the
+    search; the front is re-evaluated with the real plan."""
+
+    cls = None
+
+    @classmethod
+    def make(cls, cfg):
+        if cls.cls is None:
+            from .top import SystemPlan
+
+            class SearchPlan(SystemPlan):
+                def _declare_quantities(self):
+                    pass
+
+            cls.cls = SearchPlan
+        return cls.cls(cfg)
 
 
 def fast_cycles(plan, memo: _Cycles | None = None) -> float:
@@ -181,18 +205,19 @@ class _Evaluator:
         self.cycles = _Cycles()
         self.count = 0
 
-    def plan(self, hw: dict):
+    def plan(self, hw: dict, *, exact: bool = False):
         from sim.config import apply_overrides
 
         from .top import SystemPlan
 
         try:
-            return SystemPlan(apply_overrides(self.cfg, {f"hw.{k}": v for k, v in hw.items()}))
+            cfg = apply_overrides(self.cfg, {f"hw.{k}": v for k, v in hw.items()})
+            return SystemPlan(cfg) if exact else _SearchPlan.make(cfg)
         except ConfigError:
             return None
 
     def __call__(self, hw: dict, *, exact: bool = False) -> Design | None:
-        plan = self.plan(hw)
+        plan = self.last_plan = self.plan(hw, exact=exact)
         self.count += 1
         if plan is None:
             return None
@@ -251,13 +276,13 @@ def explore(cfg, device: str | Device, *, model=None, grid: dict | None = None, 
         if base is None:
             continue
         # dX on the dW array ignores dx_passes: evaluate one of them
-        plan = ev.plan({**hw0, **FIXED})
+        plan = ev.last_plan
         if plan.po2_array(len(plan.layers) - 1) and plan._dx_dsp:
             mk = (vals[0], vals[1], vals[2])
             if mk in seen_main:
                 continue
             seen_main.add(mk)
-        if base.resources["DSP"] > limits["DSP"] or base.resources["LUT"] > 2 * limits["LUT"]:
+        if base.resources["DSP"] > limits["DSP"] or base.resources["LUT"] > 1.5 * limits["LUT"]:
             continue  # the fine parameters move neither far enough
         moves = []  # per fine parameter: [(value, dcycles, dres)]
         for k in fine:

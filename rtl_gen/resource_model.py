@@ -63,7 +63,8 @@ FLOOR = {"LUT": 50, "FF": 50, "BRAM36": 1.0, "DSP": 2}
 #: Unit kinds, by the prefix of the part's name in the generated top level (``engine0_1_2_3_4`` ...).
 KINDS = ("engine", "bn_fwd", "bn_bwd", "po2", "po2b", "wmem", "rng", "bn_param", "logit", "loss", "top", "io")
 _PREFIXES = (("engine", "engine"), ("bn_fwd", "bn_fwd"), ("bn_bwd", "bn_bwd"), ("po2b_", "po2b"), ("po2_", "po2"),
-             ("wmem", "wmem"), ("rng", "rng"), ("bn_param", "bn_param"), ("logit", "logit"), ("loss", "loss"))
+             ("wmem", "wmem"), ("rng", "rng"), ("bn_param", "bn_param"))
+_NAMES = {"logit": "logit", "loss": "loss"}  # whole names (``logits_target`` is a host-path part)
 TOP_PART = "(top level)"  # rtl_gen.synth.TOP_PART
 
 KIND_TITLES = {
@@ -78,6 +79,8 @@ def unit_kind(part: str) -> str:
     """The unit kind of a part of the generated top level (:func:`rtl_gen.synth.part_texts` names)."""
     if part == TOP_PART:
         return "top"
+    if part in _NAMES:
+        return _NAMES[part]
     for prefix, kind in _PREFIXES:
         if part.startswith(prefix):
             return kind
@@ -95,17 +98,28 @@ LUTRAM_DEPTH = 64
 
 
 def bram36(width: int, depth: int) -> float:
-    """BRAM36 sites of a ``width x depth`` memory as Yosys ``synth_xilinx`` maps it: 0 for a shallow memory
-    (distributed RAM), else the cheapest tiling in one RAMB36E1 mode, or in one RAMB18E1 mode when a single row of
-    RAMB18s holds the depth (half a site each). Checked against the synthesised memories of the calibration
-    points (tests/rtl_gen/test_resource_model.py)."""
+    """BRAM36 sites of a ``width x depth`` memory with one read and one write port as Yosys ``synth_xilinx`` maps it:
+    0 for a shallow memory (distributed RAM), else the cheapest tiling over the RAMB36E1 / RAMB18E1 modes (a
+    RAMB18 is half a site) where the rows of whole blocks of one mode may end in a shallower tiling of the rest
+    (``memory_libmap`` maps 2,768 x 56 bits as 2,048 rows of 2K x 9 RAMB18s and 720 rows of 1K x 18 ones: 5.5).
+    Checked against the synthesised memories of the calibration points (tests/rtl_gen/test_resource_model.py)."""
     if width <= 0 or depth <= LUTRAM_DEPTH:
         return 0.0
-    best = min(math.ceil(width / w) * math.ceil(depth / d) for d, w in _RAMB36)
-    for d, w in _RAMB18:
-        if depth <= d:
-            best = min(best, 0.5 * math.ceil(width / w))
-    return float(best)
+    return _tiles(width, depth)
+
+
+@cache
+def _tiles(width: int, depth: int) -> float:
+    best = math.inf
+    for modes, cost in ((_RAMB36, 1.0), (_RAMB18, 0.5)):
+        for d, w in modes:
+            across = math.ceil(width / w) * cost
+            if depth <= d:
+                best = min(best, across)
+            else:
+                rest = depth % d
+                best = min(best, (depth // d) * across + (_tiles(width, rest) if rest else 0.0))
+    return best
 
 
 def split_bram36(width: int, depth: int, block: int) -> float:
@@ -128,9 +142,9 @@ class MemoryShape:
 
 
 def memory_shapes(plan, kind: str, group: list[int]) -> list[MemoryShape]:
-    """The memories of the weight memory (``kind = "wmem"``, the layers of ``group``) and the top level's buffers
-    (``kind = "top"``) that Yosys maps to block RAM, from the plan's geometries (as ``rtl_gen.top`` and
-    ``rtl_gen.weight_memory`` size them)."""
+    """The memories of the weight memory (``kind = "wmem"``, the layers of ``group``), the generator engine
+    (``"rng"``) and the top level's buffers (``"top"``) that may map to block RAM, from the plan's geometries (as
+    ``rtl_gen.top``, ``rtl_gen.rng`` and ``rtl_gen.weight_memory`` size them)."""
 
     if kind == "wmem":
         geos = [plan.wmem_geometry(j) for j in group]
@@ -140,6 +154,8 @@ def memory_shapes(plan, kind: str, group: list[int]) -> list[MemoryShape]:
         out = [MemoryShape(f"wbank{i}", g0.bank.lanes_in, max(D_all, 2)) for i in range(g0.bank.lanes_out)]
         out += [MemoryShape(f"state_{n}", g0.field_width(n), max(V_all, 2), 4096) for n, _ in g0.optimizer.fields]
         return out
+    if kind == "rng":  # one 32-bit xorshift state per generator (rtl_gen.rng)
+        return [MemoryShape("states", 32, max(sum(plan.rng_geometry(j).generators for j in group), 2))]
     if kind == "top":
         LP = plan.layers
         top = LP[-1]
@@ -169,11 +185,11 @@ def memory_shapes(plan, kind: str, group: list[int]) -> list[MemoryShape]:
         out.append(MemoryShape("logits", plan.loss_lanes * plan.logit_width, plan.batch * plan.loss_groups))
         out.append(MemoryShape("labels", plan.label_bits, plan.batch))
         return out
-    raise ValueError(f"kind {kind!r} has no memory model (only 'wmem' and 'top')")
+    raise ValueError(f"kind {kind!r} has no memory model (only {', '.join(BRAM_FROM_SHAPES)})")
 
 
 #: Kinds whose BRAM36 comes from :func:`memory_shapes` (the others' is fitted).
-BRAM_FROM_SHAPES = ("wmem", "top")
+BRAM_FROM_SHAPES = ("wmem", "rng", "top")
 
 
 # -- unit instances and their features --------------------------------------------------------------------------
@@ -261,7 +277,7 @@ FEATURES: Mapping[str, tuple[Callable, Mapping[str, tuple[str, ...]]]] = {
     "po2b": (_po2b, {"LUT": ("li_lo", "fabric_dx", "lo"), "FF": ("macs", "fabric_dx", "lo"),
                      "DSP": ("macs", "lo"), "BRAM36": ("one",)}),
     "wmem": (_wmem, {"LUT": ("li_lo", "U_bits", "one"), "FF": ("li_lo", "U_bits", "one"), "DSP": ("one",)}),
-    "rng": (_rng, {"LUT": ("U", "one"), "FF": ("U", "one"), "DSP": ("one",), "BRAM36": ("one",)}),
+    "rng": (_rng, {"LUT": ("U", "one"), "FF": ("U", "one"), "DSP": ("one",)}),
     "bn_param": (_bn_param, {"LUT": ("div", "one"), "FF": ("div", "one"), "DSP": ("one",), "BRAM36": ("one",)}),
     "logit": (_output, {"LUT": ("n", "n_div", "one"), "FF": ("n", "n_div", "one"), "DSP": ("n",),
                         "BRAM36": ("one",)}),
@@ -371,9 +387,12 @@ class ResourceModel:
         for pname, point in calibration["points"].items():
             plan = SystemPlan(apply_overrides(load_config(point["preset"]), point["set"]))
             rows = point["rows"]
+            kinds = point.get("kinds")
             for inst in unit_instances(plan):
+                if kinds is not None and inst.kind not in kinds:
+                    continue
                 if inst.kind == "io":
-                    mine = [r for r in rows if r["kind"] == "io"]
+                    mine = [r for r in rows if unit_kind(r["part"]) == "io"]
                 else:
                     mine = [r for r in rows if r["part"] == inst.part]
                 if not mine:
@@ -415,3 +434,57 @@ def load_model(path: str | Path = CALIBRATION_PATH) -> ResourceModel:
     if not p.is_file():
         raise FileNotFoundError(f"no resource calibration at {p}; run benchmarks/calibrate_resources.py")
     return _load(str(p.resolve()), p.stat().st_mtime)
+
+
+# -- reporting ----------------------------------------------------------------------------------------------------
+
+
+def calibration_errors(model: ResourceModel) -> list[dict]:
+    """Per calibration sample and resource: model, synthesis, relative error and whether it is within the test's
+    tolerance (10 % or :data:`FLOOR`)."""
+    out = []
+    for kind in KINDS:
+        for s in model.samples.get(kind, []):
+            pred = model.predict_instance(s["instance"])
+            for res in RESOURCES:
+                got, want = pred[res], s["measured"][res]
+                out.append({"kind": kind, "point": s["point"], "part": s["part"], "resource": res, "model": got,
+                            "synthesis": want, "error": (got - want) / want if want else (0.0 if not got else 1.0),
+                            "ok": abs(got - want) <= max(0.10 * want, FLOOR[res])})
+    return out
+
+
+def format_calibration(model: ResourceModel) -> str:
+    """A Markdown table: per unit kind, the calibration samples and the largest error of each resource."""
+    errs = calibration_errors(model)
+    lines = ["| unit | samples | " + " | ".join(f"{r} range (synthesis) | {r} worst error" for r in RESOURCES) + " |",
+             "| --- | ---: | " + " | ".join("---: | ---:" for _ in RESOURCES) + " |"]
+    for kind in KINDS:
+        mine = [e for e in errs if e["kind"] == kind]
+        if not mine:
+            continue
+        n = len({e["point"] for e in mine})
+        cells = []
+        for r in RESOURCES:
+            rs = [e for e in mine if e["resource"] == r]
+            lo, hi = min(e["synthesis"] for e in rs), max(e["synthesis"] for e in rs)
+            worst = max(rs, key=lambda e: abs(e["model"] - e["synthesis"]))
+            diff = worst["model"] - worst["synthesis"]
+            rel = f"{100 * worst['error']:+.1f} %" if worst["synthesis"] else "-"
+            cells.append(f"{_n(lo)}-{_n(hi)} | {_n(diff, sign=True)} ({rel})" if hi != lo
+                         else f"{_n(lo)} | {_n(diff, sign=True)} ({rel})")
+        lines.append(f"| {KIND_TITLES[kind]} | {n} | " + " | ".join(cells) + " |")
+    bad = [e for e in errs if not e["ok"]]
+    lines.append("")
+    lines.append(f"{len(errs)} checks, {len(errs) - len(bad)} within 10 % or the floor "
+                 f"({', '.join(f'{k} {v:g}' for k, v in FLOOR.items())})")
+    return "\n".join(lines)
+
+
+def _n(x: float, sign: bool = False) -> str:
+    s = f"{x:+,.1f}" if sign else f"{x:,.1f}"
+    return s.removesuffix(".0")
+
+
+if __name__ == "__main__":
+    print(format_calibration(load_model()))

@@ -66,6 +66,50 @@ def test_bram_tiling(width, depth, want):
     assert rm.bram36(width, depth) == want
 
 
+def test_bram_tiling_matches_every_synthesised_part():
+    """Every calibration part's block RAM is the tiling (:func:`bram36`) of the memories in its Verilog."""
+    data = json.loads(rm.CALIBRATION_PATH.read_text())
+    checked = 0
+    for name, point in data["points"].items():
+        for r in point["rows"]:
+            shapes = r.get("mem_shapes")
+            if shapes is None:
+                continue
+            want = r["BRAM36"]
+            got = sum(rm.bram36(m["width"], m["depth"]) for m in shapes)
+            assert got == want, f"{name} {r['part']}: tiling {got} vs synthesis {want}: {shapes}"
+            checked += 1
+    assert checked >= 10
+
+
+def test_memory_shapes_match_the_verilog():
+    """The memories the model derives from the plan (weight memory, generators, top-level buffers) are the ones in
+    the calibration's Verilog that map to block RAM."""
+    from rtl_gen.buffers import split_segments
+    from rtl_gen.top import SystemPlan
+
+    data = json.loads(rm.CALIBRATION_PATH.read_text())
+    checked = 0
+    for name, point in data["points"].items():
+        plan = SystemPlan(apply_overrides(load_config(point["preset"]), point["set"]))
+        rows = {r["part"]: r for r in point["rows"]}
+        for inst in rm.unit_instances(plan):
+            r = rows.get(inst.part)
+            if inst.kind not in rm.BRAM_FROM_SHAPES or r is None or r.get("mem_shapes") is None:
+                continue
+            verilog = sorted((m["width"], m["depth"]) for m in r["mem_shapes"] if rm.bram36(m["width"], m["depth"]))
+            model = []
+            for m in inst.memories:
+                if m.block:
+                    model += [(m.width, n) for _, n in split_segments(m.depth, m.block)]
+                else:
+                    model.append((m.width, m.depth))
+            model = sorted(x for x in model if rm.bram36(*x))
+            assert model == verilog, f"{name} {inst.part}"
+            checked += 1
+    assert checked >= 3
+
+
 def test_paper_weight_memory_bram():
     # docs/results.md: the paper MLP's weight memory synthesised to 96 BRAM36 (16 banks + 80 accumulators); its
     # synthesis takes 36 minutes, so it is not in the calibration
@@ -160,15 +204,25 @@ def test_pareto():
 
 
 def test_fast_cycles_match_the_cycle_model():
+    """The search's memoised cycle model agrees with step_cycles on random designs sharing one memo (a memo key
+    missing a field the cycle model reads would give a stale count for one of them)."""
+    import random
+
     from rtl_gen.cycle_model import step_cycles
     from rtl_gen.top import SystemPlan
+    from sim.schema import ConfigError
 
     memo = _Cycles()
-    for sets in (["hw.lanes_in=128", "hw.dw_passes=8", "hw.po2_lanes=8"],
-                 ["hw.lanes_out=8", "hw.dw_passes=1", "hw.dx_passes=2", "hw.loss_lanes=2", "hw.div_steps=1"],
-                 ["hw.update_lanes=64", "hw.mul_steps=1"], []):
-        plan = SystemPlan(apply_overrides(load_config("mlp"), sets))
-        assert memo(plan) == pytest.approx(step_cycles(plan).per_image), sets
+    rnd = random.Random(5)
+    checked = 0
+    while checked < 8:
+        hw = {k: rnd.choice(v) for k, v in GRID.items()}
+        try:
+            plan = SystemPlan(apply_overrides(load_config("mlp"), {f"hw.{k}": v for k, v in hw.items()}))
+        except ConfigError:
+            continue
+        assert memo(plan) == step_cycles(plan).per_image, hw
+        checked += 1
 
 
 def test_unknown_device_names_the_known_ones(capsys):
