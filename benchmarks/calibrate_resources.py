@@ -69,9 +69,12 @@ def point_config(name: str):
     return apply_overrides(load_config(preset), sets)
 
 
-def point_parts(name: str):
-    """``(plan, [(part name, kind, alias, text), ...])`` of a calibration point (the kinds it synthesises)."""
+def point_parts(name: str, *, every_kind: bool = False):
+    """``(plan, [(part name, kind, alias, text), ...])`` of a calibration point (the kinds it synthesises, or all
+    parts with ``every_kind``)."""
     _, _, kinds = POINTS[name]
+    if every_kind:
+        kinds = None
     cfg = point_config(name)
     plan = SystemPlan(cfg)
     verilog = _verilog(cfg, plan)

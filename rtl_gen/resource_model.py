@@ -93,32 +93,43 @@ def unit_kind(part: str) -> str:
 _RAMB36 = ((32768, 1), (16384, 2), (8192, 4), (4096, 9), (2048, 18), (1024, 36), (512, 72))
 #: RAMB18E1 modes (half a RAMB36 site each).
 _RAMB18 = ((16384, 1), (8192, 2), (4096, 4), (2048, 9), (1024, 18), (512, 36))
-#: Memories of at most this depth go to distributed RAM (LUTRAM) in Yosys's cost model, not block RAM.
+#: Memories of at most this depth, or of at most :data:`LUTRAM_BITS` bits, go to distributed RAM (LUTRAM) in
+#: Yosys's cost model, not block RAM (4 x 100 bits: LUTRAM; 32 x 100: a RAMB18).
 LUTRAM_DEPTH = 64
+LUTRAM_BITS = 512
+#: Write-enable lanes of a block RAM mode at least 9 bits wide: one per 9 bits (8 data + 1 parity bit).
+BYTE_BITS = 9
 
 
-def bram36(width: int, depth: int) -> float:
+def bram36(width: int, depth: int, gran: int | None = None) -> float:
     """BRAM36 sites of a ``width x depth`` memory with one read and one write port as Yosys ``synth_xilinx`` maps it:
-    0 for a shallow memory (distributed RAM), else the cheapest tiling over the RAMB36E1 / RAMB18E1 modes (a
+    0 for a small memory (distributed RAM), else the cheapest tiling over the RAMB36E1 / RAMB18E1 modes (a
     RAMB18 is half a site) where the rows of whole blocks of one mode may end in a shallower tiling of the rest
     (``memory_libmap`` maps 2,768 x 56 bits as 2,048 rows of 2K x 9 RAMB18s and 720 rows of 1K x 18 ones: 5.5).
-    Checked against the synthesised memories of the calibration points (tests/rtl_gen/test_resource_model.py)."""
-    if width <= 0 or depth <= LUTRAM_DEPTH:
+    ``gran``: the write port's granularity (bits per write enable); a block RAM's write-enable lanes (9 bits in
+    the 9-bit and wider modes, the whole word below) never straddle two of its groups. Checked against the
+    synthesised memories of the calibration points (tests/rtl_gen/test_resource_model.py)."""
+    if width <= 0 or depth <= LUTRAM_DEPTH or width * depth <= LUTRAM_BITS:
         return 0.0
-    return _tiles(width, depth)
+    g = width if gran is None else gran
+    if width % g:
+        raise ValueError(f"write granularity {g} does not divide the width {width}")
+    return _tiles(width, depth, g)
 
 
 @cache
-def _tiles(width: int, depth: int) -> float:
+def _tiles(width: int, depth: int, gran: int) -> float:
     best = math.inf
     for modes, cost in ((_RAMB36, 1.0), (_RAMB18, 0.5)):
         for d, w in modes:
-            across = math.ceil(width / w) * cost
+            lane = BYTE_BITS if w >= BYTE_BITS else w
+            lanes = (width // gran) * math.ceil(gran / lane)  # enable lanes the memory needs
+            across = math.ceil(lanes / (w // lane)) * cost
             if depth <= d:
                 best = min(best, across)
             else:
                 rest = depth % d
-                best = min(best, (depth // d) * across + (_tiles(width, rest) if rest else 0.0))
+                best = min(best, (depth // d) * across + (_tiles(width, rest, gran) if rest else 0.0))
     return best
 
 
@@ -135,10 +146,13 @@ class MemoryShape:
     width: int
     depth: int
     block: int | None = None  # a SplitMemory's block
+    gran: int | None = None  # the write port's granularity
 
     @property
     def bram36(self) -> float:
-        return split_bram36(self.width, self.depth, self.block) if self.block else bram36(self.width, self.depth)
+        if self.block:
+            return split_bram36(self.width, self.depth, self.block)
+        return bram36(self.width, self.depth, self.gran)
 
 
 def memory_shapes(plan, kind: str, group: list[int]) -> list[MemoryShape]:
@@ -151,7 +165,8 @@ def memory_shapes(plan, kind: str, group: list[int]) -> list[MemoryShape]:
         g0 = geos[0]
         D_all = sum(g.bank.depth for g in geos)
         V_all = sum(g.sweep.visits for g in geos)
-        out = [MemoryShape(f"wbank{i}", g0.bank.lanes_in, max(D_all, 2)) for i in range(g0.bank.lanes_out)]
+        out = [MemoryShape(f"wbank{i}", g0.bank.lanes_in, max(D_all, 2), gran=g0.sweep.update_lanes)
+               for i in range(g0.bank.lanes_out)]
         out += [MemoryShape(f"state_{n}", g0.field_width(n), max(V_all, 2), 4096) for n, _ in g0.optimizer.fields]
         return out
     if kind == "rng":  # one 32-bit xorshift state per generator (rtl_gen.rng)
@@ -166,9 +181,7 @@ def memory_shapes(plan, kind: str, group: list[int]) -> list[MemoryShape]:
             out += [MemoryShape(f"xb{lp.index}_{i}", lp.lanes_in, lp.tiles * lp.words) for lp in LP
                     for i in range(lp.lanes_b)]
         out += [MemoryShape(f"mx{lp.index}", (2 if lp.top else 1) * lp.lanes_out, lp.beats) for lp in LP]
-        chans = sum(lp.n_out for lp in LP)
-        out.append(MemoryShape("seff", max(plan.bn_layer(lp.index).s_width for lp in LP), chans, 1024))
-        out.append(MemoryShape("alpha", max(lp.widths["alpha_q"] for lp in LP) + 1, chans, 1024))
+        # (the per-channel S' and alpha memories are submodules of their own: part of the "io" kind)
         ydx_w = max(lp.lanes_out * max(lp.widths["y"], lp.widths["dx"]) for lp in LP)
         ydx_d = max(max(lp.beats for lp in LP), 2 * top.beats)
         cb_d = max(lp.tiles * lp.groups for lp in LP)
@@ -178,7 +191,7 @@ def memory_shapes(plan, kind: str, group: list[int]) -> list[MemoryShape]:
             cb_n //= 2
         cb_rows = -(-cb_d // cb_n) if cb_n else 0
         if LP[0].lanes_b == 1 and cb_n and ydx_d + cb_rows <= max(1 << (ydx_d - 1).bit_length(), 512):
-            out.append(MemoryShape("ydx", ydx_w, ydx_d + cb_rows))
+            out.append(MemoryShape("ydx", ydx_w, ydx_d + cb_rows, gran=ydx_w // cb_n))
         else:
             out.append(MemoryShape("ydx", ydx_w, ydx_d))
             out += [MemoryShape(f"cb{i}", cw_bits, cb_d) for i in range(LP[0].lanes_b)]
@@ -361,13 +374,15 @@ class Fit:
 class ResourceModel:
     """Per-kind fits from a calibration table; :meth:`predict` gives a plan's resources per unit and in total."""
 
-    def __init__(self, calibration: dict):
+    def __init__(self, calibration: dict, *, samples: dict | None = None, strict: bool = True):
         self.calibration = calibration
-        self.samples = self._samples(calibration)
+        self.samples = self._samples(calibration) if samples is None else samples
         self.fits: dict[str, dict[str, Fit]] = {}
         for kind, (_, allowed) in FEATURES.items():
             rows = self.samples.get(kind, [])
             if not rows:
+                if not strict:
+                    continue
                 raise ValueError(f"the calibration has no synthesised {kind!r} unit")
             self.fits[kind] = {}
             for res, names in allowed.items():
@@ -454,6 +469,28 @@ def calibration_errors(model: ResourceModel) -> list[dict]:
     return out
 
 
+def leave_one_out(model: ResourceModel) -> list[dict]:
+    """Each calibration point predicted by the model fitted on the other points (kinds with at least three samples):
+    how far the fits carry beyond their data, unlike :func:`calibration_errors`."""
+    out = []
+    points = {s["point"] for rows in model.samples.values() for s in rows}
+    for p in sorted(points):
+        rest = {k: [s for s in rows if s["point"] != p] for k, rows in model.samples.items()}
+        sub = ResourceModel(model.calibration, samples=rest, strict=False)
+        for kind, rows in model.samples.items():
+            if len(rows) < 3 or kind not in sub.fits:
+                continue
+            for s in rows:
+                if s["point"] != p:
+                    continue
+                pred = sub.predict_instance(s["instance"])
+                for res in RESOURCES:
+                    got, want = pred[res], s["measured"][res]
+                    out.append({"kind": kind, "point": p, "resource": res, "model": got, "synthesis": want,
+                                "error": (got - want) / want if want else 0.0})
+    return out
+
+
 def format_calibration(model: ResourceModel) -> str:
     """A Markdown table: per unit kind, the calibration samples and the largest error of each resource."""
     errs = calibration_errors(model)
@@ -474,6 +511,18 @@ def format_calibration(model: ResourceModel) -> str:
             cells.append(f"{_n(lo)}-{_n(hi)} | {_n(diff, sign=True)} ({rel})" if hi != lo
                          else f"{_n(lo)} | {_n(diff, sign=True)} ({rel})")
         lines.append(f"| {KIND_TITLES[kind]} | {n} | " + " | ".join(cells) + " |")
+    loo = leave_one_out(model)
+    if loo:
+        lines += ["", "Leave one point out (kinds with 3+ samples; each point predicted by the fit on the others):", "",
+                  "| unit | point | " + " | ".join(RESOURCES) + " |", "| --- | --- | " + " | ".join("---:" for _ in
+                                                                                                RESOURCES) + " |"]
+        for kind in KINDS:
+            for p in sorted({e["point"] for e in loo if e["kind"] == kind}):
+                es = {e["resource"]: e for e in loo if e["kind"] == kind and e["point"] == p}
+                lines.append(f"| {KIND_TITLES[kind]} | {p} | " + " | ".join(
+                    f"{_n(es[r]['model'])} vs {_n(es[r]['synthesis'])}" + (f" ({100 * es[r]['error']:+.0f} %)"
+                                                                           if es[r]["synthesis"] else "")
+                    for r in RESOURCES) + " |")
     bad = [e for e in errs if not e["ok"]]
     lines.append("")
     lines.append(f"{len(errs)} checks, {len(errs) - len(bad)} within 10 % or the floor "
