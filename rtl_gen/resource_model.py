@@ -140,6 +140,14 @@ def split_bram36(width: int, depth: int, block: int) -> float:
     return sum(bram36(width, n) for _, n in split_segments(depth, block))
 
 
+def lutram_luts(width: int, depth: int, gran: int | None = None) -> int:
+    """LUTs of a small memory in distributed RAM: RAM64M primitives (four LUTs, three data bits of a 64-deep
+    simple dual-port memory), none straddling two write-enable groups (the weight banks of a small network:
+    16 x 57 x 64 bits in groups of 16 -> 1,536 LUTs, checked through the weight memory's calibration)."""
+    g = width if gran is None else gran
+    return 4 * (width // g) * math.ceil(g / 3) * math.ceil(depth / 64)
+
+
 @dataclass(frozen=True)
 class MemoryShape:
     name: str
@@ -153,6 +161,13 @@ class MemoryShape:
         if self.block:
             return split_bram36(self.width, self.depth, self.block)
         return bram36(self.width, self.depth, self.gran)
+
+    @property
+    def lutram(self) -> int:
+        """LUTs when the memory is small enough for distributed RAM (0 when it maps to block RAM)."""
+        if self.block or self.bram36:
+            return 0
+        return lutram_luts(self.width, self.depth, self.gran)
 
 
 def memory_shapes(plan, kind: str, group: list[int]) -> list[MemoryShape]:
@@ -362,6 +377,15 @@ def _nnls(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best
 
 
+def _lutram(inst: UnitInstance, res: str) -> int:
+    """LUTs (and the read port's register bits, FF) of the instance's memories that go to distributed RAM."""
+    if res == "LUT":
+        return sum(m.lutram for m in inst.memories)
+    if res == "FF":
+        return sum(m.width for m in inst.memories if m.lutram)
+    return 0
+
+
 @dataclass
 class Fit:
     features: tuple[str, ...]
@@ -387,7 +411,8 @@ class ResourceModel:
             self.fits[kind] = {}
             for res, names in allowed.items():
                 X = np.array([[r["features"][f] for f in names] for r in rows], float)
-                y = np.array([r["measured"][res] for r in rows], float)
+                # LUT / FF: the fit covers the logic; small memories in LUTRAM are added from their shapes
+                y = np.array([r["measured"][res] - _lutram(r["instance"], res) for r in rows], float)
                 self.fits[kind][res] = Fit(names, tuple(float(c) for c in _nnls(X, y)))
 
     @staticmethod
@@ -424,7 +449,7 @@ class ResourceModel:
             if res == "BRAM36" and inst.kind in BRAM_FROM_SHAPES:
                 out[res] = sum(m.bram36 for m in inst.memories)
             elif res in fits:
-                out[res] = max(0.0, fits[res](inst.features))
+                out[res] = max(0.0, fits[res](inst.features)) + _lutram(inst, res)
             else:
                 out[res] = 0.0
         if "BRAM36" in fits and inst.kind not in BRAM_FROM_SHAPES:
