@@ -257,7 +257,7 @@ def _po2b(plan, grp):
     dsp = plan.cfg.hw.dw_dsp and g.lanes_b == 1
     macs = li * lo // g.dw_passes  # dW accumulators (two per DSP48 when packed)
     return {"one": 1, "lo": lo, "li_lo": li * lo, "macs": macs if dsp else 0, "fabric_dw": 0 if dsp else macs,
-            "fabric_dx": 0 if array else li * lo // g.dx_passes}
+            "fabric_dx": 0 if array else li * lo // g.dx_passes, "array_lo": lo if array else 0}
 
 
 def _wmem(plan, grp):
@@ -302,8 +302,8 @@ FEATURES: Mapping[str, tuple[Callable, Mapping[str, tuple[str, ...]]]] = {
                      "BRAM36": ("one",)}),
     "po2": (_bn, {"LUT": ("lo", "po2", "lo_mul"), "FF": ("lo", "po2", "lo_mul"), "DSP": ("lo", "one"),
                   "BRAM36": ("one",)}),
-    "po2b": (_po2b, {"LUT": ("li_lo", "fabric_dx", "lo"), "FF": ("macs", "fabric_dx", "lo"),
-                     "DSP": ("macs", "lo"), "BRAM36": ("one",)}),
+    "po2b": (_po2b, {"LUT": ("li_lo", "macs", "lo", "fabric_dx"), "FF": ("li_lo", "macs", "lo", "fabric_dx"),
+                     "DSP": ("macs", "array_lo"), "BRAM36": ("one",)}),
     "wmem": (_wmem, {"LUT": ("li_lo", "U_bits", "one"), "FF": ("li_lo", "U_bits", "one"), "DSP": ("one",)}),
     "rng": (_rng, {"LUT": ("U", "one"), "FF": ("U", "one"), "DSP": ("one",)}),
     "bn_param": (_bn_param, {"LUT": ("div", "one"), "FF": ("div", "one"), "DSP": ("one",), "BRAM36": ("one",)}),
