@@ -275,9 +275,11 @@ def explore(cfg, device: str | Device, *, model=None, grid: dict | None = None, 
         base = ev({**hw0, **FIXED})
         if base is None:
             continue
-        # dX on the dW array ignores dx_passes: evaluate one of them
+        # dX on the dW array ignores dx_passes: evaluate one of them (the configuration's, when it is in the grid)
         plan = ev.last_plan
         if plan.po2_array(len(plan.layers) - 1) and plan._dx_dsp:
+            if base_hw["dx_passes"] in grid["dx_passes"] and vals[3] != base_hw["dx_passes"]:
+                continue
             mk = (vals[0], vals[1], vals[2])
             if mk in seen_main:
                 continue
