@@ -449,7 +449,7 @@ def plot(result: Exploration, path) -> None:
 
 def explore_main(args) -> int:
     """``xnortrain explore``."""
-    from host.cli import EXIT_DOES_NOT_FIT, EXIT_OK, UserError, build_config
+    from host.cli import EXIT_DOES_NOT_FIT, EXIT_OK, build_config
 
     from .resource_model import load_model
 
@@ -457,14 +457,14 @@ def explore_main(args) -> int:
     try:
         device = get_device(args.device)
     except ValueError as e:
-        raise UserError(f"--device: {e}") from None
+        raise ValueError(f"--device: {e}") from None  # host.cli reports it as a usage error (exit 2)
     limits_of(device)  # a clear error before the search
     for opt, path in (("--write", args.write), ("--png", args.png)):
         if path:
             from pathlib import Path
 
             if Path(path).is_dir():
-                raise UserError(f"{opt} {path}: is a folder; give a file name")
+                raise ValueError(f"{opt} {path}: is a folder; give a file name")
     model = load_model()
     result = explore(cfg, device, model=model, log=lambda m: print(m, file=sys.stderr, flush=True))
     if args.json:
