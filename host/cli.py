@@ -468,6 +468,22 @@ def make_parser() -> argparse.ArgumentParser:
                         "another family, not the Zynq; with --synth-by-unit also each unit out of context")
     p.set_defaults(func=_lazy("rtl_gen.generate", "generate_main"))
 
+    p = sub.add_parser(
+        "explore", help="search the lane parameters for the fewest cycles per image that fit a device",
+        description="Search the [hw] lane parameters (rtl_gen.explore.GRID) with the cycle model and the calibrated "
+        "resource model (rtl_gen.resource_model): the Pareto front of cycles per image against LUT and BRAM36 of "
+        "the designs that fit the device (LUT <= 70 %%, FF, BRAM36 and DSP within it). Exit 3 if none fits.",
+    )
+    _add_config_args(p)
+    p.add_argument("--device", default="xc7z020", metavar="NAME",
+                   help="device die or part name in boards/devices.py (default xc7z020)")
+    p.add_argument("--write", metavar="BEST.toml",
+                   help="write the configuration with the fastest fitting design's [hw] values (load_config reads it)")
+    p.add_argument("--png", metavar="FILE", help="plot the two Pareto fronts to this .png file")
+    p.add_argument("--json", nargs="?", const="-", metavar="OUT",
+                   help="the search's result as JSON: to OUT, or alone on stdout (no table) without OUT")
+    p.set_defaults(func=_lazy("rtl_gen.explore", "explore_main"))
+
     p = sub.add_parser("verify", help="simulate training steps in Verilator and compare with the bit-exact model")
     _add_config_args(p)
     p.add_argument("--steps", type=int, default=1, help="training steps to simulate and compare (default 1)")
