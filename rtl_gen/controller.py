@@ -199,8 +199,9 @@ def bn_param_cycles(layer, hw, div_steps: int) -> dict:
     it = -(-wq // min(div_steps, wq))
     M = layer.channels
     # running, per channel: idle, request, it + 1 waiting for the quotient, request, it + 1
-    # update: maxima pass (M + 2), exponent (1), per channel read, align (3: m, a, g), ema, request, it + 1, apply
-    return {"running": 2 * it + 5, "update": M + 3 + M * (it + 8)}
+    # update: maxima pass (M + 2), exponent (1), per channel read, align (3: m, a, g), ema, request, it + 1,
+    # delta (the learning-rate shift of r), apply
+    return {"running": 2 * it + 5, "update": M + 3 + M * (it + 9)}
 
 
 class BnParamUnit(wiring.Component):
@@ -438,6 +439,9 @@ class BnParamUnit(wiring.Component):
         pending = Signal()
         with m.If(self.update):
             m.d.sync += [pending.eq(1), scale.eq(self.scale), lr_sh.eq(self.lr_shift)]
+        shv = Signal(signed(8))  # the shift of r in the beta step, lr_sh + 8 - Fb (constant during an update)
+        m.d.comb += shv.eq(lr_sh + 8 - fb)
+        delta = Signal(signed(self.beta_width + 12))
         # one aligner, used for m, a and g in turn (the read words hold while the read enables are low)
         al_w = max(self.m_width, self.a_width + 1, self.p_width + 1)
         al_x = Signal(signed(al_w))
@@ -575,18 +579,19 @@ class BnParamUnit(wiring.Component):
                         m.d.sync += r.eq(Mux(m2 < 0, -256, 256))
                     with m.Else():
                         m.d.sync += r.eq(Mux(m2 < 0, -q, q))
-                    m.next = "apply"
-            with m.State("apply"):
+                    m.next = "delta"
+            # the learning-rate shift of r in a cycle of its own (timing: shift, rounding, subtraction, clamp and
+            # the beta write in one cycle closed at 25 MHz on the ECP5 proxy)
+            with m.State("delta"):
                 # delta = r << -sh (sh <= 0), (r + 2^(sh-1)) >> sh (0 < sh < 62), else 0; sh = lr_sh + 8 - Fb
-                shv = Signal(signed(8))
-                m.d.comb += shv.eq(lr_sh + 8 - fb)
-                delta = Signal(signed(self.beta_width + 12))
                 with m.If(shv <= 0):
-                    m.d.comb += delta.eq(r << (-shv).as_unsigned()[:5])
+                    m.d.sync += delta.eq(r << (-shv).as_unsigned()[:5])
                 with m.Elif(shv < 12):
-                    m.d.comb += delta.eq((r + (Const(1, 12) << (shv - 1).as_unsigned()[:4])) >> shv.as_unsigned()[:4])
+                    m.d.sync += delta.eq((r + (Const(1, 12) << (shv - 1).as_unsigned()[:4])) >> shv.as_unsigned()[:4])
                 with m.Else():
-                    m.d.comb += delta.eq(0)  # |r| <= 256: (r + 2^(sh-1)) >> sh = 0 for sh >= 10
+                    m.d.sync += delta.eq(0)  # |r| <= 256: (r + 2^(sh-1)) >> sh = 0 for sh >= 10
+                m.next = "apply"
+            with m.State("apply"):
                 diff = Signal(signed(self.beta_width + 13))
                 m.d.comb += diff.eq(rd["beta"].data - delta)
                 m.d.comb += beta_new.eq(Mux(diff < p.beta_lo, p.beta_lo, Mux(diff > p.beta_hi, p.beta_hi, diff)))
