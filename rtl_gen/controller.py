@@ -199,9 +199,9 @@ def bn_param_cycles(layer, hw, div_steps: int) -> dict:
     it = -(-wq // min(div_steps, wq))
     M = layer.channels
     # running, per channel: idle, request, it + 1 waiting for the quotient, request, it + 1
-    # update: maxima pass (M + 2), exponent (1), per channel read, align (3: m, a, g), ema, request, it + 1,
-    # delta (the learning-rate shift of r), apply
-    return {"running": 2 * it + 5, "update": M + 3 + M * (it + 9)}
+    # update: maxima pass (M + 2), exponent (1), per channel read, align (3: m, a, g), ema, ratio operands,
+    # request, it + 1, delta (the learning-rate shift of r), apply
+    return {"running": 2 * it + 5, "update": M + 3 + M * (it + 10)}
 
 
 class BnParamUnit(wiring.Component):
@@ -442,6 +442,8 @@ class BnParamUnit(wiring.Component):
         shv = Signal(signed(8))  # the shift of r in the beta step, lr_sh + 8 - Fb (constant during an update)
         m.d.comb += shv.eq(lr_sh + 8 - fb)
         delta = Signal(signed(self.beta_width + 12))
+        ratio_n = Signal(wn)  # the ratio division's operands (|m| 2^9 + a, 2a)
+        ratio_d = Signal(wd)
         # one aligner, used for m, a and g in turn (the read words hold while the read enables are low)
         al_w = max(self.m_width, self.a_width + 1, self.p_width + 1)
         al_x = Signal(signed(al_w))
@@ -557,15 +559,17 @@ class BnParamUnit(wiring.Component):
                     m.d.sync += a2.eq(g_abs2)
                 m.next = "ratio"
             # the division always runs (its result is replaced when a = 0 or |m| >= 2a), so every
-            # channel takes the same time and the cycle model is exact
+            # channel takes the same time and the cycle model is exact; its operands are registered first
+            # (timing: |m|, the comparison and the dividend in front of the divider's first stages)
             with m.State("ratio"):
                 m_abs = Signal(self.m_width + 1)
                 zero_a = Signal()
                 big = Signal()
                 m.d.comb += [m_abs.eq(Mux(m2 < 0, -m2, m2)), zero_a.eq(a2 == 0), big.eq(m_abs >= (a2 << 1))]
-                m.d.comb += [div.req.valid.eq(1),
-                             req.dividend.eq(Mux(zero_a | big, 0, (m_abs << 9) + a2)),
-                             req.divisor.eq(Mux(zero_a, 1, a2 << 1))]
+                m.d.sync += [ratio_n.eq(Mux(zero_a | big, 0, (m_abs << 9) + a2)), ratio_d.eq(Mux(zero_a, 1, a2 << 1))]
+                m.next = "ratio_req"
+            with m.State("ratio_req"):
+                m.d.comb += [div.req.valid.eq(1), req.dividend.eq(ratio_n), req.divisor.eq(ratio_d)]
                 with m.If(div.req.ready):
                     m.next = "ratio_wait"
             with m.State("ratio_wait"):
