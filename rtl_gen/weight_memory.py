@@ -563,6 +563,7 @@ class WeightMemory(wiring.Component):
         s2_partial, s3_partial = Signal(), Signal()
         s2_g = Signal.like(s1_g)
         s2_u = Signal.like(s1_u)
+        s2_take = Signal(U)  # switch: the schedule's gate per row, (u & 0xFFFF) < gate, compared in stage 1
         m.d.sync += [
             s2_valid.eq(s1_valid), s3_valid.eq(s2_valid),
             s2_op.eq(s1_op), s3_op.eq(s2_op),
@@ -572,6 +573,7 @@ class WeightMemory(wiring.Component):
             s2_vidx.eq(s1_vidx), s3_vidx.eq(s2_vidx),
             s2_partial.eq(s1_partial), s3_partial.eq(s2_partial),
             s2_g.eq(s1_g), s2_u.eq(s1_u),
+            s2_take.eq(Cat(s1_u[j][:16] < gate for j in range(U))),
         ]  # fmt: skip
 
         # --- host port and command ---
@@ -670,7 +672,7 @@ class WeightMemory(wiring.Component):
         new_state = {
             name: Signal(data.ArrayLayout(opt.field_shape(name), U), name=f"new_{name}") for name, _ in opt.fields
         }
-        self._datapath(m, s2_op, shift, gate, w_old, s2_g, s2_u, st_q, new_w, new_state, table_ports)
+        self._datapath(m, s2_op, shift, s2_take, w_old, s2_g, s2_u, st_q, new_w, new_state, table_ports)
 
         # --- write-back (stage 3) ---
         s3_write = s3_valid & (s3_op != UNDO)
@@ -724,11 +726,11 @@ class WeightMemory(wiring.Component):
 
     # --- the four optimisers, per update lane ------------------------------------------------------------
 
-    def _datapath(self, m, op, shift, gate, w_old, g, u, st_rd, new_w, new_state, table_ports):
+    def _datapath(self, m, op, shift, take, w_old, g, u, st_rd, new_w, new_state, table_ports):
         """The optimiser over two pipeline stages: its inputs (``op``, ``w_old``, ``g``, ``u``, the state words
-        ``st_rd``) are stage 2's registers, ``new_w`` and ``new_state`` belong to stage 3 (the write-back). The
-        switch optimiser accumulates in stage 2 and looks its table up in stage 3; the others compute in stage 2
-        and register their results."""
+        ``st_rd``; switch: ``take``, the gate's verdict per row) are stage 2's registers, ``new_w`` and
+        ``new_state`` belong to stage 3 (the write-back). The switch optimiser accumulates in stage 2 and looks its
+        table up in stage 3; the others compute in stage 2 and register their results."""
         opt = self._geometry.optimizer
         U = self._geometry.sweep.update_lanes
         kind = opt.kind
@@ -792,13 +794,20 @@ class WeightMemory(wiring.Component):
                 C = opt.cutoff
                 acc = state_in("acc")
                 s = Signal(signed(len(acc) + 1), name=f"sum{j}")
+                ns = Signal(signed(len(acc) + 2), name=f"nsum{j}")  # -s in one adder: ~acc + (1 - increment)
                 acc1 = Signal(signed(len(acc)), name=f"acc{j}")
+                nacc1 = Signal(signed(len(acc)), name=f"nacc{j}")
                 p = Signal(signed(len(acc) + 1), name=f"p{j}")
-                # the schedule's gate: the increment is taken only where (u & 0xFFFF) < gate
+                inc = Signal(signed(2), name=f"inc{j}")
+                # the schedule's gate: the increment is taken only where (u & 0xFFFF) < gate (take, stage 1);
+                # p = +-clamp(s) = clamp(+-s) (the clamp is symmetric), both signs in parallel
                 m.d.comb += [
-                    s.eq(acc + Mux(r_lo < gate, gj, 0)),
+                    inc.eq(Mux(take[j], gj, 0)),
+                    s.eq(acc + inc),
+                    ns.eq(~acc + (1 - inc)),
                     acc1.eq(Mux(s > C, C, Mux(s < -C, -C, s))),
-                    p.eq(Mux(w, acc1, -acc1)),
+                    nacc1.eq(Mux(ns > C, C, Mux(ns < -C, -C, ns))),
+                    p.eq(Mux(w, acc1, nacc1)),
                 ]
                 # stage 3: the table lookup of the registered p, the switch and the write data
                 p3, acc3, w3, rhi3 = (late(p, f"p3_{j}"), late(acc1, f"acc3_{j}"), late(w, f"w3_{j}"),
