@@ -449,8 +449,9 @@ class BnParamUnit(wiring.Component):
         al_x = Signal(signed(al_w))
         al_d = Signal.like(dm)
         al_a = Signal()  # aligning a: its result is a_width + 1 bits wide, the others m_width
+        # the shift and its limit are those of the next cycle's align state, registered (sync_amounts)
         al_out = _align(m, al_x, al_d, max(self.m_width, self.a_width + 1), "al",
-                        lmax=Mux(al_a, self.a_width, self.m_width - 1))
+                        lmax=Mux(al_a, self.a_width, self.m_width - 1), sync_amounts=True)
         with m.FSM() as fsm:
             with m.State("idle"):
                 with m.If(self.stats.valid):
@@ -530,20 +531,22 @@ class BnParamUnit(wiring.Component):
                     m.d.sync += [e_new.eq(top - (bits - 2)), dm.eq(e_reg - (top - (bits - 2))),
                                  dg.eq(scale - (top - (bits - 2))), ch.eq(0)]
                     m.next = "read"
+            # al_d / al_a name the NEXT cycle's alignment (its amounts are registered)
             with m.State("read"):
                 for name in ("m", "a", "beta", "p1"):
                     m.d.comb += [rd[name].addr.eq(base + ch), rd[name].en.eq(1)]
+                m.d.comb += al_d.eq(dm)
                 m.next = "align"
             with m.State("align"):
-                m.d.comb += [al_x.eq(rd["m"].data), al_d.eq(dm)]
+                m.d.comb += [al_x.eq(rd["m"].data), al_d.eq(dm), al_a.eq(1)]
                 m.d.sync += mv.eq(al_out)
                 m.next = "align_a"
             with m.State("align_a"):
-                m.d.comb += [al_x.eq(rd["a"].data), al_d.eq(dm), al_a.eq(1)]
+                m.d.comb += [al_x.eq(rd["a"].data), al_d.eq(dg)]
                 m.d.sync += av.eq(al_out)
                 m.next = "align_g"
             with m.State("align_g"):
-                m.d.comb += [al_x.eq(rd["p1"].data), al_d.eq(dg)]
+                m.d.comb += al_x.eq(rd["p1"].data)
                 m.d.sync += gv.eq(al_out)
                 m.next = "ema"
             with m.State("ema"):
@@ -621,12 +624,14 @@ class _HwView:
         self.beta_momentum_shift, self.beta_scale_shift, self.beta_state_bits = sm, sa, bits
 
 
-def _align(m, x, d, out_width: int, name: str, lmax=None):
+def _align(m, x, d, out_width: int, name: str, lmax=None, sync_amounts: bool = False):
     """``x 2^d`` of :func:`sim.hw.optim._align`: ``x << d`` for ``d >= 0``, else ``(x + 2^(-d-1)) >> -d``
     (round half up), as a ``signed(out_width)`` Signal. Right shifts past the operand give 0 exactly as the
     model (the shift is clamped where the result no longer changes); left shifts are clamped at ``lmax``
     (default ``out_width - 1``; a value when one aligner serves results of different widths: each result's
-    low bits are then those of its own width's aligner)."""
+    low bits are then those of its own width's aligner). ``sync_amounts``: the clamped shift amounts and the
+    direction are registered (they follow ``d`` and ``lmax`` one cycle late; for shifts that stay put while the
+    aligner runs, the timing reason: the clamp compares in front of the shifter)."""
     xs = Signal(signed(len(x) + 1), name=f"{name}_x")
     m.d.comb += xs.eq(x)
     wx = len(xs)
@@ -637,15 +642,19 @@ def _align(m, x, d, out_width: int, name: str, lmax=None):
     rmax = wx + 1
     left = Signal(range(lcap + 1), name=f"{name}_l")
     right = Signal(range(rmax + 1), name=f"{name}_r")
-    m.d.comb += [
+    rm1 = Signal(range(rmax + 1), name=f"{name}_rm1")
+    pos = Signal(name=f"{name}_pos")
+    dom = m.d.sync if sync_amounts else m.d.comb
+    dom += [
         left.eq(Mux(d > lmax, lmax, d.as_unsigned()[: len(left)])),
         right.eq(Mux(-d > rmax, rmax, (-d).as_unsigned()[: len(right)])),
+        rm1.eq(Mux(-d > rmax, rmax, (-d).as_unsigned()[: len(right)]) - 1),
+        pos.eq(d >= 0),
     ]
-    with m.If(d >= 0):
+    with m.If(pos):
         m.d.comb += out.eq(xs << left)
     with m.Else():
         rnd = Signal(signed(wx + 2), name=f"{name}_rnd")
-        rm1 = Signal(range(rmax + 1), name=f"{name}_rm1")
-        m.d.comb += [rm1.eq(right - 1), rnd.eq(xs + (Const(1, wx + 1) << rm1))]
+        m.d.comb += rnd.eq(xs + (Const(1, wx + 1) << rm1))
         m.d.comb += out.eq(rnd >> right)
     return out
