@@ -199,8 +199,9 @@ def bn_param_cycles(layer, hw, div_steps: int) -> dict:
     it = -(-wq // min(div_steps, wq))
     M = layer.channels
     # running, per channel: idle, request, it + 1 waiting for the quotient, request, it + 1
-    # update: maxima pass (M + 2), exponent (1), per channel read, align (3: m, a, g), ema, request, it + 1, apply
-    return {"running": 2 * it + 5, "update": M + 3 + M * (it + 8)}
+    # update: maxima pass (M + 2), exponent (1), per channel read, align (3: m, a, g), ema, ratio operands,
+    # request, it + 1, delta (the learning-rate shift of r), apply
+    return {"running": 2 * it + 5, "update": M + 3 + M * (it + 10)}
 
 
 class BnParamUnit(wiring.Component):
@@ -438,13 +439,19 @@ class BnParamUnit(wiring.Component):
         pending = Signal()
         with m.If(self.update):
             m.d.sync += [pending.eq(1), scale.eq(self.scale), lr_sh.eq(self.lr_shift)]
+        shv = Signal(signed(8))  # the shift of r in the beta step, lr_sh + 8 - Fb (constant during an update)
+        m.d.comb += shv.eq(lr_sh + 8 - fb)
+        delta = Signal(signed(self.beta_width + 12))
+        ratio_n = Signal(wn)  # the ratio division's operands (|m| 2^9 + a, 2a)
+        ratio_d = Signal(wd)
         # one aligner, used for m, a and g in turn (the read words hold while the read enables are low)
         al_w = max(self.m_width, self.a_width + 1, self.p_width + 1)
         al_x = Signal(signed(al_w))
         al_d = Signal.like(dm)
         al_a = Signal()  # aligning a: its result is a_width + 1 bits wide, the others m_width
+        # the shift and its limit are those of the next cycle's align state, registered (sync_amounts)
         al_out = _align(m, al_x, al_d, max(self.m_width, self.a_width + 1), "al",
-                        lmax=Mux(al_a, self.a_width, self.m_width - 1))
+                        lmax=Mux(al_a, self.a_width, self.m_width - 1), sync_amounts=True)
         with m.FSM() as fsm:
             with m.State("idle"):
                 with m.If(self.stats.valid):
@@ -524,20 +531,22 @@ class BnParamUnit(wiring.Component):
                     m.d.sync += [e_new.eq(top - (bits - 2)), dm.eq(e_reg - (top - (bits - 2))),
                                  dg.eq(scale - (top - (bits - 2))), ch.eq(0)]
                     m.next = "read"
+            # al_d / al_a name the NEXT cycle's alignment (its amounts are registered)
             with m.State("read"):
                 for name in ("m", "a", "beta", "p1"):
                     m.d.comb += [rd[name].addr.eq(base + ch), rd[name].en.eq(1)]
+                m.d.comb += al_d.eq(dm)
                 m.next = "align"
             with m.State("align"):
-                m.d.comb += [al_x.eq(rd["m"].data), al_d.eq(dm)]
+                m.d.comb += [al_x.eq(rd["m"].data), al_d.eq(dm), al_a.eq(1)]
                 m.d.sync += mv.eq(al_out)
                 m.next = "align_a"
             with m.State("align_a"):
-                m.d.comb += [al_x.eq(rd["a"].data), al_d.eq(dm), al_a.eq(1)]
+                m.d.comb += [al_x.eq(rd["a"].data), al_d.eq(dg)]
                 m.d.sync += av.eq(al_out)
                 m.next = "align_g"
             with m.State("align_g"):
-                m.d.comb += [al_x.eq(rd["p1"].data), al_d.eq(dg)]
+                m.d.comb += al_x.eq(rd["p1"].data)
                 m.d.sync += gv.eq(al_out)
                 m.next = "ema"
             with m.State("ema"):
@@ -553,15 +562,17 @@ class BnParamUnit(wiring.Component):
                     m.d.sync += a2.eq(g_abs2)
                 m.next = "ratio"
             # the division always runs (its result is replaced when a = 0 or |m| >= 2a), so every
-            # channel takes the same time and the cycle model is exact
+            # channel takes the same time and the cycle model is exact; its operands are registered first
+            # (timing: |m|, the comparison and the dividend in front of the divider's first stages)
             with m.State("ratio"):
                 m_abs = Signal(self.m_width + 1)
                 zero_a = Signal()
                 big = Signal()
                 m.d.comb += [m_abs.eq(Mux(m2 < 0, -m2, m2)), zero_a.eq(a2 == 0), big.eq(m_abs >= (a2 << 1))]
-                m.d.comb += [div.req.valid.eq(1),
-                             req.dividend.eq(Mux(zero_a | big, 0, (m_abs << 9) + a2)),
-                             req.divisor.eq(Mux(zero_a, 1, a2 << 1))]
+                m.d.sync += [ratio_n.eq(Mux(zero_a | big, 0, (m_abs << 9) + a2)), ratio_d.eq(Mux(zero_a, 1, a2 << 1))]
+                m.next = "ratio_req"
+            with m.State("ratio_req"):
+                m.d.comb += [div.req.valid.eq(1), req.dividend.eq(ratio_n), req.divisor.eq(ratio_d)]
                 with m.If(div.req.ready):
                     m.next = "ratio_wait"
             with m.State("ratio_wait"):
@@ -575,18 +586,19 @@ class BnParamUnit(wiring.Component):
                         m.d.sync += r.eq(Mux(m2 < 0, -256, 256))
                     with m.Else():
                         m.d.sync += r.eq(Mux(m2 < 0, -q, q))
-                    m.next = "apply"
-            with m.State("apply"):
+                    m.next = "delta"
+            # the learning-rate shift of r in a cycle of its own (timing: shift, rounding, subtraction, clamp and
+            # the beta write in one cycle closed at 25 MHz on the ECP5 proxy)
+            with m.State("delta"):
                 # delta = r << -sh (sh <= 0), (r + 2^(sh-1)) >> sh (0 < sh < 62), else 0; sh = lr_sh + 8 - Fb
-                shv = Signal(signed(8))
-                m.d.comb += shv.eq(lr_sh + 8 - fb)
-                delta = Signal(signed(self.beta_width + 12))
                 with m.If(shv <= 0):
-                    m.d.comb += delta.eq(r << (-shv).as_unsigned()[:5])
+                    m.d.sync += delta.eq(r << (-shv).as_unsigned()[:5])
                 with m.Elif(shv < 12):
-                    m.d.comb += delta.eq((r + (Const(1, 12) << (shv - 1).as_unsigned()[:4])) >> shv.as_unsigned()[:4])
+                    m.d.sync += delta.eq((r + (Const(1, 12) << (shv - 1).as_unsigned()[:4])) >> shv.as_unsigned()[:4])
                 with m.Else():
-                    m.d.comb += delta.eq(0)  # |r| <= 256: (r + 2^(sh-1)) >> sh = 0 for sh >= 10
+                    m.d.sync += delta.eq(0)  # |r| <= 256: (r + 2^(sh-1)) >> sh = 0 for sh >= 10
+                m.next = "apply"
+            with m.State("apply"):
                 diff = Signal(signed(self.beta_width + 13))
                 m.d.comb += diff.eq(rd["beta"].data - delta)
                 m.d.comb += beta_new.eq(Mux(diff < p.beta_lo, p.beta_lo, Mux(diff > p.beta_hi, p.beta_hi, diff)))
@@ -612,12 +624,14 @@ class _HwView:
         self.beta_momentum_shift, self.beta_scale_shift, self.beta_state_bits = sm, sa, bits
 
 
-def _align(m, x, d, out_width: int, name: str, lmax=None):
+def _align(m, x, d, out_width: int, name: str, lmax=None, sync_amounts: bool = False):
     """``x 2^d`` of :func:`sim.hw.optim._align`: ``x << d`` for ``d >= 0``, else ``(x + 2^(-d-1)) >> -d``
     (round half up), as a ``signed(out_width)`` Signal. Right shifts past the operand give 0 exactly as the
     model (the shift is clamped where the result no longer changes); left shifts are clamped at ``lmax``
     (default ``out_width - 1``; a value when one aligner serves results of different widths: each result's
-    low bits are then those of its own width's aligner)."""
+    low bits are then those of its own width's aligner). ``sync_amounts``: the clamped shift amounts and the
+    direction are registered (they follow ``d`` and ``lmax`` one cycle late; for shifts that stay put while the
+    aligner runs, the timing reason: the clamp compares in front of the shifter)."""
     xs = Signal(signed(len(x) + 1), name=f"{name}_x")
     m.d.comb += xs.eq(x)
     wx = len(xs)
@@ -628,15 +642,19 @@ def _align(m, x, d, out_width: int, name: str, lmax=None):
     rmax = wx + 1
     left = Signal(range(lcap + 1), name=f"{name}_l")
     right = Signal(range(rmax + 1), name=f"{name}_r")
-    m.d.comb += [
+    rm1 = Signal(range(rmax + 1), name=f"{name}_rm1")
+    pos = Signal(name=f"{name}_pos")
+    dom = m.d.sync if sync_amounts else m.d.comb
+    dom += [
         left.eq(Mux(d > lmax, lmax, d.as_unsigned()[: len(left)])),
         right.eq(Mux(-d > rmax, rmax, (-d).as_unsigned()[: len(right)])),
+        rm1.eq(Mux(-d > rmax, rmax, (-d).as_unsigned()[: len(right)]) - 1),
+        pos.eq(d >= 0),
     ]
-    with m.If(d >= 0):
+    with m.If(pos):
         m.d.comb += out.eq(xs << left)
     with m.Else():
         rnd = Signal(signed(wx + 2), name=f"{name}_rnd")
-        rm1 = Signal(range(rmax + 1), name=f"{name}_rm1")
-        m.d.comb += [rm1.eq(right - 1), rnd.eq(xs + (Const(1, wx + 1) << rm1))]
+        m.d.comb += rnd.eq(xs + (Const(1, wx + 1) << rm1))
         m.d.comb += out.eq(rnd >> right)
     return out

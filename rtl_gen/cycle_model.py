@@ -155,7 +155,9 @@ def update_cycles(plan, j: int) -> int:
         per_tile = (P - 1) * max(lp.tiles + 1, LO) + max(lp.tiles + 1, LO + 1)
         tail = LO + 1  # the last drain and the push
     per_row = max(per_tile, per_row_sweep)
-    tiles = int(g.depth * per_row) + per_tile + 4 + tail
+    from .weight_memory import LATENCY
+
+    tiles = int(g.depth * per_row) + per_tile + 2 + LATENCY + tail  # the sweep's last visit drains LATENCY cycles
     from .controller import bn_param_cycles
 
     beta = bn_param_cycles(plan.bn_param_layer(j), plan.cfg.hw, plan.cfg.hw.div_steps)["update"]

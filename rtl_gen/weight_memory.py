@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
-from amaranth import Array, Cat, Const, Module, Mux, Shape, Signal, signed, unsigned
+from amaranth import Array, Cat, Const, Module, Mux, Shape, Signal, Value, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -80,9 +80,10 @@ SPACE_WEIGHTS, SPACE_STATE, SPACE_TABLE, SPACE_STATE2 = 0, 1, 2, 3  # host port 
 STATE_SPACES = (SPACE_STATE, SPACE_STATE2)
 """The host port space of each optimiser state field, in :attr:`OptimizerSpec.fields` order (at most two)."""
 
-LATENCY = 2
+LATENCY = 4
 """Cycles of a sweep beyond one per visit, counted from the cycle the command is transferred to the last
-cycle ``busy`` is high (both included): ``visits + LATENCY`` with no stalls (command cycle, read stage)."""
+cycle ``busy`` is high (both included): ``visits + LATENCY`` with no stalls (command cycle, then per visit the
+read, the registered memory words (stage 2) and the optimiser's second half with the write-back (stage 3))."""
 
 MAX_CUTOFF = 1023  # the switch table lives in distributed RAM, one copy per update lane
 
@@ -551,6 +552,30 @@ class WeightMemory(wiring.Component):
                 s1_u.eq(self.rng.payload.u),
             ]
 
+        # --- stage 2: the memories' words registered (timing: block-RAM output into the optimiser closed at
+        # 29-35 MHz on the ECP5 proxy), and stage 3 (write-back); a visit moves on every cycle (no stalls) ---
+        s2_valid, s3_valid = Signal(), Signal()
+        s2_op, s3_op = Signal(2), Signal(2)
+        s2_lane, s3_lane = Signal(range(L)), Signal(range(L))
+        s2_chunk, s3_chunk = Signal(range(chunks)), Signal(range(chunks))
+        s2_addr, s3_addr = Signal.like(addr), Signal.like(addr)
+        s2_vidx, s3_vidx = Signal.like(vidx), Signal.like(vidx)
+        s2_partial, s3_partial = Signal(), Signal()
+        s2_g = Signal.like(s1_g)
+        s2_u = Signal.like(s1_u)
+        s2_take = Signal(U)  # switch: the schedule's gate per row, (u & 0xFFFF) < gate, compared in stage 1
+        m.d.sync += [
+            s2_valid.eq(s1_valid), s3_valid.eq(s2_valid),
+            s2_op.eq(s1_op), s3_op.eq(s2_op),
+            s2_lane.eq(s1_lane), s3_lane.eq(s2_lane),
+            s2_chunk.eq(s1_chunk), s3_chunk.eq(s2_chunk),
+            s2_addr.eq(s1_addr), s3_addr.eq(s2_addr),
+            s2_vidx.eq(s1_vidx), s3_vidx.eq(s2_vidx),
+            s2_partial.eq(s1_partial), s3_partial.eq(s2_partial),
+            s2_g.eq(s1_g), s2_u.eq(s1_u),
+            s2_take.eq(Cat(s1_u[j][:16] < gate for j in range(U))),
+        ]  # fmt: skip
+
         # --- host port and command ---
         busy = Signal()
         rd_issued = Signal()
@@ -561,7 +586,7 @@ class WeightMemory(wiring.Component):
         h = self.host.payload
         idle = ~busy & ~rd_issued & ~resp_valid
         m.d.comb += [
-            busy.eq(running | s1_valid),
+            busy.eq(running | s1_valid | s2_valid | s3_valid),
             self.busy.eq(busy),
             self.cmd.ready.eq(idle),
             self.host.ready.eq(idle & ~self.cmd.valid),
@@ -610,11 +635,13 @@ class WeightMemory(wiring.Component):
             bank_wr.append(wr)
         w_word = Signal(bank.lanes_in)
         m.d.comb += w_word.eq(Array(rd.data for rd in bank_rd)[s1_lane])
-        w_old = Signal(U)
-        m.d.comb += w_old.eq(w_word.word_select(s1_chunk, U))
+        w_old1 = Signal(U)
+        m.d.comb += w_old1.eq(w_word.word_select(s1_chunk, U))
+        w_old, w_old3 = Signal(U), Signal(U)  # stages 2 and 3
+        m.d.sync += [w_old.eq(w_old1), w_old3.eq(w_old)]
 
         # --- state memories ---
-        st_rd, st_wr = {}, {}
+        st_rd, st_wr, st_q = {}, {}, {}  # st_q: the read words in stage 2
         if len(opt.fields) > len(STATE_SPACES):
             raise ValueError(f"{len(opt.fields)} optimiser state fields; the host port has spaces for "
                              f"{len(STATE_SPACES)}")
@@ -627,6 +654,8 @@ class WeightMemory(wiring.Component):
                 rd.en.eq(Mux(busy, issue, host_rd & (h.space == geo.field_space(name)))),
             ]
             st_rd[name], st_wr[name] = rd, wr
+            st_q[name] = Signal(layout, name=f"st2_{name}")
+            m.d.sync += st_q[name].eq(rd.data)
         table_ports = []
         if opt.kind == "switch":
             table = m.submodules.switch_table = Memory(shape=PROB_BITS + 1, depth=opt.cutoff + 1, init=[])
@@ -643,24 +672,26 @@ class WeightMemory(wiring.Component):
         new_state = {
             name: Signal(data.ArrayLayout(opt.field_shape(name), U), name=f"new_{name}") for name, _ in opt.fields
         }
-        self._datapath(m, s1_op, shift, gate, w_old, s1_g, s1_u, st_rd, new_w, new_state, table_ports)
+        self._datapath(m, s2_op, shift, s2_take, w_old, s2_g, s2_u, st_q, new_w, new_state, table_ports)
 
-        # --- write-back (stage 1) ---
-        s1_write = s1_valid & (s1_op != UNDO)
-        s1_wbits = Signal(U)
-        if "undo" in st_rd:
-            m.d.comb += s1_wbits.eq(Mux(s1_op == UNDO, st_rd["undo"].data.as_value(), new_w))
+        # --- write-back (stage 3) ---
+        s3_write = s3_valid & (s3_op != UNDO)
+        s3_wbits = Signal(U)
+        if "undo" in st_q:
+            undo3 = Signal(U)
+            m.d.sync += undo3.eq(st_q["undo"].as_value())
+            m.d.comb += s3_wbits.eq(Mux(s3_op == UNDO, undo3, new_w))
         else:
-            m.d.comb += s1_wbits.eq(Mux(s1_op == UNDO, w_old, new_w))
+            m.d.comb += s3_wbits.eq(Mux(s3_op == UNDO, w_old3, new_w))
         for lane_i, wr in enumerate(bank_wr):
             host_here = host_wr & (h.space == SPACE_WEIGHTS) & (h.lane == lane_i)
             m.d.comb += [
-                wr.addr.eq(bbase + Mux(busy, s1_addr, h.addr)),
-                wr.data.eq(Mux(busy, Cat(*([s1_wbits] * chunks)), h.data[: bank.lanes_in])),
+                wr.addr.eq(bbase + Mux(busy, s3_addr, h.addr)),
+                wr.data.eq(Mux(busy, Cat(*([s3_wbits] * chunks)), h.data[: bank.lanes_in])),
                 wr.en.eq(
                     Mux(
                         busy,
-                        Mux(s1_valid & (s1_lane == lane_i), Const(1, chunks) << s1_chunk, 0),
+                        Mux(s3_valid & (s3_lane == lane_i), Const(1, chunks) << s3_chunk, 0),
                         Mux(host_here, (1 << chunks) - 1, 0),
                     )
                 ),
@@ -668,16 +699,16 @@ class WeightMemory(wiring.Component):
         for name, _ in opt.fields:
             wr = st_wr[name]
             m.d.comb += [
-                wr.addr.eq(Mux(busy, s1_vidx, sbase + h.addr)),
+                wr.addr.eq(Mux(busy, s3_vidx, sbase + h.addr)),
                 wr.data.eq(Mux(busy, new_state[name].as_value(), h.data[: geo.field_width(name)])),
-                wr.en.eq(Mux(busy, s1_write, host_wr & (h.space == geo.field_space(name)))),
+                wr.en.eq(Mux(busy, s3_write, host_wr & (h.space == geo.field_space(name)))),
             ]
 
         # --- flip counter ---
         changed = Signal(U)
-        valid_mask = Mux(s1_partial, vmask, (1 << U) - 1)
-        m.d.comb += changed.eq((s1_wbits ^ w_old) & valid_mask)
-        with m.If(s1_valid):
+        valid_mask = Mux(s3_partial, vmask, (1 << U) - 1)
+        m.d.comb += changed.eq((s3_wbits ^ w_old3) & valid_mask)
+        with m.If(s3_valid):
             m.d.sync += flips.eq(flips + popcount(changed))
 
         # --- host read responses (one cycle after the read) ---
@@ -695,10 +726,23 @@ class WeightMemory(wiring.Component):
 
     # --- the four optimisers, per update lane ------------------------------------------------------------
 
-    def _datapath(self, m, op, shift, gate, w_old, g, u, st_rd, new_w, new_state, table_ports):
+    def _datapath(self, m, op, shift, take, w_old, g, u, st_rd, new_w, new_state, table_ports):
+        """The optimiser over two pipeline stages: its inputs (``op``, ``w_old``, ``g``, ``u``, the state words
+        ``st_rd``; switch: ``take``, the gate's verdict per row) are stage 2's registers, ``new_w`` and
+        ``new_state`` belong to stage 3 (the write-back). The switch optimiser accumulates in stage 2 and looks its
+        table up in stage 3; the others compute in stage 2 and register their results."""
         opt = self._geometry.optimizer
         U = self._geometry.sweep.update_lanes
         kind = opt.kind
+
+        def late(x, name):
+            """``x`` one cycle later (stage 2 -> 3)."""
+            x = Value.cast(x)
+            r = Signal(x.shape(), name=name)
+            m.d.sync += r.eq(x)
+            return r
+
+        op3 = late(op, "op3")
         # Per-sweep constants derived from the command's shift, registered (shift is stable during a sweep).
         if kind == "bop":
             mask = Signal(16)
@@ -731,32 +775,49 @@ class WeightMemory(wiring.Component):
             r_hi = uj[16:]
             init_w = ~uj[31]
             nw = Signal(name=f"nw{j}")
-            m.d.comb += new_w[j].eq(Mux(op == INIT, init_w, nw))
+            if kind == "switch":  # nw in stage 3
+                init3 = late(init_w, f"init3_{j}")
+                m.d.comb += new_w[j].eq(Mux(op3 == INIT, init3, nw))
+            else:
+                m.d.comb += new_w[j].eq(late(Mux(op == INIT, init_w, nw), f"nw3_{j}"))
 
             def state_in(name, j=j):
-                return st_rd[name].data[j]
+                return st_rd[name][j]
 
             def state_out(name, value_upd, value_init=0, j=j):
-                m.d.comb += new_state[name][j].eq(Mux(op == INIT, value_init, value_upd))
+                m.d.comb += new_state[name][j].eq(late(Mux(op == INIT, value_init, value_upd), f"{name}3_{j}"))
+
+            def state_out3(name, value_upd, value_init, j=j):  # values of stage 3
+                m.d.comb += new_state[name][j].eq(Mux(op3 == INIT, value_init, value_upd))
 
             if kind == "switch":
                 C = opt.cutoff
                 acc = state_in("acc")
                 s = Signal(signed(len(acc) + 1), name=f"sum{j}")
+                ns = Signal(signed(len(acc) + 2), name=f"nsum{j}")  # -s in one adder: ~acc + (1 - increment)
                 acc1 = Signal(signed(len(acc)), name=f"acc{j}")
+                nacc1 = Signal(signed(len(acc)), name=f"nacc{j}")
                 p = Signal(signed(len(acc) + 1), name=f"p{j}")
-                # the schedule's gate: the increment is taken only where (u & 0xFFFF) < gate
+                inc = Signal(signed(2), name=f"inc{j}")
+                # the schedule's gate: the increment is taken only where (u & 0xFFFF) < gate (take, stage 1);
+                # p = +-clamp(s) = clamp(+-s) (the clamp is symmetric), both signs in parallel
                 m.d.comb += [
-                    s.eq(acc + Mux(r_lo < gate, gj, 0)),
+                    inc.eq(Mux(take[j], gj, 0)),
+                    s.eq(acc + inc),
+                    ns.eq(~acc + (1 - inc)),
                     acc1.eq(Mux(s > C, C, Mux(s < -C, -C, s))),
-                    p.eq(Mux(w, acc1, -acc1)),
-                    table_ports[j].addr.eq(p.as_unsigned()),
+                    nacc1.eq(Mux(ns > C, C, Mux(ns < -C, -C, ns))),
+                    p.eq(Mux(w, acc1, nacc1)),
                 ]
+                # stage 3: the table lookup of the registered p, the switch and the write data
+                p3, acc3, w3, rhi3 = (late(p, f"p3_{j}"), late(acc1, f"acc3_{j}"), late(w, f"w3_{j}"),
+                                      late(r_hi, f"rhi3_{j}"))
+                m.d.comb += table_ports[j].addr.eq(p3.as_unsigned())
                 switch = Signal(name=f"sw{j}")
-                m.d.comb += [switch.eq((p > 0) & (r_hi < table_ports[j].data)), nw.eq(w ^ switch)]
-                state_out("acc", Mux(switch, 0, acc1) if opt.reset else acc1)
+                m.d.comb += [switch.eq((p3 > 0) & (rhi3 < table_ports[j].data)), nw.eq(w3 ^ switch)]
+                state_out3("acc", Mux(switch, 0, acc3) if opt.reset else acc3, 0)
                 if opt.undo:
-                    state_out("undo", w, init_w)
+                    state_out3("undo", w3, init3)
             elif kind == "bop":
                 F = opt.frac
                 mm = state_in("m")

@@ -74,7 +74,9 @@ def _pysim(widths, steps, count, *, seed, p_idle, p_stall):
     return stamps[-1] - stamps[0] + 1, dut.cycles(count)
 
 
-@pytest.mark.parametrize("widths, steps", [((12, 5, 8), 1), ((12, 5, 8), 3), ((6, 8, 1), 1)])
+# steps 2 and 4: radix-4 stages only; 3: one radix-4 and one radix-2 stage; (10, 7, 3) x 2: a padded quotient
+@pytest.mark.parametrize("widths, steps", [((12, 5, 8), 1), ((12, 5, 8), 2), ((12, 5, 8), 3), ((12, 5, 8), 4),
+                                           ((10, 7, 3), 2), ((6, 8, 1), 1)])
 def test_divider_in_amaranth_simulator(widths, steps):
     measured, model = _pysim(widths, steps, 60, seed=1, p_idle=0.0, p_stall=0.0)
     assert measured == model
