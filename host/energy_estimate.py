@@ -51,7 +51,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 __all__ = ["Activity", "EnergyEstimate", "activity_from_coverage", "classify_verilog", "estimate_energy",
-           "measure_activity", "read_coverage", "resources_from_report"]
+           "measure_activity", "read_coverage", "resources_from_report", "resources_from_synth"]
 
 #: The resource classes the estimate needs, as :class:`rtl_gen.synth.SynthReport` names them.
 RESOURCE_KEYS = ("LUT_logic", "FF", "BRAM36", "DSP")
@@ -203,6 +203,14 @@ def measure_activity(cfg, *, warmup_steps: int = 1, log=print, keep: str | Path 
         top = SystemPlan(cfg).name
         return activity_from_coverage(points, board.verilog, f"{top}.v", cycles, step_cycles=int(res.cycles),
                                       config=cfg.name)
+
+
+def resources_from_synth(rep) -> dict:
+    """The estimate's resources from a :class:`rtl_gen.synth.SynthReport`."""
+    r = rep.resources
+    lut_logic = r.get("LUT_logic", r.get("LUT", 0) - r.get("LUTRAM", 0))
+    return {"LUT_logic": float(lut_logic), "FF": float(r.get("FF", 0)), "BRAM36": float(r.get("BRAM36", 0)),
+            "DSP": float(r.get("DSP", 0))}
 
 
 def resources_from_report(path) -> dict:

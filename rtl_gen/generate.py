@@ -97,7 +97,7 @@ def _unit_checked(build, plan):
 
 
 def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=print, force: bool = True,
-             board=None) -> dict:
+             board=None, energy: bool = False) -> dict:
     """Write the accelerator for ``cfg`` to ``out_dir``: ``<top>.v``, ``regmap.json``, ``accelerator.json``
     (the host description), ``config.toml``, ``report.txt`` and ``report.json`` (cycles per step and per
     image from :mod:`rtl_gen.cycle_model`; with ``synth``, Yosys ``synth_xilinx`` resources for the xc7z020
@@ -106,7 +106,9 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
     whole-design synthesis takes hours; ``board``: a Zynq board name, also writes ``vivado/build.tcl`` and
     ``vivado/Makefile``, the Vivado build of a PYNQ overlay, :mod:`boards.vivado`; ``board="ulx3s-85f"``: instead
     of the xc7z020 estimate, the ECP5 place-and-route timing proxy of :mod:`boards.ecp5` with Fmax, utilisation
-    and ``ecp5/xnortrain.bit``, and with ``by_unit`` every unit out of context). Returns the report dict.
+    and ``ecp5/xnortrain.bit``, and with ``by_unit`` every unit out of context; ``energy``: with the xc7z020
+    synthesis, also the PL energy estimate of :mod:`host.energy_estimate`, ``report["energy_estimate"]``, from the
+    toggle activity of one step on the coverage simulated board). Returns the report dict.
 
     Nothing is created until the design is built: the output folder is checked first (:func:`check_out_dir`;
     ``force=False`` refuses a non-empty one, as ``xnortrain generate`` does without ``--force``), then the memory
@@ -116,6 +118,10 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
     import time
 
     out = check_out_dir(out_dir, force=force)
+    if energy and not synth:
+        from sim.schema import ConfigError
+
+        raise ConfigError("--energy-estimate needs the synthesised resources: drop --no-synth")
     ecp5 = None
     if board is not None:
         from boards.ecp5 import BOARDS as ECP5_BOARDS
@@ -128,6 +134,11 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
             from boards.zynq import get_board
 
             board = get_board(board)
+    if energy and ecp5 is not None:
+        from sim.schema import ConfigError
+
+        raise ConfigError(f"--energy-estimate: the constants are the xc7z020's (boards/power.py), not the "
+                          f"{ecp5.device.name}'s; drop --board {ecp5.name}")
     check_memory_budget(cfg, device=ecp5.device.name if ecp5 is not None else "xc7z020")
     from .cycle_model import step_cycles
     from .top import Accelerator, SystemPlan
@@ -185,6 +196,14 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
         lines += ["", rep.format_text()]
         if not rep.fits:
             lines.append(f"DOES NOT FIT the {rep.device.name}: " + "; ".join(rep.overflows()))
+        if energy:
+            from host.energy_estimate import estimate_energy, measure_activity, resources_from_synth
+
+            act = measure_activity(cfg, log=log)
+            est = estimate_energy(resources_from_synth(rep), act, clock_mhz=plan.description().clock_mhz,
+                                  batch=plan.batch)
+            report["energy_estimate"] = est.to_dict()
+            lines += ["", est.format_text()]
     report["meets_targets"] = {
         "cycles_per_image": cyc.per_image <= TARGETS["cycles_per_image"],
         **({"LUT": report["percent"].get("LUT", 0) <= TARGETS["LUT_percent"],
@@ -265,7 +284,7 @@ def generate_main(args) -> int:
     try:
         report = generate(cfg, args.out, synth=not getattr(args, "no_synth", False),
                           by_unit=getattr(args, "synth_by_unit", False), force=getattr(args, "force", False),
-                          board=getattr(args, "board", None))
+                          board=getattr(args, "board", None), energy=getattr(args, "energy_estimate", False))
     except DoesNotFitError as e:
         print(f"xnortrain: {e}", file=sys.stderr)
         return EXIT_DOES_NOT_FIT

@@ -197,3 +197,25 @@ def test_toggle_activity_of_a_small_step_through_the_simulated_board():
     assert 0 < act.alpha_ff < 1 and 0 < act.alpha_comb < 1
     e = estimate_energy({"LUT_logic": 1000, "FF": 1000, "BRAM36": 1, "DSP": 1}, act, clock_mhz=100, batch=4)
     assert e.per_image_uj > 0 and e.static_uj > 0
+
+
+# --- the commands ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["generate", "--no-synth", "--energy-estimate", "--out", "{t}/acc"], ["--energy-estimate", "--no-synth"]),
+    (["generate", "--board", "ulx3s-85f", "--energy-estimate", "--out", "{t}/acc"], ["--energy-estimate", "xc7z020"]),
+    (["verify", "--energy-estimate", "{t}/missing.json"], ["--energy-estimate {t}/missing.json", "no such file"]),
+    (["verify", "--energy-estimate", "{t}/empty.json"], ["resources.LUT_logic"]),
+])
+def test_energy_estimate_options_refused_before_anything_runs(tmp_path, capsys, argv, words):
+    from host.cli import main
+
+    (tmp_path / "empty.json").write_text("{}")
+    argv = [a.replace("{t}", str(tmp_path)) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    for w in words:
+        assert w.replace("{t}", str(tmp_path)) in err[0], err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.json"]  # nothing created
