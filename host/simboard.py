@@ -50,8 +50,8 @@ import numpy as np
 
 from .driver import AcceleratorDescription, AcceleratorError, AcceleratorTimeout, BlockingTransport, TransferTimeout
 
-__all__ = ["COVERAGE_ARGS", "COVERAGE_HARNESS", "HARNESS", "VERILATOR_ARGS", "SimBoard", "SimBoardBuildError",
-           "SimTransport", "build_library"]
+__all__ = ["COVERAGE_ARGS", "COVERAGE_HARNESS", "COVERAGE_MAKE_VARS", "HARNESS", "VERILATOR_ARGS", "SimBoard",
+           "SimBoardBuildError", "SimTransport", "build_library"]
 
 HARNESS = Path(__file__).resolve().with_name("simboard.cpp")
 """The C++ bus harness compiled with the Verilated accelerator."""
@@ -75,6 +75,11 @@ VERILATOR_ARGS = ("-Wno-fatal",)
 #: not nets (host/energy_estimate.py leaves every memory out of the rates), and counting them made the build
 #: several times longer.
 COVERAGE_ARGS = ("--coverage-toggle", "--coverage-max-width", "4096")
+
+#: g++ optimisation of a coverage build, every group at -O0: the counters make the paper's MLP about 70 MB of C++,
+#: which at the normal build's -O2 took most of an hour to compile on 2 busy cores; a coverage build runs only the
+#: few steps it measures, so compile time matters more than speed.
+COVERAGE_MAKE_VARS = {"OPT_FAST": "-O0", "OPT_SLOW": "-O0", "OPT_GLOBAL": "-O0"}
 
 #: Cycles an AXI4-Lite access may wait for its response (the register file answers in a few cycles).
 BUS_CYCLES = 10_000
@@ -195,7 +200,7 @@ def library_key(verilog: str, top: str, *, coverage: bool = False) -> dict:
         "wrapper": hashlib.sha256(inspect.getsource(wrap_top).encode()).hexdigest(),
         "verilator": verilator_version(),
         "verilator_args": list(VERILATOR_ARGS),
-        "make": _make_vars(),
+        "make": dict(COVERAGE_MAKE_VARS) if coverage else _make_vars(),
         "compiler": _compiler_id(),
         "abi": _ABI_VERSION,
     }
@@ -236,7 +241,7 @@ def build_library(verilog: str, top: str, *, log: Callable[[str], object] | None
         obj = folder / "obj"
         shutil.rmtree(obj, ignore_errors=True)
         jobs = jobs or os.cpu_count() or 1
-        make_vars = _make_vars()
+        make_vars = dict(COVERAGE_MAKE_VARS) if coverage else _make_vars()
         what = f"{top} with toggle coverage" if coverage else top
         log(f"simulated board: building {what} in {folder} ({len(verilog) / 1e6:.1f} MB of Verilog; "
             f"{' '.join(f'{k}={v}' for k, v in make_vars.items())}, {jobs} jobs) ...")

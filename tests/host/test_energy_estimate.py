@@ -161,13 +161,14 @@ def test_coverage_points_to_activity(tmp_path):
 
 
 def test_a_coverage_build_has_its_own_key_and_leaves_the_normal_one_alone():
-    from host.simboard import COVERAGE_ARGS, VERILATOR_ARGS, library_key
+    from host.simboard import COVERAGE_ARGS, COVERAGE_MAKE_VARS, VERILATOR_ARGS, _make_vars, library_key
 
     normal = library_key("module m(); endmodule\n", "m")
     cov = library_key("module m(); endmodule\n", "m", coverage=True)
-    assert "coverage" not in normal and list(VERILATOR_ARGS) == ["-Wno-fatal"]
-    assert cov["coverage"]["args"] == list(COVERAGE_ARGS)
-    assert {k: v for k, v in cov.items() if k != "coverage"} == normal
+    assert "coverage" not in normal and list(VERILATOR_ARGS) == ["-Wno-fatal"] and normal["make"] == _make_vars()
+    assert cov["coverage"]["args"] == list(COVERAGE_ARGS) and cov["make"] == COVERAGE_MAKE_VARS
+    assert {k: v for k, v in cov.items() if k not in ("coverage", "make")} == {
+        k: v for k, v in normal.items() if k != "make"}
 
 
 # --- through the simulated board ------------------------------------------------------------------------------
