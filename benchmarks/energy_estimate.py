@@ -6,9 +6,14 @@ MLP behind docs/results.md "Resources of the paper's MLP": its ``total``), or a 
 toggle coverage (the paper's MLP: a build of several minutes, cached under build/simboard/, then the step);
 the constants from boards/power.py. Prints the estimate with every constant and its sources; ``--json`` writes it.
 
+``--activity-batch N`` measures the activity on the same configuration with ``train.batch_size=N`` (the same
+layers, lanes and datapath; fewer cycles per step) and applies it to the configured batch's cycle count from
+the cycle model: the coverage model of the paper's MLP simulates only a few hundred cycles per second, so one
+B = 100 step (384k cycles) would take most of an hour.
+
 Command used for docs/results.md ("Energy estimate")::
 
-    .venv/bin/python benchmarks/energy_estimate.py --model mlp --json results/energy_estimate_mlp.json
+    .venv/bin/python benchmarks/energy_estimate.py --model mlp --activity-batch 10 --json results/energy_estimate_mlp.json
 """
 
 from __future__ import annotations
@@ -44,14 +49,26 @@ def main(argv=None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="configuration override")
     ap.add_argument("--resources", type=Path, default=ROOT / "docs" / "breakdown_paper.json",
                     help="JSON with total or resources: LUT, LUTRAM, FF, BRAM36, DSP")
+    ap.add_argument("--activity-batch", type=int, metavar="N",
+                    help="measure the activity with train.batch_size=N; the estimate keeps the configured batch and "
+                         "its cycle-model step")
     ap.add_argument("--json", type=Path, metavar="OUT", help="write the estimate as JSON")
     args = ap.parse_args(argv)
 
     cfg = apply_overrides(load_config(args.model), args.set)
     res = load_resources(args.resources)
     plan = SystemPlan(cfg)
-    act = measure_activity(cfg, log=print)
-    est = estimate_energy(res, act, clock_mhz=plan.description().clock_mhz, batch=plan.batch)
+    cycles = None
+    if args.activity_batch:
+        from rtl_gen.cycle_model import step_cycles
+
+        act = measure_activity(apply_overrides(cfg, [f"train.batch_size={args.activity_batch}"]), log=print)
+        cycles = step_cycles(plan).step
+        print(f"activity measured at B = {args.activity_batch}; the estimate uses B = {plan.batch} and its cycle "
+              f"model step, {cycles:,} cycles")
+    else:
+        act = measure_activity(cfg, log=print)
+    est = estimate_energy(res, act, clock_mhz=plan.description().clock_mhz, batch=plan.batch, cycles=cycles)
     print(f"resources ({args.resources.name}): " + ", ".join(f"{k} {v:,.1f}" for k, v in res.items()))
     print(f"activity: {act.cycles:,} cycles in the window ({act.step_cycles:,} in the step), FF bits "
           f"{act.ff_bits:,} ({act.ff_toggles:,} toggles), combinational bits {act.comb_bits:,} "
@@ -67,6 +84,7 @@ def main(argv=None) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"config": cfg.name, "overrides": args.set,
+                                         "activity_batch": args.activity_batch or plan.batch,
                                          "resources_file": str(args.resources), **est.to_dict()}, indent=1) + "\n")
     return 0
 

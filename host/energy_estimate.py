@@ -183,7 +183,8 @@ def measure_activity(cfg, *, warmup_steps: int = 1, log=print, keep: str | Path 
     idx = np.random.default_rng(cfg.train.seed).permutation(len(ds.x_train))[:B * (warmup_steps + 1)]
     x, y = prepare_inputs(cfg, ds.x_train[idx]), ds.y_train[idx]
     with SimBoard.build(cfg, log=log, coverage=True) as board:
-        drv = Driver(board.description, board.transport)
+        # the coverage model runs a few hundred cycles per second on the paper's MLP: no wall-time budget
+        drv = Driver(board.description, board.transport, timeout_s=1e7)
         drv.load_state_dict(HwModel(cfg).state_dict())
         for s in range(warmup_steps):
             drv.train_step(x[s * B:(s + 1) * B], y[s * B:(s + 1) * B], lr=cfg.lr)
