@@ -13,7 +13,7 @@ B = 100 step (384k cycles) would take most of an hour.
 
 Command used for docs/results.md ("Energy estimate")::
 
-    .venv/bin/python benchmarks/energy_estimate.py --model mlp --activity-batch 10 --json results/energy_estimate_mlp.json
+    .venv/bin/python benchmarks/energy_estimate.py --activity-batch 10 --json results/energy_mlp.json
 """
 
 from __future__ import annotations
