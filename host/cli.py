@@ -466,6 +466,11 @@ def make_parser() -> argparse.ArgumentParser:
                         "ulx3s-85f: instead of the xc7z020 estimate, place and route on the ECP5-85F with yosys "
                         "synth_ecp5 + nextpnr-ecp5 (Fmax, utilisation, DIR/ecp5/xnortrain.bit): a timing proxy for "
                         "another family, not the Zynq; with --synth-by-unit also each unit out of context")
+    p.add_argument("--energy-estimate", dest="energy_estimate", action="store_true",
+                   help="also estimate the PL energy per training step and per image (uJ; an estimate, not a "
+                        "measurement): the synthesised resources, the toggle activity of one step on the simulated "
+                        "board built with Verilator toggle coverage (minutes), and the xc7z020 constants of "
+                        "boards/power.py; needs the xc7z020 synthesis (not --no-synth, not an ECP5 board)")
     p.set_defaults(func=_lazy("rtl_gen.generate", "generate_main"))
 
     p = sub.add_parser(
@@ -489,6 +494,10 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=1, help="training steps to simulate and compare (default 1)")
     p.add_argument("--data", metavar="PATH",
                    help="an .npz with x/y, or a dataset folder (default: the configured dataset, vendored MNIST)")
+    p.add_argument("--energy-estimate", dest="energy_estimate", metavar="REPORT_JSON",
+                   help="after the check, estimate the PL energy per training step and per image (uJ; an estimate) "
+                        "with the resources of this `xnortrain generate` report.json and the toggle activity of one "
+                        "step on the simulated board built with Verilator toggle coverage (minutes)")
     p.set_defaults(func=_lazy("host.verify", "verify_main"))
 
     p = sub.add_parser(

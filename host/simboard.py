@@ -18,6 +18,12 @@ The simulator is cached under ``build_root()/simboard/<top>-<key>``, keyed on th
 harness source, the build flags (:data:`rtl_gen.toolchain.MODEL_OPT`, :data:`VERILATOR_ARGS`), the Verilator
 version and the compiler; two processes that want the same build wait for each other (a file lock).
 
+``SimBoard.build(cfg, coverage=True)`` builds a second, slower simulator of the same Verilog with Verilator's
+toggle coverage (:data:`COVERAGE_ARGS`, plus :data:`COVERAGE_HARNESS` for zeroing and writing the counters;
+its own cache folder, the normal build's key is unchanged): :meth:`SimBoard.coverage_zero` and
+:meth:`SimBoard.coverage_write` bracket the cycles to measure (:mod:`host.energy_estimate` turns the counts into
+switching activity).
+
 Every bus wait is bounded in cycles: an AXI4-Lite access that gets no response within ``bus_cycles``
 raises :class:`host.driver.AcceleratorTimeout`; a stream transfer that makes no progress for ``max_idle``
 cycles raises :class:`host.driver.TransferTimeout` naming the transfer (the driver then aborts the
@@ -44,10 +50,14 @@ import numpy as np
 
 from .driver import AcceleratorDescription, AcceleratorError, AcceleratorTimeout, BlockingTransport, TransferTimeout
 
-__all__ = ["HARNESS", "VERILATOR_ARGS", "SimBoard", "SimBoardBuildError", "SimTransport", "build_library"]
+__all__ = ["COVERAGE_ARGS", "COVERAGE_HARNESS", "COVERAGE_MAKE_VARS", "HARNESS", "VERILATOR_ARGS", "SimBoard",
+           "SimBoardBuildError", "SimTransport", "build_library"]
 
 HARNESS = Path(__file__).resolve().with_name("simboard.cpp")
 """The C++ bus harness compiled with the Verilated accelerator."""
+
+COVERAGE_HARNESS = Path(__file__).resolve().with_name("simboard_cov.cpp")
+"""Counter access (zero, write) compiled only into coverage builds."""
 
 LIBRARY = "libsimboard.so"
 _PREFIX = "Vsimboard"  # the Verilated class the harness includes
@@ -57,6 +67,19 @@ _ABI_VERSION = 1  # sb_abi_version() of the harness this module speaks to
 #: no public signals: the harness touches only the top-level ports, so Verilator may optimise every
 #: internal net (see docs/results.md, "Simulation speed").
 VERILATOR_ARGS = ("-Wno-fatal",)
+
+#: Added for a coverage build: two counters per bit of every signal (its 0->1 and 1->0 changes). The width limit
+#: (Verilator's default 256 bits; wider signals get no counters) is raised to 4,096: every signal of the paper's
+#: MLP is covered (the widest, the weight memories' gradient payloads, have 2,049 bits), while memories of more
+#: than 4,096 bits (89 % of its 5.2 M signal and memory bits: weight banks, YDX, X buffers) are left out; they are
+#: not nets (host/energy_estimate.py leaves every memory out of the rates), and counting them made the build
+#: several times longer.
+COVERAGE_ARGS = ("--coverage-toggle", "--coverage-max-width", "4096")
+
+#: g++ optimisation of a coverage build, every group at -O0: the counters make the paper's MLP about 70 MB of C++,
+#: which at the normal build's -O2 took most of an hour to compile on 2 busy cores; a coverage build runs only the
+#: few steps it measures, so compile time matters more than speed.
+COVERAGE_MAKE_VARS = {"OPT_FAST": "-O0", "OPT_SLOW": "-O0", "OPT_GLOBAL": "-O0"}
 
 #: Cycles an AXI4-Lite access may wait for its response (the register file answers in a few cycles).
 BUS_CYCLES = 10_000
@@ -165,25 +188,30 @@ def verilog_cache_path(cfg, top: str) -> Path:
     return build_root() / "verilog" / f"{top}-{key}.v"
 
 
-def library_key(verilog: str, top: str) -> dict:
-    """What the simulator library is made of (hashed into its folder's name)."""
+def library_key(verilog: str, top: str, *, coverage: bool = False) -> dict:
+    """What the simulator library is made of (hashed into its folder's name). A coverage build adds its
+    arguments and counter-access source; a normal build's key has no such entry (unchanged by the option)."""
     from rtl_gen.toolchain import verilator_version
 
-    return {
+    key = {
         "top": top,
         "verilog": hashlib.sha256(verilog.encode()).hexdigest(),
         "harness": hashlib.sha256(HARNESS.read_bytes()).hexdigest(),
         "wrapper": hashlib.sha256(inspect.getsource(wrap_top).encode()).hexdigest(),
         "verilator": verilator_version(),
         "verilator_args": list(VERILATOR_ARGS),
-        "make": _make_vars(),
+        "make": dict(COVERAGE_MAKE_VARS) if coverage else _make_vars(),
         "compiler": _compiler_id(),
         "abi": _ABI_VERSION,
     }
+    if coverage:
+        key["coverage"] = {"args": list(COVERAGE_ARGS),
+                           "harness": hashlib.sha256(COVERAGE_HARNESS.read_bytes()).hexdigest()}
+    return key
 
 
 def build_library(verilog: str, top: str, *, log: Callable[[str], object] | None = None,
-                  jobs: int | None = None) -> tuple[Path, bool]:
+                  jobs: int | None = None, coverage: bool = False) -> tuple[Path, bool]:
     """Build (or reuse) the simulator of the Verilog module ``top``; returns ``(library path, built)``.
 
     The folder ``build_root()/simboard/<top>-<key>`` holds the library once built (``build.json`` records
@@ -194,7 +222,7 @@ def build_library(verilog: str, top: str, *, log: Callable[[str], object] | None
     log = log or (lambda _msg: None)
     _tool_check()
     setup_environment()
-    key = library_key(verilog, top)
+    key = library_key(verilog, top, coverage=coverage)
     key_text = json.dumps(key, sort_keys=True, indent=1)
     folder = build_root() / "simboard" / f"{top}-{hashlib.sha256(key_text.encode()).hexdigest()[:12]}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -213,8 +241,9 @@ def build_library(verilog: str, top: str, *, log: Callable[[str], object] | None
         obj = folder / "obj"
         shutil.rmtree(obj, ignore_errors=True)
         jobs = jobs or os.cpu_count() or 1
-        make_vars = _make_vars()
-        log(f"simulated board: building {top} in {folder} ({len(verilog) / 1e6:.1f} MB of Verilog; "
+        make_vars = dict(COVERAGE_MAKE_VARS) if coverage else _make_vars()
+        what = f"{top} with toggle coverage" if coverage else top
+        log(f"simulated board: building {what} in {folder} ({len(verilog) / 1e6:.1f} MB of Verilog; "
             f"{' '.join(f'{k}={v}' for k, v in make_vars.items())}, {jobs} jobs) ...")
         env = dict(os.environ)
         # the optimisation levels are ours (they key the folder): drop any in MAKEFLAGS, keep the toolchain's
@@ -222,8 +251,9 @@ def build_library(verilog: str, top: str, *, log: Callable[[str], object] | None
         env["MAKEFLAGS"] = " ".join(words)
         t0 = time.monotonic()
         verilate = [str(verilator_path()), "--cc", "--exe", "-Mdir", str(obj), "--top-module", WRAPPER,
-                    "--prefix", _PREFIX, *VERILATOR_ARGS, "-CFLAGS", "-fPIC", "-LDFLAGS", "-shared",
-                    "-o", LIBRARY, str(src), str(wrapper), str(HARNESS)]
+                    "--prefix", _PREFIX, *VERILATOR_ARGS, *(COVERAGE_ARGS if coverage else ()),
+                    "-CFLAGS", "-fPIC", "-LDFLAGS", "-shared", "-o", LIBRARY, str(src), str(wrapper), str(HARNESS),
+                    *((str(COVERAGE_HARNESS),) if coverage else ())]
         _run(verilate, env, folder, "verilator")
         t1 = time.monotonic()
         make = ["make", "-j", str(jobs), "-C", str(obj), "-f", f"{_PREFIX}.mk",
@@ -267,6 +297,9 @@ def _load(path: Path) -> ctypes.CDLL:
         "sb_send": (i64, [vp, pu32, u64, ctypes.c_int, u64]),
         "sb_receive": (i64, [vp, pu32, u64, u64, pi64]),
     }
+    if hasattr(lib, "sb_cov_enabled"):  # a coverage build (COVERAGE_HARNESS)
+        sigs.update({"sb_cov_enabled": (ctypes.c_int, []), "sb_cov_zero": (None, []),
+                     "sb_cov_write": (None, [ctypes.c_char_p])})
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = res, args
@@ -354,12 +387,14 @@ class SimBoard:
         self._h = self._lib.sb_open()
         self._lib.sb_reset(self._h, 3)
         self.transport = SimTransport(self, bus_cycles=bus_cycles, max_idle=max_idle)
+        self.verilog: str | None = None  # the accelerator's Verilog, when built by :meth:`build`
 
     @classmethod
     def build(cls, cfg, *, log: Callable[[str], object] | None = None, bus_cycles: int = BUS_CYCLES,
-              max_idle: int = MAX_IDLE) -> SimBoard:
+              max_idle: int = MAX_IDLE, coverage: bool = False) -> SimBoard:
         """Elaborate the accelerator for ``cfg`` (:class:`rtl_gen.top.Accelerator`), build its simulator or
-        reuse the cached one, and open a board on it. ``log`` gets one line per stage."""
+        reuse the cached one, and open a board on it. ``log`` gets one line per stage. ``coverage``: the
+        toggle-coverage simulator instead (:data:`COVERAGE_ARGS`; several times slower per cycle)."""
         from rtl_gen.top import Accelerator, SystemPlan
 
         log = log or (lambda _msg: None)
@@ -376,8 +411,10 @@ class SimBoard:
             tmp = path.with_name(f".{path.name}.{os.getpid()}")
             tmp.write_text(verilog)
             os.replace(tmp, path)  # atomic: another process may read or write the same key
-        lib, _ = build_library(verilog, plan.name, log=log)
-        return cls(lib, plan.description(), bus_cycles=bus_cycles, max_idle=max_idle)
+        lib, _ = build_library(verilog, plan.name, log=log, coverage=coverage)
+        board = cls(lib, plan.description(), bus_cycles=bus_cycles, max_idle=max_idle)
+        board.verilog = verilog
+        return board
 
     def _handle(self):
         if self._h is None:
@@ -388,6 +425,27 @@ class SimBoard:
     def cycles(self) -> int:
         """Clock cycles simulated since the board was opened (reset included)."""
         return int(self._lib.sb_cycles(self._handle()))
+
+    @property
+    def coverage(self) -> bool:
+        """Whether this board's simulator counts toggles (built with ``coverage=True``)."""
+        return hasattr(self._lib, "sb_cov_enabled")
+
+    def _cov(self):
+        self._handle()
+        if not self.coverage:
+            raise AcceleratorError(f"{self.library}: not a coverage build (SimBoard.build(cfg, coverage=True))")
+        return self._lib
+
+    def coverage_zero(self) -> None:
+        """Zero every toggle counter (this board must be the last one opened in this thread)."""
+        self._cov().sb_cov_zero()
+
+    def coverage_write(self, path: str | os.PathLike) -> Path:
+        """Write every toggle counter to ``path`` (Verilator's coverage.dat format); returns the path."""
+        path = Path(path)
+        self._cov().sb_cov_write(str(path).encode())
+        return path
 
     def run(self, cycles: int) -> None:
         """Let ``cycles`` clock cycles pass."""

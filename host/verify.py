@@ -214,8 +214,34 @@ def verify_main(args) -> int:
 
     cfg = build_config(args)
     check_data_arg(getattr(args, "data", None))
+    resources = _energy_resources(getattr(args, "energy_estimate", None))
     res = verify(cfg, int(args.steps), data=getattr(args, "data", None))
+    if res.ok and resources is not None:
+        from rtl_gen.top import SystemPlan
+
+        from .energy_estimate import estimate_energy, measure_activity
+
+        plan = SystemPlan(cfg)
+        est = estimate_energy(resources, measure_activity(cfg), clock_mhz=plan.description().clock_mhz,
+                              batch=plan.batch)
+        print(est.format_text())
     return EXIT_OK if res.ok else EXIT_MISMATCH
+
+
+def _energy_resources(path) -> dict | None:
+    """``verify --energy-estimate REPORT_JSON``: the resources of a generate report, read before anything runs."""
+    if path is None:
+        return None
+    from host.cli import UserError
+
+    from .energy_estimate import resources_from_report
+
+    try:
+        return resources_from_report(path)
+    except FileNotFoundError:
+        raise UserError(f"--energy-estimate {path}: no such file (a `xnortrain generate` report.json)") from None
+    except (ValueError, OSError) as e:
+        raise UserError(f"--energy-estimate {e}") from None
 
 
 def check_data_arg(data) -> None:

@@ -127,7 +127,8 @@ def _unit_checked(build, plan):
 
 
 def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=print, force: bool = True,
-             board=None, device=None, jobs: int = 1, cluster: str | None = None) -> dict:
+             board=None, device=None, jobs: int = 1, cluster: str | None = None,
+             energy: bool = False) -> dict:
     """Write the accelerator for ``cfg`` to ``out_dir``: ``<top>.v``, ``regmap.json``, ``accelerator.json``
     (the host description), ``config.toml``, ``report.txt`` and ``report.json`` (cycles per step and per
     image from :mod:`rtl_gen.cycle_model`; with ``synth``, Yosys ``synth_xilinx`` resources for the xc7z020
@@ -140,7 +141,9 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
     Yosys estimate is for (``xc7z020``, the default, or the UltraScale+ ``xck26`` / ``xczu7ev``, synthesised
     with ``synth_xilinx -family xcup``). With ``by_unit``, ``jobs`` > 1 synthesises that many units at once
     and ``cluster`` (a Dask scheduler address, checked before elaboration) sends them to a cluster's workers;
-    the report is the same either way. Returns the report dict.
+    the report is the same either way. ``energy``: with the xc7z020 synthesis, also the PL energy estimate of
+    :mod:`host.energy_estimate`, ``report["energy_estimate"]``, from the toggle activity of one step on the
+    coverage simulated board. Returns the report dict.
 
     Nothing is created until the design is built: the output folder is checked first (:func:`check_out_dir`;
     ``force=False`` refuses a non-empty one, as ``xnortrain generate`` does without ``--force``), then the memory
@@ -150,6 +153,10 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
     import time
 
     out = check_out_dir(out_dir, force=force)
+    if energy and not synth:
+        from sim.schema import ConfigError
+
+        raise ConfigError("--energy-estimate needs the synthesised resources: drop --no-synth")
     ecp5 = None
     if board is not None:
         from boards.ecp5 import BOARDS as ECP5_BOARDS
@@ -171,6 +178,11 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
     if cluster is not None and ecp5 is not None:
         raise ValueError(f"--cluster {cluster}: the ECP5 flow runs on this machine (--jobs N runs its units in "
                          "parallel)")
+    if energy and (ecp5 is not None or dev.name != "xc7z020"):
+        from sim.schema import ConfigError
+
+        raise ConfigError(f"--energy-estimate: the constants are the xc7z020's (boards/power.py), not the "
+                          f"{ecp5.device.name if ecp5 is not None else dev.name}'s; drop --board / --device")
     check_memory_budget(cfg, device=ecp5.device.name if ecp5 is not None else dev.name)
     if cluster is not None:
         from .synth import check_cluster
@@ -242,6 +254,14 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
         lines += ["", rep.format_text()]
         if not rep.fits:
             lines.append(f"DOES NOT FIT the {rep.device.name}: " + "; ".join(rep.overflows()))
+        if energy:
+            from host.energy_estimate import estimate_energy, measure_activity, resources_from_synth
+
+            act = measure_activity(cfg, log=log)
+            est = estimate_energy(resources_from_synth(rep), act, clock_mhz=plan.description().clock_mhz,
+                                  batch=plan.batch)
+            report["energy_estimate"] = est.to_dict()
+            lines += ["", est.format_text()]
     goals = report["targets"]
     report["meets_targets"] = {
         "cycles_per_image": cyc.per_image <= goals["cycles_per_image"],
@@ -325,7 +345,8 @@ def generate_main(args) -> int:
         report = generate(cfg, args.out, synth=not getattr(args, "no_synth", False),
                           by_unit=getattr(args, "synth_by_unit", False), force=getattr(args, "force", False),
                           board=getattr(args, "board", None), device=getattr(args, "device", None),
-                          jobs=getattr(args, "jobs", 1), cluster=getattr(args, "cluster", None))
+                          jobs=getattr(args, "jobs", 1), cluster=getattr(args, "cluster", None),
+                          energy=getattr(args, "energy_estimate", False))
     except DoesNotFitError as e:
         print(f"xnortrain: {e}", file=sys.stderr)
         return EXIT_DOES_NOT_FIT
