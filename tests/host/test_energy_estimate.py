@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from small_mlp import SMALL  # the small MLP of the system tests (tests/small_mlp.py)
 
 from boards.power import CONSTANTS, DEFAULT_TOGGLE_RATE, PL_RAILS, REPORTS, Constant
 from host.energy_estimate import (
@@ -173,17 +174,6 @@ def test_a_coverage_build_has_its_own_key_and_leaves_the_normal_one_alone():
 
 # --- through the simulated board ------------------------------------------------------------------------------
 
-SMALL = [
-    "model.input_format=binary",
-    "train.batch_size=4",
-    'model.layers=[{type="dense",units=12},{type="dense",units=10}]',
-    "hw.lanes_in=32",
-    "hw.lanes_out=8",
-    "hw.lanes_b=2",
-    "hw.update_lanes=8",
-    "hw.dw_passes=4",
-    "hw.dx_passes=2",
-]
 
 
 @pytest.mark.rtl_slow  # the coverage build of the small MLP takes ~7 min cold on 2 cores (~1 min warm)

@@ -5,21 +5,10 @@ import time
 
 import numpy as np
 import pytest
+from small_mlp import SMALL  # the small MLP of the system tests (tests/small_mlp.py)
 
 from host.driver import AcceleratorError, Driver, HardwareMismatch, TransferTimeout, description_hash
 from sim.config import apply_overrides, load_config
-
-SMALL = [
-    "model.input_format=binary",
-    "train.batch_size=4",
-    'model.layers=[{type="dense",units=12},{type="dense",units=10}]',
-    "hw.lanes_in=32",
-    "hw.lanes_out=8",
-    "hw.lanes_b=2",
-    "hw.update_lanes=8",
-    "hw.dw_passes=4",
-    "hw.dx_passes=2",
-]
 
 
 def _batches(cfg, steps):

@@ -18,6 +18,7 @@ import re
 import numpy as np
 import pytest
 from amaranth.sim import Simulator
+from small_mlp import SMALL  # tests/small_mlp.py (other tests import it from here too)
 
 from rtl_gen.bn_unit import BnLayer
 from rtl_gen.buffers import BeatWriter, MemoryReader, RowReader, RowWriter, TileReader, WordSerializer
@@ -29,18 +30,6 @@ from sim.config import CONFIG_DIR, apply_overrides, load_config
 from sim.hw import arith as A
 from sim.hw import optim as O
 from sim.schema import ConfigError
-
-SMALL = [
-    "model.input_format=binary",
-    "train.batch_size=4",
-    'model.layers=[{type="dense",units=12},{type="dense",units=10}]',
-    "hw.lanes_in=32",
-    "hw.lanes_out=8",
-    "hw.lanes_b=2",
-    "hw.update_lanes=8",
-    "hw.dw_passes=4",  # 8 dW cycles per bank row, still under the sweep's 32: no cycles lost
-    "hw.dx_passes=2",
-]
 
 
 def small_cfg(*extra):
