@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from boards.devices import uram_rule
+
 __all__ = [
     "CALIBRATION_PATH",
     "FEATURES",
@@ -163,9 +165,32 @@ class MemoryShape:
 
     @property
     def bram36(self) -> float:
+        """BRAM36 sites on a family without UltraRAM (``xc7``)."""
         if self.block:
             return split_bram36(self.width, self.depth, self.block)
         return bram36(self.width, self.depth, self.gran)
+
+    def segments(self) -> list[int]:
+        """Depths of the memories Yosys sees: a :class:`rtl_gen.buffers.SplitMemory`'s bulk and tail, else one."""
+        if not self.block:
+            return [self.depth]
+        from .buffers import split_segments
+
+        return [n for _, n in split_segments(self.depth, self.block)]
+
+    def mapped(self, family: str = "xc7") -> dict[str, float]:
+        """``{"BRAM36": sites, "URAM": blocks}`` on ``family``: the memories (segments) the family's
+        :func:`boards.devices.uram_rule` selects in URAM288 blocks, the others in block RAM as :func:`bram36`."""
+        rule = uram_rule(family)
+        if rule is None:
+            return {"BRAM36": self.bram36, "URAM": 0}
+        out = {"BRAM36": 0.0, "URAM": 0}
+        for depth in self.segments():
+            if rule.selects(self.width, depth):
+                out["URAM"] += rule.blocks(self.width, depth)
+            else:
+                out["BRAM36"] += bram36(self.width, depth, None if self.block else self.gran)
+        return out
 
     @property
     def lutram(self) -> int:
@@ -450,24 +475,30 @@ class ResourceModel:
                                                       "features": inst.features, "measured": measured})
         return out
 
-    def predict_instance(self, inst: UnitInstance) -> dict[str, float]:
+    def predict_instance(self, inst: UnitInstance, family: str = "xc7") -> dict[str, float]:
+        """The instance's resources; on a family with UltraRAM (``xcup``) also ``URAM``, the memories of
+        :func:`memory_shapes` that :func:`boards.devices.uram_rule` sends there counted in URAM288 instead of
+        BRAM36 (LUT, FF and DSP are the calibration's, synthesised for the xc7z020, whatever the family)."""
         fits = self.fits[inst.kind]
         out = {}
         for res in RESOURCES:
             if res == "BRAM36" and inst.kind in BRAM_FROM_SHAPES:
-                out[res] = sum(m.bram36 for m in inst.memories)
+                out[res] = sum(m.mapped(family)["BRAM36"] for m in inst.memories)
             elif res in fits:
                 out[res] = max(0.0, fits[res](inst.features)) + _lutram(inst, res)
             else:
                 out[res] = 0.0
         if "BRAM36" in fits and inst.kind not in BRAM_FROM_SHAPES:
             out["BRAM36"] = round(2 * out["BRAM36"]) / 2  # whole RAMB18s
+        if uram_rule(family) is not None:
+            out["URAM"] = sum(m.mapped(family)["URAM"] for m in inst.memories)
         return out
 
-    def predict(self, plan) -> dict:
-        """``{"units": [(instance, {resource: amount})], "total": {resource: amount}}`` for ``plan``."""
-        units = [(inst, self.predict_instance(inst)) for inst in unit_instances(plan)]
-        total = {r: sum(u[1][r] for u in units) for r in RESOURCES}
+    def predict(self, plan, family: str = "xc7") -> dict:
+        """``{"units": [(instance, {resource: amount})], "total": {resource: amount}}`` for ``plan`` synthesised for
+        ``family`` (``xcup`` adds ``URAM``: :meth:`predict_instance`)."""
+        units = [(inst, self.predict_instance(inst, family)) for inst in unit_instances(plan)]
+        total = {r: sum(u[1][r] for u in units) for r in units[0][1]}
         return {"units": units, "total": total}
 
 
