@@ -180,3 +180,33 @@ def test_big_memories_go_to_uram_on_xcup(tmp_path, monkeypatch):
     assert rule.selects(64, 4096) and not rule.selects(8, 4096)
     assert 'ram_style "ultra"' in (rep.workdir / "synth.ys").read_text()
     assert json.loads(rep.stats_path.read_text()) and rep.fits and not rep.unmapped
+
+
+@pytest.mark.slow
+def test_compare_synthesis_groups_parts_by_unit(monkeypatch):
+    """``python -m rtl_gen.resource_model --config ... --device xck26``: the model beside the per-part synthesis, one
+    row per unit (the io parts summed), Yosys faked with every part at 1 LUT / 2 URAM (the small MLP is elaborated:
+    about 30 s)."""
+    from small_mlp import SMALL
+
+    from rtl_gen import synth as synth_mod
+    from sim.config import apply_overrides, load_config
+
+    calls = []
+
+    def fake_parts(verilog, top, *, device, jobs=1, **kw):
+        for name, _alias, _text, _boxes in synth_mod.part_texts(verilog, top):
+            calls.append(name)
+            rep = synth_mod.SynthReport.from_cells({"LUT4": 1, "URAM288": 2}, top=name, device=device)
+            yield name, rep, len(calls) - 1, 0
+
+    monkeypatch.setattr(synth_mod, "synthesize_parts", fake_parts)
+    cfg = apply_overrides(load_config("mlp"), SMALL)
+    rows = rm.compare_synthesis(cfg, "xck26")
+    units = rows[:-1]
+    assert sum(r["synthesis"]["LUT"] for r in units) == len(calls) and rows[-1]["synthesis"]["URAM"] == 2 * len(calls)
+    io = next(r for r in units if r["kind"] == "io")
+    assert io["synthesis"]["LUT"] == sum(1 for n in calls if rm.unit_kind(n) == "io") > 1
+    assert all(r["synthesis"]["LUT"] == 1 for r in units if r["kind"] != "io")
+    assert set(rows[-1]["model"]) == {"LUT", "FF", "BRAM36", "DSP", "URAM"}
+    assert "| **total** |" in rm.format_comparison(rows)
