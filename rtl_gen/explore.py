@@ -4,8 +4,10 @@
 (:data:`GRID`: engine lanes, dW / dX passes and so whether dX runs on the dW engine's DSP48 array or on fabric
 adder trees, the po2, update, divider, multiplier and loss lanes) with the cycle model (:mod:`rtl_gen.cycle_model`)
 and the calibrated resource model (:mod:`rtl_gen.resource_model`), keeps the designs that fit the device (LUT at
-most :data:`LUT_SHARE` of the device, FF, BRAM36 and DSP48 within it) and reports the Pareto front of cycles per
-image against LUT and against BRAM36.
+most :data:`LUT_SHARE` of the device, FF, BRAM36 and DSP48 within it, and UltraRAM on a die with it: the model
+puts there the memories the synthesis sends there, :func:`boards.devices.uram_rule`) and reports the Pareto front of
+cycles per image against LUT and against BRAM36. On UltraScale+ (``xck26``, ``xczu7ev``) LUT, FF and DSP are still
+the xc7z020 calibration's: estimates for another family (docs/results.md).
 
 Search. The cycle model builds units to ask their cycle counts (hundreds of ms per design) and a plan takes tens
 of ms, so the full product of :data:`GRID` (about 300,000 designs) is not evaluated one by one. For every
