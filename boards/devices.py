@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-__all__ = ["DEVICES", "URAM_DEPTH", "URAM_KBIT", "URAM_RULES", "URAM_WIDTH", "Device", "UnknownDeviceError",
-           "UramRule", "get_device", "uram_rule", "xilinx_devices"]
+__all__ = ["DEVICES", "URAM_BYTE_WIDTHS", "URAM_DEPTH", "URAM_KBIT", "URAM_RULES", "URAM_WIDTH", "Device",
+           "UnknownDeviceError", "UramRule", "get_device", "uram_rule", "xilinx_devices"]
 
 
 class UnknownDeviceError(ValueError):
@@ -94,6 +94,8 @@ class Device:
 URAM_DEPTH = 4096
 URAM_WIDTH = 72
 URAM_KBIT = URAM_DEPTH * URAM_WIDTH // 1024  # 288
+#: Byte-lane widths of a URAM288 word (9 lanes of 8 bits or 8 of 9, each with its own write enable).
+URAM_BYTE_WIDTHS = (8, 9)
 
 
 @dataclass(frozen=True)
@@ -126,10 +128,21 @@ class UramRule:
         return any(depth >= d and width >= w for d, w in self.clauses)
 
     @staticmethod
-    def blocks(width: int, depth: int) -> int:
-        """URAM288 blocks of a ``width x depth`` memory with one write and one read port, as Yosys maps it: whole
-        4K x 72 blocks (``urams.txt``), the columns of a deeper memory one under the other."""
-        return -(-width // URAM_WIDTH) * -(-depth // URAM_DEPTH)
+    def blocks(width: int, depth: int, gran: int | None = None) -> int:
+        """URAM288 blocks of a ``width x depth`` memory with one write and one read port, as Yosys 0.70's
+        ``memory_libmap`` maps it. A URAM288 word is eight 9-bit or nine 8-bit byte lanes with their own write
+        enables (``urams.txt``: ``BYTEWIDTH`` 8 or 9), and the lanes of one block may hold different 4K-row slices of
+        a deeper memory: the memory needs ``ceil(width / b)`` lanes (per write group of ``gran`` bits) in each of
+        ``ceil(depth / 4096)`` row slices, packed ``72 / b`` to a block, the better byte width taken. 24,576 x 112
+        takes 10 (not 2 columns x 6); checked against Yosys on 17 shapes (tests/rtl_gen/test_uram.py)."""
+        rows = -(-depth // URAM_DEPTH)
+        g = width if gran is None else gran
+        best = None
+        for b in URAM_BYTE_WIDTHS:
+            lanes = (width // g) * -(-g // b) * rows
+            n = -(-lanes // (URAM_WIDTH // b))
+            best = n if best is None else min(best, n)
+        return best
 
 
 #: Per synthesis family: the memories that go to UltraRAM (families without UltraRAM have none).

@@ -187,7 +187,7 @@ class MemoryShape:
         out = {"BRAM36": 0.0, "URAM": 0}
         for depth in self.segments():
             if rule.selects(self.width, depth):
-                out["URAM"] += rule.blocks(self.width, depth)
+                out["URAM"] += rule.blocks(self.width, depth, None if self.block else self.gran)
             else:
                 out["BRAM36"] += bram36(self.width, depth, None if self.block else self.gran)
         return out
