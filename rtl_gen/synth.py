@@ -12,8 +12,12 @@ Flow (one YoWASP Yosys run per distinct Verilog text)::
     synth_xilinx -family xc7 -top <top> -flatten -noiopad -noclkbuf      (xcup: -family xcup ... -uram)
     tee -o stats.json stat -json
 
-- ``-uram`` (UltraScale+ only): lets ``memory_libmap`` map large memories to 288 kbit UltraRAM (URAM288)
-  where its cost table prefers them to block RAM; without it a design is counted as if the die had none.
+- ``-uram`` (UltraScale+ only): makes the 288 kbit UltraRAM (URAM288) available to ``memory_libmap``, which uses it
+  only for memories marked ``ram_style = "ultra"`` (``urams.txt`` declares it a ``huge`` memory). On ``xcup`` the
+  script (:func:`synth_script`) therefore runs ``synth_xilinx`` up to ``map_memory``, marks the memories of
+  :func:`boards.devices.uram_rule` (deep and wide: URAM; the other memories deeper than 512 words: block RAM, which
+  also avoids a LUTRAM mapping Yosys 0.70 offers but cannot build) and runs the rest; the resource model reads the
+  same rule. The ``xc7`` script is the one-line ``synth_xilinx`` above, byte for byte as before the rule.
 
 - ``-flatten``: the generated blocks are small hierarchies; flattening lets Yosys optimise across them
   (constant weights, unused outputs) and gives one flat cell count.
