@@ -23,7 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-__all__ = ["DEVICES", "URAM_KBIT", "Device", "UnknownDeviceError", "get_device", "xilinx_devices"]
+__all__ = ["DEVICES", "URAM_BYTE_WIDTHS", "URAM_DEPTH", "URAM_KBIT", "URAM_RULES", "URAM_WIDTH", "Device",
+           "UnknownDeviceError", "UramRule", "get_device", "uram_rule", "xilinx_devices"]
 
 
 class UnknownDeviceError(ValueError):
@@ -90,7 +91,69 @@ class Device:
 
 
 #: One UltraRAM block (URAM288): 4K x 72 bits (UG573).
-URAM_KBIT = 288
+URAM_DEPTH = 4096
+URAM_WIDTH = 72
+URAM_KBIT = URAM_DEPTH * URAM_WIDTH // 1024  # 288
+#: Byte-lane widths of a URAM288 word (9 lanes of 8 bits or 8 of 9, each with its own write enable).
+URAM_BYTE_WIDTHS = (8, 9)
+
+
+@dataclass(frozen=True)
+class UramRule:
+    """Which inferred memories synthesis puts into UltraRAM on a family that has it.
+
+    Yosys ``memory_libmap`` never picks UltraRAM by itself (``urams.txt`` declares it a ``huge`` memory, used only
+    for a memory whose ``ram_style`` attribute asks for it), and without it a deep memory can fail to map at all
+    (Yosys 0.70 on ``xcup``: a 16,384 x 64 single-port memory goes to LUTRAM, which ``lutrams_xc5v_map.v`` refuses).
+    The rule marks a memory ``ram_style = "ultra"`` when its depth and width reach one of :attr:`clauses`
+    (``(min_depth, min_width)`` pairs, any one enough); ``rtl_gen.synth`` turns the same clauses into the Yosys
+    selection of ``$mem_v2`` cells (parameters ``SIZE`` and ``WIDTH``), ``rtl_gen.resource_model`` counts the
+    memories they select in URAM288 blocks, so synthesis and the model cannot disagree on which memory goes where.
+
+    The clauses pick the memories where one URAM288 does the work of several 36 kbit block RAMs: deeper than 2,048
+    words a RAMB36 holds 9 bits of 4K rows (a URAM 72), so from 36 bits wide; deeper than 1,024 words a RAMB36 holds
+    18 bits of 2K rows, so from 72 bits wide. A whole 4K x 72 block replaces four to eight RAMB36, a selected memory
+    never fewer than two per URAM288 (tests/rtl_gen/test_uram.py). The K26 has 64 URAM for 144 BRAM36 and the ZU7EV
+    96 for 312: a URAM is worth two to three block RAMs there.
+    """
+
+    clauses: tuple[tuple[int, int], ...]
+    block_depth: int
+    """Memories deeper than this that the clauses leave out are marked ``ram_style = "block"``: Yosys 0.70's
+    ``lutrams_xcu.txt`` offers a single-port LUTRAM up to 64K deep that ``lutrams_xc5v_map.v`` cannot build (the
+    deepest UltraScale+ LUTRAM primitive is RAM512X1S), so a deep single-port memory would otherwise fail."""
+
+    def selects(self, width: int, depth: int) -> bool:
+        """Whether a ``width x depth`` memory goes to UltraRAM."""
+        return any(depth >= d and width >= w for d, w in self.clauses)
+
+    @staticmethod
+    def blocks(width: int, depth: int, gran: int | None = None) -> int:
+        """URAM288 blocks of a ``width x depth`` memory with one write and one read port, as Yosys 0.70's
+        ``memory_libmap`` maps it. A URAM288 word is eight 9-bit or nine 8-bit byte lanes with their own write
+        enables (``urams.txt``: ``BYTEWIDTH`` 8 or 9), and the lanes of one block may hold different 4K-row slices of
+        a deeper memory: the memory needs ``ceil(width / b)`` lanes (per write group of ``gran`` bits) in each of
+        ``ceil(depth / 4096)`` row slices, packed ``72 / b`` to a block, the better byte width taken. 24,576 x 112
+        takes 10 (not 2 columns x 6); checked against Yosys on 17 shapes (tests/rtl_gen/test_uram.py)."""
+        rows = -(-depth // URAM_DEPTH)
+        g = width if gran is None else gran
+        best = None
+        for b in URAM_BYTE_WIDTHS:
+            lanes = (width // g) * -(-g // b) * rows
+            n = -(-lanes // (URAM_WIDTH // b))
+            best = n if best is None else min(best, n)
+        return best
+
+
+#: Per synthesis family: the memories that go to UltraRAM (families without UltraRAM have none).
+URAM_RULES: Mapping[str, UramRule] = MappingProxyType({
+    "xcup": UramRule(clauses=((2 * 1024 + 1, 36), (1024 + 1, 72)), block_depth=512),
+})
+
+
+def uram_rule(family: str) -> UramRule | None:
+    """The :class:`UramRule` of a synthesis family (``xcup``), or None for a family without UltraRAM."""
+    return URAM_RULES.get(family)
 
 _XC7Z020_SLICES = 13_300
 

@@ -4,8 +4,10 @@
 (:data:`GRID`: engine lanes, dW / dX passes and so whether dX runs on the dW engine's DSP48 array or on fabric
 adder trees, the po2, update, divider, multiplier and loss lanes) with the cycle model (:mod:`rtl_gen.cycle_model`)
 and the calibrated resource model (:mod:`rtl_gen.resource_model`), keeps the designs that fit the device (LUT at
-most :data:`LUT_SHARE` of the device, FF, BRAM36 and DSP48 within it) and reports the Pareto front of cycles per
-image against LUT and against BRAM36.
+most :data:`LUT_SHARE` of the device, FF, BRAM36 and DSP48 within it, and UltraRAM on a die with it: the model
+puts there the memories the synthesis sends there, :func:`boards.devices.uram_rule`) and reports the Pareto front of
+cycles per image against LUT and against BRAM36. On UltraScale+ (``xck26``, ``xczu7ev``) LUT, FF and DSP are still
+the xc7z020 calibration's: estimates for another family (docs/results.md).
 
 Search. The cycle model builds units to ask their cycle counts (hundreds of ms per design) and a plan takes tens
 of ms, so the full product of :data:`GRID` (about 300,000 designs) is not evaluated one by one. For every
@@ -34,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from boards.devices import DEVICES, Device, get_device
+from boards.devices import DEVICES, Device, get_device, uram_rule
 from sim.schema import ConfigError
 
 __all__ = ["FINE", "GRID", "LUT_SHARE", "MAIN", "Design", "Exploration", "explore", "fast_cycles", "pareto"]
@@ -91,17 +93,20 @@ def limits_of(device: Device) -> dict[str, float]:
         xilinx = ", ".join(d.name for d in DEVICES.values() if all(k in d.limits for k in RESOURCE_KEYS))
         raise ValueError(f"--device {device.name}: no {'/'.join(missing)} limit (the resource model counts Xilinx "
                          f"LUT6 / FF / BRAM36 / DSP48 primitives); devices it can check: {xilinx}")
-    lim = {k: float(device.limits[k]) for k in RESOURCE_KEYS}
+    # UltraRAM too where the die has it: the model puts the memories synthesis sends there (boards.devices.uram_rule)
+    keys = RESOURCE_KEYS + (("URAM",) if uram_rule(device.family) is not None and "URAM" in device.limits else ())
+    lim = {k: float(device.limits[k]) for k in keys}
     lim["LUT"] = math.floor(LUT_SHARE * lim["LUT"])
     return lim
 
 
 def fits(resources: dict, limits: dict) -> bool:
-    return all(resources[k] <= limits[k] for k in RESOURCE_KEYS)
+    """Whether ``resources`` are within every limit of :func:`limits_of`."""
+    return all(resources[k] <= limits[k] for k in limits)
 
 
 def over(resources: dict, limits: dict) -> list[str]:
-    return [f"{k} {resources[k]:,.0f} > {limits[k]:,.0f}" for k in RESOURCE_KEYS if resources[k] > limits[k]]
+    return [f"{k} {resources[k]:,.0f} > {limits[k]:,.0f}" for k in limits if resources[k] > limits[k]]
 
 
 # -- the cycle model, with the unit-building phases memoised -------------------------------------------------------
@@ -199,9 +204,10 @@ class Exploration:
 
 
 class _Evaluator:
-    def __init__(self, cfg, model):
+    def __init__(self, cfg, model, family: str = "xc7"):
         self.cfg = cfg
         self.model = model
+        self.family = family
         self.cycles = _Cycles()
         self.count = 0
 
@@ -221,7 +227,7 @@ class _Evaluator:
         self.count += 1
         if plan is None:
             return None
-        pred = self.model.predict(plan)
+        pred = self.model.predict(plan, self.family)
         if exact:
             from .cycle_model import step_cycles
 
@@ -251,7 +257,8 @@ def explore(cfg, device: str | Device, *, model=None, grid: dict | None = None, 
     limits = limits_of(dev)
     grid = dict(GRID if grid is None else grid)
     model = model or load_model()
-    ev = _Evaluator(cfg, model)
+    ev = _Evaluator(cfg, model, dev.family)
+    keys = tuple(limits)
     log = log or (lambda _m: None)
     h = cfg.hw
     base_hw = {k: getattr(h, k) for k in GRID}
@@ -261,7 +268,7 @@ def explore(cfg, device: str | Device, *, model=None, grid: dict | None = None, 
     mains = list(itertools.product(*(grid[k] for k in MAIN)))
     log(f"explore: {len(mains)} combinations of {', '.join(MAIN)}; {', '.join(fine)} priced by single moves "
         f"(device {dev.name}: LUT <= {limits['LUT']:,.0f} ({LUT_SHARE:.0%}), BRAM36 <= {limits['BRAM36']:g}, "
-        f"DSP <= {limits['DSP']:g})")
+        f"DSP <= {limits['DSP']:g}" + (f", URAM <= {limits['URAM']:g}" if "URAM" in limits else "") + ")")
     priced = []  # (cycles, resources[4], hw) arrays per main combination
     seen_main = set()
     best_seen = math.inf
@@ -291,17 +298,17 @@ def explore(cfg, device: str | Device, *, model=None, grid: dict | None = None, 
             opts = []
             for v in grid[k]:
                 if v == hw0[k]:
-                    opts.append((v, 0.0, np.zeros(4)))
+                    opts.append((v, 0.0, np.zeros(len(keys))))
                     continue
                 d = ev({**hw0, k: v, **FIXED})
                 if d is not None:
                     opts.append((v, d.cycles - base.cycles,
-                                 np.array([d.resources[r] - base.resources[r] for r in RESOURCE_KEYS])))
+                                 np.array([d.resources[r] - base.resources[r] for r in keys])))
             moves.append(opts)
         combos = list(itertools.product(*moves))
         cyc = base.cycles + np.array([sum(o[1] for o in c) for c in combos])
-        res = np.array([base.resources[r] for r in RESOURCE_KEYS]) + np.array([sum(o[2] for o in c) for c in combos])
-        lim = np.array([limits[r] for r in RESOURCE_KEYS])
+        res = np.array([base.resources[r] for r in keys]) + np.array([sum(o[2] for o in c) for c in combos])
+        lim = np.array([limits[r] for r in keys])
         ok = np.all(res <= lim, axis=1)
         result.candidates += len(combos)
         result.fitting += int(ok.sum())
@@ -313,7 +320,7 @@ def explore(cfg, device: str | Device, *, model=None, grid: dict | None = None, 
             priced.append((cyc[i], res[i], {**hw0, **{k: c[0] for k, c in zip(fine, combos[i], strict=True)}}, True))
         best_seen = min(best_seen, float(cyc[ok].min()))
     result.evaluated = ev.count
-    fit_pts = [Design(hw, float(c), dict(zip(RESOURCE_KEYS, map(float, r), strict=True))) for c, r, hw, f in priced
+    fit_pts = [Design(hw, float(c), dict(zip(keys, map(float, r), strict=True))) for c, r, hw, f in priced
                if f]
     if fit_pts:
         arr = np.array([[d.cycles, d.resources["LUT"], d.resources["BRAM36"]] for d in fit_pts])
@@ -324,7 +331,7 @@ def explore(cfg, device: str | Device, *, model=None, grid: dict | None = None, 
                     key=lambda p: p[0])[:20]
     counts: dict[str, int] = {}
     for _, r, _, _ in faster:
-        for k, v, lim in zip(RESOURCE_KEYS, r, (limits[x] for x in RESOURCE_KEYS), strict=True):
+        for k, v, lim in zip(keys, r, (limits[x] for x in keys), strict=True):
             if v > lim:
                 counts[k] = counts.get(k, 0) + 1
     result.limiting = [f"{k}: {v} of the {len(faster)} fastest priced designs that do not fit" for k, v in
@@ -366,14 +373,16 @@ def _pct(v: float, limit: float) -> str:
 def format_front(result: Exploration, res: str) -> str:
     dev = result.device.limits
     lines = [f"Pareto front, cycles per image against {res} ({result.device.name}):",
-             f"  {'cycles/img':>10} {'LUT':>14} {'FF':>8} {'BRAM36':>12} {'DSP':>10}  "
+             f"  {'cycles/img':>10} {'LUT':>14} {'FF':>8} {'BRAM36':>12}"
+             + (f" {'URAM':>10}" if "URAM" in result.limits else "") + f" {'DSP':>10}  "
              + " ".join(f"{_SHORT[k]:>4}" for k in GRID)]
     for d in result.fronts.get(res, []):
         r = d.resources
         mark = " *" if d is result.best or (result.best and d.key() == result.best.key()) else ""
         lines.append(f"  {d.cycles:>10,.0f} {r['LUT']:>7,.0f} ({_pct(r['LUT'], dev['LUT']):>4}) {r['FF']:>8,.0f} "
                      f"{r['BRAM36']:>5.1f} ({_pct(r['BRAM36'], dev['BRAM36']):>4}) "
-                     f"{r['DSP']:>4.0f} ({_pct(r['DSP'], dev['DSP']):>4})  "
+                     + (f"{r['URAM']:>4.0f} ({_pct(r['URAM'], dev['URAM']):>4}) " if "URAM" in result.limits else "")
+                     + f"{r['DSP']:>4.0f} ({_pct(r['DSP'], dev['DSP']):>4})  "
                      + " ".join(f"{d.hw[k]:>4}" for k in GRID) + mark)
     return "\n".join(lines)
 
@@ -381,14 +390,17 @@ def format_front(result: Exploration, res: str) -> str:
 def format_text(result: Exploration) -> str:
     lim = result.limits
     out = [f"explore on {result.device.name}: limits LUT {lim['LUT']:,.0f} ({LUT_SHARE:.0%} of "
-           f"{result.device.limits['LUT']:,}), FF {lim['FF']:,.0f}, BRAM36 {lim['BRAM36']:g}, DSP {lim['DSP']:g}; "
+           f"{result.device.limits['LUT']:,}), FF {lim['FF']:,.0f}, BRAM36 {lim['BRAM36']:g}, DSP {lim['DSP']:g}"
+           + (f", URAM {lim['URAM']:g}" if "URAM" in lim else "") + "; "
            f"{result.evaluated:,} designs evaluated, {result.candidates:,} priced, {result.fitting:,} fit "
            f"({result.seconds:.0f} s)"]
     if result.base is not None:
         b = result.base
         verdict = "fits" if fits(b.resources, lim) else "does not fit: " + ", ".join(over(b.resources, lim))
         out.append(f"the configuration as given: {b.cycles:,.0f} cycles/image, LUT {b.resources['LUT']:,.0f}, "
-                   f"BRAM36 {b.resources['BRAM36']:.1f}, DSP {b.resources['DSP']:.0f} ({verdict})")
+                   f"BRAM36 {b.resources['BRAM36']:.1f}, "
+                   + (f"URAM {b.resources['URAM']:.0f}, " if "URAM" in lim else "")
+                   + f"DSP {b.resources['DSP']:.0f} ({verdict})")
     out += ["", format_front(result, "LUT"), "", format_front(result, "BRAM36"), ""]
     if result.best is None:
         out.append("no design of the grid fits the device")

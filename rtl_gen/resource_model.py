@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from boards.devices import uram_rule
+
 __all__ = [
     "CALIBRATION_PATH",
     "FEATURES",
@@ -163,9 +165,32 @@ class MemoryShape:
 
     @property
     def bram36(self) -> float:
+        """BRAM36 sites on a family without UltraRAM (``xc7``)."""
         if self.block:
             return split_bram36(self.width, self.depth, self.block)
         return bram36(self.width, self.depth, self.gran)
+
+    def segments(self) -> list[int]:
+        """Depths of the memories Yosys sees: a :class:`rtl_gen.buffers.SplitMemory`'s bulk and tail, else one."""
+        if not self.block:
+            return [self.depth]
+        from .buffers import split_segments
+
+        return [n for _, n in split_segments(self.depth, self.block)]
+
+    def mapped(self, family: str = "xc7") -> dict[str, float]:
+        """``{"BRAM36": sites, "URAM": blocks}`` on ``family``: the memories (segments) the family's
+        :func:`boards.devices.uram_rule` selects in URAM288 blocks, the others in block RAM as :func:`bram36`."""
+        rule = uram_rule(family)
+        if rule is None:
+            return {"BRAM36": self.bram36, "URAM": 0}
+        out = {"BRAM36": 0.0, "URAM": 0}
+        for depth in self.segments():
+            if rule.selects(self.width, depth):
+                out["URAM"] += rule.blocks(self.width, depth, None if self.block else self.gran)
+            else:
+                out["BRAM36"] += bram36(self.width, depth, None if self.block else self.gran)
+        return out
 
     @property
     def lutram(self) -> int:
@@ -450,24 +475,30 @@ class ResourceModel:
                                                       "features": inst.features, "measured": measured})
         return out
 
-    def predict_instance(self, inst: UnitInstance) -> dict[str, float]:
+    def predict_instance(self, inst: UnitInstance, family: str = "xc7") -> dict[str, float]:
+        """The instance's resources; on a family with UltraRAM (``xcup``) also ``URAM``, the memories of
+        :func:`memory_shapes` that :func:`boards.devices.uram_rule` sends there counted in URAM288 instead of
+        BRAM36 (LUT, FF and DSP are the calibration's, synthesised for the xc7z020, whatever the family)."""
         fits = self.fits[inst.kind]
         out = {}
         for res in RESOURCES:
             if res == "BRAM36" and inst.kind in BRAM_FROM_SHAPES:
-                out[res] = sum(m.bram36 for m in inst.memories)
+                out[res] = sum(m.mapped(family)["BRAM36"] for m in inst.memories)
             elif res in fits:
                 out[res] = max(0.0, fits[res](inst.features)) + _lutram(inst, res)
             else:
                 out[res] = 0.0
         if "BRAM36" in fits and inst.kind not in BRAM_FROM_SHAPES:
             out["BRAM36"] = round(2 * out["BRAM36"]) / 2  # whole RAMB18s
+        if uram_rule(family) is not None:
+            out["URAM"] = sum(m.mapped(family)["URAM"] for m in inst.memories)
         return out
 
-    def predict(self, plan) -> dict:
-        """``{"units": [(instance, {resource: amount})], "total": {resource: amount}}`` for ``plan``."""
-        units = [(inst, self.predict_instance(inst)) for inst in unit_instances(plan)]
-        total = {r: sum(u[1][r] for u in units) for r in RESOURCES}
+    def predict(self, plan, family: str = "xc7") -> dict:
+        """``{"units": [(instance, {resource: amount})], "total": {resource: amount}}`` for ``plan`` synthesised for
+        ``family`` (``xcup`` adds ``URAM``: :meth:`predict_instance`)."""
+        units = [(inst, self.predict_instance(inst, family)) for inst in unit_instances(plan)]
+        total = {r: sum(u[1][r] for u in units) for r in units[0][1]}
         return {"units": units, "total": total}
 
 
@@ -569,5 +600,74 @@ def _n(x: float, sign: bool = False) -> str:
     return s.removesuffix(".0")
 
 
+def compare_synthesis(cfg, device: str = "xc7z020", *, model: ResourceModel | None = None, jobs: int = 1,
+                      log=None) -> list[dict]:
+    """Per unit of ``cfg``'s accelerator: the model's resources for ``device``'s family beside the unit-by-unit
+    Yosys synthesis (:func:`rtl_gen.synth.synthesize_parts`, cached: after ``xnortrain generate --synth-by-unit
+    --device DEVICE`` of the same configuration it only reads the cache). One row per unit instance (the ``io``
+    parts in one) and a ``"total"`` row; each row has ``kind``, ``part``, ``model`` and ``synthesis`` dicts."""
+    from boards.devices import get_device
+
+    from . import synth
+    from .top import Accelerator, SystemPlan
+
+    dev = get_device(device)
+    model = model or load_model()
+    plan = SystemPlan(cfg)
+    keys = RESOURCES + (("URAM",) if uram_rule(dev.family) is not None else ())
+    measured: dict[str, dict] = {}
+    for name, rep, _i, _n in synth.synthesize_parts(Accelerator(plan).verilog(), plan.name, device=dev, jobs=jobs):
+        if log is not None:
+            log(f"  {name}: {rep.resources['LUT']:,} LUT" + (" (cached)" if rep.cached else ""))
+        measured[name] = {k: rep.resources.get(k, 0) for k in keys}
+    rows = []
+    for inst in unit_instances(plan):
+        mine = [m for n, m in measured.items() if (unit_kind(n) == "io" if inst.kind == "io" else n == inst.part)]
+        pred = model.predict_instance(inst, dev.family)
+        rows.append({"kind": inst.kind, "part": inst.part, "model": {k: pred.get(k, 0) for k in keys},
+                     "synthesis": {k: sum(m[k] for m in mine) for k in keys}})
+    rows.append({"kind": "total", "part": "total", **{w: {k: sum(r[w][k] for r in rows) for k in keys}
+                                                     for w in ("model", "synthesis")}})
+    return rows
+
+
+def format_comparison(rows: list[dict]) -> str:
+    """A Markdown table of :func:`compare_synthesis`: per unit, model vs synthesis and the relative error."""
+    keys = list(rows[0]["model"])
+    lines = ["| unit | " + " | ".join(f"{k} model | {k} synthesis" for k in keys) + " |",
+             "| --- | " + " | ".join("---: | ---:" for _ in keys) + " |"]
+    for r in rows:
+        cells = []
+        for k in keys:
+            m, y = r["model"][k], r["synthesis"][k]
+            err = f" ({100 * (m - y) / y:+.0f} %)" if y and abs(m - y) > FLOOR.get(k, 0) else ""
+            cells.append(f"{_n(m)} | {_n(y)}{err}")
+        title = "**total**" if r["kind"] == "total" else KIND_TITLES[r["kind"]]
+        lines.append(f"| {title} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m rtl_gen.resource_model",
+                                 description="the calibration table; with --config, the model against the "
+                                             "unit-by-unit synthesis of that design")
+    ap.add_argument("--config", help="a configuration TOML: compare its units with their Yosys synthesis")
+    ap.add_argument("--device", default="xc7z020", help="die of the synthesis (xc7z020, xck26, xczu7ev)")
+    ap.add_argument("--jobs", type=int, default=1, help="units synthesised at once when not cached")
+    args = ap.parse_args(argv)
+    if args.config is None:
+        print(format_calibration(load_model()))
+        return 0
+    from sim.config import load_config
+
+    rows = compare_synthesis(load_config(args.config), args.device, jobs=args.jobs,
+                             log=lambda m: print(m, file=sys.stderr, flush=True))
+    print(format_comparison(rows))
+    return 0
+
+
 if __name__ == "__main__":
-    print(format_calibration(load_model()))
+    raise SystemExit(main())

