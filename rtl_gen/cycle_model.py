@@ -114,7 +114,7 @@ def forward_cycles(plan, j: int, *, infer: bool = False) -> int:
 def backward_cycles(plan, j: int) -> int:
     """``bwd j``: BN backward pass 1 and its per-channel epilogue (the po2 prologue runs alongside), pass 2
     feeding po2 pass 1, the bias, po2 pass 2 writing the codes."""
-    from .bn_unit import BnBackwardUnit
+    from .bn_unit import BN_BWD_Q_STAGES, BnBackwardUnit
     from .po2_unit import Po2Unit
 
     cfg = plan.cfg
@@ -122,8 +122,10 @@ def backward_cycles(plan, j: int) -> int:
     # BN backward's pass 2 (Q) runs at the po2 unit's first-pass rate: the same lanes per cycle
     bnb = _probe(BnBackwardUnit(layer=lay, pass2_lanes=plan.po2_lanes(lay.lanes))).cycles()
     po2 = _probe(Po2Unit(layer=lay, mul_steps=cfg.hw.mul_steps, pass1_lanes=plan.po2_lanes(lay.lanes))).cycles()
-    first = max(bnb["pass1"] + bnb["epi"], po2["pro"])
-    return first + max(bnb["pass2"], po2["pass1"]) + po2["bias"] + po2["pass2"] + 4 + PHASE_OVERHEAD
+    # the Q pipeline's stages delay the first q beat; while the po2 prologue is longer they fill and cost nothing
+    first = max(bnb["pass1"] + bnb["epi"] + BN_BWD_Q_STAGES, po2["pro"])
+    pass2 = bnb["pass2"] - BN_BWD_Q_STAGES
+    return first + max(pass2, po2["pass1"]) + po2["bias"] + po2["pass2"] + 4 + PHASE_OVERHEAD
 
 
 def dx_cycles(plan, j: int) -> int:
