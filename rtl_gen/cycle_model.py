@@ -140,7 +140,9 @@ def dx_cycles(plan, j: int) -> int:
     ls = lp.lanes_in // lp.dx_passes
     r = max(1, ls // below.lanes_out)
     per_word = lp.dx_passes * max(G, r)
-    return B * W * per_word + 3 + (2 if ls > below.lanes_out else 1) + PHASE_OVERHEAD
+    from .po2_backward import DX_LATENCY
+
+    return B * W * per_word + DX_LATENCY + (2 if ls > below.lanes_out else 1) + PHASE_OVERHEAD
 
 
 def update_cycles(plan, j: int) -> int:
@@ -157,9 +159,12 @@ def update_cycles(plan, j: int) -> int:
         per_tile = (P - 1) * max(lp.tiles + 1, LO) + max(lp.tiles + 1, LO + 1)
         tail = LO + 1  # the last drain and the push
     per_row = max(per_tile, per_row_sweep)
+    from .po2_backward import ARRAY_DW_LATENCY, DW_LATENCY
     from .weight_memory import LATENCY
 
-    tiles = int(g.depth * per_row) + per_tile + 2 + LATENCY + tail  # the sweep's last visit drains LATENCY cycles
+    dw_latency = ARRAY_DW_LATENCY if plan.po2_array(j) else DW_LATENCY
+    # the sweep's last visit drains LATENCY cycles
+    tiles = int(g.depth * per_row) + per_tile + dw_latency - 1 + LATENCY + tail
     from .controller import bn_param_cycles
 
     beta = bn_param_cycles(plan.bn_param_layer(j), plan.cfg.hw, plan.cfg.hw.div_steps)["update"]
