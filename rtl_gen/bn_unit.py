@@ -919,6 +919,11 @@ class BnForwardUnit(wiring.Component):
         return m
 
 
+BN_BWD_Q_STAGES = 2
+"""Pipeline stages of :class:`BnBackwardUnit`'s pass-2 ``Q`` datapath between the beat register and the ``q``
+output register: the part's operands, then the product ``alpha_q P2`` (ECP5 timing proxy, docs/results.md)."""
+
+
 def backward_cycles(layer: BnLayer, pass2_lanes: int | None = None) -> dict[str, int]:
     """Cycles of every phase of :class:`BnBackwardUnit` and their ``total`` for one batch with no stalls (pass 2:
     ``lanes / pass2_lanes`` cycles per beat)."""
@@ -926,7 +931,7 @@ def backward_cycles(layer: BnLayer, pass2_lanes: int | None = None) -> dict[str,
     if pl < 1 or layer.lanes % pl:
         raise ValueError(f"pass2_lanes ({pass2_lanes}) must divide the lanes ({layer.lanes})")
     out = {"pass1": pass_cycles(layer), "epi": layer.groups + layer.channels,
-           "pass2": layer.beats * (layer.lanes // pl) + 2}
+           "pass2": layer.beats * (layer.lanes // pl) + 2 + BN_BWD_Q_STAGES}
     out["total"] = sum(out.values())
     return out
 
@@ -953,10 +958,10 @@ class BnBackwardUnit(wiring.Component):
 
     Cycle model (:meth:`cycles`), from the first ``dx`` transfer to the last ``q`` transfer, both included::
 
-        (B G + 1) + (G + M) + (B G + 2)
+        (B G + 1) + (G + M) + (B G + 2 + BN_BWD_Q_STAGES)
 
     (pass 1, ``2 B`` for a layer of one group (:func:`pass_cycles`); per group one read cycle and per channel one
-    cycle; pass 2 with its two-cycle drain).
+    cycle; pass 2 with its drain through the ``Q`` pipeline).
     """
 
     PASS1, EPI, PASS2 = range(3)
@@ -1042,8 +1047,13 @@ class BnBackwardUnit(wiring.Component):
         m.d.comb += last_pp.eq(pp == parts - 1)
         cnt = _BeatCounter(m, ch, B, accept, "in")
         hazard = _raw_hazard(ch, s1_valid)  # pass 1 only: pass 2 writes no accumulator
+        # pass 2's Q pipeline after s1: stage b (the part's operands, registered), stage c (the product
+        # alpha_q P2 and 2^Fa (B dx - P1), registered; Q formed and joined into the beat). ``go``: it moves.
+        go = Signal()
+        b_take = Signal()  # a part of the beat in s1 enters stage b
+        m.d.comb += b_take.eq(s1_valid & (phase == PASS2) & go)
         m.d.comb += [
-            adv.eq(~(s1_valid & (phase == PASS2)) | (q_in_ready & last_pp)),
+            adv.eq(~(s1_valid & (phase == PASS2)) | (go & last_pp)),
             self.dx.ready.eq((phase == PASS1) & ~in_done & adv & ~hazard),
             self.dx_replay.ready.eq((phase == PASS2) & ~in_done & adv),
             accept.eq((self.dx.valid & self.dx.ready) | (self.dx_replay.valid & self.dx_replay.ready)),
@@ -1052,7 +1062,7 @@ class BnBackwardUnit(wiring.Component):
         if parts > 1:
             with m.If(adv):
                 m.d.sync += pp.eq(0)
-            with m.Elif(s1_valid & (phase == PASS2) & ~last_pp):
+            with m.Elif(b_take & ~last_pp):
                 m.d.sync += pp.eq(pp + 1)
         with m.If(accept & cnt.last):
             m.d.sync += in_done.eq(1)
@@ -1096,27 +1106,64 @@ class BnBackwardUnit(wiring.Component):
                         part_p2.as_value().eq(p2_rd.data.as_value().word_select(pi, pl * p_shape.width)),
                         part_a.as_value().eq(a_rd.data.as_value().word_select(pi, pl * a_shape.size)),
                     ]
+        # stage b: the part's operands; the beat's lane flags (padding, zero scale) and framing
+        b_valid, b_last_pp, b_last_group = Signal(), Signal(), Signal()
+        b_pp = Signal.like(pp)
+        b_dx = Signal.like(part_dx)
+        b_xh = Signal.like(part_xh)
+        b_p1 = Signal.like(part_p1)
+        b_p2 = Signal.like(part_p2)
+        b_a = Signal.like(part_a)
+        b_clear = Signal(L)  # lanes of the beat whose Q is 0
+        clear_all = Signal(L)
+        m.d.comb += clear_all.eq(Cat(~real_all[lane] | a_rd.data[lane].zero for lane in range(L)))
+        with m.If(go):
+            m.d.sync += [
+                b_valid.eq(b_take),
+                b_pp.eq(pp),
+                b_last_pp.eq(last_pp),
+                b_last_group.eq(s1_last_group),
+                b_dx.eq(part_dx),
+                b_xh.eq(part_xh),
+                b_p1.eq(part_p1),
+                b_p2.eq(part_p2),
+                b_a.eq(part_a),
+                b_clear.eq(clear_all),
+            ]
+        # stage c: alpha_q P2 (a multiplier per part lane, DSP48) and 2^Fa (B dx - P1), then Q
+        c_valid, c_last_pp, c_last_group = Signal(), Signal(), Signal()
+        c_pp = Signal.like(pp)
+        c_xh = Signal.like(part_xh)
+        c_clear = Signal(L)
+        c_k2 = [Signal(k_shape, name=f"k2_{lane}") for lane in range(pl)]
+        c_base = [Signal(signed(w["Q"]), name=f"q_base{lane}") for lane in range(pl)]
+        with m.If(go):
+            m.d.sync += [
+                c_valid.eq(b_valid),
+                c_pp.eq(b_pp),
+                c_last_pp.eq(b_last_pp),
+                c_last_group.eq(b_last_group),
+                c_xh.eq(b_xh),
+                c_clear.eq(b_clear),
+            ]
+            m.d.sync += [c_k2[lane].eq(b_a[lane].alpha_q * b_p2[lane]) for lane in range(pl)]
+            m.d.sync += [c_base[lane].eq((mul_const(b_dx[lane], B) - b_p1[lane]) << fa) for lane in range(pl)]
         q_part = Signal(data.ArrayLayout(signed(w["Q"]), pl))
         for lane in range(pl):
-            k2 = Signal(k_shape, name=f"k2_{lane}")  # alpha_q P2: a multiplier per part lane (DSP48)
-            q = Signal(signed(w["Q"]), name=f"q{lane}")
-            m.d.comb += [
-                k2.eq(part_a[lane].alpha_q * part_p2[lane]),
-                q.eq(((mul_const(part_dx[lane], B) - part_p1[lane]) << fa) - Mux(part_xh[lane], k2, -k2)),
-                q_part[lane].eq(q),
-            ]
+            m.d.comb += q_part[lane].eq(c_base[lane] - Mux(c_xh[lane], c_k2[lane], -c_k2[lane]))
         q_out = Signal(data.ArrayLayout(signed(w["Q"]), L))
         q_held = Signal(data.ArrayLayout(signed(w["Q"]), L))  # the beat's parts so far
         part_bits = pl * w["Q"]
         for pi in range(parts):
             m.d.comb += q_out.as_value().word_select(pi, part_bits).eq(
-                Mux(pp == pi, q_part.as_value(), q_held.as_value().word_select(pi, part_bits)))
+                Mux(c_pp == pi, q_part.as_value(), q_held.as_value().word_select(pi, part_bits)))
         if parts > 1:
-            with m.If(s1_valid & (phase == PASS2)):
+            with m.If(c_valid & go):
                 m.d.sync += q_held.eq(q_out)
         m.d.comb += [
             q_in_ready.eq(~q_full | self.q.ready),
-            q_load.eq(s1_valid & (phase == PASS2) & last_pp & q_in_ready),
+            go.eq(~(c_valid & c_last_pp) | q_in_ready),
+            q_load.eq(c_valid & c_last_pp & q_in_ready),
             self.q.valid.eq(q_full),
             self.q.payload.q.eq(q_reg),
             self.q.payload.last.eq(q_last),
@@ -1125,11 +1172,11 @@ class BnBackwardUnit(wiring.Component):
             p1_wr.en.eq(writes),
         ]
         with m.If(q_load):
-            m.d.sync += [q_full.eq(1), q_last.eq(s1_last_group)]
+            m.d.sync += [q_full.eq(1), q_last.eq(c_last_group)]
         with m.Elif(self.q.ready):
             m.d.sync += q_full.eq(0)
         for lane in range(L):  # a padding lane or a channel of zero scale (S = 0) gives Q = 0
-            with m.If(q_load & (~real_all[lane] | a_rd.data[lane].zero)):
+            with m.If(q_load & c_clear[lane]):
                 m.d.sync += q_reg[lane].eq(0)
             with m.Elif(q_load):
                 m.d.sync += q_reg[lane].eq(q_out[lane])

@@ -114,7 +114,7 @@ def forward_cycles(plan, j: int, *, infer: bool = False) -> int:
 def backward_cycles(plan, j: int) -> int:
     """``bwd j``: BN backward pass 1 and its per-channel epilogue (the po2 prologue runs alongside), pass 2
     feeding po2 pass 1, the bias, po2 pass 2 writing the codes."""
-    from .bn_unit import BnBackwardUnit
+    from .bn_unit import BN_BWD_Q_STAGES, BnBackwardUnit
     from .po2_unit import Po2Unit
 
     cfg = plan.cfg
@@ -122,8 +122,10 @@ def backward_cycles(plan, j: int) -> int:
     # BN backward's pass 2 (Q) runs at the po2 unit's first-pass rate: the same lanes per cycle
     bnb = _probe(BnBackwardUnit(layer=lay, pass2_lanes=plan.po2_lanes(lay.lanes))).cycles()
     po2 = _probe(Po2Unit(layer=lay, mul_steps=cfg.hw.mul_steps, pass1_lanes=plan.po2_lanes(lay.lanes))).cycles()
-    first = max(bnb["pass1"] + bnb["epi"], po2["pro"])
-    return first + max(bnb["pass2"], po2["pass1"]) + po2["bias"] + po2["pass2"] + 4 + PHASE_OVERHEAD
+    # the Q pipeline's stages delay the first q beat; while the po2 prologue is longer they fill and cost nothing
+    first = max(bnb["pass1"] + bnb["epi"] + BN_BWD_Q_STAGES, po2["pro"])
+    pass2 = bnb["pass2"] - BN_BWD_Q_STAGES
+    return first + max(pass2, po2["pass1"]) + po2["bias"] + po2["pass2"] + 4 + PHASE_OVERHEAD
 
 
 def dx_cycles(plan, j: int) -> int:
@@ -138,7 +140,9 @@ def dx_cycles(plan, j: int) -> int:
     ls = lp.lanes_in // lp.dx_passes
     r = max(1, ls // below.lanes_out)
     per_word = lp.dx_passes * max(G, r)
-    return B * W * per_word + 3 + (2 if ls > below.lanes_out else 1) + PHASE_OVERHEAD
+    from .po2_backward import DX_LATENCY
+
+    return B * W * per_word + DX_LATENCY + (2 if ls > below.lanes_out else 1) + PHASE_OVERHEAD
 
 
 def update_cycles(plan, j: int) -> int:
@@ -155,9 +159,12 @@ def update_cycles(plan, j: int) -> int:
         per_tile = (P - 1) * max(lp.tiles + 1, LO) + max(lp.tiles + 1, LO + 1)
         tail = LO + 1  # the last drain and the push
     per_row = max(per_tile, per_row_sweep)
+    from .po2_backward import ARRAY_DW_LATENCY, DW_LATENCY
     from .weight_memory import LATENCY
 
-    tiles = int(g.depth * per_row) + per_tile + 2 + LATENCY + tail  # the sweep's last visit drains LATENCY cycles
+    dw_latency = ARRAY_DW_LATENCY if plan.po2_array(j) else DW_LATENCY
+    # the sweep's last visit drains LATENCY cycles
+    tiles = int(g.depth * per_row) + per_tile + dw_latency - 1 + LATENCY + tail
     from .controller import bn_param_cycles
 
     beta = bn_param_cycles(plan.bn_param_layer(j), plan.cfg.hw, plan.cfg.hw.div_steps)["update"]

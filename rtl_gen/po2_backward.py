@@ -73,12 +73,13 @@ __all__ = [
     "envelope", "passes_for",
 ]  # fmt: skip
 
-DX_LATENCY = 3
+DX_LATENCY = 4
 """dX: cycles beyond one per tile read, from the first ``dy`` transfer to the last ``dx`` transfer (both
-included): weight read, plane sums, accumulate and queue."""
+included): weight read, pair sums, picks and their adder tree, accumulate and queue."""
 
-DW_LATENCY = 3
-"""dW: cycles beyond one per input beat, from the first ``xdy`` transfer to the last ``dw`` transfer."""
+DW_LATENCY = 4
+"""dW: cycles beyond one per input beat, from the first ``xdy`` transfer to the last ``dw`` transfer: operand
+register, addends, accumulate, push."""
 
 ARRAY_DX_LATENCY = 3
 """Array dX: cycles beyond the windows, finish cycles and drain lanes (see :meth:`Po2Geometry.array_dx_cycles`)."""
@@ -604,12 +605,33 @@ class _Dx(wiring.Component):
                 m.d.comb += ss.eq(_tree_sum(terms))
                 row.append(ss)
             sums.append(row)
+
+        # Stage 1b: registered pair sums and weight bits; each input picks and adds (the pair sums' adders and
+        # the picks' adder tree in separate cycles: ECP5 timing proxy, docs/results.md).
+        s1b_valid = Signal()
+        s1b_pass = Signal.like(pas)
+        s1b_first_g = Signal()
+        s1b_last_g = Signal()
+        s1b_last_word = Signal()
+        w1b = Signal.like(wseg)
+        sums1b = [[Signal.like(ss, name=f"{ss.name}_r") for ss in row] for row in sums]
+        with m.If(adv):
+            m.d.sync += [
+                s1b_valid.eq(s1_valid),
+                s1b_pass.eq(s1_pass),
+                s1b_first_g.eq(s1_first_g),
+                s1b_last_g.eq(s1_last_g),
+                s1b_last_word.eq(s1_last_word),
+                w1b.eq(wseg),
+            ]
+            m.d.sync += [r.eq(ss) for row, row_r in zip(sums, sums1b, strict=True)
+                         for ss, r in zip(row, row_r, strict=True)]
         for i in range(LS):
             picks = []
             for n, pair in enumerate(pairs):
                 pick = Signal(signed(v_width + 1), name=f"pick{i}_{n}")
-                with m.Switch(Cat(wseg[lane][i] for lane in pair)):
-                    for mask, ss in enumerate(sums[n]):
+                with m.Switch(Cat(w1b[lane][i] for lane in pair)):
+                    for mask, ss in enumerate(sums1b[n]):
                         with m.Case(mask):
                             m.d.comb += pick.eq(ss)
                 picks.append(pick)
@@ -625,11 +647,11 @@ class _Dx(wiring.Component):
         c2 = [Signal(signed(c_width), name=f"c2_{i}") for i in range(LS)]
         with m.If(adv):
             m.d.sync += [
-                s2_valid.eq(s1_valid),
-                s2_pass.eq(s1_pass),
-                s2_first_g.eq(s1_first_g),
-                s2_last_g.eq(s1_last_g),
-                s2_last_word.eq(s1_last_word),
+                s2_valid.eq(s1b_valid),
+                s2_pass.eq(s1b_pass),
+                s2_first_g.eq(s1b_first_g),
+                s2_last_g.eq(s1b_last_g),
+                s2_last_word.eq(s1b_last_word),
             ]
             m.d.sync += [c2[i].eq(contrib[i]) for i in range(LS)]
 
@@ -749,16 +771,37 @@ class _Dw(wiring.Component):
         else:
             m.d.comb += [x1[s][i].eq(op.x[s][i]) for s in range(S) for i in range(LS)]
 
+        # Stage 1b: the accumulators take the addends that stage 1 formed from the beat and registered (the
+        # addends' logic and the accumulate-and-sign in separate cycles: ECP5 timing proxy, docs/results.md).
+        s1b_valid = Signal()
+        s1b_fin = Signal()
+        s1b_first = Signal()
+        s1b_pass = Signal.like(pas)
+        s1b_last_g = Signal()
+        s1b_last_k = Signal()
+        s1b_last_tile = Signal()
+        with m.If(adv):
+            m.d.sync += [
+                s1b_valid.eq(s1_valid),
+                s1b_fin.eq(s1_fin),
+                s1b_first.eq(s1_first),
+                s1b_pass.eq(s1_pass),
+                s1b_last_g.eq(s1_last_g),
+                s1b_last_k.eq(s1_last_k),
+                s1b_last_tile.eq(s1_last_tile),
+            ]
+
         # The pass's sum of every weight of the slice, then its sign and zero flag in the finish slot: packed
         # multiply-accumulates (DSP48 slices) or fabric adders (_fabric_accumulators explains their arithmetic).
         step = Signal()
-        m.d.comb += step.eq(adv & s1_valid & ~s1_fin)
+        m.d.comb += step.eq(adv & s1b_valid & ~s1b_fin)
         finish = Signal()
-        m.d.comb += finish.eq(adv & s1_valid & s1_fin)
+        m.d.comb += finish.eq(adv & s1b_valid & s1b_fin)
         if geo.dsp_fields:
-            signs = self._dsp_accumulators(m, geo, d1, x1, step, s1_first)
+            signs = self._dsp_accumulators(m, geo, d1, x1, adv, step, s1b_first)
         else:
-            signs = self._fabric_accumulators(m, geo, d1, x1, step, finish, s1_fin, s1_last, samples_last)
+            signs = self._fabric_accumulators(m, geo, d1, x1, adv, step, finish, s1_fin, s1b_fin, s1_last,
+                                              samples_last)
 
         # Stage 2: push the tile after the finish slot of its last pass.
         s2_valid = Signal()
@@ -767,10 +810,10 @@ class _Dw(wiring.Component):
         s2_last_tile = Signal()
         with m.If(adv):
             m.d.sync += [
-                s2_valid.eq(s1_valid),
-                s2_fin.eq(s1_fin),
-                s2_pass.eq(s1_pass),
-                s2_last_tile.eq(s1_last_tile),
+                s2_valid.eq(s1b_valid),
+                s2_fin.eq(s1b_fin),
+                s2_pass.eq(s1b_pass),
+                s2_last_tile.eq(s1b_last_tile),
             ]
         m.submodules.queue = queue = StreamRegister(shape=grad_layout(bank))
         push = Signal()
@@ -782,20 +825,22 @@ class _Dw(wiring.Component):
             queue.i.payload.g.eq(kept.g),
             queue.i.payload.last.eq(s2_last_tile),
         ]
-        pad_bits = sz.pass_padding(m, s1_pass, P)
+        pad_bits = sz.pass_padding(m, s1b_pass, P)
         for (i, lane), (neg, zero) in signs.items():
             # padding: lanes past n_out in the last group, inputs past n_in in the last word
-            padded = (s1_last_g & ~sz.lane_ok[lane]) | (s1_last_k & pad_bits[i])
+            padded = (s1b_last_g & ~sz.lane_ok[lane]) | (s1b_last_k & pad_bits[i])
             signal = Signal(signed(2), name=f"sign{i}_{lane}")
             m.d.comb += signal.eq(Mux(padded | zero, 0, Mux(neg, -1, 1)))
             for p in range(P):
-                with m.If(finish & (s1_pass == p)):
+                with m.If(finish & (s1b_pass == p)):
                     m.d.sync += kept.g[lane][p * LS + i].eq(signal)
         wiring.connect(m, queue.o, wiring.flipped(self.dw))
         return m
 
-    def _fabric_accumulators(self, m, geo, d1, x1, step, finish, s1_fin, s1_last, samples_last):
+    def _fabric_accumulators(self, m, geo, d1, x1, adv, step, finish, s1_fin, s1b_fin, s1_last, samples_last):
         """Fabric adders; returns ``(input, lane) -> (neg, zero)`` of the pass's sum, valid in the finish slot.
+        Stage 1 (``d1``, ``x1``, ``s1_*``) forms the addends and registers them on ``adv``; stage 1b (``step``,
+        ``finish``, ``s1b_fin``) adds them.
 
         Binary activations: the addend of weight (i, lane) and sample s is +v where x = 1 and -v where x = 0,
         v = (-1)^neg 2^(field - 1) (0 for a zero code or a padding sample). Summed over the pass this is
@@ -809,6 +854,9 @@ class _Dw(wiring.Component):
         acc_width = geo.dw_width + 1
         vw = geo.span + 2
         adds = {}  # (input, lane) -> (addend, enable)
+        xb = Signal.like(x1, name="x1b")  # the beat's activations in stage 1b
+        with m.If(adv):
+            m.d.sync += xb.eq(x1)
         for lane in range(LO):
             vals, shifts, nonzero = [], [], []
             for s in range(S):
@@ -829,23 +877,31 @@ class _Dw(wiring.Component):
                     m.d.comb += sh.eq(d1[s][lane].field - 1)
                     shifts.append(sh)
             if binary:
+                # subset sums of 2 v, indexed by the samples' x bits, registered for stage 1b
+                full = (1 << S) - 1
+                subsets_r = []
+                for mask in range(1 << S):
+                    sr = Signal(signed(acc_width), name=f"sub_r{mask}_{lane}")
+                    with m.If(adv):
+                        m.d.sync += sr.eq(_tree_sum(vals[s] for s in range(S) if mask >> s & 1) << 1)
+                    subsets_r.append(sr)
                 t = Signal(signed(acc_width), name=f"t{lane}")
                 with m.If(finish):
                     m.d.sync += t.eq(0)
                 with m.Elif(step):
-                    m.d.sync += t.eq(t + _tree_sum(vals))
+                    m.d.sync += t.eq(t + (subsets_r[full] >> 1))
                 nt = Signal(signed(acc_width), name=f"neg_t{lane}")
                 m.d.comb += nt.eq(-t)
-                subsets = []  # subset sums of 2 v, indexed by the samples' x bits; -T in the finish slot
+                subsets = []  # -T in the finish slot
                 for mask in range(1 << S):
                     ss = Signal(signed(acc_width), name=f"sub{mask}_{lane}")
-                    m.d.comb += ss.eq(Mux(s1_fin, nt, _tree_sum(vals[s] for s in range(S) if mask >> s & 1) << 1))
+                    m.d.comb += ss.eq(Mux(s1b_fin, nt, subsets_r[mask]))
                     subsets.append(ss)
             for i in range(LS):
                 if binary and S == 1:
-                    adds[i, lane] = (subsets[1], x1[0][i])
+                    adds[i, lane] = (subsets[1], xb[0][i])
                 elif binary:
-                    sel = Cat(x1[s][i] for s in range(S))
+                    sel = Cat(xb[s][i] for s in range(S))
                     pick = Signal(signed(acc_width), name=f"pick{i}_{lane}")
                     with m.Switch(sel):
                         for mask in range(1 << S):
@@ -858,8 +914,9 @@ class _Dw(wiring.Component):
                         sx = Signal(signed(9), name=f"sx{s}_{i}_{lane}")
                         m.d.comb += sx.eq(Mux(d1[s][lane].neg, -x1[s][i], x1[s][i]))
                         terms.append(Mux(nonzero[s], sx << shifts[s], 0))
-                    c = Signal(signed(acc_width), name=f"contrib{i}_{lane}")
-                    m.d.comb += c.eq(_tree_sum(terms))
+                    c = Signal(signed(acc_width), name=f"contrib{i}_{lane}")  # registered for stage 1b
+                    with m.If(adv):
+                        m.d.sync += c.eq(_tree_sum(terms))
                     adds[i, lane] = (c, 1)
 
         signs = {}
@@ -875,7 +932,7 @@ class _Dw(wiring.Component):
             signs[i, lane] = (tot[-1], tot == 0)
         return signs
 
-    def _dsp_accumulators(self, m, geo, d1, x1, step, s1_first):
+    def _dsp_accumulators(self, m, geo, d1, x1, adv, step, s1b_first):
         """Packed multiply-accumulates (:attr:`Po2Geometry.dsp_fields`): the weights ``(i, lane)`` and
         ``(i + 1, lane)`` share one ``P = (first ? K : P) + A v`` with ``v`` the lane's addend ``+-2^(f-1)`` (0 for
         a zero code or a padding sample) and ``A = s_i + s_(i+1) 2^F``, ``s = +1`` where the activation bit is 1
@@ -883,28 +940,31 @@ class _Dw(wiring.Component):
         ``0 .. 2^F - 1`` (its sum ``S`` has ``|S| < 2^(F-1)``), so it never borrows from the upper one: the lower
         field is ``S + 2^(F-1)`` (negative where its top bit is 0, zero where it is exactly ``2^(F-1)``) and the
         upper field is its sum itself. The sums are complete in the finish slot (a bubble here); the next pass's
-        first beat loads ``P`` afresh. Returns ``(input, lane) -> (neg, zero)``."""
+        first beat loads ``P`` afresh. ``v`` and the activation bits of stage 1 are registered on ``adv``; the
+        slices accumulate in stage 1b (``step``, ``s1b_first``). Returns ``(input, lane) -> (neg, zero)``."""
         LO = geo.bank.lanes_out
         LS = geo.bank.lanes_in // geo.dw_passes
         nf, F = geo.dsp_fields, geo.dw_width
         vw = geo.span + 2
         signs = {}
+        xb = Signal.like(x1, name="x1b")
+        with m.If(adv):
+            m.d.sync += xb.eq(x1)
         for lane in range(LO):
             real = d1[0][lane].field != 0  # one sample per beat: no padding samples
             mag = Signal(unsigned(vw - 1), name=f"mag_{lane}")
             v = Signal(signed(vw), name=f"v_{lane}")
-            m.d.comb += [
-                mag.eq(Mux(real, Const(1, vw) << d1[0][lane].field >> 1, 0)),
-                v.eq(Mux(d1[0][lane].neg, -mag, mag)),
-            ]
+            m.d.comb += mag.eq(Mux(real, Const(1, vw) << d1[0][lane].field >> 1, 0))
+            with m.If(adv):
+                m.d.sync += v.eq(Mux(d1[0][lane].neg, -mag, mag))
             for i0 in range(0, LS, nf):
                 inputs = list(range(i0, min(i0 + nf, LS)))
                 a = Signal(signed(DSP_A_BITS), name=f"dsp_a{i0}_{lane}")
-                m.d.comb += a.eq(sum(Mux(x1[0][i], 1, -1) << (f * F) for f, i in enumerate(inputs)))
+                m.d.comb += a.eq(sum(Mux(xb[0][i], 1, -1) << (f * F) for f, i in enumerate(inputs)))
                 p = Signal(signed(DSP_P_BITS), name=f"dsp_p{i0}_{lane}")
                 bias = 1 << (F - 1) if len(inputs) > 1 else 0
                 with m.If(step):
-                    m.d.sync += p.eq(Mux(s1_first, bias, p) + a * v)
+                    m.d.sync += p.eq(Mux(s1b_first, bias, p) + a * v)
                 for f, i in enumerate(inputs):
                     field = p[f * F : (f + 1) * F]
                     if f == 0 and bias:

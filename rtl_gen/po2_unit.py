@@ -30,7 +30,9 @@ PASS2   ``scratch_in`` (the scratch, in the same order) -> ``codes`` out
 Cycle model (:meth:`Po2Unit.cycles`), from the first ``s_eff`` transfer to the last ``codes`` transfer,
 inputs always offered and outputs always taken::
 
-    M (1 + ceil(Wd / mul_steps)) + (B G parts + 3) + 2 + (B G + 2)
+    M (1 + ceil(Wd / mul_steps)) + (B G parts + 4) + (levels + 2) + (B G + 2)
+
+with ``levels = max(1, ceil(log2(pass1_lanes)))``, the registered levels of the maximum tree.
 """
 
 from __future__ import annotations
@@ -66,16 +68,24 @@ def normalise(m: Module, value, width: int, name: str) -> tuple[Signal, Signal]:
     logarithmic shifter: at each level ``2^j`` (largest first) the value moves up by ``2^j`` when its top
     ``2^j`` bits are zero, and that decision is bit ``j`` of ``lz``."""
     levels = (width - 1).bit_length()
+    v, lz = normalise_levels(m, value, width, reversed(range(levels)), name)
+    return lz, v
+
+
+def normalise_levels(m: Module, value, width: int, levels, name: str) -> tuple[Signal, Signal]:
+    """The levels ``levels`` (shift ``2^j`` each, largest first) of :func:`normalise`, so that a pipeline can
+    split them: returns the shifted value and the leading-zero count's bits of these levels (others 0)."""
+    total = max((width - 1).bit_length(), 1)
     v = Signal(width, name=f"{name}_in")
     m.d.comb += v.eq(value)
-    lz = Signal(max(levels, 1), name=f"{name}_lz")
-    for j in reversed(range(levels)):
+    lz = Signal(total, name=f"{name}_lz")
+    for j in levels:
         sh = 1 << j
         zero = Signal(name=f"{name}_z{j}")
         nxt = Signal(width, name=f"{name}_s{j}")
         m.d.comb += [zero.eq(v[width - sh :] == 0), nxt.eq(Mux(zero, v << sh, v)), lz[j].eq(zero)]
         v = nxt
-    return lz, v
+    return v, lz
 
 
 def po2_cycles(layer: BnLayer, mul_steps: int = 1, pass1_lanes: int | None = None) -> dict[str, int]:
@@ -85,10 +95,17 @@ def po2_cycles(layer: BnLayer, mul_steps: int = 1, pass1_lanes: int | None = Non
     dw = layer.s_width
     iters = -(-dw // _check_int("mul_steps", mul_steps, 1, dw))
     parts = layer.lanes // _pass1_lanes(layer, pass1_lanes)
-    out = {"pro": layer.channels * (1 + iters), "pass1": layer.beats * parts + 3, "bias": 2,
+    # FIN: one cycle per level of the maximum tree and one for the running maximum; BIAS: one
+    out = {"pro": layer.channels * (1 + iters), "pass1": layer.beats * parts + 4,
+           "bias": _max_levels(layer.lanes // parts) + 2,
            "pass2": layer.beats + 2}
     out["total"] = sum(out.values())
     return out
+
+
+def _max_levels(lanes: int) -> int:
+    """Registered levels of PASS1's maximum tree over ``lanes`` lanes (at least one: the part's maximum)."""
+    return max(1, (lanes - 1).bit_length())
 
 
 def _pass1_lanes(layer: BnLayer, pass1_lanes: int | None) -> int:
@@ -262,23 +279,25 @@ class Po2Unit(wiring.Component):
         with m.If(accept & cnt.last):
             m.d.sync += in_done.eq(1)
 
-        # PASS1: s1 |Q| (x B) -> s2 normalise -> s3 compare with t, e0, push; then the running maximum. The
+        # PASS1: s1 |Q| (x B) -> s2, s2b normalise (half of the shifter's levels each) -> s3 compare with t, e0,
+        # push; then the running maximum. The
         # datapath holds ``pl = pass1_lanes`` lanes: a beat of L lanes goes through it as ``parts = L / pl`` parts
         # (one per cycle), their results are joined in ``joined`` and the beat is pushed with its last part.
         pl, parts = self._pass1_lanes, L // self._pass1_lanes
         m.submodules.scratch_queue = sq = StreamRegister(shape=self.scratch_layout)
         adv1 = Signal()
-        s_valid = [Signal(name=f"s{i}_valid") for i in (1, 2, 3)]
-        s_last = [Signal(name=f"s{i}_last") for i in (1, 2, 3)]  # the layer's last part
-        s_lg = [Signal(name=f"s{i}_last_group") for i in (1, 2, 3)]
-        s_g = [Signal(range(G), name=f"s{i}_g") for i in (1, 2, 3)]
-        s_part = [Signal(range(max(parts, 2)), name=f"s{i}_part") for i in (1, 2, 3)]
-        s_push = [Signal(name=f"s{i}_push") for i in (1, 2, 3)]  # the beat's last part
+        stages = ("1", "2", "2b", "3")
+        s_valid = [Signal(name=f"s{i}_valid") for i in stages]
+        s_last = [Signal(name=f"s{i}_last") for i in stages]  # the layer's last part
+        s_lg = [Signal(name=f"s{i}_last_group") for i in stages]
+        s_g = [Signal(range(G), name=f"s{i}_g") for i in stages]
+        s_part = [Signal(range(max(parts, 2)), name=f"s{i}_part") for i in stages]
+        s_push = [Signal(name=f"s{i}_push") for i in stages]  # the beat's last part
         part = Signal(range(max(parts, 2)), name="part")
         last_part = Signal(name="last_part")
         m.d.comb += [
             last_part.eq(part == parts - 1),
-            adv1.eq(~(s_valid[2] & s_push[2]) | sq.i.ready),
+            adv1.eq(~(s_valid[3] & s_push[3]) | sq.i.ready),
         ]
         take = Signal(name="part_take")  # a part of the q beat enters s1
         m.d.comb += [
@@ -305,6 +324,13 @@ class Po2Unit(wiring.Component):
         s2_u = Signal(data.ArrayLayout(unsigned(W), pl))
         s2_neg = Signal(pl)
         s2_nz = Signal(pl)
+        nlev = (W - 1).bit_length()  # the normaliser's levels: the upper half in stage 2, the rest in stage 2b
+        hi_levels = list(reversed(range(nlev)))[: nlev // 2]
+        lo_levels = list(reversed(range(nlev)))[nlev // 2 :]
+        s2b_v = Signal(data.ArrayLayout(unsigned(W), pl))
+        s2b_lz = Signal(data.ArrayLayout(unsigned(max(nlev, 1)), pl))
+        s2b_neg = Signal(pl)
+        s2b_nz = Signal(pl)
         s3_n = Signal(data.ArrayLayout(unsigned(max((W - 1).bit_length(), 1)), pl))
         s3_mant = Signal(data.ArrayLayout(unsigned(W), pl))
         s3_neg = Signal(pl)
@@ -314,21 +340,27 @@ class Po2Unit(wiring.Component):
                 s_valid[0].eq(take),
                 s_valid[1].eq(s_valid[0]),
                 s_valid[2].eq(s_valid[1]),
+                s_valid[3].eq(s_valid[2]),
                 s_last[0].eq(cnt.last & last_part),
                 s_last[1].eq(s_last[0]),
                 s_last[2].eq(s_last[1]),
+                s_last[3].eq(s_last[2]),
                 s_lg[0].eq(cnt.last_group),
                 s_lg[1].eq(s_lg[0]),
                 s_lg[2].eq(s_lg[1]),
+                s_lg[3].eq(s_lg[2]),
                 s_g[0].eq(cnt.g),
                 s_g[1].eq(s_g[0]),
                 s_g[2].eq(s_g[1]),
+                s_g[3].eq(s_g[2]),
                 s_part[0].eq(part),
                 s_part[1].eq(s_part[0]),
                 s_part[2].eq(s_part[1]),
+                s_part[3].eq(s_part[2]),
                 s_push[0].eq(last_part),
                 s_push[1].eq(s_push[0]),
                 s_push[2].eq(s_push[1]),
+                s_push[3].eq(s_push[2]),
                 s1_q.eq(q_part),
                 s1_real.eq(real_part),
             ]
@@ -337,7 +369,7 @@ class Po2Unit(wiring.Component):
         lane_layout = self.scratch_layout["e"].shape.elem_shape
         new = Signal(data.ArrayLayout(lane_layout, pl))  # this part's results
         t_part = Signal(data.ArrayLayout(t_layout, pl))
-        with m.Switch(s_part[2]):
+        with m.Switch(s_part[3]):
             for pi in range(parts):
                 with m.Case(pi):
                     m.d.comb += t_part.as_value().eq(t_rd.data.as_value().word_select(pi, pl * t_layout.size))
@@ -348,7 +380,10 @@ class Po2Unit(wiring.Component):
             q = s1_q[lane]
             a = Signal(unsigned(lay.widths["Q"]), name=f"abs{lane}")
             m.d.comb += a.eq(Mux(q < 0, -q, q))
-            lz, mant = normalise(m, s2_u[lane], W, f"norm{lane}")
+            v_mid, lz_hi = normalise_levels(m, s2_u[lane], W, hi_levels, f"norm{lane}_a")
+            mant, lz_lo = normalise_levels(m, s2b_v[lane], W, lo_levels, f"norm{lane}_b")
+            lz = Signal(max(nlev, 1), name=f"norm{lane}_lz")
+            m.d.comb += lz.eq(s2b_lz[lane] | lz_lo)
             t = t_part[lane]
             rho = Signal(signed(2), name=f"rho{lane}")
             e0 = Signal(signed(ew), name=f"e0_{lane}")
@@ -364,53 +399,66 @@ class Po2Unit(wiring.Component):
                     s2_u[lane].eq(self._operand(a, B, is_top)),
                     s2_neg[lane].eq(q < 0),
                     s2_nz[lane].eq((q != 0) & s1_real[lane]),
+                    s2b_v[lane].eq(v_mid),
+                    s2b_lz[lane].eq(lz_hi),
+                    s2b_neg[lane].eq(s2_neg[lane]),
+                    s2b_nz[lane].eq(s2_nz[lane]),
                     s3_n[lane].eq(W - 1 - lz),
                     s3_mant[lane].eq(mant),
-                    s3_neg[lane].eq(s2_neg[lane]),
-                    s3_nz[lane].eq(s2_nz[lane]),
+                    s3_neg[lane].eq(s2b_neg[lane]),
+                    s3_nz[lane].eq(s2b_nz[lane]),
                 ]
         lane_bits = lane_layout.size
         for pi in range(parts):
             sl = slice(pi * pl * lane_bits, (pi + 1) * pl * lane_bits)
-            m.d.comb += scratch.e.as_value()[sl].eq(Mux(s_part[2] == pi, new.as_value(), joined.e.as_value()[sl]))
+            m.d.comb += scratch.e.as_value()[sl].eq(Mux(s_part[3] == pi, new.as_value(), joined.e.as_value()[sl]))
         if parts > 1:
-            with m.If(adv1 & s_valid[2]):
+            with m.If(adv1 & s_valid[3]):
                 m.d.sync += joined.eq(scratch)
         m.d.comb += [
-            t_rd.addr.eq(s_g[1]),
+            t_rd.addr.eq(s_g[2]),
             t_rd.en.eq(adv1),
-            sq.i.valid.eq(s_valid[2] & s_push[2]),
-            scratch.last.eq(s_lg[2]),
+            sq.i.valid.eq(s_valid[3] & s_push[3]),
+            scratch.last.eq(s_lg[3]),
         ]
         wiring.connect(m, sq.o, wiring.flipped(self.scratch))
-        m.d.sync += mx_valid.eq(s_valid[2] & adv1)
+        m.d.sync += mx_valid.eq(s_valid[3] & adv1)
         for lane in range(pl):
             m.d.sync += [mx_e[lane].eq(new[lane].e0), mx_nz[lane].eq(new[lane].nz)]
-        # Maximum over the part's nonzero lanes (a tree), then into the running maximum.
+        # Maximum over the part's nonzero lanes: a tree with a register after each level (one compare per cycle:
+        # ECP5 timing proxy, docs/results.md), then into the running maximum; FIN waits for the last part.
         terms = []
         for lane in range(pl):
             v = Signal(signed(ew), name=f"max_in{lane}")
             m.d.comb += v.eq(Mux(mx_nz[lane], mx_e[lane], -(1 << (ew - 1))))
             terms.append(v)
-        while len(terms) > 1:
+        t_valid, t_nz = mx_valid, mx_nz.any()
+        for level in range(_max_levels(pl)):
             nxt = []
             for i in range(0, len(terms) - 1, 2):
-                v = Signal(signed(ew), name=f"max_t{len(terms)}_{i}")
-                m.d.comb += v.eq(Mux(terms[i] >= terms[i + 1], terms[i], terms[i + 1]))
+                v = Signal(signed(ew), name=f"max_l{level}_{i}")
+                m.d.sync += v.eq(Mux(terms[i] >= terms[i + 1], terms[i], terms[i + 1]))
                 nxt.append(v)
             if len(terms) % 2:
-                nxt.append(terms[-1])
+                v = Signal(signed(ew), name=f"max_l{level}_{len(terms) - 1}")
+                m.d.sync += v.eq(terms[-1])
+                nxt.append(v)
             terms = nxt
-        beat_max = Signal(signed(ew))
-        m.d.comb += beat_max.eq(terms[0])
-        with m.If(mx_valid):
-            m.d.sync += any_nz.eq(any_nz | mx_nz.any())
-            with m.If(beat_max > top0):
-                m.d.sync += top0.eq(beat_max)
-        with m.If((phase == PASS1) & s_valid[2] & s_last[2] & adv1):
+            nv, nz = Signal(name=f"max_l{level}_valid"), Signal(name=f"max_l{level}_nz")
+            m.d.sync += [nv.eq(t_valid), nz.eq(t_nz)]
+            t_valid, t_nz = nv, nz
+        with m.If(t_valid):
+            m.d.sync += any_nz.eq(any_nz | t_nz)
+            with m.If(terms[0] > top0):
+                m.d.sync += top0.eq(terms[0])
+        fin_wait = Signal(range(_max_levels(pl) + 1), name="fin_wait")
+        with m.If((phase == PASS1) & s_valid[3] & s_last[3] & adv1):
             m.d.sync += [phase.eq(FIN), in_done.eq(0)]
         with m.If(phase == FIN):
-            m.d.sync += phase.eq(BIAS)
+            with m.If(fin_wait == _max_levels(pl)):
+                m.d.sync += [phase.eq(BIAS), fin_wait.eq(0)]
+            with m.Else():
+                m.d.sync += fin_wait.eq(fin_wait + 1)
 
         # BIAS: b = e_max - (top0 + scale - Fa); unit_exp = e_min - b.
         bias = Signal(signed(SCALE_WIDTH + 2))

@@ -42,9 +42,10 @@ from .xnor_engine import XnorGeometry, _check_int
 
 __all__ = ["LATENCY", "RngEngine", "RngGeometry", "jump_rows", "layer_offset"]
 
-LATENCY = 3
+LATENCY = 4
 """Cycles of a sweep beyond one per visit with no backpressure, counted from the cycle ``start`` is high
-(accepted) to the cycle the last beat is transferred, both included: ``visits + LATENCY``."""
+(accepted) to the cycle the last beat is transferred, both included: ``visits + LATENCY`` (start, state-RAM
+read, its output register, the numbers into the queue)."""
 
 
 def layer_offset(cfg, layer_index: int) -> int:
@@ -274,34 +275,43 @@ class RngEngine(wiring.Component):
         lf_rd = lane_file.read_port(domain="comb")
         lf_wr = lane_file.write_port()
 
-        # --- stage 1: the state, the numbers, the write-back ---
-        s1_valid = Signal()
-        s1_lane = Signal.like(lane)
-        s1_gen = Signal.like(gen)
-        s1_first_chunk = Signal()
-        s1_last_chunk = Signal()
-        s1_first_of_block = Signal()
-        s1_last_of_block = Signal()
-        s1_partial = Signal()
-        s1_last = Signal()
+        # --- stage 1a: the state RAM's word arrives and is registered (the block RAM's output drives no logic:
+        # ECP5 timing proxy, docs/results.md). No hazard: a generator's state is read from the RAM at the first
+        # word of its block and written back at the last, once per sweep. ---
+        visit = data.StructLayout({"lane": lane.shape(), "gen": gen.shape(), "first_chunk": 1, "last_chunk": 1,
+                                   "first_of_block": 1, "last_of_block": 1, "partial": 1, "last": 1})
+        s1a_valid = Signal()
+        s1a = Signal(visit)
         with m.If(adv):
-            m.d.sync += s1_valid.eq(issue)
+            m.d.sync += s1a_valid.eq(issue)
             with m.If(issue):
                 m.d.sync += [
-                    s1_lane.eq(lane),
-                    s1_gen.eq(gen),
-                    s1_first_chunk.eq(chunk == 0),
-                    s1_last_chunk.eq(last_chunk),
-                    s1_first_of_block.eq(first_of_block),
-                    s1_last_of_block.eq(last_of_block),
-                    s1_partial.eq(last_word & (chunk == c["CL1"])),
-                    s1_last.eq(last_visit),
+                    s1a.lane.eq(lane),
+                    s1a.gen.eq(gen),
+                    s1a.first_chunk.eq(chunk == 0),
+                    s1a.last_chunk.eq(last_chunk),
+                    s1a.first_of_block.eq(first_of_block),
+                    s1a.last_of_block.eq(last_of_block),
+                    s1a.partial.eq(last_word & (chunk == c["CL1"])),
+                    s1a.last.eq(last_visit),
                 ]
+
+        # --- stage 1: the state, the numbers, the write-back ---
+        s1_valid = Signal()
+        s1 = Signal(visit)
+        ram_q = Signal(32)
+        with m.If(adv):
+            m.d.sync += [s1_valid.eq(s1a_valid), ram_q.eq(ram_rd.data)]
+            with m.If(s1a_valid):
+                m.d.sync += s1.eq(s1a)
+        s1_lane, s1_gen, s1_first_chunk, s1_last_chunk = s1.lane, s1.gen, s1.first_chunk, s1.last_chunk
+        s1_first_of_block, s1_last_of_block, s1_partial, s1_last = (
+            s1.first_of_block, s1.last_of_block, s1.partial, s1.last)
         cur = Signal(32)  # the state after the previous chunk of this visit
         state = Signal(32)
         m.d.comb += [
             lf_rd.addr.eq(s1_lane),
-            state.eq(Mux(s1_first_chunk, Mux(s1_first_of_block, ram_rd.data, lf_rd.data), cur)),
+            state.eq(Mux(s1_first_chunk, Mux(s1_first_of_block, ram_q, lf_rd.data), cur)),
         ]
         outs = []
         for n in range(1, U + 1):
@@ -345,7 +355,7 @@ class RngEngine(wiring.Component):
         resp_data = Signal(32)
         h = self.host.payload
         m.d.comb += [
-            busy.eq(running | s1_valid | queue.o.valid),
+            busy.eq(running | s1a_valid | s1_valid | queue.o.valid),
             self.busy.eq(busy),
             self.host.ready.eq(~busy & ~rd_issued & ~resp_valid & ~self.start),
             self.host_rdata.valid.eq(resp_valid),

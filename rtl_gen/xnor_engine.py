@@ -343,43 +343,41 @@ class XnorEngineCore(wiring.Component):
             ]
         m.d.sync += self.framing_error.eq(self.x.valid & self.x.ready & (self.x.payload.last != last_word))
 
-        # Stage 1: weight rows and the input word are here; XNOR, mask the padding bits, popcount.
+        # Stage 1: weight rows and the input word are here; XNOR, mask the padding bits, popcount. The word and
+        # the padding mask come from registers (stage 0 picks the stream or the row buffer, read combinationally,
+        # so no multiplexer sits in front of the popcount: ECP5 timing proxy, docs/results.md).
         s1_valid = Signal()
-        s1_from_x = Signal()  # the word is x1 (first group), not the row buffer's output
         s1_first = Signal()
         s1_last = Signal()
         s1_last_group = Signal()
         x1 = Signal(li)
-        with m.If(adv):
-            m.d.sync += [
-                s1_valid.eq(issue),
-                s1_from_x.eq(first_group),
-                s1_first.eq(word == 0),
-                s1_last.eq(last_word),
-                s1_last_group.eq(last_group),
-            ]
-            with m.If(issue & first_group):
-                m.d.sync += x1.eq(self.x.payload.data)
-
-        x_word = Signal(li)
+        mask = Signal(li)
+        full = (1 << li) - 1
+        x_in = Signal(li)
         if any(g.groups > 1 for g in geos):  # later groups replay the row from a one-row buffer
             m.submodules.row_buffer = row_buffer = Memory(shape=li, depth=max(max(g.words for g in geos), 2),
                                                           init=[])
             keep = row_buffer.write_port()
-            replay = row_buffer.read_port()
+            replay = row_buffer.read_port(domain="comb")
             m.d.comb += [
                 keep.addr.eq(word),
                 keep.data.eq(self.x.payload.data),
                 keep.en.eq(issue & first_group),
                 replay.addr.eq(word),
-                replay.en.eq(adv),
-                x_word.eq(Mux(s1_from_x, x1, replay.data)),
+                x_in.eq(Mux(first_group, self.x.payload.data, replay.data)),
             ]
         else:
-            m.d.comb += x_word.eq(x1)
-        full = (1 << li) - 1
-        mask = Signal(li)
-        m.d.comb += mask.eq(Mux(s1_last, last_mask, full))
+            m.d.comb += x_in.eq(self.x.payload.data)
+        with m.If(adv):
+            m.d.sync += [
+                s1_valid.eq(issue),
+                s1_first.eq(word == 0),
+                s1_last.eq(last_word),
+                s1_last_group.eq(last_group),
+            ]
+            with m.If(issue):
+                m.d.sync += [x1.eq(x_in), mask.eq(Mux(last_word, last_mask, full))]
+        x_word = x1
 
         # Stage 2: registered popcounts; accumulate y = -N + 2 * sum(popcounts); push the last word's sum.
         s2_valid = Signal()

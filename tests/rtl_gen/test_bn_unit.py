@@ -72,7 +72,7 @@ def test_cycle_models():
     assert forward_cycles(l0, 3)["total"] == 4851 + 256 * (5 * 6 + 9)
     assert BnForwardUnit(layer=l1).div_iterations == 14  # alpha's 14 bits dominate
     bwd = BnBackwardUnit(layer=l1)
-    assert bwd.cycles()["total"] == 2 * 1600 + 16 + 256 + 3
+    assert bwd.cycles()["total"] == 2 * 1600 + 16 + 256 + 5  # pass 1 drain 1, pass 2 drain 2 + 2 Q stages
 
 
 def test_mul_const_is_exact():

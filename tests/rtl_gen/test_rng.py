@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from rtl_gen.rng import RngEngine, RngGeometry, jump_rows, layer_offset
+from rtl_gen.rng import LATENCY, RngEngine, RngGeometry, jump_rows, layer_offset
 from rtl_gen.toolchain import run_cocotb, to_verilog
 from rtl_gen.weight_memory import SweepGeometry
 from rtl_gen.xnor_engine import XnorGeometry
@@ -209,4 +209,4 @@ def test_rng_engine_rtl(case, request):
     assert run.tests == 2
     measured = json.loads((run.build_dir / "cycles-full_rate.json").read_text())
     geo = RngGeometry.from_config(cfg, layer, lanes_in=lanes_in, lanes_out=lanes_out, update_lanes=update_lanes)
-    assert measured["measured"] == measured["model"] == geo.cycles() == geo.sweep.visits + 3
+    assert measured["measured"] == measured["model"] == geo.cycles() == geo.sweep.visits + LATENCY
