@@ -52,7 +52,10 @@ from amaranth.lib.wiring import In, Out
 from sim.hw.arith import ArithParams
 from sim.hw.widths import LayerBounds, hw_supported, layer_bounds, signed_bits
 
-from .divider import Divider
+from .divider import Divider, ring_schedule
+from .divider import iterations as div_iterations
+from .divider import latency as div_latency
+from .divider import stages as div_stages
 from .shared import layer_port
 from .streams import StreamRegister
 
@@ -447,16 +450,23 @@ def forward_cycles(layer: BnLayer, div_steps: int = 1) -> dict[str, int]:
     """Cycles of every phase of :class:`BnForwardUnit` and their ``total`` for one batch with no stalls (see
     there), for a divider resolving ``div_steps`` quotient bits per cycle."""
     wq = _divider_widths(layer)[2]
-    it = -(-wq // _check_int("div_steps", div_steps, 1, wq))
-    M, G = layer.channels, layer.groups
+    _check_int("div_steps", div_steps, 1, wq)
+    it, lat, ring = div_iterations(wq, div_steps), div_latency(wq, div_steps), div_stages(div_steps)
+    M, G, L = layer.channels, layer.groups, layer.lanes
     pc = pass_cycles(layer)
+    # EPI1: a group's read, then one request a cycle while the divider takes them; done with the last response
+    epi1 = ring_schedule(ring, it, [1] + [2 if c % L == 0 else 1 for c in range(1, M)])[-1] + 1
+    # EPI2: per channel beta in, S, C, C -+ S' 2^Fb, saturation, dividends (the group's read first), then three
+    # requests back to back
+    gaps = [g for c in range(M) for g in ((6 if c == 0 else 7 if c % L == 0 else 6), 1, 1)]
+    epi2 = ring_schedule(ring, it, gaps)[-1] + 1
     out = {
         "pass1": pc,
-        "epi1": G + M * (it + 1),
+        "epi1": epi1,
         "pass2": pc,
-        "epi2": G + M * (3 * it + 4),
+        "epi2": epi2,
         "pass3": pc,
-        "epi3": G + M * (it + 4),
+        "epi3": G + M * (lat + 4),
     }
     out["total"] = sum(out.values())
     return out
@@ -649,8 +659,11 @@ class BnForwardCore(wiring.Component):
 
         # ---- per-channel sequencer (epilogues) ------------------------------------------------------------
         walk = _LaneWalker(m, ch, "epi")
-        est = Signal(range(5), name="est")  # step within the epilogue: a group's read, then a channel's steps
-        RD, CH0, CH1, CH2, CH3 = range(5)
+        # EPI1 and EPI2 overlap channels: ``walk`` issues a channel's divisions and moves on (WT once every
+        # channel's are issued), ``rwalk`` takes the responses in order and writes each channel's thresholds.
+        rwalk = _LaneWalker(m, ch, "resp")
+        est = Signal(range(8), name="est")  # step within the epilogue: a group's read, then a channel's steps
+        RD, CH0, CH1, CH2, CH3, WT, CH2A, CH2B = range(8)
         epi_rd = Signal()
         m.d.comb += epi_rd.eq(~in_pass & (est == RD))
         for port in (sum_rd, ys_rd, ns_rd, thr_rd):
@@ -673,6 +686,22 @@ class BnForwardCore(wiring.Component):
                     m.d.sync += phase.eq(next_phase)
             with m.Else():
                 m.d.sync += est.eq(CH0)
+
+        def channel_issued():
+            """The issuing side of EPI1 / EPI2: the next channel (its group read first), WT after the last."""
+            walk.next_channel(m)
+            m.d.sync += nreq.eq(0)
+            with m.If(walk.last_lane):
+                m.d.sync += est.eq(Mux(walk.last_group, WT, RD))
+            with m.Else():
+                m.d.sync += est.eq(CH0)
+
+        def channel_answered(next_phase):
+            """The response side of EPI1 / EPI2: the last response of a channel was taken."""
+            rwalk.next_channel(m)
+            m.d.sync += nresp.eq(0)
+            with m.If(rwalk.last_lane & rwalk.last_group):
+                m.d.sync += [phase.eq(next_phase), est.eq(RD)]
 
         # Divider requests: up to three per channel, issued back to back; responses come back in order.
         nreq = Signal(range(4))
@@ -703,7 +732,7 @@ class BnForwardCore(wiring.Component):
             m.d.sync += [nreq.eq(0), nresp.eq(0), divisor.eq(divisor_value)]
 
         thr_word = Signal(lay.thr_layout)
-        m.d.comb += thr_wr.addr.eq(walk.g)
+        m.d.comb += thr_wr.addr.eq(Mux(self.eval_mode & (phase == Phase.EPI2), walk.g, rwalk.g))
         for lane in range(L):
             m.d.comb += thr_wr.data[lane].eq(thr_word)
 
@@ -716,6 +745,7 @@ class BnForwardCore(wiring.Component):
         a_r = Signal(unsigned(w["A"]))
         bs_r = Signal(unsigned(wd))
         m.d.comb += s_eff.eq(Mux(S_r == 0, 1, S_r))
+        v_r = [Signal(signed(w["C"] + 1), name=f"v_thr{i}") for i in range(3)]  # C, C -+ S' 2^Fb, then saturated
 
         def clamp(v):
             return Mux(v < -TK, -TK, Mux(v > TK, TK, v))
@@ -756,17 +786,18 @@ class BnForwardCore(wiring.Component):
             with m.Switch(phase):
                 with m.Case(Phase.EPI1):
                     # t_mu + Ymax = floor((sum_y + B Ymax + B - 1) / B), in [0, 2 Ymax].
-                    with m.If(est == CH0):
-                        m.d.comb += [
-                            self.div_req.valid.eq(nreq == 0),
-                            self.div_req.payload.dividend.eq(sum_l + (B * ymax + B - 1)),
-                            self.div_req.payload.divisor.eq(B),
-                            self.div_resp.ready.eq(1),
-                            thr_word.theta.eq(q_now - ymax),
-                            thr_wr.en.eq(Mux(resp_fire, 1 << walk.l, 0)),
-                        ]
-                        with m.If(resp_fire):
-                            channel_done(Phase.PASS2)
+                    m.d.comb += [
+                        self.div_req.valid.eq(est == CH0),
+                        self.div_req.payload.dividend.eq(sum_l + (B * ymax + B - 1)),
+                        self.div_req.payload.divisor.eq(B),
+                        self.div_resp.ready.eq(1),
+                        thr_word.theta.eq(q_now - ymax),
+                        thr_wr.en.eq(Mux(resp_fire, 1 << rwalk.l, 0)),
+                    ]
+                    with m.If(req_fire):
+                        channel_issued()
+                    with m.If(resp_fire):
+                        channel_answered(Phase.PASS2)
                 with m.Case(Phase.EPI2):
                     with m.Switch(est):
                         with m.Case(CH0):  # beta in; S = B Ys - sum_y Ns (eval: s_r' = max(s_r, 1), mu_r)
@@ -782,34 +813,39 @@ class BnForwardCore(wiring.Component):
                         with m.Case(CH1):  # C = B 2^Fb sum_y - beta_q S' (eval: C' = mu_r 2^Fb - beta_q s_r')
                             m.d.sync += [c_r.eq(Mux(self.eval_mode, mu_r << fb, mul_const(sum_l, B << fb))
                                                 - beta_r * s_eff), est.eq(CH2)]
-                        with m.Case(CH2):  # saturated, offset dividends of the three thresholds; divisor B^2
-                            e = Signal(signed(lay.s_width + fb + 1))
-                            v_lo = Signal(signed(w["C"] + 1))
-                            v_hi = Signal(signed(w["C"] + 1))
-                            m.d.comb += [e.eq(s_eff << fb), v_lo.eq(c_r - e), v_hi.eq(c_r + e)]
+                        with m.Case(CH2):  # C - S' 2^Fb, C + S' 2^Fb
+                            m.d.comb += chan_wr.en.eq(1)
                             with m.If(self.eval_mode):  # theta = ceil(C' / 2^(Fr+Fb)), saturated: a shift, no division
                                 m.d.comb += [thr_word.theta.eq(t_eval), thr_word.lo.eq(t_eval), thr_word.hi.eq(t_eval),
-                                             thr_wr.en.eq(1 << walk.l), chan_wr.en.eq(1)]
+                                             thr_wr.en.eq(1 << walk.l)]
                                 channel_done(Phase.PASS3)
                             with m.Else():
-                                m.d.sync += [
-                                    dividends[0].eq((clamp(c_r) + (TK + K - 1)) >> fb),  # ceil(C / K)
-                                    dividends[1].eq((clamp(v_lo) + (TK + K - 1)) >> fb),  # ceil((C - S' 2^Fb) / K)
-                                    dividends[2].eq((clamp(v_hi) + TK) >> fb),  # floor((C + S' 2^Fb) / K)
-                                    est.eq(CH3),
-                                ]
-                                start_division(B * B)
-                        with m.Case(CH3):
-                            m.d.comb += [
-                                self.div_req.valid.eq(nreq < 3),
-                                self.div_resp.ready.eq(1),
-                                thr_word.theta.eq(quot[0] - T),
-                                thr_word.lo.eq(quot[1] - T),
-                                thr_word.hi.eq(q_now - T),
+                                m.d.sync += [v_r[0].eq(c_r), v_r[1].eq(c_r - (s_eff << fb)),
+                                             v_r[2].eq(c_r + (s_eff << fb)), est.eq(CH2A)]
+                        with m.Case(CH2A):  # saturated at +-T K (timing: one carry chain a cycle)
+                            m.d.sync += [*(v_r[i].eq(clamp(v_r[i])) for i in range(3)), est.eq(CH2B)]
+                        with m.Case(CH2B):  # offset dividends of the three thresholds; divisor B^2
+                            m.d.sync += [
+                                dividends[0].eq((v_r[0] + (TK + K - 1)) >> fb),  # ceil(C / K)
+                                dividends[1].eq((v_r[1] + (TK + K - 1)) >> fb),  # ceil((C - S' 2^Fb) / K)
+                                dividends[2].eq((v_r[2] + TK) >> fb),  # floor((C + S' 2^Fb) / K)
+                                divisor.eq(B * B),
+                                est.eq(CH3),
                             ]
-                            with m.If(resp_fire & (nresp == 2)):
-                                m.d.comb += [thr_wr.en.eq(1 << walk.l), chan_wr.en.eq(1)]
-                                channel_done(Phase.PASS3)
+                        with m.Case(CH3):
+                            m.d.comb += self.div_req.valid.eq(1)
+                            with m.If(req_fire & (nreq == 2)):
+                                channel_issued()
+                    with m.If(~self.eval_mode):  # responses: three per channel, in order
+                        m.d.comb += [
+                            self.div_resp.ready.eq(1),
+                            thr_word.theta.eq(quot[0] - T),
+                            thr_word.lo.eq(quot[1] - T),
+                            thr_word.hi.eq(q_now - T),
+                        ]
+                        with m.If(resp_fire & (nresp == 2)):
+                            m.d.comb += thr_wr.en.eq(1 << rwalk.l)
+                            channel_answered(Phase.PASS3)
                 with m.Case(Phase.EPI3):
                     with m.Switch(est):
                         with m.Case(CH0):  # chan_mem read

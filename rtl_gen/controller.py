@@ -195,13 +195,18 @@ def bn_param_sizes(layer, hw) -> dict:
 def bn_param_cycles(layer, hw, div_steps: int) -> dict:
     """Cycles of :class:`BnParamUnit`: ``running`` per channel (two divisions) and the beta ``update`` of
     the layer (maxima pass, then per channel read, align, EMAs, ratio division, write)."""
+    from .divider import iterations, latency, ring_schedule, stages
+
     wq = bn_param_sizes(layer, hw)["divider"][2]
-    it = -(-wq // min(div_steps, wq))
+    steps = min(div_steps, wq)
+    it, lat = iterations(wq, steps), latency(wq, steps)
     M = layer.channels
-    # running, per channel: idle, request, it + 1 waiting for the quotient, request, it + 1
+    # running, per channel: idle (the stats beat taken), the two requests back to back, the two responses in
+    # order (the second in the cycle after the first when the ring holds both), back to idle
+    running = ring_schedule(stages(steps), it, [1, 1])[-1] + 1
     # update: maxima pass (M + 2), exponent (1), per channel read, align (3: m, a, g), ema, ratio operands,
-    # request, it + 1, delta (the learning-rate shift of r), apply
-    return {"running": 2 * it + 5, "update": M + 3 + M * (it + 10)}
+    # request, the divider's latency, delta (the learning-rate shift of r), apply
+    return {"running": running, "update": M + 3 + M * (lat + 9)}
 
 
 class BnParamUnit(wiring.Component):
@@ -454,15 +459,16 @@ class BnParamUnit(wiring.Component):
                         lmax=Mux(al_a, self.a_width, self.m_width - 1), sync_amounts=True)
         with m.FSM() as fsm:
             with m.State("idle"):
-                with m.If(self.stats.valid):
+                with m.If(self.stats.valid):  # the beat is taken here: the producer moves on while this runs
                     m.d.sync += [sum_y.eq(self.stats.payload.sum_y), s_val.eq(self.stats.payload.S)]
                     m.d.comb += [rd["mu"].addr.eq(base + ch), rd["mu"].en.eq(1),
-                                 rd["s"].addr.eq(base + ch), rd["s"].en.eq(1)]
+                                 rd["s"].addr.eq(base + ch), rd["s"].en.eq(1), self.stats.ready.eq(1)]
                     m.next = "run_mu"
                 with m.Elif(pending):
                     m.d.sync += [pending.eq(0), gmax.eq(0), amax.eq(0), c_issue.eq(0), c_seen.eq(0), rd_valid.eq(0)]
                     m.next = "max"
-            # running: mu_b = floor((2 sum_y 2^Fr + B) / 2B) (signed floor), s_b = floor((2 S 2^Fr + B^2) / 2B^2)
+            # running: mu_b = floor((2 sum_y 2^Fr + B) / 2B) (signed floor), s_b = floor((2 S 2^Fr + B^2) / 2B^2);
+            # both requests back to back (the divider's ring holds both), then both responses in order
             with m.State("run_mu"):
                 n1 = Signal(signed(self._run_n + 1))
                 m.d.comb += n1.eq((sum_y << (fr + 1)) + B)
@@ -470,16 +476,16 @@ class BnParamUnit(wiring.Component):
                              req.dividend.eq(Mux(n1 < 0, -n1 + 2 * B - 1, n1))]
                 with m.If(div.req.ready):
                     m.d.sync += neg.eq(n1 < 0)
-                    m.next = "run_mu_wait"
-            with m.State("run_mu_wait"):
-                m.d.comb += div.resp.ready.eq(1)
-                with m.If(div.resp.valid):
-                    m.d.sync += mu_b.eq(Mux(neg, -resp.quotient, resp.quotient))
                     m.next = "run_s"
             with m.State("run_s"):
                 m.d.comb += [div.req.valid.eq(1), req.divisor.eq(2 * B * B),
                              req.dividend.eq((s_val << (fr + 1)) + B * B)]
                 with m.If(div.req.ready):
+                    m.next = "run_mu_wait"
+            with m.State("run_mu_wait"):
+                m.d.comb += div.resp.ready.eq(1)
+                with m.If(div.resp.valid):
+                    m.d.sync += mu_b.eq(Mux(neg, -resp.quotient, resp.quotient))
                     m.next = "run_s_wait"
             with m.State("run_s_wait"):
                 m.d.comb += div.resp.ready.eq(1)
@@ -493,7 +499,6 @@ class BnParamUnit(wiring.Component):
                         s_new.eq(s_old + ((resp.quotient - s_old + half) >> sh)),
                         wr["mu"].addr.eq(base + ch), wr["mu"].data.eq(mu_new), wr["mu"].en.eq(1),
                         wr["s"].addr.eq(base + ch), wr["s"].data.eq(s_new), wr["s"].en.eq(1),
-                        self.stats.ready.eq(1),
                     ]
                     m.d.sync += ch.eq(Mux(ch == M - 1, 0, ch + 1))
                     m.next = "idle"

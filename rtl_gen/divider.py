@@ -1,31 +1,35 @@
-"""Sequential restoring integer divider with stream request/response ports.
+"""Pipelined restoring integer divider with stream request/response ports (a ring of registered stages).
 
-One unsigned division ``dividend = quotient * divisor + remainder`` (``0 <= remainder < divisor``) at a
-time, ``steps`` quotient bits per clock cycle. The quotient width is a construction parameter, and the
-caller guarantees the quotient fits in it: ``dividend < divisor << quotient_width``. The cost then
-depends on the quotient width only (``ceil(quotient_width / steps)`` cycles), however wide the dividend
-is, and the subtractor is only ``divisor_width + 1`` bits wide. A request that breaks the precondition
-(or divides by zero) is answered with ``overflow = 1`` and an unspecified quotient and remainder.
+One unsigned division ``dividend = quotient * divisor + remainder`` (``0 <= remainder < divisor``) per request,
+``steps`` quotient bits per clock cycle in total. The quotient width is a construction parameter, and the
+caller guarantees the quotient fits in it: ``dividend < divisor << quotient_width``. The cost then depends on
+the quotient width only, however wide the dividend is, and each subtractor is only a few bits wider than the
+divisor. A request that breaks the precondition (or divides by zero) is answered with ``overflow = 1`` and an
+unspecified quotient and remainder.
 
-Algorithm (restoring, most significant quotient bit first): with ``I = ceil(Wq / steps)`` iterations and
-``Wq' = I * steps`` the dividend is split as ``hi * 2**Wq' + lo``; the precondition gives ``hi < divisor``,
-so the partial remainder starts as ``R = hi``. Each step shifts the next bit of ``lo`` into ``R`` (now
+Algorithm (restoring, most significant quotient bit first): with ``I = ceil(Wq / steps)`` loops and
+``Wq' = I * steps`` the dividend is split as ``hi * 2**Wq' + lo``; the precondition gives ``hi < divisor``, so
+the partial remainder starts as ``R = hi``. Each radix-2 step shifts the next bit of ``lo`` into ``R`` (now
 ``< 2 * divisor``) and subtracts the divisor when ``R >= divisor``, shifting the outcome in as the next
-quotient bit; ``lo`` and the quotient share one shift register. The steps of a cycle are taken two at a time
-(radix 4: the next two bits against ``d``, ``2 d`` and ``3 d`` in parallel, one carry chain per pair; see
-:func:`_radix4_stage`), with one radix-2 step last when ``steps`` is odd. Measured on the ECP5 proxy
-(``nextpnr-ecp5`` out of context, the small MLP's BN divider, 31 / 17 / 14 bits): 4 steps 39.9 MHz as four
-chained radix-2 steps, 63.8 MHz as two radix-4 stages (552 LUT4 against 844); 2 steps 100.6 MHz, 1 step
-112.5 MHz.
+quotient bit; ``lo`` and the quotient share one shift register. The steps are taken two at a time (radix 4:
+the next two bits against ``d``, ``2 d`` and ``3 d`` in parallel, one carry chain per pair; see
+:func:`_radix4_stage`), with one radix-2 step last when ``steps`` is odd.
 
-Timing: the request transfer itself performs the first iteration; the response is offered ``I`` cycles
-after the request transfer (:attr:`Divider.latency`) and held until taken. A new request is accepted in the
-cycle the previous response is taken, so back-to-back divisions take ``I`` cycles each
-(:meth:`Divider.cycles`).
+Structure (the timing reason): the ``steps`` bits of a cycle are ``P = ceil(steps / 2)`` **stages**, each one
+radix-4 (or the last radix-2) step followed by a register, closed into a ring: a division enters stage 0
+from a request register, walks the stages and goes round the ring ``I`` times, then is offered as the
+response from the last stage's register. So no clock cycle holds more than one carry chain (nor any of the
+requester's logic: the request is registered first), and the ring holds up to ``P`` divisions at once, one
+per stage. Measured on the ECP5 proxy (``nextpnr-ecp5`` out of context, the small MLP's BN divider, 31 / 17 /
+14 bits): one radix-4 stage per cycle 100.6 MHz, where two chained in one cycle (the former sequential
+divider at 4 bits per cycle) closed at 63.8 MHz and four chained radix-2 steps at 39.9 MHz.
 
-This is the divider the per-channel sequencers share (BN forward: mean threshold, the three binarisation
-thresholds and alpha). Its budget is a handful of divisions per channel per batch, far from the per-element
-rate, so it trades speed for a narrow datapath.
+Timing (:attr:`Divider.latency`, :meth:`Divider.cycles`): the response is offered ``1 + I * P`` cycles after
+its request transfer when the ring has room, and held until taken (while a response waits, the whole ring
+waits). A division enters stage 0 when the slot arriving there is free (empty, or its division leaves as a
+response in that cycle); up to ``P`` requests are taken back to back, so ``P`` divisions take ``I * P``
+cycles of ring time: the throughput of the former sequential divider (one division per ``I`` cycles) when
+the requester keeps ``P`` in flight. Responses come back in request order.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["Divider", "divide"]
+__all__ = ["Divider", "divide", "latency", "ring_schedule"]
 
 MAX_WIDTH = 256
 
@@ -55,15 +59,31 @@ def divide(dividend: int, divisor: int, quotient_width: int) -> tuple[int, int, 
     return dividend // divisor, dividend % divisor, False
 
 
+def stages(steps: int) -> int:
+    """Registered stages of a :class:`Divider` resolving ``steps`` quotient bits per cycle."""
+    return -(-steps // 2)
+
+
+def iterations(quotient_width: int, steps: int) -> int:
+    """Trips round the ring per division (:attr:`Divider.iterations`)."""
+    return -(-quotient_width // steps)
+
+
+def latency(quotient_width: int, steps: int) -> int:
+    """:attr:`Divider.latency` without building one: ``1 + iterations * stages``."""
+    return 1 + iterations(quotient_width, steps) * stages(steps)
+
+
 class Divider(wiring.Component):
-    """Unsigned sequential divider (see the module docstring).
+    """Unsigned pipelined divider (see the module docstring).
 
     Parameters (keyword-only):
         dividend_width: bits of the dividend, 1..256.
         divisor_width: bits of the divisor, 1..256.
         quotient_width: bits of the quotient, 1..256; requests must satisfy
             ``dividend < divisor << quotient_width`` (else ``overflow``).
-        steps: quotient bits resolved per cycle (unrolled restoring stages), 1..quotient_width.
+        steps: quotient bits resolved per cycle over all stages, 1..quotient_width (``ceil(steps / 2)``
+            registered stages of two bits, the last of one when ``steps`` is odd).
 
     Ports:
         req: ``In(stream.Signature(req_layout))``, payload ``dividend`` (low bits) then ``divisor``.
@@ -97,14 +117,21 @@ class Divider(wiring.Component):
         return self._steps
 
     @property
+    def stages(self) -> int:
+        """Registered stages of the ring (divisions it holds at once), ``ceil(steps / 2)``."""
+        return stages(self._steps)
+
+    @property
     def iterations(self) -> int:
-        """Clock cycles per division, ``ceil(quotient_width / steps)``."""
-        return -(-self._wq // self._steps)
+        """Trips round the ring per division, ``ceil(quotient_width / steps)``: the cycles per division at the
+        full rate (with :attr:`stages` divisions in flight)."""
+        return iterations(self._wq, self._steps)
 
     @property
     def latency(self) -> int:
-        """Cycles from a request transfer to the first cycle its response is offered."""
-        return self.iterations
+        """Cycles from a request transfer to the first cycle its response is offered, when the ring has room:
+        the request register, then ``iterations`` trips round ``stages`` stages."""
+        return latency(self._wq, self._steps)
 
     @property
     def req_layout(self) -> data.StructLayout:
@@ -116,76 +143,103 @@ class Divider(wiring.Component):
 
     def cycles(self, count: int) -> int:
         """Cycles for ``count`` back-to-back divisions (requests always offered, responses always taken),
-        from the first request transfer to the last response transfer, both included:
-        ``count * iterations + 1`` (0 for none)."""
+        from the first request transfer to the last response transfer, both included: the ring takes
+        ``stages`` at a time, so division ``i = g P + k`` is answered ``1 + k + (g + 1) I P`` cycles after the
+        first request transfer (0 for none)."""
         _check_int("count", count, 0, 1 << 40)
-        return count * self.iterations + 1 if count else 0
+        if not count:
+            return 0
+        g, k = divmod(count - 1, self.stages)
+        return 2 + k + (g + 1) * self.iterations * self.stages
 
     def elaborate(self, platform):
         m = Module()
         wn, wd, wq, s = self._wn, self._wd, self._wq, self._steps
-        iters = self.iterations
-        wq_int = iters * s  # internal quotient width: a multiple of steps (extra bits are leading zeros)
+        loops, P = self.iterations, self.stages
+        wq_int = loops * s  # internal quotient width: a multiple of steps (extra bits are leading zeros)
+        bits = [2] * (s // 2) + [1] * (s % 2)  # quotient bits of each stage
 
-        rem = Signal(wd, name="rem")  # partial remainder, < divisor between iterations
-        shreg = Signal(wq_int, name="shreg")  # remaining dividend bits (top) / quotient bits (bottom)
-        div = Signal(wd, name="divisor_q")
-        ovf = Signal(name="ovf")
-        left = Signal(range(iters + 1), name="left")  # iterations still to run
-        held = Signal(name="held")  # a division is in flight or its response is waiting
+        # request register
+        in_valid = Signal(name="in_valid")
+        in_n = Signal(wn, name="in_dividend")
+        in_d = Signal(wd, name="in_divisor")
 
-        take = Signal()
-        load = Signal()
+        # stage registers: valid, loop count, partial remainder, dividend/quotient shift register, divisor, overflow
+        st_v = [Signal(name=f"st{k}_valid") for k in range(P)]
+        st_c = [Signal(range(loops), name=f"st{k}_loop") for k in range(P)]
+        st_r = [Signal(wd, name=f"st{k}_rem") for k in range(P)]
+        st_q = [Signal(wq_int, name=f"st{k}_shreg") for k in range(P)]
+        st_d = [Signal(wd, name=f"st{k}_divisor") for k in range(P)]
+        st_o = [Signal(name=f"st{k}_ovf") for k in range(P)]
+
+        last = P - 1
+        done = Signal()  # the last stage holds a finished division
+        recirc = Signal()  # the last stage's division goes round again
+        en = Signal()  # the ring moves
+        enter = Signal()  # the request register's division enters stage 0
         m.d.comb += [
-            self.req.ready.eq(~held | ((left == 0) & self.resp.ready)),
-            load.eq(self.req.valid & self.req.ready),
-            self.resp.valid.eq(held & (left == 0)),
-            take.eq(self.resp.valid & self.resp.ready),
-            self.resp.payload.quotient.eq(shreg[:wq]),
-            self.resp.payload.remainder.eq(rem),
-            self.resp.payload.overflow.eq(ovf),
+            done.eq(st_v[last] & (st_c[last] == loops - 1)),
+            recirc.eq(st_v[last] & (st_c[last] != loops - 1)),
+            self.resp.valid.eq(done),
+            en.eq(~done | self.resp.ready),
+            enter.eq(en & ~recirc & in_valid),
+            self.req.ready.eq(~in_valid | enter),
+            self.resp.payload.quotient.eq(st_q[last][:wq]),
+            self.resp.payload.remainder.eq(st_r[last]),
+            self.resp.payload.overflow.eq(st_o[last]),
         ]
+        with m.If(self.req.valid & self.req.ready):
+            m.d.sync += [in_valid.eq(1), in_n.eq(self.req.payload.dividend), in_d.eq(self.req.payload.divisor)]
+        with m.Elif(enter):
+            m.d.sync += in_valid.eq(0)
 
-        # Operands of this cycle's iterations: straight from the request when loading, else the registers.
-        dividend = self.req.payload.dividend
+        # stage 0's operands: the recirculating division, else the request register's (hi, lo, overflow check)
         hi = Signal(wd, name="hi")
         lo = Signal(wq_int, name="lo")
         if wn > wq_int:
-            m.d.comb += hi.eq(dividend[wq_int:])
-        m.d.comb += lo.eq(dividend[: min(wn, wq_int)])
-        r_in = Signal(wd, name="r_in")
-        q_in = Signal(wq_int, name="q_in")
-        d_in = Signal(wd, name="d_in")
+            m.d.comb += hi.eq(in_n[wq_int:])
+        m.d.comb += lo.eq(in_n[: min(wn, wq_int)])
+        over = Signal(name="over")
+        m.d.comb += over.eq((in_d == 0) | ((in_n >> wq) >= in_d))
+        r0, q0, d0 = Signal(wd, name="r0"), Signal(wq_int, name="q0"), Signal(wd, name="d0")
+        o0, c0 = Signal(name="o0"), Signal(range(loops), name="c0")
         m.d.comb += [
-            r_in.eq(Mux(load, hi, rem)),
-            q_in.eq(Mux(load, lo, shreg)),
-            d_in.eq(Mux(load, self.req.payload.divisor, div)),
+            r0.eq(Mux(recirc, st_r[last], hi)),
+            q0.eq(Mux(recirc, st_q[last], lo)),
+            d0.eq(Mux(recirc, st_d[last], in_d)),
+            o0.eq(Mux(recirc, st_o[last], over)),
+            c0.eq(Mux(recirc, st_c[last] + 1, 0)),
         ]
-        r, q = r_in, q_in
-        for i in range(s // 2):  # two quotient bits per stage (radix 4), then one (radix 2) when steps is odd
-            r, q = _radix4_stage(m, r, q, d_in, f"s{i}")
-        if s % 2:
-            trial = Signal(wd + 1, name="trial")
-            ge = Signal(name="ge")
-            r_next = Signal(wd, name="r_last")
-            q_next = Signal(wq_int, name="q_last")
-            m.d.comb += [
-                trial.eq((r << 1) | q[-1]),
-                ge.eq(trial >= d_in),
-                r_next.eq(Mux(ge, trial - d_in, trial)),
-                q_next.eq((q << 1) | ge),
-            ]
-            r, q = r_next, q_next
-
-        with m.If(load):
-            over = Signal()
-            m.d.comb += over.eq((self.req.payload.divisor == 0) | ((dividend >> wq) >= self.req.payload.divisor))
-            m.d.sync += [rem.eq(r), shreg.eq(q), div.eq(d_in), ovf.eq(over), left.eq(iters - 1), held.eq(1)]
-        with m.Elif(held & (left != 0)):
-            m.d.sync += [rem.eq(r), shreg.eq(q), left.eq(left - 1)]
-        with m.Elif(take):
-            m.d.sync += held.eq(0)
+        with m.If(en):
+            for k in range(P):
+                if k == 0:
+                    v_in, c_in, r_in, q_in, d_in, o_in = recirc | enter, c0, r0, q0, d0, o0
+                else:
+                    v_in, c_in, r_in, q_in, d_in, o_in = st_v[k - 1], st_c[k - 1], st_r[k - 1], st_q[k - 1], \
+                        st_d[k - 1], st_o[k - 1]
+                if bits[k] == 2:
+                    r_out, q_out = _radix4_stage(m, r_in, q_in, d_in, f"s{k}")
+                else:
+                    r_out, q_out = _radix2_stage(m, r_in, q_in, d_in, f"s{k}")
+                m.d.sync += [st_v[k].eq(v_in), st_c[k].eq(c_in), st_r[k].eq(r_out), st_q[k].eq(q_out),
+                             st_d[k].eq(d_in), st_o[k].eq(o_in)]
         return m
+
+
+def _radix2_stage(m, r, q, d, name: str):
+    """One restoring step: ``trial = 2 r + (next dividend bit)`` against ``d``. Returns the next ``(r, q)``."""
+    wd, wq = len(r), len(q)
+    trial = Signal(wd + 1, name=f"{name}_trial")
+    ge = Signal(name=f"{name}_ge")
+    r_next = Signal(wd, name=f"{name}_r")
+    q_next = Signal(wq, name=f"{name}_q")
+    m.d.comb += [
+        trial.eq(Cat(q[-1], r)),
+        ge.eq(trial >= d),
+        r_next.eq(Mux(ge, trial - d, trial)),
+        q_next.eq(Cat(ge, q)),
+    ]
+    return r_next, q_next
 
 
 def _radix4_stage(m, r, q, d, name: str):
@@ -220,3 +274,36 @@ def _radix4_stage(m, r, q, d, name: str):
         q_next.eq(Cat((ge1 & ~ge2) | ge3, ge2, q)),
     ]
     return r_next, q_next
+
+
+def ring_schedule(stages: int, iterations: int, gaps) -> list[int]:
+    """When :class:`Divider` (``stages``, ``iterations``) offers each response, in a requester's cycles, for a
+    requester that offers request ``k`` ``gaps[k]`` cycles after request ``k - 1`` was taken (request 0 at cycle
+    ``gaps[0]``) and takes every response as soon as it is offered. A request is taken when the request register
+    is free (empty, or its division enters the ring in that cycle); it enters the ring the first cycle after
+    that whose slot is free (``stages`` slots; a division occupies its slot ``iterations`` trips). Exact for the
+    RTL: the cycle models of the units that overlap divisions follow from it."""
+    period = stages * iterations
+    entries: list[int] = []
+    out = []
+    taken = None
+    for gap in gaps:
+        offer = gap if taken is None else taken + gap
+        taken = offer if not entries else max(offer, entries[-1])
+        t = taken + 1
+        while _slot_busy(entries, t, stages, period):
+            t += 1
+        entries.append(t)
+        out.append(t + period)
+    return out
+
+
+def _slot_busy(entries: list[int], t: int, stages: int, period: int) -> bool:
+    """Whether a division that entered the ring at one of ``entries`` (sorted) arrives at stage 0 in cycle ``t``
+    to go round again."""
+    for e in reversed(entries):
+        if t - e >= period:
+            return False
+        if (t - e) % stages == 0:
+            return True
+    return False

@@ -54,6 +54,7 @@ from sim.hw.arith import LOG2E_Q16, ArithParams, exp2_table
 from sim.hw.widths import LayerBounds, layer_bounds, signed_bits, unsigned_bits
 
 from .divider import Divider
+from .divider import latency as divider_latency
 from .streams import StreamFIFO, StreamRegister
 
 __all__ = [
@@ -330,9 +331,10 @@ class OutputGeometry:
 
     def channel_cycles(self) -> int:
         """OutputLogitUnit: cycles per channel of the constants phase: the division (its request goes out with
-        the constants beat; ``ceil((FL + G + 2) / div_steps)`` cycles), ``FL + G + 2`` Horner steps of ``C R``,
-        and one cycle to take the response (the slot write overlaps the next channel's constants beat)."""
-        return -(-self.recip_bits // self.div_steps) + self.recip_bits + 1
+        the constants beat; the divider's latency, :func:`rtl_gen.divider.latency`), ``FL + G + 2`` Horner steps
+        of ``C R``, and one cycle to take the response (the slot write overlaps the next channel's constants
+        beat)."""
+        return divider_latency(self.recip_bits, self.div_steps) + self.recip_bits + 1
 
     def logit_cycles(self) -> int:
         """OutputLogitUnit, one batch: from the first constants transfer to the last logit transfer, both
@@ -341,9 +343,9 @@ class OutputGeometry:
         return self.classes * self.channel_cycles() + self.batch * self.groups + LOGIT_LATENCY + 1
 
     def loss_period(self) -> int:
-        """LossGradUnit (cross-entropy): cycles per sample in steady state,
-        ``2 groups + ceil((Fp + 3) / div_steps) + 8``."""
-        return 2 * self.groups + -(-self.prob_recip_bits // self.div_steps) + _CE_OVERHEAD
+        """LossGradUnit (cross-entropy): cycles per sample in steady state, ``2 groups + L + 8`` with ``L`` the
+        latency of the divider (:func:`rtl_gen.divider.latency` of ``Fp + 3`` quotient bits)."""
+        return 2 * self.groups + divider_latency(self.prob_recip_bits, self.div_steps) + _CE_OVERHEAD
 
     def loss_cycles(self, samples: int) -> int:
         """LossGradUnit: from the first logit transfer to the last gradient transfer, both included, for
