@@ -456,9 +456,9 @@ def forward_cycles(layer: BnLayer, div_steps: int = 1) -> dict[str, int]:
     pc = pass_cycles(layer)
     # EPI1: a group's read, then one request a cycle while the divider takes them; done with the last response
     epi1 = ring_schedule(ring, it, [1] + [2 if c % L == 0 else 1 for c in range(1, M)])[-1] + 1
-    # EPI2: per channel beta in, S, C, C -+ S' 2^Fb, saturation, dividends (the group's read first), then three
-    # requests back to back
-    gaps = [g for c in range(M) for g in ((6 if c == 0 else 7 if c % L == 0 else 6), 1, 1)]
+    # EPI2: per channel beta in with the products of S, S, S' and the term of C, beta S', C, C -+ S' 2^Fb,
+    # saturation, dividends (the group's read first), then three requests back to back
+    gaps = [g for c in range(M) for g in ((9 if c == 0 else 10 if c % L == 0 else 9), 1, 1)]
     epi2 = ring_schedule(ring, it, gaps)[-1] + 1
     out = {
         "pass1": pc,
@@ -466,7 +466,7 @@ def forward_cycles(layer: BnLayer, div_steps: int = 1) -> dict[str, int]:
         "pass2": pc,
         "epi2": epi2,
         "pass3": pc,
-        "epi3": G + M * (lat + 4),
+        "epi3": G + M * (lat + 5),
     }
     out["total"] = sum(out.values())
     return out
@@ -662,8 +662,8 @@ class BnForwardCore(wiring.Component):
         # EPI1 and EPI2 overlap channels: ``walk`` issues a channel's divisions and moves on (WT once every
         # channel's are issued), ``rwalk`` takes the responses in order and writes each channel's thresholds.
         rwalk = _LaneWalker(m, ch, "resp")
-        est = Signal(range(8), name="est")  # step within the epilogue: a group's read, then a channel's steps
-        RD, CH0, CH1, CH2, CH3, WT, CH2A, CH2B = range(8)
+        est = Signal(range(11), name="est")  # step within the epilogue: a group's read, then a channel's steps
+        RD, CH0, CH1, CH2, CH3, WT, CH2A, CH2B, CH0B, CH1B, CH1C = range(11)
         epi_rd = Signal()
         m.d.comb += epi_rd.eq(~in_pass & (est == RD))
         for port in (sum_rd, ys_rd, ns_rd, thr_rd):
@@ -744,7 +744,16 @@ class BnForwardCore(wiring.Component):
         c_r = Signal(signed(lay.c_width))
         a_r = Signal(unsigned(w["A"]))
         bs_r = Signal(unsigned(wd))
-        m.d.comb += s_eff.eq(Mux(S_r == 0, 1, S_r))
+        chan_l = chan_rd.data
+        # products and their operands registered apart (timing: a multiplier and the subtraction after it in one
+        # cycle closed at 62 MHz on the ECP5 proxy)
+        ysb_r = Signal(mul_const(ys_l, B).shape(), name="ys_b")
+        psn_r = Signal((sum_l * ns_l).shape(), name="sum_ns")
+        seval_r = Signal(unsigned(lay.seff_width), name="s_eval")
+        cterm_r = Signal(signed(lay.c_width), name="c_term")
+        prod_r = Signal((beta_r * s_eff).shape(), name="beta_s")
+        ka_r = Signal(mul_const(ys_l, K).shape(), name="ys_k")
+        pa_r = Signal((chan_l.C * ns_l).shape(), name="c_ns")
         v_r = [Signal(signed(w["C"] + 1), name=f"v_thr{i}") for i in range(3)]  # C, C -+ S' 2^Fb, then saturated
 
         def clamp(v):
@@ -758,7 +767,6 @@ class BnForwardCore(wiring.Component):
         m.d.comb += [c_sat.eq(Mux(c_r < -te, -te, Mux(c_r > te, te, c_r))),
                      t_eval.eq((c_sat + ((1 << fe) - 1)) >> fe)]
 
-        chan_l = chan_rd.data
         m.d.comb += [
             chan_rd.addr.eq(walk.ch),
             chan_rd.en.eq((phase == Phase.EPI3) & (est == CH0)),
@@ -800,19 +808,27 @@ class BnForwardCore(wiring.Component):
                         channel_answered(Phase.PASS2)
                 with m.Case(Phase.EPI2):
                     with m.Switch(est):
-                        with m.Case(CH0):  # beta in; S = B Ys - sum_y Ns (eval: s_r' = max(s_r, 1), mu_r)
+                        with m.Case(CH0):  # beta in; B Ys, sum_y Ns (eval: s_r' = max(s_r, 1), mu_r)
                             m.d.comb += self.beta.ready.eq(1)
                             with m.If(self.beta.valid):
                                 m.d.sync += [
                                     beta_r.eq(self.beta.payload),
-                                    S_r.eq(Mux(self.eval_mode, Mux(self.run.s < 1, 1, self.run.s),
-                                               mul_const(ys_l, B) - sum_l * ns_l)),
+                                    ysb_r.eq(mul_const(ys_l, B)),
+                                    psn_r.eq(sum_l * ns_l),
+                                    seval_r.eq(Mux(self.run.s < 1, 1, self.run.s)),
                                     mu_r.eq(self.run.mu),
-                                    est.eq(CH1),
+                                    est.eq(CH0B),
                                 ]
-                        with m.Case(CH1):  # C = B 2^Fb sum_y - beta_q S' (eval: C' = mu_r 2^Fb - beta_q s_r')
-                            m.d.sync += [c_r.eq(Mux(self.eval_mode, mu_r << fb, mul_const(sum_l, B << fb))
-                                                - beta_r * s_eff), est.eq(CH2)]
+                        with m.Case(CH0B):  # S = B Ys - sum_y Ns
+                            m.d.sync += [S_r.eq(Mux(self.eval_mode, seval_r, ysb_r - psn_r)), est.eq(CH1)]
+                        with m.Case(CH1):  # S' = max(S, 1); B 2^Fb sum_y (eval: mu_r 2^Fb)
+                            m.d.sync += [s_eff.eq(Mux(S_r == 0, 1, S_r)),
+                                         cterm_r.eq(Mux(self.eval_mode, mu_r << fb, mul_const(sum_l, B << fb))),
+                                         est.eq(CH1B)]
+                        with m.Case(CH1B):  # beta_q S'
+                            m.d.sync += [prod_r.eq(beta_r * s_eff), est.eq(CH1C)]
+                        with m.Case(CH1C):  # C = B 2^Fb sum_y - beta_q S' (eval: C' = mu_r 2^Fb - beta_q s_r')
+                            m.d.sync += [c_r.eq(cterm_r - prod_r), est.eq(CH2)]
                         with m.Case(CH2):  # C - S' 2^Fb, C + S' 2^Fb
                             m.d.comb += chan_wr.en.eq(1)
                             with m.If(self.eval_mode):  # theta = ceil(C' / 2^(Fr+Fb)), saturated: a shift, no division
@@ -857,10 +873,13 @@ class BnForwardCore(wiring.Component):
                                     channel_done(Phase.PASS1)
                             with m.Else():
                                 m.d.sync += [
-                                    a_r.eq(mul_const(ys_l, K) - chan_l.C * ns_l),
+                                    ka_r.eq(mul_const(ys_l, K)),
+                                    pa_r.eq(chan_l.C * ns_l),
                                     bs_r.eq(mul_const(chan_l.S_eff, B)),
-                                    est.eq(CH2),
+                                    est.eq(CH1B),
                                 ]
+                        with m.Case(CH1B):
+                            m.d.sync += [a_r.eq(ka_r - pa_r), est.eq(CH2)]
                         with m.Case(CH2):  # alpha_q = floor(floor((A 2^(Fa+1) + B S' 2^Fb) / 2^(Fb+1)) / (B S'))
                             m.d.sync += [
                                 dividends[0].eq(((a_r << (fa + 1)) + (bs_r << fb)) >> (fb + 1)),

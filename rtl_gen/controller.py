@@ -204,9 +204,9 @@ def bn_param_cycles(layer, hw, div_steps: int) -> dict:
     # running, per channel: idle (the stats beat taken), the two requests back to back, the two responses in
     # order (the second in the cycle after the first when the ring holds both), back to idle
     running = ring_schedule(stages(steps), it, [1, 1])[-1] + 1
-    # update: maxima pass (M + 2), exponent (1), per channel read, align (3: m, a, g), ema, ratio operands,
-    # request, the divider's latency, delta (the learning-rate shift of r), apply
-    return {"running": running, "update": M + 3 + M * (lat + 9)}
+    # update: maxima pass (M + 2), exponent (3), the aligner's amounts (1), per channel read, align (3: m, a, g),
+    # ema, ratio operands, request, the divider's latency, delta (the learning-rate shift of r), apply
+    return {"running": running, "update": M + 6 + M * (lat + 9)}
 
 
 class BnParamUnit(wiring.Component):
@@ -440,6 +440,12 @@ class BnParamUnit(wiring.Component):
         m_abs_r = Signal(self.m_width + 1)
         m.d.comb += m_abs_r.eq(Mux(m2 < 0, -m2, m2))
 
+        top_g = Signal(signed(E_WIDTH + 2))
+        top_a = Signal(signed(E_WIDTH + 2))
+        top = Signal(signed(E_WIDTH + 2))  # the new exponent
+        g_zero = Signal()
+        a_zero = Signal()
+
         # an update request waits (``pending``) until the running-statistics work in flight is done
         pending = Signal()
         with m.If(self.update):
@@ -452,11 +458,18 @@ class BnParamUnit(wiring.Component):
         # one aligner, used for m, a and g in turn (the read words hold while the read enables are low)
         al_w = max(self.m_width, self.a_width + 1, self.p_width + 1)
         al_x = Signal(signed(al_w))
-        al_d = Signal.like(dm)
-        al_a = Signal()  # aligning a: its result is a_width + 1 bits wide, the others m_width
-        # the shift and its limit are those of the next cycle's align state, registered (sync_amounts)
-        al_out = _align(m, al_x, al_d, max(self.m_width, self.a_width + 1), "al",
-                        lmax=Mux(al_a, self.a_width, self.m_width - 1), sync_amounts=True)
+        al_ow = max(self.m_width, self.a_width + 1)
+        # the three alignments' amounts (m by dm, a by dm, g by dg; dm and dg hold during the update) computed
+        # every cycle into registers, and the next align state's set registered again (timing: the state, the
+        # choice of dm or dg and the clamp compares in front of these registers closed at 69 MHz on the ECP5 proxy)
+        al_sets = [_align_amounts(m, d_, al_w, al_ow, f"al{i}", lmax=lim, domain="sync")
+                   for i, (d_, lim) in enumerate(((dm, self.m_width - 1), (dm, self.a_width), (dg, self.m_width - 1)))]
+        al_amounts = [Signal.like(v, name=f"al_{k}") for v, k in zip(al_sets[0], ("l", "r", "rm1", "pos"), strict=True)]
+
+        def al_choose(i):
+            m.d.sync += [a.eq(v) for a, v in zip(al_amounts, al_sets[i], strict=True)]
+
+        al_out = _align(m, al_x, None, al_ow, "al", amounts=al_amounts)
         with m.FSM() as fsm:
             with m.State("idle"):
                 with m.If(self.stats.valid):  # the beat is taken here: the producer moves on while this runs
@@ -519,35 +532,38 @@ class BnParamUnit(wiring.Component):
                         m.d.sync += amax.eq(rd["a"].data)
                 with m.If((c_issue == M) & ~rd_valid):
                     m.next = "exponent"
+            # the layer exponent over three cycles (timing: leading-one positions, the comparison and the
+            # differences in one cycle closed at 48 MHz on the ECP5 proxy)
             with m.State("exponent"):
                 tg = bitlen_signal(m, gmax, self.p_width, "tg")
                 ta = bitlen_signal(m, amax, self.a_width, "ta")
-                top_g = Signal(signed(E_WIDTH + 2))
-                top_a = Signal(signed(E_WIDTH + 2))
-                top = Signal(signed(E_WIDTH + 2))
-                m.d.comb += [
-                    top_g.eq(tg + scale),
-                    top_a.eq(ta + e_reg),
-                    top.eq(Mux(gmax == 0, top_a, Mux((amax == 0) | (top_g > top_a), top_g, top_a))),
-                ]
-                with m.If((gmax == 0) & (amax == 0)):
+                m.d.sync += [top_g.eq(tg + scale), top_a.eq(ta + e_reg), g_zero.eq(gmax == 0), a_zero.eq(amax == 0)]
+                m.next = "exponent_top"
+            with m.State("exponent_top"):
+                m.d.sync += top.eq(Mux(g_zero, top_a, Mux(a_zero | (top_g > top_a), top_g, top_a)) - (bits - 2))
+                with m.If(g_zero & a_zero):
                     m.next = "idle"  # nothing moves (the model returns its inputs)
                 with m.Else():
-                    m.d.sync += [e_new.eq(top - (bits - 2)), dm.eq(e_reg - (top - (bits - 2))),
-                                 dg.eq(scale - (top - (bits - 2))), ch.eq(0)]
-                    m.next = "read"
-            # al_d / al_a name the NEXT cycle's alignment (its amounts are registered)
+                    m.next = "exponent_diff"
+            with m.State("exponent_diff"):
+                m.d.sync += [e_new.eq(top), dm.eq(e_reg - top), dg.eq(scale - top), ch.eq(0)]
+                m.next = "amounts"
+            with m.State("amounts"):  # the alignments' amount sets follow dm and dg
+                m.next = "read"
+            # al_choose names the NEXT cycle's alignment (its amounts are registered)
             with m.State("read"):
                 for name in ("m", "a", "beta", "p1"):
                     m.d.comb += [rd[name].addr.eq(base + ch), rd[name].en.eq(1)]
-                m.d.comb += al_d.eq(dm)
+                al_choose(0)
                 m.next = "align"
             with m.State("align"):
-                m.d.comb += [al_x.eq(rd["m"].data), al_d.eq(dm), al_a.eq(1)]
+                m.d.comb += al_x.eq(rd["m"].data)
+                al_choose(1)
                 m.d.sync += mv.eq(al_out)
                 m.next = "align_a"
             with m.State("align_a"):
-                m.d.comb += [al_x.eq(rd["a"].data), al_d.eq(dg)]
+                m.d.comb += al_x.eq(rd["a"].data)
+                al_choose(2)
                 m.d.sync += av.eq(al_out)
                 m.next = "align_g"
             with m.State("align_g"):
@@ -629,18 +645,11 @@ class _HwView:
         self.beta_momentum_shift, self.beta_scale_shift, self.beta_state_bits = sm, sa, bits
 
 
-def _align(m, x, d, out_width: int, name: str, lmax=None, sync_amounts: bool = False):
-    """``x 2^d`` of :func:`sim.hw.optim._align`: ``x << d`` for ``d >= 0``, else ``(x + 2^(-d-1)) >> -d``
-    (round half up), as a ``signed(out_width)`` Signal. Right shifts past the operand give 0 exactly as the
-    model (the shift is clamped where the result no longer changes); left shifts are clamped at ``lmax``
-    (default ``out_width - 1``; a value when one aligner serves results of different widths: each result's
-    low bits are then those of its own width's aligner). ``sync_amounts``: the clamped shift amounts and the
-    direction are registered (they follow ``d`` and ``lmax`` one cycle late; for shifts that stay put while the
-    aligner runs, the timing reason: the clamp compares in front of the shifter)."""
-    xs = Signal(signed(len(x) + 1), name=f"{name}_x")
-    m.d.comb += xs.eq(x)
-    wx = len(xs)
-    out = Signal(signed(out_width), name=name)
+def _align_amounts(m, d, x_width: int, out_width: int, name: str, lmax=None, domain: str = "comb"):
+    """The shift amounts of :func:`_align` for ``d`` (an ``x_width``-bit operand, a ``signed(out_width)``
+    result): ``(left, right, right - 1, d >= 0)``, clamped where the result no longer changes; left shifts at
+    ``lmax`` (default ``out_width - 1``). ``domain="sync"``: registered (they follow ``d`` a cycle late)."""
+    wx = x_width + 1
     lcap = max(out_width - 1, 1)
     if lmax is None:
         lmax = lcap
@@ -649,13 +658,31 @@ def _align(m, x, d, out_width: int, name: str, lmax=None, sync_amounts: bool = F
     right = Signal(range(rmax + 1), name=f"{name}_r")
     rm1 = Signal(range(rmax + 1), name=f"{name}_rm1")
     pos = Signal(name=f"{name}_pos")
-    dom = m.d.sync if sync_amounts else m.d.comb
-    dom += [
+    m.d[domain] += [
         left.eq(Mux(d > lmax, lmax, d.as_unsigned()[: len(left)])),
         right.eq(Mux(-d > rmax, rmax, (-d).as_unsigned()[: len(right)])),
         rm1.eq(Mux(-d > rmax, rmax, (-d).as_unsigned()[: len(right)]) - 1),
         pos.eq(d >= 0),
     ]
+    return left, right, rm1, pos
+
+
+def _align(m, x, d, out_width: int, name: str, lmax=None, sync_amounts: bool = False, amounts=None):
+    """``x 2^d`` of :func:`sim.hw.optim._align`: ``x << d`` for ``d >= 0``, else ``(x + 2^(-d-1)) >> -d``
+    (round half up), as a ``signed(out_width)`` Signal. Right shifts past the operand give 0 exactly as the
+    model (the shift is clamped where the result no longer changes); left shifts are clamped at ``lmax``
+    (default ``out_width - 1``; a value when one aligner serves results of different widths: each result's
+    low bits are then those of its own width's aligner). ``sync_amounts``: the clamped shift amounts and the
+    direction are registered (they follow ``d`` and ``lmax`` one cycle late; for shifts that stay put while the
+    aligner runs, the timing reason: the clamp compares in front of the shifter). ``amounts``: the amounts
+    given instead of ``d`` (:func:`_align_amounts` of the same widths)."""
+    xs = Signal(signed(len(x) + 1), name=f"{name}_x")
+    m.d.comb += xs.eq(x)
+    wx = len(xs)
+    out = Signal(signed(out_width), name=name)
+    if amounts is None:
+        amounts = _align_amounts(m, d, len(x), out_width, name, lmax, "sync" if sync_amounts else "comb")
+    left, right, rm1, pos = amounts
     with m.If(pos):
         m.d.comb += out.eq(xs << left)
     with m.Else():

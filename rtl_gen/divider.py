@@ -25,11 +25,12 @@ per stage. Measured on the ECP5 proxy (``nextpnr-ecp5`` out of context, the smal
 divider at 4 bits per cycle) closed at 63.8 MHz and four chained radix-2 steps at 39.9 MHz.
 
 Timing (:attr:`Divider.latency`, :meth:`Divider.cycles`): the response is offered ``1 + I * P`` cycles after
-its request transfer when the ring has room, and held until taken (while a response waits, the whole ring
-waits). A division enters stage 0 when the slot arriving there is free (empty, or its division leaves as a
-response in that cycle); up to ``P`` requests are taken back to back, so ``P`` divisions take ``I * P``
-cycles of ring time: the throughput of the former sequential divider (one division per ``I`` cycles) when
-the requester keeps ``P`` in flight. Responses come back in request order.
+its request transfer when the ring has room, and held until taken (a response not taken at once waits in a
+holding register; the ring waits only while that is full and another division is finished). A division
+enters stage 0 when the slot arriving there is free (empty, or its division leaves the ring in that cycle);
+up to ``P`` requests are taken back to back, so ``P`` divisions take ``I * P`` cycles of ring time: the
+throughput of the former sequential divider (one division per ``I`` cycles) when the requester keeps ``P``
+in flight. Responses come back in request order (:func:`ring_schedule` gives the cycle of each).
 """
 
 from __future__ import annotations
@@ -177,17 +178,29 @@ class Divider(wiring.Component):
         recirc = Signal()  # the last stage's division goes round again
         en = Signal()  # the ring moves
         enter = Signal()  # the request register's division enters stage 0
+        # A finished division the requester does not take goes to a holding register (``held``), so the ring stalls
+        # only when that is full too: ``en`` depends on registers alone, never on ``resp.ready`` (timing: the
+        # requester's ready logic in front of every stage's clock enable closed at 96 MHz on the ECP5 proxy).
+        held = Signal(name="held_valid")
+        held_p = Signal(self.resp_layout, name="held")
+        done_p = Signal(self.resp_layout, name="done_payload")
         m.d.comb += [
             done.eq(st_v[last] & (st_c[last] == loops - 1)),
             recirc.eq(st_v[last] & (st_c[last] != loops - 1)),
-            self.resp.valid.eq(done),
-            en.eq(~done | self.resp.ready),
+            en.eq(~(held & done)),
             enter.eq(en & ~recirc & in_valid),
             self.req.ready.eq(~in_valid | enter),
-            self.resp.payload.quotient.eq(st_q[last][:wq]),
-            self.resp.payload.remainder.eq(st_r[last]),
-            self.resp.payload.overflow.eq(st_o[last]),
+            done_p.quotient.eq(st_q[last][:wq]),
+            done_p.remainder.eq(st_r[last]),
+            done_p.overflow.eq(st_o[last]),
+            self.resp.valid.eq(held | done),
+            self.resp.payload.eq(Mux(held, held_p, done_p)),
         ]
+        with m.If(held):
+            with m.If(self.resp.ready):
+                m.d.sync += held.eq(0)
+        with m.Elif(done & ~self.resp.ready):
+            m.d.sync += [held.eq(1), held_p.eq(done_p)]
         with m.If(self.req.valid & self.req.ready):
             m.d.sync += [in_valid.eq(1), in_n.eq(self.req.payload.dividend), in_d.eq(self.req.payload.divisor)]
         with m.Elif(enter):

@@ -90,6 +90,7 @@ SWEEP = [
     # (dividend_width, divisor_width, quotient_width, steps, count)
     pytest.param((21, 13, 8, 1, 1500), id="n21-d13-q8-s1"),
     pytest.param((56, 38, 18, 3, 1500), id="n56-d38-q18-s3"),  # the MLP layer-0 BN divider, 3 bits per cycle
+    pytest.param((31, 17, 14, 4, 1500), id="n31-d17-q14-s4"),  # the small MLP's BN divider: two stages, 4 trips
     pytest.param((160, 96, 64, 4, 800), id="n160-d96-q64-s4"),  # wide operands (VlWide in Verilator)
 ]
 
