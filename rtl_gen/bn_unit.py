@@ -456,9 +456,9 @@ def forward_cycles(layer: BnLayer, div_steps: int = 1) -> dict[str, int]:
     pc = pass_cycles(layer)
     # EPI1: a group's read, then one request a cycle while the divider takes them; done with the last response
     epi1 = ring_schedule(ring, it, [1] + [2 if c % L == 0 else 1 for c in range(1, M)])[-1] + 1
-    # EPI2: per channel beta in with the products of S, S, S' and the term of C, beta S', C, C -+ S' 2^Fb,
-    # saturation, dividends (the group's read first), then three requests back to back
-    gaps = [g for c in range(M) for g in ((9 if c == 0 else 10 if c % L == 0 else 9), 1, 1)]
+    # EPI2: per channel beta in with the channel's lane, the products of S, S, S' and the term of C, beta S', C,
+    # C -+ S' 2^Fb, saturation, dividends (the group's read first), then three requests back to back
+    gaps = [g for c in range(M) for g in ((10 if c == 0 else 11 if c % L == 0 else 10), 1, 1)]
     epi2 = ring_schedule(ring, it, gaps)[-1] + 1
     out = {
         "pass1": pc,
@@ -662,8 +662,8 @@ class BnForwardCore(wiring.Component):
         # EPI1 and EPI2 overlap channels: ``walk`` issues a channel's divisions and moves on (WT once every
         # channel's are issued), ``rwalk`` takes the responses in order and writes each channel's thresholds.
         rwalk = _LaneWalker(m, ch, "resp")
-        est = Signal(range(11), name="est")  # step within the epilogue: a group's read, then a channel's steps
-        RD, CH0, CH1, CH2, CH3, WT, CH2A, CH2B, CH0B, CH1B, CH1C = range(11)
+        est = Signal(range(12), name="est")  # step within the epilogue: a group's read, then a channel's steps
+        RD, CH0, CH1, CH2, CH3, WT, CH2A, CH2B, CH0B, CH1B, CH1C, CH0C = range(12)
         epi_rd = Signal()
         m.d.comb += epi_rd.eq(~in_pass & (est == RD))
         for port in (sum_rd, ys_rd, ns_rd, thr_rd):
@@ -747,9 +747,12 @@ class BnForwardCore(wiring.Component):
         chan_l = chan_rd.data
         # products and their operands registered apart (timing: a multiplier and the subtraction after it in one
         # cycle closed at 62 MHz on the ECP5 proxy)
+        # the channel's lane of the group words, registered (timing: the lane multiplexer in front of a multiplier)
+        ys_r = Signal(sum_shape, name="ys_r")
+        sum_r = Signal(sum_shape, name="sum_r")
+        ns_r = Signal(cnt_shape, name="ns_r")
         ysb_r = Signal(mul_const(ys_l, B).shape(), name="ys_b")
         psn_r = Signal((sum_l * ns_l).shape(), name="sum_ns")
-        seval_r = Signal(unsigned(lay.seff_width), name="s_eval")
         cterm_r = Signal(signed(lay.c_width), name="c_term")
         prod_r = Signal((beta_r * s_eff).shape(), name="beta_s")
         ka_r = Signal(mul_const(ys_l, K).shape(), name="ys_k")
@@ -764,8 +767,10 @@ class BnForwardCore(wiring.Component):
         te = T << fe
         t_eval = Signal(signed(w["theta"]), name="t_eval")
         c_sat = Signal(signed(max(lay.c_width, te.bit_length() + 1)), name="c_eval_sat")
-        m.d.comb += [c_sat.eq(Mux(c_r < -te, -te, Mux(c_r > te, te, c_r))),
-                     t_eval.eq((c_sat + ((1 << fe) - 1)) >> fe)]
+        # saturated every cycle into a register (timing: compare, add and shift into the threshold memory's write
+        # port in one cycle closed at 70 MHz on the ECP5 proxy); read a cycle after C' settles
+        m.d.sync += c_sat.eq(Mux(c_r < -te, -te, Mux(c_r > te, te, c_r)))
+        m.d.comb += t_eval.eq((c_sat + ((1 << fe) - 1)) >> fe)
 
         m.d.comb += [
             chan_rd.addr.eq(walk.ch),
@@ -808,22 +813,23 @@ class BnForwardCore(wiring.Component):
                         channel_answered(Phase.PASS2)
                 with m.Case(Phase.EPI2):
                     with m.Switch(est):
-                        with m.Case(CH0):  # beta in; B Ys, sum_y Ns (eval: s_r' = max(s_r, 1), mu_r)
+                        with m.Case(CH0):  # beta in (eval: s_r' = max(s_r, 1), mu_r); the channel's lane
                             m.d.comb += self.beta.ready.eq(1)
                             with m.If(self.beta.valid):
                                 m.d.sync += [
                                     beta_r.eq(self.beta.payload),
-                                    ysb_r.eq(mul_const(ys_l, B)),
-                                    psn_r.eq(sum_l * ns_l),
-                                    seval_r.eq(Mux(self.run.s < 1, 1, self.run.s)),
+                                    S_r.eq(Mux(self.run.s < 1, 1, self.run.s)),  # eval (no products)
                                     mu_r.eq(self.run.mu),
-                                    est.eq(CH0B),
+                                    ys_r.eq(ys_l), sum_r.eq(sum_l), ns_r.eq(ns_l),
+                                    est.eq(Mux(self.eval_mode, CH1, CH0C)),
                                 ]
+                        with m.Case(CH0C):  # B Ys, sum_y Ns
+                            m.d.sync += [ysb_r.eq(mul_const(ys_r, B)), psn_r.eq(sum_r * ns_r), est.eq(CH0B)]
                         with m.Case(CH0B):  # S = B Ys - sum_y Ns
-                            m.d.sync += [S_r.eq(Mux(self.eval_mode, seval_r, ysb_r - psn_r)), est.eq(CH1)]
+                            m.d.sync += [S_r.eq(ysb_r - psn_r), est.eq(CH1)]
                         with m.Case(CH1):  # S' = max(S, 1); B 2^Fb sum_y (eval: mu_r 2^Fb)
                             m.d.sync += [s_eff.eq(Mux(S_r == 0, 1, S_r)),
-                                         cterm_r.eq(Mux(self.eval_mode, mu_r << fb, mul_const(sum_l, B << fb))),
+                                         cterm_r.eq(Mux(self.eval_mode, mu_r << fb, mul_const(sum_r, B << fb))),
                                          est.eq(CH1B)]
                         with m.Case(CH1B):  # beta_q S'
                             m.d.sync += [prod_r.eq(beta_r * s_eff), est.eq(CH1C)]
@@ -831,15 +837,15 @@ class BnForwardCore(wiring.Component):
                             m.d.sync += [c_r.eq(cterm_r - prod_r), est.eq(CH2)]
                         with m.Case(CH2):  # C - S' 2^Fb, C + S' 2^Fb
                             m.d.comb += chan_wr.en.eq(1)
+                            m.d.sync += [v_r[0].eq(c_r), v_r[1].eq(c_r - (s_eff << fb)),
+                                         v_r[2].eq(c_r + (s_eff << fb)), est.eq(CH2A)]
+                        with m.Case(CH2A):  # saturated at +-T K (timing: one carry chain a cycle)
                             with m.If(self.eval_mode):  # theta = ceil(C' / 2^(Fr+Fb)), saturated: a shift, no division
                                 m.d.comb += [thr_word.theta.eq(t_eval), thr_word.lo.eq(t_eval), thr_word.hi.eq(t_eval),
                                              thr_wr.en.eq(1 << walk.l)]
                                 channel_done(Phase.PASS3)
                             with m.Else():
-                                m.d.sync += [v_r[0].eq(c_r), v_r[1].eq(c_r - (s_eff << fb)),
-                                             v_r[2].eq(c_r + (s_eff << fb)), est.eq(CH2A)]
-                        with m.Case(CH2A):  # saturated at +-T K (timing: one carry chain a cycle)
-                            m.d.sync += [*(v_r[i].eq(clamp(v_r[i])) for i in range(3)), est.eq(CH2B)]
+                                m.d.sync += [*(v_r[i].eq(clamp(v_r[i])) for i in range(3)), est.eq(CH2B)]
                         with m.Case(CH2B):  # offset dividends of the three thresholds; divisor B^2
                             m.d.sync += [
                                 dividends[0].eq((v_r[0] + (TK + K - 1)) >> fb),  # ceil(C / K)
@@ -864,8 +870,8 @@ class BnForwardCore(wiring.Component):
                             channel_answered(Phase.PASS3)
                 with m.Case(Phase.EPI3):
                     with m.Switch(est):
-                        with m.Case(CH0):  # chan_mem read
-                            m.d.sync += est.eq(CH1)
+                        with m.Case(CH0):  # chan_mem read; the channel's lane
+                            m.d.sync += [ys_r.eq(ys_l), ns_r.eq(ns_l), est.eq(CH1)]
                         with m.Case(CH1):  # A = K sum(x_hat y) - C sum(x_hat); B S'
                             with m.If(self.eval_mode):  # the eval constants C', s_r' go out as they are (no alpha)
                                 m.d.comb += self.stats.valid.eq(1)
@@ -873,8 +879,8 @@ class BnForwardCore(wiring.Component):
                                     channel_done(Phase.PASS1)
                             with m.Else():
                                 m.d.sync += [
-                                    ka_r.eq(mul_const(ys_l, K)),
-                                    pa_r.eq(chan_l.C * ns_l),
+                                    ka_r.eq(mul_const(ys_r, K)),
+                                    pa_r.eq(chan_l.C * ns_r),
                                     bs_r.eq(mul_const(chan_l.S_eff, B)),
                                     est.eq(CH1B),
                                 ]

@@ -12,7 +12,7 @@ Algorithm (restoring, most significant quotient bit first): with ``I = ceil(Wq /
 the partial remainder starts as ``R = hi``. Each radix-2 step shifts the next bit of ``lo`` into ``R`` (now
 ``< 2 * divisor``) and subtracts the divisor when ``R >= divisor``, shifting the outcome in as the next
 quotient bit; ``lo`` and the quotient share one shift register. The steps are taken two at a time (radix 4:
-the next two bits against ``d``, ``2 d`` and ``3 d`` in parallel, one carry chain per pair; see
+the next two bits against ``d``, ``2 d`` and ``3 d`` in parallel, one carry chain each; see
 :func:`_radix4_stage`), with one radix-2 step last when ``steps`` is odd.
 
 Structure (the timing reason): the ``steps`` bits of a cycle are ``P = ceil(steps / 2)`` **stages**, each one
@@ -35,7 +35,7 @@ in flight. Responses come back in request order (:func:`ring_schedule` gives the
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Module, Mux, Signal
+from amaranth import Cat, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -164,6 +164,7 @@ class Divider(wiring.Component):
         in_valid = Signal(name="in_valid")
         in_n = Signal(wn, name="in_dividend")
         in_d = Signal(wd, name="in_divisor")
+        in_d3 = Signal(wd + 2, name="in_divisor3")  # 3 d, for the radix-4 stages (added once per division)
 
         # stage registers: valid, loop count, partial remainder, dividend/quotient shift register, divisor, overflow
         st_v = [Signal(name=f"st{k}_valid") for k in range(P)]
@@ -171,6 +172,7 @@ class Divider(wiring.Component):
         st_r = [Signal(wd, name=f"st{k}_rem") for k in range(P)]
         st_q = [Signal(wq_int, name=f"st{k}_shreg") for k in range(P)]
         st_d = [Signal(wd, name=f"st{k}_divisor") for k in range(P)]
+        st_d3 = [Signal(wd + 2, name=f"st{k}_divisor3") for k in range(P)]
         st_o = [Signal(name=f"st{k}_ovf") for k in range(P)]
 
         last = P - 1
@@ -185,8 +187,6 @@ class Divider(wiring.Component):
         held_p = Signal(self.resp_layout, name="held")
         done_p = Signal(self.resp_layout, name="done_payload")
         m.d.comb += [
-            done.eq(st_v[last] & (st_c[last] == loops - 1)),
-            recirc.eq(st_v[last] & (st_c[last] != loops - 1)),
             en.eq(~(held & done)),
             enter.eq(en & ~recirc & in_valid),
             self.req.ready.eq(~in_valid | enter),
@@ -202,7 +202,8 @@ class Divider(wiring.Component):
         with m.Elif(done & ~self.resp.ready):
             m.d.sync += [held.eq(1), held_p.eq(done_p)]
         with m.If(self.req.valid & self.req.ready):
-            m.d.sync += [in_valid.eq(1), in_n.eq(self.req.payload.dividend), in_d.eq(self.req.payload.divisor)]
+            dv = self.req.payload.divisor
+            m.d.sync += [in_valid.eq(1), in_n.eq(self.req.payload.dividend), in_d.eq(dv), in_d3.eq(dv + (dv << 1))]
         with m.Elif(enter):
             m.d.sync += in_valid.eq(0)
 
@@ -215,27 +216,38 @@ class Divider(wiring.Component):
         over = Signal(name="over")
         m.d.comb += over.eq((in_d == 0) | ((in_n >> wq) >= in_d))
         r0, q0, d0 = Signal(wd, name="r0"), Signal(wq_int, name="q0"), Signal(wd, name="d0")
+        d30 = Signal(wd + 2, name="d30")
         o0, c0 = Signal(name="o0"), Signal(range(loops), name="c0")
         m.d.comb += [
             r0.eq(Mux(recirc, st_r[last], hi)),
             q0.eq(Mux(recirc, st_q[last], lo)),
             d0.eq(Mux(recirc, st_d[last], in_d)),
+            d30.eq(Mux(recirc, st_d3[last], in_d3)),
             o0.eq(Mux(recirc, st_o[last], over)),
             c0.eq(Mux(recirc, st_c[last] + 1, 0)),
         ]
+        # ``done`` and ``recirc`` describe the last stage's division; both registered from what enters that stage
+        # (timing: the loop count's compare in front of stage 0's operand multiplexer)
+        v_last, c_last = (recirc | enter, c0) if P == 1 else (st_v[last - 1], st_c[last - 1])
+        with m.If(en):
+            m.d.sync += [done.eq(v_last & (c_last == loops - 1)), recirc.eq(v_last & (c_last != loops - 1))]
         with m.If(en):
             for k in range(P):
                 if k == 0:
                     v_in, c_in, r_in, q_in, d_in, o_in = recirc | enter, c0, r0, q0, d0, o0
+                    d3_in = d30
                 else:
                     v_in, c_in, r_in, q_in, d_in, o_in = st_v[k - 1], st_c[k - 1], st_r[k - 1], st_q[k - 1], \
                         st_d[k - 1], st_o[k - 1]
+                    d3_in = st_d3[k - 1]
                 if bits[k] == 2:
-                    r_out, q_out = _radix4_stage(m, r_in, q_in, d_in, f"s{k}")
+                    r_out, q_out = _radix4_stage(m, r_in, q_in, d_in, d3_in, f"s{k}")
                 else:
                     r_out, q_out = _radix2_stage(m, r_in, q_in, d_in, f"s{k}")
                 m.d.sync += [st_v[k].eq(v_in), st_c[k].eq(c_in), st_r[k].eq(r_out), st_q[k].eq(q_out),
                              st_d[k].eq(d_in), st_o[k].eq(o_in)]
+                if s >= 2:
+                    m.d.sync += st_d3[k].eq(d3_in)
         return m
 
 
@@ -255,13 +267,12 @@ def _radix2_stage(m, r, q, d, name: str):
     return r_next, q_next
 
 
-def _radix4_stage(m, r, q, d, name: str):
+def _radix4_stage(m, r, q, d, d3, name: str):
     """Two restoring steps at once: ``trial = 4 r + (next two dividend bits)`` (``< 4 d`` as ``r < d``) against
-    ``d``, ``2 d`` and ``3 d`` in parallel, so the stage's path is one carry chain (the timing reason: four chained
-    compare-subtract steps per cycle closed at 35-47 MHz on the ECP5 proxy). ``trial - 3 d`` needs no ``3 d``
-    adder: ``trial + ~d + ~(2 d) + 2`` is reduced to two operands by a carry-save stage (one LUT level), and the
-    ``+ 2`` rides in the free low bit of the carry vector (``+ 1``) and in a carry-in below the LSB (``+ 1``).
-    Returns the next ``(r, q)``."""
+    ``d``, ``2 d`` and ``3 d`` (``d3``, added once per division) in parallel, so the stage's path is one carry
+    chain (the timing reason: four chained compare-subtract steps per cycle closed at 35-47 MHz on the ECP5 proxy;
+    ``3 d`` through a carry-save stage in front of its chain, 88 MHz in the loss unit). Returns the next
+    ``(r, q)``."""
     wd, wq = len(r), len(q)
     w = wd + 3  # trial < 4 d < 2^(wd + 2); the differences are signed w-bit values (sign = top bit)
     trial = Signal(w, name=f"{name}_trial")
@@ -269,16 +280,8 @@ def _radix4_stage(m, r, q, d, name: str):
     m.d.comb += [trial.eq(Cat(q[-2], q[-1], r)), dd.eq(d)]
     t1 = Signal(w, name=f"{name}_t1")
     t2 = Signal(w, name=f"{name}_t2")
-    m.d.comb += [t1.eq(trial - dd), t2.eq(trial - (dd << 1))]
-    a, b, c = trial, Signal(w, name=f"{name}_nd"), Signal(w, name=f"{name}_n2d")
-    m.d.comb += [b.eq(~dd), c.eq(~(dd << 1))]
-    ssum = Signal(w, name=f"{name}_csa_s")
-    carry = Signal(w, name=f"{name}_csa_c")
-    m.d.comb += [ssum.eq(a ^ b ^ c), carry.eq(Cat(Const(1, 1), (a & b) | (a & c) | (b & c)))]
-    wide = Signal(w + 1, name=f"{name}_t3w")  # (2 s + 1) + (2 c + 1) = 2 (s + c + 1)
-    m.d.comb += wide.eq(Cat(Const(1, 1), ssum) + Cat(Const(1, 1), carry))
     t3 = Signal(w, name=f"{name}_t3")
-    m.d.comb += t3.eq(wide[1:])
+    m.d.comb += [t1.eq(trial - dd), t2.eq(trial - (dd << 1)), t3.eq(trial - d3)]
     ge1, ge2, ge3 = ~t1[-1], ~t2[-1], ~t3[-1]  # trial >= d, 2 d, 3 d (each implies the previous)
     r_next = Signal(wd, name=f"{name}_r")
     q_next = Signal(wq, name=f"{name}_q")
