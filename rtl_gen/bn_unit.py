@@ -629,11 +629,20 @@ class BnForwardCore(wiring.Component):
             y = s1_y[lane]
             thr = thr_rd.data[lane]
             sel = Signal(name=f"sel{lane}")  # y >= t_mu (pass 2), y >= theta (pass 3): t_mu lives in slot theta
+            # both signs' sums in parallel with the compare, then picked (timing: compare, negate and add in one
+            # chain into the accumulator memory closed at 86 MHz on the ECP5 proxy)
+            ys0 = Signal(sum_shape, name=f"ys_base{lane}")
+            ns0 = Signal(cnt_shape, name=f"ns_base{lane}")
+            ys_p, ys_m = Signal(sum_shape, name=f"ys_plus{lane}"), Signal(sum_shape, name=f"ys_minus{lane}")
+            ns_p, ns_m = Signal(cnt_shape, name=f"ns_plus{lane}"), Signal(cnt_shape, name=f"ns_minus{lane}")
             m.d.comb += [
                 sel.eq(y >= thr.theta),
                 sum_new[lane].eq(Mux(s1_first, 0, sum_old[lane]) + y),
-                ys_new[lane].eq(Mux(s1_first, 0, ys_old[lane]) + Mux(sel, y, -y)),
-                ns_new[lane].eq(Mux(s1_first, 0, ns_old[lane]) + Mux(sel, 1, -1)),
+                ys0.eq(Mux(s1_first, 0, ys_old[lane])),
+                ns0.eq(Mux(s1_first, 0, ns_old[lane])),
+                ys_p.eq(ys0 + y), ys_m.eq(ys0 - y), ns_p.eq(ns0 + 1), ns_m.eq(ns0 - 1),
+                ys_new[lane].eq(Mux(sel, ys_p, ys_m)),
+                ns_new[lane].eq(Mux(sel, ns_p, ns_m)),
             ]
             real = ch.real(lane, s1_last_group)
             m.d.comb += [

@@ -206,8 +206,8 @@ def bn_param_cycles(layer, hw, div_steps: int) -> dict:
     running = ring_schedule(stages(steps), it, [1, 1])[-1] + 1
     # update: maxima pass (M + 2), exponent (3), the aligner's amounts (1), per channel read, align (4: m, a, g
     # through the two-cycle aligner), ema, ratio operands, request, the divider's latency, delta (the
-    # learning-rate shift of r), apply
-    return {"running": running, "update": M + 6 + M * (lat + 10)}
+    # learning-rate shift of r), beta - delta, apply
+    return {"running": running, "update": M + 6 + M * (lat + 11)}
 
 
 class BnParamUnit(wiring.Component):
@@ -454,6 +454,7 @@ class BnParamUnit(wiring.Component):
         shv = Signal(signed(8))  # the shift of r in the beta step, lr_sh + 8 - Fb (constant during an update)
         m.d.comb += shv.eq(lr_sh + 8 - fb)
         delta = Signal(signed(self.beta_width + 12))
+        diff = Signal(signed(self.beta_width + 13))
         ratio_n = Signal(wn)  # the ratio division's operands (|m| 2^9 + a, 2a)
         ratio_d = Signal(wd)
         # one aligner, used for m, a and g in turn (the read words hold while the read enables are low)
@@ -622,10 +623,11 @@ class BnParamUnit(wiring.Component):
                     m.d.sync += delta.eq((r + (Const(1, 12) << (shv - 1).as_unsigned()[:4])) >> shv.as_unsigned()[:4])
                 with m.Else():
                     m.d.sync += delta.eq(0)  # |r| <= 256: (r + 2^(sh-1)) >> sh = 0 for sh >= 10
+                m.next = "apply_diff"
+            with m.State("apply_diff"):  # beta - delta registered (timing: with the clamp and the write, 72 MHz)
+                m.d.sync += diff.eq(rd["beta"].data - delta)
                 m.next = "apply"
             with m.State("apply"):
-                diff = Signal(signed(self.beta_width + 13))
-                m.d.comb += diff.eq(rd["beta"].data - delta)
                 m.d.comb += beta_new.eq(Mux(diff < p.beta_lo, p.beta_lo, Mux(diff > p.beta_hi, p.beta_hi, diff)))
                 m.d.comb += [
                     wr["m"].addr.eq(base + ch), wr["m"].data.eq(m2), wr["m"].en.eq(1),
