@@ -763,7 +763,14 @@ class BnForwardCore(wiring.Component):
         ysb_r = Signal(mul_const(ys_l, B).shape(), name="ys_b")
         psn_r = Signal((sum_l * ns_l).shape(), name="sum_ns")
         cterm_r = Signal(signed(lay.c_width), name="c_term")
-        prod_r = Signal((beta_r * s_eff).shape(), name="beta_s")
+        # beta_q S' as two products registered apart (timing: a multiplier wider than the 18-bit MULT18 and the
+        # adder joining its parts closed at 87 MHz on the ECP5 proxy); joined in the subtraction of C
+        beta_x = Signal(signed(max(lay.beta_width, 18)), name="beta_x")  # beta_q = beta_hi 2^17 + beta_lo
+        beta_lo = Signal(unsigned(17), name="beta_lo")
+        beta_hi = Signal(signed(len(beta_x) - 17), name="beta_hi")
+        m.d.comb += [beta_x.eq(beta_r), beta_lo.eq(beta_x[:17]), beta_hi.eq(beta_x >> 17)]
+        prod_lo = Signal((beta_lo * s_eff).shape(), name="beta_s_lo")
+        prod_hi = Signal((beta_hi * s_eff).shape(), name="beta_s_hi")
         ka_r = Signal(mul_const(ys_l, K).shape(), name="ys_k")
         pa_r = Signal((chan_l.C * ns_l).shape(), name="c_ns")
         v_r = [Signal(signed(w["C"] + 1), name=f"v_thr{i}") for i in range(3)]  # C, C -+ S' 2^Fb, then saturated
@@ -841,9 +848,9 @@ class BnForwardCore(wiring.Component):
                                          cterm_r.eq(Mux(self.eval_mode, mu_r << fb, mul_const(sum_r, B << fb))),
                                          est.eq(CH1B)]
                         with m.Case(CH1B):  # beta_q S'
-                            m.d.sync += [prod_r.eq(beta_r * s_eff), est.eq(CH1C)]
+                            m.d.sync += [prod_lo.eq(beta_lo * s_eff), prod_hi.eq(beta_hi * s_eff), est.eq(CH1C)]
                         with m.Case(CH1C):  # C = B 2^Fb sum_y - beta_q S' (eval: C' = mu_r 2^Fb - beta_q s_r')
-                            m.d.sync += [c_r.eq(cterm_r - prod_r), est.eq(CH2)]
+                            m.d.sync += [c_r.eq(cterm_r - (prod_hi << 17) - prod_lo), est.eq(CH2)]
                         with m.Case(CH2):  # C - S' 2^Fb, C + S' 2^Fb
                             m.d.comb += chan_wr.en.eq(1)
                             m.d.sync += [v_r[0].eq(c_r), v_r[1].eq(c_r - (s_eff << fb)),

@@ -204,10 +204,10 @@ def bn_param_cycles(layer, hw, div_steps: int) -> dict:
     # running, per channel: idle (the stats beat taken), the two requests back to back, the two responses in
     # order (the second in the cycle after the first when the ring holds both), back to idle
     running = ring_schedule(stages(steps), it, [1, 1])[-1] + 1
-    # update: maxima pass (M + 2), exponent (3), the aligner's amounts (1), per channel read, align (4: m, a, g
-    # through the two-cycle aligner), ema, ratio operands, request, the divider's latency, delta (the
-    # learning-rate shift of r), beta - delta, apply
-    return {"running": running, "update": M + 6 + M * (lat + 11)}
+    # update: maxima pass, exponent (3 cycles) and the aligner's amounts (2), M + 5 in all (measured in RTL,
+    # 784-12-10), then per channel read, align (4: m, a, g through the two-cycle aligner), ema, ratio operands,
+    # request, the divider's latency, delta (the learning-rate shift of r), beta - delta, apply
+    return {"running": running, "update": M + 5 + M * (lat + 11)}
 
 
 class BnParamUnit(wiring.Component):
@@ -464,8 +464,12 @@ class BnParamUnit(wiring.Component):
         # the three alignments' amounts (m by dm, a by dm, g by dg; dm and dg hold during the update) computed
         # every cycle into registers, and the next align state's set registered again (timing: the state, the
         # choice of dm or dg and the clamp compares in front of these registers closed at 69 MHz on the ECP5 proxy)
-        al_sets = [_align_amounts(m, d_, al_w, al_ow, f"al{i}", lmax=lim, domain="sync")
-                   for i, (d_, lim) in enumerate(((dm, self.m_width - 1), (dm, self.a_width), (dg, self.m_width - 1)))]
+        # -dm and -dg registered first (timing: negation, clamp compare and the -1 in one cycle, 81 MHz)
+        ndm, ndg = Signal.like(dm, name="ndm"), Signal.like(dg, name="ndg")
+        m.d.sync += [ndm.eq(-dm), ndg.eq(-dg)]
+        al_sets = [_align_amounts(m, d_, al_w, al_ow, f"al{i}", lmax=lim, domain="sync", neg=nd_)
+                   for i, (d_, nd_, lim) in enumerate(((dm, ndm, self.m_width - 1), (dm, ndm, self.a_width),
+                                                       (dg, ndg, self.m_width - 1)))]
         al_amounts = [Signal.like(v, name=f"al_{k}") for v, k in zip(al_sets[0], ("l", "r", "rm1", "pos"), strict=True)]
 
         def al_choose(i):
@@ -550,7 +554,9 @@ class BnParamUnit(wiring.Component):
             with m.State("exponent_diff"):
                 m.d.sync += [e_new.eq(top), dm.eq(e_reg - top), dg.eq(scale - top), ch.eq(0)]
                 m.next = "amounts"
-            with m.State("amounts"):  # the alignments' amount sets follow dm and dg
+            with m.State("amounts"):  # the alignments' amount sets follow dm and dg (-dm, -dg, then the sets)
+                m.next = "amounts2"
+            with m.State("amounts2"):
                 m.next = "read"
             # al_choose names the NEXT cycle's alignment (its amounts are registered)
             with m.State("read"):
@@ -651,10 +657,12 @@ class _HwView:
         self.beta_momentum_shift, self.beta_scale_shift, self.beta_state_bits = sm, sa, bits
 
 
-def _align_amounts(m, d, x_width: int, out_width: int, name: str, lmax=None, domain: str = "comb"):
+def _align_amounts(m, d, x_width: int, out_width: int, name: str, lmax=None, domain: str = "comb", neg=None):
     """The shift amounts of :func:`_align` for ``d`` (an ``x_width``-bit operand, a ``signed(out_width)``
     result): ``(left, right, right - 1, d >= 0)``, clamped where the result no longer changes; left shifts at
-    ``lmax`` (default ``out_width - 1``). ``domain="sync"``: registered (they follow ``d`` a cycle late)."""
+    ``lmax`` (default ``out_width - 1``). ``domain="sync"``: registered (they follow ``d`` a cycle late).
+    ``neg``: ``-d`` given (e.g. registered)."""
+    nd = -d if neg is None else neg
     wx = x_width + 1
     lcap = max(out_width - 1, 1)
     if lmax is None:
@@ -666,8 +674,8 @@ def _align_amounts(m, d, x_width: int, out_width: int, name: str, lmax=None, dom
     pos = Signal(name=f"{name}_pos")
     m.d[domain] += [
         left.eq(Mux(d > lmax, lmax, d.as_unsigned()[: len(left)])),
-        right.eq(Mux(-d > rmax, rmax, (-d).as_unsigned()[: len(right)])),
-        rm1.eq(Mux(-d > rmax, rmax, (-d).as_unsigned()[: len(right)]) - 1),
+        right.eq(Mux(nd > rmax, rmax, nd.as_unsigned()[: len(right)])),
+        rm1.eq(Mux(nd > rmax, rmax, nd.as_unsigned()[: len(right)]) - 1),
         pos.eq(d >= 0),
     ]
     return left, right, rm1, pos
