@@ -206,8 +206,8 @@ def bn_param_cycles(layer, hw, div_steps: int) -> dict:
     running = ring_schedule(stages(steps), it, [1, 1])[-1] + 1
     # update: maxima pass, exponent (3 cycles) and the aligner's amounts (2), M + 5 in all (measured in RTL,
     # 784-12-10), then per channel read, align (4: m, a, g through the two-cycle aligner), ema, ratio operands,
-    # request, the divider's latency, delta (the learning-rate shift of r), beta - delta, apply
-    return {"running": running, "update": M + 5 + M * (lat + 11)}
+    # |m|, request, the divider's latency, delta (the learning-rate shift of r), beta - delta, apply
+    return {"running": running, "update": M + 5 + M * (lat + 12)}
 
 
 class BnParamUnit(wiring.Component):
@@ -438,8 +438,7 @@ class BnParamUnit(wiring.Component):
         a2 = Signal(unsigned(self.a_width))
         r = Signal(signed(11))
         beta_new = Signal(signed(self.beta_width))
-        m_abs_r = Signal(self.m_width + 1)
-        m.d.comb += m_abs_r.eq(Mux(m2 < 0, -m2, m2))
+        m_abs_r = Signal(self.m_width + 1)  # |m2|, registered in "ratio_abs"
 
         top_g = Signal(signed(E_WIDTH + 2))
         top_a = Signal(signed(E_WIDTH + 2))
@@ -592,15 +591,18 @@ class BnParamUnit(wiring.Component):
                     m.d.sync += a2.eq(av + ((g_abs2 - av + (1 << (sa - 1))) >> sa))
                 else:
                     m.d.sync += a2.eq(g_abs2)
-                m.next = "ratio"
+                m.next = "ratio_abs"
             # the division always runs (its result is replaced when a = 0 or |m| >= 2a), so every
             # channel takes the same time and the cycle model is exact; its operands are registered first
             # (timing: |m|, the comparison and the dividend in front of the divider's first stages)
+            with m.State("ratio_abs"):  # |m| registered (timing: with the comparison and the dividend, 85 MHz)
+                m.d.sync += m_abs_r.eq(Mux(m2 < 0, -m2, m2))
+                m.next = "ratio"
             with m.State("ratio"):
-                m_abs = Signal(self.m_width + 1)
+                m_abs = m_abs_r
                 zero_a = Signal()
                 big = Signal()
-                m.d.comb += [m_abs.eq(Mux(m2 < 0, -m2, m2)), zero_a.eq(a2 == 0), big.eq(m_abs >= (a2 << 1))]
+                m.d.comb += [zero_a.eq(a2 == 0), big.eq(m_abs >= (a2 << 1))]
                 m.d.sync += [ratio_n.eq(Mux(zero_a | big, 0, (m_abs << 9) + a2)), ratio_d.eq(Mux(zero_a, 1, a2 << 1))]
                 m.next = "ratio_req"
             with m.State("ratio_req"):

@@ -186,8 +186,11 @@ class Divider(wiring.Component):
         held = Signal(name="held_valid")
         held_p = Signal(self.resp_layout, name="held")
         done_p = Signal(self.resp_layout, name="done_payload")
+        # ``en`` is ~(held & done), kept in a register of its own from the next values of both (timing: the
+        # enable of every stage register from a register, not a gate)
+        en_r = Signal(init=1, name="ring_moves")
         m.d.comb += [
-            en.eq(~(held & done)),
+            en.eq(en_r),
             enter.eq(en & ~recirc & in_valid),
             self.req.ready.eq(~in_valid | enter),
             done_p.quotient.eq(st_q[last][:wq]),
@@ -229,6 +232,13 @@ class Divider(wiring.Component):
         # ``done`` and ``recirc`` describe the last stage's division; both registered from what enters that stage
         # (timing: the loop count's compare in front of stage 0's operand multiplexer)
         v_last, c_last = (recirc | enter, c0) if P == 1 else (st_v[last - 1], st_c[last - 1])
+        done_next = Signal()
+        held_next = Signal()
+        m.d.comb += [
+            done_next.eq(Mux(en, v_last & (c_last == loops - 1), done)),
+            held_next.eq(~self.resp.ready & (held | done)),
+        ]
+        m.d.sync += en_r.eq(~(held_next & done_next))
         with m.If(en):
             m.d.sync += [done.eq(v_last & (c_last == loops - 1)), recirc.eq(v_last & (c_last != loops - 1))]
         with m.If(en):
