@@ -925,13 +925,12 @@ class BnForwardUnit(wiring.Component):
     Parameters (keyword-only): ``layer`` (:class:`BnLayer`), ``div_steps`` (divider quotient bits per cycle).
     Ports: as :class:`BnForwardCore` without the divider ports.
 
-    Cycle model (:meth:`cycles`), counted from the first ``y`` transfer to the last ``stats`` transfer, both
-    included, with ``I = ceil(Wq / div_steps)`` divider cycles per division::
-
-        3 (B G + 1) + 3 G + M (5 I + 9)
-
-    (pass ``B G + 1`` each, ``2 B`` for a layer of one group (:func:`pass_cycles`); EPI1 ``G + M (I + 1)``;
-    EPI2 ``G + M (3 I + 4)``; EPI3 ``G + M (I + 4)``).
+    Cycle model (:meth:`cycles`, :func:`forward_cycles`), counted from the first ``y`` transfer to the last
+    ``stats`` transfer, both included: the three passes (``B G + 1`` each, ``2 B`` for a layer of one group,
+    :func:`pass_cycles`); EPI1 and EPI2 from :func:`rtl_gen.divider.ring_schedule` (one request a channel a cycle
+    apart, the group's read between groups; three a channel ten cycles apart), about ``M I`` and ``3 M I`` once
+    the divider's ring is the bound (``I = ceil(Wq / div_steps)``); EPI3 ``G + M (L + 5)`` with ``L`` the divider's
+    latency ``1 + I ceil(div_steps / 2)``.
     """
 
     def __init__(self, *, layer: BnLayer, div_steps: int = 1, channels=None):
