@@ -52,7 +52,10 @@ from amaranth.lib.wiring import In, Out
 from sim.hw.arith import ArithParams
 from sim.hw.widths import LayerBounds, hw_supported, layer_bounds, signed_bits
 
-from .divider import Divider
+from .divider import Divider, ring_schedule
+from .divider import iterations as div_iterations
+from .divider import latency as div_latency
+from .divider import stages as div_stages
 from .shared import layer_port
 from .streams import StreamRegister
 
@@ -447,16 +450,23 @@ def forward_cycles(layer: BnLayer, div_steps: int = 1) -> dict[str, int]:
     """Cycles of every phase of :class:`BnForwardUnit` and their ``total`` for one batch with no stalls (see
     there), for a divider resolving ``div_steps`` quotient bits per cycle."""
     wq = _divider_widths(layer)[2]
-    it = -(-wq // _check_int("div_steps", div_steps, 1, wq))
-    M, G = layer.channels, layer.groups
+    _check_int("div_steps", div_steps, 1, wq)
+    it, lat, ring = div_iterations(wq, div_steps), div_latency(wq, div_steps), div_stages(div_steps)
+    M, G, L = layer.channels, layer.groups, layer.lanes
     pc = pass_cycles(layer)
+    # EPI1: a group's read, then one request a cycle while the divider takes them; done with the last response
+    epi1 = ring_schedule(ring, it, [1] + [2 if c % L == 0 else 1 for c in range(1, M)])[-1] + 1
+    # EPI2: per channel beta in with the channel's lane, the products of S, S, S' and the term of C, beta S', C,
+    # C -+ S' 2^Fb, saturation, dividends (the group's read first), then three requests back to back
+    gaps = [g for c in range(M) for g in ((10 if c == 0 else 11 if c % L == 0 else 10), 1, 1)]
+    epi2 = ring_schedule(ring, it, gaps)[-1] + 1
     out = {
         "pass1": pc,
-        "epi1": G + M * (it + 1),
+        "epi1": epi1,
         "pass2": pc,
-        "epi2": G + M * (3 * it + 4),
+        "epi2": epi2,
         "pass3": pc,
-        "epi3": G + M * (it + 4),
+        "epi3": G + M * (lat + 5),
     }
     out["total"] = sum(out.values())
     return out
@@ -619,11 +629,20 @@ class BnForwardCore(wiring.Component):
             y = s1_y[lane]
             thr = thr_rd.data[lane]
             sel = Signal(name=f"sel{lane}")  # y >= t_mu (pass 2), y >= theta (pass 3): t_mu lives in slot theta
+            # both signs' sums in parallel with the compare, then picked (timing: compare, negate and add in one
+            # chain into the accumulator memory closed at 86 MHz on the ECP5 proxy)
+            ys0 = Signal(sum_shape, name=f"ys_base{lane}")
+            ns0 = Signal(cnt_shape, name=f"ns_base{lane}")
+            ys_p, ys_m = Signal(sum_shape, name=f"ys_plus{lane}"), Signal(sum_shape, name=f"ys_minus{lane}")
+            ns_p, ns_m = Signal(cnt_shape, name=f"ns_plus{lane}"), Signal(cnt_shape, name=f"ns_minus{lane}")
             m.d.comb += [
                 sel.eq(y >= thr.theta),
                 sum_new[lane].eq(Mux(s1_first, 0, sum_old[lane]) + y),
-                ys_new[lane].eq(Mux(s1_first, 0, ys_old[lane]) + Mux(sel, y, -y)),
-                ns_new[lane].eq(Mux(s1_first, 0, ns_old[lane]) + Mux(sel, 1, -1)),
+                ys0.eq(Mux(s1_first, 0, ys_old[lane])),
+                ns0.eq(Mux(s1_first, 0, ns_old[lane])),
+                ys_p.eq(ys0 + y), ys_m.eq(ys0 - y), ns_p.eq(ns0 + 1), ns_m.eq(ns0 - 1),
+                ys_new[lane].eq(Mux(sel, ys_p, ys_m)),
+                ns_new[lane].eq(Mux(sel, ns_p, ns_m)),
             ]
             real = ch.real(lane, s1_last_group)
             m.d.comb += [
@@ -649,8 +668,11 @@ class BnForwardCore(wiring.Component):
 
         # ---- per-channel sequencer (epilogues) ------------------------------------------------------------
         walk = _LaneWalker(m, ch, "epi")
-        est = Signal(range(5), name="est")  # step within the epilogue: a group's read, then a channel's steps
-        RD, CH0, CH1, CH2, CH3 = range(5)
+        # EPI1 and EPI2 overlap channels: ``walk`` issues a channel's divisions and moves on (WT once every
+        # channel's are issued), ``rwalk`` takes the responses in order and writes each channel's thresholds.
+        rwalk = _LaneWalker(m, ch, "resp")
+        est = Signal(range(12), name="est")  # step within the epilogue: a group's read, then a channel's steps
+        RD, CH0, CH1, CH2, CH3, WT, CH2A, CH2B, CH0B, CH1B, CH1C, CH0C = range(12)
         epi_rd = Signal()
         m.d.comb += epi_rd.eq(~in_pass & (est == RD))
         for port in (sum_rd, ys_rd, ns_rd, thr_rd):
@@ -673,6 +695,22 @@ class BnForwardCore(wiring.Component):
                     m.d.sync += phase.eq(next_phase)
             with m.Else():
                 m.d.sync += est.eq(CH0)
+
+        def channel_issued():
+            """The issuing side of EPI1 / EPI2: the next channel (its group read first), WT after the last."""
+            walk.next_channel(m)
+            m.d.sync += nreq.eq(0)
+            with m.If(walk.last_lane):
+                m.d.sync += est.eq(Mux(walk.last_group, WT, RD))
+            with m.Else():
+                m.d.sync += est.eq(CH0)
+
+        def channel_answered(next_phase):
+            """The response side of EPI1 / EPI2: the last response of a channel was taken."""
+            rwalk.next_channel(m)
+            m.d.sync += nresp.eq(0)
+            with m.If(rwalk.last_lane & rwalk.last_group):
+                m.d.sync += [phase.eq(next_phase), est.eq(RD)]
 
         # Divider requests: up to three per channel, issued back to back; responses come back in order.
         nreq = Signal(range(4))
@@ -703,7 +741,7 @@ class BnForwardCore(wiring.Component):
             m.d.sync += [nreq.eq(0), nresp.eq(0), divisor.eq(divisor_value)]
 
         thr_word = Signal(lay.thr_layout)
-        m.d.comb += thr_wr.addr.eq(walk.g)
+        m.d.comb += thr_wr.addr.eq(Mux(self.eval_mode & (phase == Phase.EPI2), walk.g, rwalk.g))
         for lane in range(L):
             m.d.comb += thr_wr.data[lane].eq(thr_word)
 
@@ -715,7 +753,27 @@ class BnForwardCore(wiring.Component):
         c_r = Signal(signed(lay.c_width))
         a_r = Signal(unsigned(w["A"]))
         bs_r = Signal(unsigned(wd))
-        m.d.comb += s_eff.eq(Mux(S_r == 0, 1, S_r))
+        chan_l = chan_rd.data
+        # products and their operands registered apart (timing: a multiplier and the subtraction after it in one
+        # cycle closed at 62 MHz on the ECP5 proxy)
+        # the channel's lane of the group words, registered (timing: the lane multiplexer in front of a multiplier)
+        ys_r = Signal(sum_shape, name="ys_r")
+        sum_r = Signal(sum_shape, name="sum_r")
+        ns_r = Signal(cnt_shape, name="ns_r")
+        ysb_r = Signal(mul_const(ys_l, B).shape(), name="ys_b")
+        psn_r = Signal((sum_l * ns_l).shape(), name="sum_ns")
+        cterm_r = Signal(signed(lay.c_width), name="c_term")
+        # beta_q S' as two products registered apart (timing: a multiplier wider than the 18-bit MULT18 and the
+        # adder joining its parts closed at 87 MHz on the ECP5 proxy); joined in the subtraction of C
+        beta_x = Signal(signed(max(lay.beta_width, 18)), name="beta_x")  # beta_q = beta_hi 2^17 + beta_lo
+        beta_lo = Signal(unsigned(17), name="beta_lo")
+        beta_hi = Signal(signed(len(beta_x) - 17), name="beta_hi")
+        m.d.comb += [beta_x.eq(beta_r), beta_lo.eq(beta_x[:17]), beta_hi.eq(beta_x >> 17)]
+        prod_lo = Signal((beta_lo * s_eff).shape(), name="beta_s_lo")
+        prod_hi = Signal((beta_hi * s_eff).shape(), name="beta_s_hi")
+        ka_r = Signal(mul_const(ys_l, K).shape(), name="ys_k")
+        pa_r = Signal((chan_l.C * ns_l).shape(), name="c_ns")
+        v_r = [Signal(signed(w["C"] + 1), name=f"v_thr{i}") for i in range(3)]  # C, C -+ S' 2^Fb, then saturated
 
         def clamp(v):
             return Mux(v < -TK, -TK, Mux(v > TK, TK, v))
@@ -725,10 +783,11 @@ class BnForwardCore(wiring.Component):
         te = T << fe
         t_eval = Signal(signed(w["theta"]), name="t_eval")
         c_sat = Signal(signed(max(lay.c_width, te.bit_length() + 1)), name="c_eval_sat")
-        m.d.comb += [c_sat.eq(Mux(c_r < -te, -te, Mux(c_r > te, te, c_r))),
-                     t_eval.eq((c_sat + ((1 << fe) - 1)) >> fe)]
+        # saturated every cycle into a register (timing: compare, add and shift into the threshold memory's write
+        # port in one cycle closed at 70 MHz on the ECP5 proxy); read a cycle after C' settles
+        m.d.sync += c_sat.eq(Mux(c_r < -te, -te, Mux(c_r > te, te, c_r)))
+        m.d.comb += t_eval.eq((c_sat + ((1 << fe) - 1)) >> fe)
 
-        chan_l = chan_rd.data
         m.d.comb += [
             chan_rd.addr.eq(walk.ch),
             chan_rd.en.eq((phase == Phase.EPI3) & (est == CH0)),
@@ -756,64 +815,79 @@ class BnForwardCore(wiring.Component):
             with m.Switch(phase):
                 with m.Case(Phase.EPI1):
                     # t_mu + Ymax = floor((sum_y + B Ymax + B - 1) / B), in [0, 2 Ymax].
-                    with m.If(est == CH0):
-                        m.d.comb += [
-                            self.div_req.valid.eq(nreq == 0),
-                            self.div_req.payload.dividend.eq(sum_l + (B * ymax + B - 1)),
-                            self.div_req.payload.divisor.eq(B),
-                            self.div_resp.ready.eq(1),
-                            thr_word.theta.eq(q_now - ymax),
-                            thr_wr.en.eq(Mux(resp_fire, 1 << walk.l, 0)),
-                        ]
-                        with m.If(resp_fire):
-                            channel_done(Phase.PASS2)
+                    m.d.comb += [
+                        self.div_req.valid.eq(est == CH0),
+                        self.div_req.payload.dividend.eq(sum_l + (B * ymax + B - 1)),
+                        self.div_req.payload.divisor.eq(B),
+                        self.div_resp.ready.eq(1),
+                        thr_word.theta.eq(q_now - ymax),
+                        thr_wr.en.eq(Mux(resp_fire, 1 << rwalk.l, 0)),
+                    ]
+                    with m.If(req_fire):
+                        channel_issued()
+                    with m.If(resp_fire):
+                        channel_answered(Phase.PASS2)
                 with m.Case(Phase.EPI2):
                     with m.Switch(est):
-                        with m.Case(CH0):  # beta in; S = B Ys - sum_y Ns (eval: s_r' = max(s_r, 1), mu_r)
+                        with m.Case(CH0):  # beta in (eval: s_r' = max(s_r, 1), mu_r); the channel's lane
                             m.d.comb += self.beta.ready.eq(1)
                             with m.If(self.beta.valid):
                                 m.d.sync += [
                                     beta_r.eq(self.beta.payload),
-                                    S_r.eq(Mux(self.eval_mode, Mux(self.run.s < 1, 1, self.run.s),
-                                               mul_const(ys_l, B) - sum_l * ns_l)),
+                                    S_r.eq(Mux(self.run.s < 1, 1, self.run.s)),  # eval (no products)
                                     mu_r.eq(self.run.mu),
-                                    est.eq(CH1),
+                                    ys_r.eq(ys_l), sum_r.eq(sum_l), ns_r.eq(ns_l),
+                                    est.eq(Mux(self.eval_mode, CH1, CH0C)),
                                 ]
-                        with m.Case(CH1):  # C = B 2^Fb sum_y - beta_q S' (eval: C' = mu_r 2^Fb - beta_q s_r')
-                            m.d.sync += [c_r.eq(Mux(self.eval_mode, mu_r << fb, mul_const(sum_l, B << fb))
-                                                - beta_r * s_eff), est.eq(CH2)]
-                        with m.Case(CH2):  # saturated, offset dividends of the three thresholds; divisor B^2
-                            e = Signal(signed(lay.s_width + fb + 1))
-                            v_lo = Signal(signed(w["C"] + 1))
-                            v_hi = Signal(signed(w["C"] + 1))
-                            m.d.comb += [e.eq(s_eff << fb), v_lo.eq(c_r - e), v_hi.eq(c_r + e)]
+                        with m.Case(CH0C):  # B Ys, sum_y Ns
+                            m.d.sync += [ysb_r.eq(mul_const(ys_r, B)), psn_r.eq(sum_r * ns_r), est.eq(CH0B)]
+                        with m.Case(CH0B):  # S = B Ys - sum_y Ns
+                            m.d.sync += [S_r.eq(ysb_r - psn_r), est.eq(CH1)]
+                        with m.Case(CH1):  # S' = max(S, 1); B 2^Fb sum_y (eval: mu_r 2^Fb)
+                            m.d.sync += [s_eff.eq(Mux(S_r == 0, 1, S_r)),
+                                         cterm_r.eq(Mux(self.eval_mode, mu_r << fb, mul_const(sum_r, B << fb))),
+                                         est.eq(CH1B)]
+                        with m.Case(CH1B):  # beta_q S'
+                            m.d.sync += [prod_lo.eq(beta_lo * s_eff), prod_hi.eq(beta_hi * s_eff), est.eq(CH1C)]
+                        with m.Case(CH1C):  # C = B 2^Fb sum_y - beta_q S' (eval: C' = mu_r 2^Fb - beta_q s_r')
+                            m.d.sync += [c_r.eq(cterm_r - (prod_hi << 17) - prod_lo), est.eq(CH2)]
+                        with m.Case(CH2):  # C - S' 2^Fb, C + S' 2^Fb
+                            m.d.comb += chan_wr.en.eq(1)
+                            m.d.sync += [v_r[0].eq(c_r), v_r[1].eq(c_r - (s_eff << fb)),
+                                         v_r[2].eq(c_r + (s_eff << fb)), est.eq(CH2A)]
+                        with m.Case(CH2A):  # saturated at +-T K (timing: one carry chain a cycle)
                             with m.If(self.eval_mode):  # theta = ceil(C' / 2^(Fr+Fb)), saturated: a shift, no division
                                 m.d.comb += [thr_word.theta.eq(t_eval), thr_word.lo.eq(t_eval), thr_word.hi.eq(t_eval),
-                                             thr_wr.en.eq(1 << walk.l), chan_wr.en.eq(1)]
+                                             thr_wr.en.eq(1 << walk.l)]
                                 channel_done(Phase.PASS3)
                             with m.Else():
-                                m.d.sync += [
-                                    dividends[0].eq((clamp(c_r) + (TK + K - 1)) >> fb),  # ceil(C / K)
-                                    dividends[1].eq((clamp(v_lo) + (TK + K - 1)) >> fb),  # ceil((C - S' 2^Fb) / K)
-                                    dividends[2].eq((clamp(v_hi) + TK) >> fb),  # floor((C + S' 2^Fb) / K)
-                                    est.eq(CH3),
-                                ]
-                                start_division(B * B)
-                        with m.Case(CH3):
-                            m.d.comb += [
-                                self.div_req.valid.eq(nreq < 3),
-                                self.div_resp.ready.eq(1),
-                                thr_word.theta.eq(quot[0] - T),
-                                thr_word.lo.eq(quot[1] - T),
-                                thr_word.hi.eq(q_now - T),
+                                m.d.sync += [*(v_r[i].eq(clamp(v_r[i])) for i in range(3)), est.eq(CH2B)]
+                        with m.Case(CH2B):  # offset dividends of the three thresholds; divisor B^2
+                            m.d.sync += [
+                                dividends[0].eq((v_r[0] + (TK + K - 1)) >> fb),  # ceil(C / K)
+                                dividends[1].eq((v_r[1] + (TK + K - 1)) >> fb),  # ceil((C - S' 2^Fb) / K)
+                                dividends[2].eq((v_r[2] + TK) >> fb),  # floor((C + S' 2^Fb) / K)
+                                divisor.eq(B * B),
+                                est.eq(CH3),
                             ]
-                            with m.If(resp_fire & (nresp == 2)):
-                                m.d.comb += [thr_wr.en.eq(1 << walk.l), chan_wr.en.eq(1)]
-                                channel_done(Phase.PASS3)
+                        with m.Case(CH3):
+                            m.d.comb += self.div_req.valid.eq(1)
+                            with m.If(req_fire & (nreq == 2)):
+                                channel_issued()
+                    with m.If(~self.eval_mode):  # responses: three per channel, in order
+                        m.d.comb += [
+                            self.div_resp.ready.eq(1),
+                            thr_word.theta.eq(quot[0] - T),
+                            thr_word.lo.eq(quot[1] - T),
+                            thr_word.hi.eq(q_now - T),
+                        ]
+                        with m.If(resp_fire & (nresp == 2)):
+                            m.d.comb += thr_wr.en.eq(1 << rwalk.l)
+                            channel_answered(Phase.PASS3)
                 with m.Case(Phase.EPI3):
                     with m.Switch(est):
-                        with m.Case(CH0):  # chan_mem read
-                            m.d.sync += est.eq(CH1)
+                        with m.Case(CH0):  # chan_mem read; the channel's lane
+                            m.d.sync += [ys_r.eq(ys_l), ns_r.eq(ns_l), est.eq(CH1)]
                         with m.Case(CH1):  # A = K sum(x_hat y) - C sum(x_hat); B S'
                             with m.If(self.eval_mode):  # the eval constants C', s_r' go out as they are (no alpha)
                                 m.d.comb += self.stats.valid.eq(1)
@@ -821,10 +895,13 @@ class BnForwardCore(wiring.Component):
                                     channel_done(Phase.PASS1)
                             with m.Else():
                                 m.d.sync += [
-                                    a_r.eq(mul_const(ys_l, K) - chan_l.C * ns_l),
+                                    ka_r.eq(mul_const(ys_r, K)),
+                                    pa_r.eq(chan_l.C * ns_r),
                                     bs_r.eq(mul_const(chan_l.S_eff, B)),
-                                    est.eq(CH2),
+                                    est.eq(CH1B),
                                 ]
+                        with m.Case(CH1B):
+                            m.d.sync += [a_r.eq(ka_r - pa_r), est.eq(CH2)]
                         with m.Case(CH2):  # alpha_q = floor(floor((A 2^(Fa+1) + B S' 2^Fb) / 2^(Fb+1)) / (B S'))
                             m.d.sync += [
                                 dividends[0].eq(((a_r << (fa + 1)) + (bs_r << fb)) >> (fb + 1)),
@@ -848,13 +925,12 @@ class BnForwardUnit(wiring.Component):
     Parameters (keyword-only): ``layer`` (:class:`BnLayer`), ``div_steps`` (divider quotient bits per cycle).
     Ports: as :class:`BnForwardCore` without the divider ports.
 
-    Cycle model (:meth:`cycles`), counted from the first ``y`` transfer to the last ``stats`` transfer, both
-    included, with ``I = ceil(Wq / div_steps)`` divider cycles per division::
-
-        3 (B G + 1) + 3 G + M (5 I + 9)
-
-    (pass ``B G + 1`` each, ``2 B`` for a layer of one group (:func:`pass_cycles`); EPI1 ``G + M (I + 1)``;
-    EPI2 ``G + M (3 I + 4)``; EPI3 ``G + M (I + 4)``).
+    Cycle model (:meth:`cycles`, :func:`forward_cycles`), counted from the first ``y`` transfer to the last
+    ``stats`` transfer, both included: the three passes (``B G + 1`` each, ``2 B`` for a layer of one group,
+    :func:`pass_cycles`); EPI1 and EPI2 from :func:`rtl_gen.divider.ring_schedule` (one request a channel a cycle
+    apart, the group's read between groups; three a channel ten cycles apart), about ``M I`` and ``3 M I`` once
+    the divider's ring is the bound (``I = ceil(Wq / div_steps)``); EPI3 ``G + M (L + 5)`` with ``L`` the divider's
+    latency ``1 + I ceil(div_steps / 2)``.
     """
 
     def __init__(self, *, layer: BnLayer, div_steps: int = 1, channels=None):

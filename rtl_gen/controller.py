@@ -195,13 +195,19 @@ def bn_param_sizes(layer, hw) -> dict:
 def bn_param_cycles(layer, hw, div_steps: int) -> dict:
     """Cycles of :class:`BnParamUnit`: ``running`` per channel (two divisions) and the beta ``update`` of
     the layer (maxima pass, then per channel read, align, EMAs, ratio division, write)."""
+    from .divider import iterations, latency, ring_schedule, stages
+
     wq = bn_param_sizes(layer, hw)["divider"][2]
-    it = -(-wq // min(div_steps, wq))
+    steps = min(div_steps, wq)
+    it, lat = iterations(wq, steps), latency(wq, steps)
     M = layer.channels
-    # running, per channel: idle, request, it + 1 waiting for the quotient, request, it + 1
-    # update: maxima pass (M + 2), exponent (1), per channel read, align (3: m, a, g), ema, ratio operands,
-    # request, it + 1, delta (the learning-rate shift of r), apply
-    return {"running": 2 * it + 5, "update": M + 3 + M * (it + 10)}
+    # running, per channel: idle (the stats beat taken), the two requests back to back, the two responses in
+    # order (the second in the cycle after the first when the ring holds both), back to idle
+    running = ring_schedule(stages(steps), it, [1, 1])[-1] + 1
+    # update: maxima pass, exponent (3 cycles) and the aligner's amounts (2), M + 5 in all (measured in RTL,
+    # 784-12-10), then per channel read, align (4: m, a, g through the two-cycle aligner), ema, ratio operands,
+    # |m|, request, the divider's latency, delta (the learning-rate shift of r), beta - delta, apply
+    return {"running": running, "update": M + 5 + M * (lat + 12)}
 
 
 class BnParamUnit(wiring.Component):
@@ -432,8 +438,13 @@ class BnParamUnit(wiring.Component):
         a2 = Signal(unsigned(self.a_width))
         r = Signal(signed(11))
         beta_new = Signal(signed(self.beta_width))
-        m_abs_r = Signal(self.m_width + 1)
-        m.d.comb += m_abs_r.eq(Mux(m2 < 0, -m2, m2))
+        m_abs_r = Signal(self.m_width + 1)  # |m2|, registered in "ratio_abs"
+
+        top_g = Signal(signed(E_WIDTH + 2))
+        top_a = Signal(signed(E_WIDTH + 2))
+        top = Signal(signed(E_WIDTH + 2))  # the new exponent
+        g_zero = Signal()
+        a_zero = Signal()
 
         # an update request waits (``pending``) until the running-statistics work in flight is done
         pending = Signal()
@@ -442,27 +453,40 @@ class BnParamUnit(wiring.Component):
         shv = Signal(signed(8))  # the shift of r in the beta step, lr_sh + 8 - Fb (constant during an update)
         m.d.comb += shv.eq(lr_sh + 8 - fb)
         delta = Signal(signed(self.beta_width + 12))
+        diff = Signal(signed(self.beta_width + 13))
         ratio_n = Signal(wn)  # the ratio division's operands (|m| 2^9 + a, 2a)
         ratio_d = Signal(wd)
         # one aligner, used for m, a and g in turn (the read words hold while the read enables are low)
         al_w = max(self.m_width, self.a_width + 1, self.p_width + 1)
         al_x = Signal(signed(al_w))
-        al_d = Signal.like(dm)
-        al_a = Signal()  # aligning a: its result is a_width + 1 bits wide, the others m_width
-        # the shift and its limit are those of the next cycle's align state, registered (sync_amounts)
-        al_out = _align(m, al_x, al_d, max(self.m_width, self.a_width + 1), "al",
-                        lmax=Mux(al_a, self.a_width, self.m_width - 1), sync_amounts=True)
+        al_ow = max(self.m_width, self.a_width + 1)
+        # the three alignments' amounts (m by dm, a by dm, g by dg; dm and dg hold during the update) computed
+        # every cycle into registers, and the next align state's set registered again (timing: the state, the
+        # choice of dm or dg and the clamp compares in front of these registers closed at 69 MHz on the ECP5 proxy)
+        # -dm and -dg registered first (timing: negation, clamp compare and the -1 in one cycle, 81 MHz)
+        ndm, ndg = Signal.like(dm, name="ndm"), Signal.like(dg, name="ndg")
+        m.d.sync += [ndm.eq(-dm), ndg.eq(-dg)]
+        al_sets = [_align_amounts(m, d_, al_w, al_ow, f"al{i}", lmax=lim, domain="sync", neg=nd_)
+                   for i, (d_, nd_, lim) in enumerate(((dm, ndm, self.m_width - 1), (dm, ndm, self.a_width),
+                                                       (dg, ndg, self.m_width - 1)))]
+        al_amounts = [Signal.like(v, name=f"al_{k}") for v, k in zip(al_sets[0], ("l", "r", "rm1", "pos"), strict=True)]
+
+        def al_choose(i):
+            m.d.sync += [a.eq(v) for a, v in zip(al_amounts, al_sets[i], strict=True)]
+
+        al_out = _align_pipelined(m, al_x, al_amounts, al_ow, "al")
         with m.FSM() as fsm:
             with m.State("idle"):
-                with m.If(self.stats.valid):
+                with m.If(self.stats.valid):  # the beat is taken here: the producer moves on while this runs
                     m.d.sync += [sum_y.eq(self.stats.payload.sum_y), s_val.eq(self.stats.payload.S)]
                     m.d.comb += [rd["mu"].addr.eq(base + ch), rd["mu"].en.eq(1),
-                                 rd["s"].addr.eq(base + ch), rd["s"].en.eq(1)]
+                                 rd["s"].addr.eq(base + ch), rd["s"].en.eq(1), self.stats.ready.eq(1)]
                     m.next = "run_mu"
                 with m.Elif(pending):
                     m.d.sync += [pending.eq(0), gmax.eq(0), amax.eq(0), c_issue.eq(0), c_seen.eq(0), rd_valid.eq(0)]
                     m.next = "max"
-            # running: mu_b = floor((2 sum_y 2^Fr + B) / 2B) (signed floor), s_b = floor((2 S 2^Fr + B^2) / 2B^2)
+            # running: mu_b = floor((2 sum_y 2^Fr + B) / 2B) (signed floor), s_b = floor((2 S 2^Fr + B^2) / 2B^2);
+            # both requests back to back (the divider's ring holds both), then both responses in order
             with m.State("run_mu"):
                 n1 = Signal(signed(self._run_n + 1))
                 m.d.comb += n1.eq((sum_y << (fr + 1)) + B)
@@ -470,16 +494,16 @@ class BnParamUnit(wiring.Component):
                              req.dividend.eq(Mux(n1 < 0, -n1 + 2 * B - 1, n1))]
                 with m.If(div.req.ready):
                     m.d.sync += neg.eq(n1 < 0)
-                    m.next = "run_mu_wait"
-            with m.State("run_mu_wait"):
-                m.d.comb += div.resp.ready.eq(1)
-                with m.If(div.resp.valid):
-                    m.d.sync += mu_b.eq(Mux(neg, -resp.quotient, resp.quotient))
                     m.next = "run_s"
             with m.State("run_s"):
                 m.d.comb += [div.req.valid.eq(1), req.divisor.eq(2 * B * B),
                              req.dividend.eq((s_val << (fr + 1)) + B * B)]
                 with m.If(div.req.ready):
+                    m.next = "run_mu_wait"
+            with m.State("run_mu_wait"):
+                m.d.comb += div.resp.ready.eq(1)
+                with m.If(div.resp.valid):
+                    m.d.sync += mu_b.eq(Mux(neg, -resp.quotient, resp.quotient))
                     m.next = "run_s_wait"
             with m.State("run_s_wait"):
                 m.d.comb += div.resp.ready.eq(1)
@@ -493,7 +517,6 @@ class BnParamUnit(wiring.Component):
                         s_new.eq(s_old + ((resp.quotient - s_old + half) >> sh)),
                         wr["mu"].addr.eq(base + ch), wr["mu"].data.eq(mu_new), wr["mu"].en.eq(1),
                         wr["s"].addr.eq(base + ch), wr["s"].data.eq(s_new), wr["s"].en.eq(1),
-                        self.stats.ready.eq(1),
                     ]
                     m.d.sync += ch.eq(Mux(ch == M - 1, 0, ch + 1))
                     m.next = "idle"
@@ -514,39 +537,47 @@ class BnParamUnit(wiring.Component):
                         m.d.sync += amax.eq(rd["a"].data)
                 with m.If((c_issue == M) & ~rd_valid):
                     m.next = "exponent"
+            # the layer exponent over three cycles (timing: leading-one positions, the comparison and the
+            # differences in one cycle closed at 48 MHz on the ECP5 proxy)
             with m.State("exponent"):
                 tg = bitlen_signal(m, gmax, self.p_width, "tg")
                 ta = bitlen_signal(m, amax, self.a_width, "ta")
-                top_g = Signal(signed(E_WIDTH + 2))
-                top_a = Signal(signed(E_WIDTH + 2))
-                top = Signal(signed(E_WIDTH + 2))
-                m.d.comb += [
-                    top_g.eq(tg + scale),
-                    top_a.eq(ta + e_reg),
-                    top.eq(Mux(gmax == 0, top_a, Mux((amax == 0) | (top_g > top_a), top_g, top_a))),
-                ]
-                with m.If((gmax == 0) & (amax == 0)):
+                m.d.sync += [top_g.eq(tg + scale), top_a.eq(ta + e_reg), g_zero.eq(gmax == 0), a_zero.eq(amax == 0)]
+                m.next = "exponent_top"
+            with m.State("exponent_top"):
+                m.d.sync += top.eq(Mux(g_zero, top_a, Mux(a_zero | (top_g > top_a), top_g, top_a)) - (bits - 2))
+                with m.If(g_zero & a_zero):
                     m.next = "idle"  # nothing moves (the model returns its inputs)
                 with m.Else():
-                    m.d.sync += [e_new.eq(top - (bits - 2)), dm.eq(e_reg - (top - (bits - 2))),
-                                 dg.eq(scale - (top - (bits - 2))), ch.eq(0)]
-                    m.next = "read"
-            # al_d / al_a name the NEXT cycle's alignment (its amounts are registered)
+                    m.next = "exponent_diff"
+            with m.State("exponent_diff"):
+                m.d.sync += [e_new.eq(top), dm.eq(e_reg - top), dg.eq(scale - top), ch.eq(0)]
+                m.next = "amounts"
+            with m.State("amounts"):  # the alignments' amount sets follow dm and dg (-dm, -dg, then the sets)
+                m.next = "amounts2"
+            with m.State("amounts2"):
+                m.next = "read"
+            # al_choose names the NEXT cycle's alignment (its amounts are registered)
             with m.State("read"):
                 for name in ("m", "a", "beta", "p1"):
                     m.d.comb += [rd[name].addr.eq(base + ch), rd[name].en.eq(1)]
-                m.d.comb += al_d.eq(dm)
+                al_choose(0)
                 m.next = "align"
+            # the aligner takes two cycles (_align_pipelined): each result is taken a state after its operand
             with m.State("align"):
-                m.d.comb += [al_x.eq(rd["m"].data), al_d.eq(dm), al_a.eq(1)]
-                m.d.sync += mv.eq(al_out)
+                m.d.comb += al_x.eq(rd["m"].data)
+                al_choose(1)
                 m.next = "align_a"
             with m.State("align_a"):
-                m.d.comb += [al_x.eq(rd["a"].data), al_d.eq(dg)]
-                m.d.sync += av.eq(al_out)
+                m.d.comb += al_x.eq(rd["a"].data)
+                al_choose(2)
+                m.d.sync += mv.eq(al_out)
                 m.next = "align_g"
             with m.State("align_g"):
                 m.d.comb += al_x.eq(rd["p1"].data)
+                m.d.sync += av.eq(al_out)
+                m.next = "align_end"
+            with m.State("align_end"):
                 m.d.sync += gv.eq(al_out)
                 m.next = "ema"
             with m.State("ema"):
@@ -560,15 +591,18 @@ class BnParamUnit(wiring.Component):
                     m.d.sync += a2.eq(av + ((g_abs2 - av + (1 << (sa - 1))) >> sa))
                 else:
                     m.d.sync += a2.eq(g_abs2)
-                m.next = "ratio"
+                m.next = "ratio_abs"
             # the division always runs (its result is replaced when a = 0 or |m| >= 2a), so every
             # channel takes the same time and the cycle model is exact; its operands are registered first
             # (timing: |m|, the comparison and the dividend in front of the divider's first stages)
+            with m.State("ratio_abs"):  # |m| registered (timing: with the comparison and the dividend, 85 MHz)
+                m.d.sync += m_abs_r.eq(Mux(m2 < 0, -m2, m2))
+                m.next = "ratio"
             with m.State("ratio"):
-                m_abs = Signal(self.m_width + 1)
+                m_abs = m_abs_r
                 zero_a = Signal()
                 big = Signal()
-                m.d.comb += [m_abs.eq(Mux(m2 < 0, -m2, m2)), zero_a.eq(a2 == 0), big.eq(m_abs >= (a2 << 1))]
+                m.d.comb += [zero_a.eq(a2 == 0), big.eq(m_abs >= (a2 << 1))]
                 m.d.sync += [ratio_n.eq(Mux(zero_a | big, 0, (m_abs << 9) + a2)), ratio_d.eq(Mux(zero_a, 1, a2 << 1))]
                 m.next = "ratio_req"
             with m.State("ratio_req"):
@@ -597,10 +631,11 @@ class BnParamUnit(wiring.Component):
                     m.d.sync += delta.eq((r + (Const(1, 12) << (shv - 1).as_unsigned()[:4])) >> shv.as_unsigned()[:4])
                 with m.Else():
                     m.d.sync += delta.eq(0)  # |r| <= 256: (r + 2^(sh-1)) >> sh = 0 for sh >= 10
+                m.next = "apply_diff"
+            with m.State("apply_diff"):  # beta - delta registered (timing: with the clamp and the write, 72 MHz)
+                m.d.sync += diff.eq(rd["beta"].data - delta)
                 m.next = "apply"
             with m.State("apply"):
-                diff = Signal(signed(self.beta_width + 13))
-                m.d.comb += diff.eq(rd["beta"].data - delta)
                 m.d.comb += beta_new.eq(Mux(diff < p.beta_lo, p.beta_lo, Mux(diff > p.beta_hi, p.beta_hi, diff)))
                 m.d.comb += [
                     wr["m"].addr.eq(base + ch), wr["m"].data.eq(m2), wr["m"].en.eq(1),
@@ -624,18 +659,13 @@ class _HwView:
         self.beta_momentum_shift, self.beta_scale_shift, self.beta_state_bits = sm, sa, bits
 
 
-def _align(m, x, d, out_width: int, name: str, lmax=None, sync_amounts: bool = False):
-    """``x 2^d`` of :func:`sim.hw.optim._align`: ``x << d`` for ``d >= 0``, else ``(x + 2^(-d-1)) >> -d``
-    (round half up), as a ``signed(out_width)`` Signal. Right shifts past the operand give 0 exactly as the
-    model (the shift is clamped where the result no longer changes); left shifts are clamped at ``lmax``
-    (default ``out_width - 1``; a value when one aligner serves results of different widths: each result's
-    low bits are then those of its own width's aligner). ``sync_amounts``: the clamped shift amounts and the
-    direction are registered (they follow ``d`` and ``lmax`` one cycle late; for shifts that stay put while the
-    aligner runs, the timing reason: the clamp compares in front of the shifter)."""
-    xs = Signal(signed(len(x) + 1), name=f"{name}_x")
-    m.d.comb += xs.eq(x)
-    wx = len(xs)
-    out = Signal(signed(out_width), name=name)
+def _align_amounts(m, d, x_width: int, out_width: int, name: str, lmax=None, domain: str = "comb", neg=None):
+    """The shift amounts of :func:`_align` for ``d`` (an ``x_width``-bit operand, a ``signed(out_width)``
+    result): ``(left, right, right - 1, d >= 0)``, clamped where the result no longer changes; left shifts at
+    ``lmax`` (default ``out_width - 1``). ``domain="sync"``: registered (they follow ``d`` a cycle late).
+    ``neg``: ``-d`` given (e.g. registered)."""
+    nd = -d if neg is None else neg
+    wx = x_width + 1
     lcap = max(out_width - 1, 1)
     if lmax is None:
         lmax = lcap
@@ -644,13 +674,53 @@ def _align(m, x, d, out_width: int, name: str, lmax=None, sync_amounts: bool = F
     right = Signal(range(rmax + 1), name=f"{name}_r")
     rm1 = Signal(range(rmax + 1), name=f"{name}_rm1")
     pos = Signal(name=f"{name}_pos")
-    dom = m.d.sync if sync_amounts else m.d.comb
-    dom += [
+    m.d[domain] += [
         left.eq(Mux(d > lmax, lmax, d.as_unsigned()[: len(left)])),
-        right.eq(Mux(-d > rmax, rmax, (-d).as_unsigned()[: len(right)])),
-        rm1.eq(Mux(-d > rmax, rmax, (-d).as_unsigned()[: len(right)]) - 1),
+        right.eq(Mux(nd > rmax, rmax, nd.as_unsigned()[: len(right)])),
+        rm1.eq(Mux(nd > rmax, rmax, nd.as_unsigned()[: len(right)]) - 1),
         pos.eq(d >= 0),
     ]
+    return left, right, rm1, pos
+
+
+def _align_pipelined(m, x, amounts, out_width: int, name: str):
+    """:func:`_align` of ``x`` with the given ``amounts`` over two cycles: the operand and its rounded form
+    registered, then the shift; the result (a ``signed(out_width)`` Signal) follows ``x`` and ``amounts`` a
+    cycle late (timing: the operand multiplexer, the rounding add and the shifter in one cycle closed at 68 MHz
+    on the ECP5 proxy)."""
+    xs = Signal(signed(len(x) + 1), name=f"{name}_x")
+    m.d.comb += xs.eq(x)
+    wx = len(xs)
+    left, right, rm1, pos = amounts
+    xs_r = Signal(signed(wx), name=f"{name}_xr")
+    rnd_r = Signal(signed(wx + 2), name=f"{name}_rnd")
+    left2, right2, pos2 = Signal.like(left, name=f"{name}_l2"), Signal.like(right, name=f"{name}_r2"), Signal()
+    m.d.sync += [xs_r.eq(xs), rnd_r.eq(xs + (Const(1, wx + 1) << rm1)), left2.eq(left), right2.eq(right),
+                 pos2.eq(pos)]
+    out = Signal(signed(out_width), name=name)
+    with m.If(pos2):
+        m.d.comb += out.eq(xs_r << left2)
+    with m.Else():
+        m.d.comb += out.eq(rnd_r >> right2)
+    return out
+
+
+def _align(m, x, d, out_width: int, name: str, lmax=None, sync_amounts: bool = False, amounts=None):
+    """``x 2^d`` of :func:`sim.hw.optim._align`: ``x << d`` for ``d >= 0``, else ``(x + 2^(-d-1)) >> -d``
+    (round half up), as a ``signed(out_width)`` Signal. Right shifts past the operand give 0 exactly as the
+    model (the shift is clamped where the result no longer changes); left shifts are clamped at ``lmax``
+    (default ``out_width - 1``; a value when one aligner serves results of different widths: each result's
+    low bits are then those of its own width's aligner). ``sync_amounts``: the clamped shift amounts and the
+    direction are registered (they follow ``d`` and ``lmax`` one cycle late; for shifts that stay put while the
+    aligner runs, the timing reason: the clamp compares in front of the shifter). ``amounts``: the amounts
+    given instead of ``d`` (:func:`_align_amounts` of the same widths)."""
+    xs = Signal(signed(len(x) + 1), name=f"{name}_x")
+    m.d.comb += xs.eq(x)
+    wx = len(xs)
+    out = Signal(signed(out_width), name=name)
+    if amounts is None:
+        amounts = _align_amounts(m, d, len(x), out_width, name, lmax, "sync" if sync_amounts else "comb")
+    left, right, rm1, pos = amounts
     with m.If(pos):
         m.d.comb += out.eq(xs << left)
     with m.Else():

@@ -71,7 +71,7 @@ def forward_cycles(plan, j: int, *, infer: bool = False) -> int:
     """``fwd j``: engine (its rate paces BN pass 1), the rest of BN forward, the running-statistics unit's
     rate on the per-channel stats (and the logit unit's for the output layer), then logits and loss.
 
-    ``infer`` (``ifwd j``): the same passes in evaluation mode: the thresholds without divisions (three cycles
+    ``infer`` (``ifwd j``): the same passes in evaluation mode: the thresholds without divisions (six cycles
     a channel), the per-channel constants without ``alpha`` or a running update (two cycles a channel), the
     logits without the loss unit."""
     from .bn_unit import BnForwardUnit
@@ -88,26 +88,32 @@ def forward_cycles(plan, j: int, *, infer: bool = False) -> int:
     epi3_per_ch = (bn["epi3"] - G) / M
     stats_per_ch = max(epi3_per_ch, run_per_ch)
     if not lp.top:
-        # measured in RTL (784-12-10 and 784-32-32-10): in a hidden layer the BN core's per-channel epilogue
-        # and the running-statistics update do not overlap; each channel costs both, less 3 cycles
-        stats_per_ch = run_per_ch + epi3_per_ch - 3
+        # a hidden layer's stats beats go to the running-statistics update alone, which takes each beat as it
+        # starts on it: the first beat after the BN core's epilogue for channel 0, each later one after the
+        # slower of that epilogue (a group's read first) and the update of the channel before; the phase ends
+        # with the last channel's update. Measured exact in RTL (784-12-10).
+        e3, L = int(epi3_per_ch), plan.bn_unit_layer(j).lanes
+        stats_sum = e3 + sum(max(e3 + (c % L == 0), run_per_ch) for c in range(1, M)) + run_per_ch
     if infer:
-        out = engine + 1 + bn["epi1"] + bn["pass2"] + (G + 3 * M) + bn["pass3"]
+        out = engine + 1 + bn["epi1"] + bn["pass2"] + (G + 6 * M) + bn["pass3"]
         if not lp.top:  # a group's read, then two cycles a channel
             return out + G + 2 * M + PHASE_OVERHEAD
         geo = OutputGeometry.from_config(cfg, lanes=plan.loss_lanes, div_steps=cfg.hw.div_steps)
         # the first group's read and channel read, then the logit unit's pace (later groups' reads hide in it);
         # measured: 784-12-10 (two groups) and the paper's MLP (one group)
         return out + 2 + geo.logit_cycles() + INFER_TAIL + PHASE_OVERHEAD
-    out = engine + 1 + bn["epi1"] + bn["pass2"] + bn["epi2"] + bn["pass3"] + G
+    out = engine + 1 + bn["epi1"] + bn["pass2"] + bn["epi2"] + bn["pass3"]
     if lp.top:
         geo = OutputGeometry.from_config(cfg, lanes=plan.loss_lanes, div_steps=cfg.hw.div_steps)
         stats_per_ch = max(stats_per_ch, geo.channel_cycles())
-        out += int(M * stats_per_ch)
+        # the first stats beat after the BN core's epilogue for channel 0, one more cycle, then the channels at
+        # the slowest consumer's pace (measured in RTL, 784-12-10 with 2 and 4 quotient bits a cycle, and before
+        # the divider's ring with 4: the first channel's epilogue was 8 cycles then, and the model 7 short)
+        out += int(epi3_per_ch) + 1 + int(M * stats_per_ch)
         # third Y replay -> logits -> loss; the loss unit's per-sample period paces it for cross-entropy
         out += max(geo.logit_cycles() - M * geo.channel_cycles(), geo.loss_cycles(B)) + 4
     else:
-        out += int(M * stats_per_ch)
+        out += stats_sum
     return out + PHASE_OVERHEAD
 
 

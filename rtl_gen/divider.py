@@ -1,40 +1,45 @@
-"""Sequential restoring integer divider with stream request/response ports.
+"""Pipelined restoring integer divider with stream request/response ports (a ring of registered stages).
 
-One unsigned division ``dividend = quotient * divisor + remainder`` (``0 <= remainder < divisor``) at a
-time, ``steps`` quotient bits per clock cycle. The quotient width is a construction parameter, and the
-caller guarantees the quotient fits in it: ``dividend < divisor << quotient_width``. The cost then
-depends on the quotient width only (``ceil(quotient_width / steps)`` cycles), however wide the dividend
-is, and the subtractor is only ``divisor_width + 1`` bits wide. A request that breaks the precondition
-(or divides by zero) is answered with ``overflow = 1`` and an unspecified quotient and remainder.
+One unsigned division ``dividend = quotient * divisor + remainder`` (``0 <= remainder < divisor``) per request,
+``steps`` quotient bits per clock cycle in total. The quotient width is a construction parameter, and the
+caller guarantees the quotient fits in it: ``dividend < divisor << quotient_width``. The cost then depends on
+the quotient width only, however wide the dividend is, and each subtractor is only a few bits wider than the
+divisor. A request that breaks the precondition (or divides by zero) is answered with ``overflow = 1`` and an
+unspecified quotient and remainder.
 
-Algorithm (restoring, most significant quotient bit first): with ``I = ceil(Wq / steps)`` iterations and
-``Wq' = I * steps`` the dividend is split as ``hi * 2**Wq' + lo``; the precondition gives ``hi < divisor``,
-so the partial remainder starts as ``R = hi``. Each step shifts the next bit of ``lo`` into ``R`` (now
+Algorithm (restoring, most significant quotient bit first): with ``I = ceil(Wq / steps)`` loops and
+``Wq' = I * steps`` the dividend is split as ``hi * 2**Wq' + lo``; the precondition gives ``hi < divisor``, so
+the partial remainder starts as ``R = hi``. Each radix-2 step shifts the next bit of ``lo`` into ``R`` (now
 ``< 2 * divisor``) and subtracts the divisor when ``R >= divisor``, shifting the outcome in as the next
-quotient bit; ``lo`` and the quotient share one shift register. The steps of a cycle are taken two at a time
-(radix 4: the next two bits against ``d``, ``2 d`` and ``3 d`` in parallel, one carry chain per pair; see
-:func:`_radix4_stage`), with one radix-2 step last when ``steps`` is odd. Measured on the ECP5 proxy
-(``nextpnr-ecp5`` out of context, the small MLP's BN divider, 31 / 17 / 14 bits): 4 steps 39.9 MHz as four
-chained radix-2 steps, 63.8 MHz as two radix-4 stages (552 LUT4 against 844); 2 steps 100.6 MHz, 1 step
-112.5 MHz.
+quotient bit; ``lo`` and the quotient share one shift register. The steps are taken two at a time (radix 4:
+the next two bits against ``d``, ``2 d`` and ``3 d`` in parallel, one carry chain each; see
+:func:`_radix4_stage`), with one radix-2 step last when ``steps`` is odd.
 
-Timing: the request transfer itself performs the first iteration; the response is offered ``I`` cycles
-after the request transfer (:attr:`Divider.latency`) and held until taken. A new request is accepted in the
-cycle the previous response is taken, so back-to-back divisions take ``I`` cycles each
-(:meth:`Divider.cycles`).
+Structure (the timing reason): the ``steps`` bits of a cycle are ``P = ceil(steps / 2)`` **stages**, each one
+radix-4 (or the last radix-2) step followed by a register, closed into a ring: a division enters stage 0
+from a request register, walks the stages and goes round the ring ``I`` times, then is offered as the
+response from the last stage's register. So no clock cycle holds more than one carry chain (nor any of the
+requester's logic: the request is registered first), and the ring holds up to ``P`` divisions at once, one
+per stage. Measured on the ECP5 proxy (``nextpnr-ecp5`` out of context, the small MLP's BN divider, 31 / 17 /
+14 bits): one radix-4 stage per cycle 100.6 MHz, where two chained in one cycle (the former sequential
+divider at 4 bits per cycle) closed at 63.8 MHz and four chained radix-2 steps at 39.9 MHz.
 
-This is the divider the per-channel sequencers share (BN forward: mean threshold, the three binarisation
-thresholds and alpha). Its budget is a handful of divisions per channel per batch, far from the per-element
-rate, so it trades speed for a narrow datapath.
+Timing (:attr:`Divider.latency`, :meth:`Divider.cycles`): the response is offered ``1 + I * P`` cycles after
+its request transfer when the ring has room, and held until taken (a response not taken at once waits in a
+holding register; the ring waits only while that is full and another division is finished). A division
+enters stage 0 when the slot arriving there is free (empty, or its division leaves the ring in that cycle);
+up to ``P`` requests are taken back to back, so ``P`` divisions take ``I * P`` cycles of ring time: the
+throughput of the former sequential divider (one division per ``I`` cycles) when the requester keeps ``P``
+in flight. Responses come back in request order (:func:`ring_schedule` gives the cycle of each).
 """
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Module, Mux, Signal
+from amaranth import Cat, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["Divider", "divide"]
+__all__ = ["Divider", "divide", "latency", "ring_schedule"]
 
 MAX_WIDTH = 256
 
@@ -55,15 +60,31 @@ def divide(dividend: int, divisor: int, quotient_width: int) -> tuple[int, int, 
     return dividend // divisor, dividend % divisor, False
 
 
+def stages(steps: int) -> int:
+    """Registered stages of a :class:`Divider` resolving ``steps`` quotient bits per cycle."""
+    return -(-steps // 2)
+
+
+def iterations(quotient_width: int, steps: int) -> int:
+    """Trips round the ring per division (:attr:`Divider.iterations`)."""
+    return -(-quotient_width // steps)
+
+
+def latency(quotient_width: int, steps: int) -> int:
+    """:attr:`Divider.latency` without building one: ``1 + iterations * stages``."""
+    return 1 + iterations(quotient_width, steps) * stages(steps)
+
+
 class Divider(wiring.Component):
-    """Unsigned sequential divider (see the module docstring).
+    """Unsigned pipelined divider (see the module docstring).
 
     Parameters (keyword-only):
         dividend_width: bits of the dividend, 1..256.
         divisor_width: bits of the divisor, 1..256.
         quotient_width: bits of the quotient, 1..256; requests must satisfy
             ``dividend < divisor << quotient_width`` (else ``overflow``).
-        steps: quotient bits resolved per cycle (unrolled restoring stages), 1..quotient_width.
+        steps: quotient bits resolved per cycle over all stages, 1..quotient_width (``ceil(steps / 2)``
+            registered stages of two bits, the last of one when ``steps`` is odd).
 
     Ports:
         req: ``In(stream.Signature(req_layout))``, payload ``dividend`` (low bits) then ``divisor``.
@@ -97,14 +118,21 @@ class Divider(wiring.Component):
         return self._steps
 
     @property
+    def stages(self) -> int:
+        """Registered stages of the ring (divisions it holds at once), ``ceil(steps / 2)``."""
+        return stages(self._steps)
+
+    @property
     def iterations(self) -> int:
-        """Clock cycles per division, ``ceil(quotient_width / steps)``."""
-        return -(-self._wq // self._steps)
+        """Trips round the ring per division, ``ceil(quotient_width / steps)``: the cycles per division at the
+        full rate (with :attr:`stages` divisions in flight)."""
+        return iterations(self._wq, self._steps)
 
     @property
     def latency(self) -> int:
-        """Cycles from a request transfer to the first cycle its response is offered."""
-        return self.iterations
+        """Cycles from a request transfer to the first cycle its response is offered, when the ring has room:
+        the request register, then ``iterations`` trips round ``stages`` stages."""
+        return latency(self._wq, self._steps)
 
     @property
     def req_layout(self) -> data.StructLayout:
@@ -116,85 +144,145 @@ class Divider(wiring.Component):
 
     def cycles(self, count: int) -> int:
         """Cycles for ``count`` back-to-back divisions (requests always offered, responses always taken),
-        from the first request transfer to the last response transfer, both included:
-        ``count * iterations + 1`` (0 for none)."""
+        from the first request transfer to the last response transfer, both included: the ring takes
+        ``stages`` at a time, so division ``i = g P + k`` is answered ``1 + k + (g + 1) I P`` cycles after the
+        first request transfer (0 for none)."""
         _check_int("count", count, 0, 1 << 40)
-        return count * self.iterations + 1 if count else 0
+        if not count:
+            return 0
+        g, k = divmod(count - 1, self.stages)
+        return 2 + k + (g + 1) * self.iterations * self.stages
 
     def elaborate(self, platform):
         m = Module()
         wn, wd, wq, s = self._wn, self._wd, self._wq, self._steps
-        iters = self.iterations
-        wq_int = iters * s  # internal quotient width: a multiple of steps (extra bits are leading zeros)
+        loops, P = self.iterations, self.stages
+        wq_int = loops * s  # internal quotient width: a multiple of steps (extra bits are leading zeros)
+        bits = [2] * (s // 2) + [1] * (s % 2)  # quotient bits of each stage
 
-        rem = Signal(wd, name="rem")  # partial remainder, < divisor between iterations
-        shreg = Signal(wq_int, name="shreg")  # remaining dividend bits (top) / quotient bits (bottom)
-        div = Signal(wd, name="divisor_q")
-        ovf = Signal(name="ovf")
-        left = Signal(range(iters + 1), name="left")  # iterations still to run
-        held = Signal(name="held")  # a division is in flight or its response is waiting
+        # request register
+        in_valid = Signal(name="in_valid")
+        in_n = Signal(wn, name="in_dividend")
+        in_d = Signal(wd, name="in_divisor")
+        in_d3 = Signal(wd + 2, name="in_divisor3")  # 3 d, for the radix-4 stages (added once per division)
 
-        take = Signal()
-        load = Signal()
+        # stage registers: valid, loop count, partial remainder, dividend/quotient shift register, divisor, overflow
+        st_v = [Signal(name=f"st{k}_valid") for k in range(P)]
+        st_c = [Signal(range(loops), name=f"st{k}_loop") for k in range(P)]
+        st_r = [Signal(wd, name=f"st{k}_rem") for k in range(P)]
+        st_q = [Signal(wq_int, name=f"st{k}_shreg") for k in range(P)]
+        st_d = [Signal(wd, name=f"st{k}_divisor") for k in range(P)]
+        st_d3 = [Signal(wd + 2, name=f"st{k}_divisor3") for k in range(P)]
+        st_o = [Signal(name=f"st{k}_ovf") for k in range(P)]
+
+        last = P - 1
+        done = Signal()  # the last stage holds a finished division
+        recirc = Signal()  # the last stage's division goes round again
+        en = Signal()  # the ring moves
+        enter = Signal()  # the request register's division enters stage 0
+        # A finished division the requester does not take goes to a holding register (``held``), so the ring stalls
+        # only when that is full too: ``en`` depends on registers alone, never on ``resp.ready`` (timing: the
+        # requester's ready logic in front of every stage's clock enable closed at 96 MHz on the ECP5 proxy).
+        held = Signal(name="held_valid")
+        held_p = Signal(self.resp_layout, name="held")
+        done_p = Signal(self.resp_layout, name="done_payload")
+        # ``en`` is ~(held & done), kept in a register of its own from the next values of both (timing: the
+        # enable of every stage register from a register, not a gate)
+        en_r = Signal(init=1, name="ring_moves")
         m.d.comb += [
-            self.req.ready.eq(~held | ((left == 0) & self.resp.ready)),
-            load.eq(self.req.valid & self.req.ready),
-            self.resp.valid.eq(held & (left == 0)),
-            take.eq(self.resp.valid & self.resp.ready),
-            self.resp.payload.quotient.eq(shreg[:wq]),
-            self.resp.payload.remainder.eq(rem),
-            self.resp.payload.overflow.eq(ovf),
+            en.eq(en_r),
+            enter.eq(en & ~recirc & in_valid),
+            self.req.ready.eq(~in_valid | enter),
+            done_p.quotient.eq(st_q[last][:wq]),
+            done_p.remainder.eq(st_r[last]),
+            done_p.overflow.eq(st_o[last]),
+            self.resp.valid.eq(held | done),
+            self.resp.payload.eq(Mux(held, held_p, done_p)),
         ]
+        with m.If(held):
+            with m.If(self.resp.ready):
+                m.d.sync += held.eq(0)
+        with m.Elif(done & ~self.resp.ready):
+            m.d.sync += [held.eq(1), held_p.eq(done_p)]
+        with m.If(self.req.valid & self.req.ready):
+            dv = self.req.payload.divisor
+            m.d.sync += [in_valid.eq(1), in_n.eq(self.req.payload.dividend), in_d.eq(dv), in_d3.eq(dv + (dv << 1))]
+        with m.Elif(enter):
+            m.d.sync += in_valid.eq(0)
 
-        # Operands of this cycle's iterations: straight from the request when loading, else the registers.
-        dividend = self.req.payload.dividend
+        # stage 0's operands: the recirculating division, else the request register's (hi, lo, overflow check)
         hi = Signal(wd, name="hi")
         lo = Signal(wq_int, name="lo")
         if wn > wq_int:
-            m.d.comb += hi.eq(dividend[wq_int:])
-        m.d.comb += lo.eq(dividend[: min(wn, wq_int)])
-        r_in = Signal(wd, name="r_in")
-        q_in = Signal(wq_int, name="q_in")
-        d_in = Signal(wd, name="d_in")
+            m.d.comb += hi.eq(in_n[wq_int:])
+        m.d.comb += lo.eq(in_n[: min(wn, wq_int)])
+        over = Signal(name="over")
+        m.d.comb += over.eq((in_d == 0) | ((in_n >> wq) >= in_d))
+        r0, q0, d0 = Signal(wd, name="r0"), Signal(wq_int, name="q0"), Signal(wd, name="d0")
+        d30 = Signal(wd + 2, name="d30")
+        o0, c0 = Signal(name="o0"), Signal(range(loops), name="c0")
         m.d.comb += [
-            r_in.eq(Mux(load, hi, rem)),
-            q_in.eq(Mux(load, lo, shreg)),
-            d_in.eq(Mux(load, self.req.payload.divisor, div)),
+            r0.eq(Mux(recirc, st_r[last], hi)),
+            q0.eq(Mux(recirc, st_q[last], lo)),
+            d0.eq(Mux(recirc, st_d[last], in_d)),
+            d30.eq(Mux(recirc, st_d3[last], in_d3)),
+            o0.eq(Mux(recirc, st_o[last], over)),
+            c0.eq(Mux(recirc, st_c[last] + 1, 0)),
         ]
-        r, q = r_in, q_in
-        for i in range(s // 2):  # two quotient bits per stage (radix 4), then one (radix 2) when steps is odd
-            r, q = _radix4_stage(m, r, q, d_in, f"s{i}")
-        if s % 2:
-            trial = Signal(wd + 1, name="trial")
-            ge = Signal(name="ge")
-            r_next = Signal(wd, name="r_last")
-            q_next = Signal(wq_int, name="q_last")
-            m.d.comb += [
-                trial.eq((r << 1) | q[-1]),
-                ge.eq(trial >= d_in),
-                r_next.eq(Mux(ge, trial - d_in, trial)),
-                q_next.eq((q << 1) | ge),
-            ]
-            r, q = r_next, q_next
-
-        with m.If(load):
-            over = Signal()
-            m.d.comb += over.eq((self.req.payload.divisor == 0) | ((dividend >> wq) >= self.req.payload.divisor))
-            m.d.sync += [rem.eq(r), shreg.eq(q), div.eq(d_in), ovf.eq(over), left.eq(iters - 1), held.eq(1)]
-        with m.Elif(held & (left != 0)):
-            m.d.sync += [rem.eq(r), shreg.eq(q), left.eq(left - 1)]
-        with m.Elif(take):
-            m.d.sync += held.eq(0)
+        # ``done`` and ``recirc`` describe the last stage's division; both registered from what enters that stage
+        # (timing: the loop count's compare in front of stage 0's operand multiplexer)
+        v_last, c_last = (recirc | enter, c0) if P == 1 else (st_v[last - 1], st_c[last - 1])
+        done_next = Signal()
+        held_next = Signal()
+        m.d.comb += [
+            done_next.eq(Mux(en, v_last & (c_last == loops - 1), done)),
+            held_next.eq(~self.resp.ready & (held | done)),
+        ]
+        m.d.sync += en_r.eq(~(held_next & done_next))
+        with m.If(en):
+            m.d.sync += [done.eq(v_last & (c_last == loops - 1)), recirc.eq(v_last & (c_last != loops - 1))]
+        with m.If(en):
+            for k in range(P):
+                if k == 0:
+                    v_in, c_in, r_in, q_in, d_in, o_in = recirc | enter, c0, r0, q0, d0, o0
+                    d3_in = d30
+                else:
+                    v_in, c_in, r_in, q_in, d_in, o_in = st_v[k - 1], st_c[k - 1], st_r[k - 1], st_q[k - 1], \
+                        st_d[k - 1], st_o[k - 1]
+                    d3_in = st_d3[k - 1]
+                if bits[k] == 2:
+                    r_out, q_out = _radix4_stage(m, r_in, q_in, d_in, d3_in, f"s{k}")
+                else:
+                    r_out, q_out = _radix2_stage(m, r_in, q_in, d_in, f"s{k}")
+                m.d.sync += [st_v[k].eq(v_in), st_c[k].eq(c_in), st_r[k].eq(r_out), st_q[k].eq(q_out),
+                             st_d[k].eq(d_in), st_o[k].eq(o_in)]
+                if s >= 2:
+                    m.d.sync += st_d3[k].eq(d3_in)
         return m
 
 
-def _radix4_stage(m, r, q, d, name: str):
+def _radix2_stage(m, r, q, d, name: str):
+    """One restoring step: ``trial = 2 r + (next dividend bit)`` against ``d``. Returns the next ``(r, q)``."""
+    wd, wq = len(r), len(q)
+    trial = Signal(wd + 1, name=f"{name}_trial")
+    ge = Signal(name=f"{name}_ge")
+    r_next = Signal(wd, name=f"{name}_r")
+    q_next = Signal(wq, name=f"{name}_q")
+    m.d.comb += [
+        trial.eq(Cat(q[-1], r)),
+        ge.eq(trial >= d),
+        r_next.eq(Mux(ge, trial - d, trial)),
+        q_next.eq(Cat(ge, q)),
+    ]
+    return r_next, q_next
+
+
+def _radix4_stage(m, r, q, d, d3, name: str):
     """Two restoring steps at once: ``trial = 4 r + (next two dividend bits)`` (``< 4 d`` as ``r < d``) against
-    ``d``, ``2 d`` and ``3 d`` in parallel, so the stage's path is one carry chain (the timing reason: four chained
-    compare-subtract steps per cycle closed at 35-47 MHz on the ECP5 proxy). ``trial - 3 d`` needs no ``3 d``
-    adder: ``trial + ~d + ~(2 d) + 2`` is reduced to two operands by a carry-save stage (one LUT level), and the
-    ``+ 2`` rides in the free low bit of the carry vector (``+ 1``) and in a carry-in below the LSB (``+ 1``).
-    Returns the next ``(r, q)``."""
+    ``d``, ``2 d`` and ``3 d`` (``d3``, added once per division) in parallel, so the stage's path is one carry
+    chain (the timing reason: four chained compare-subtract steps per cycle closed at 35-47 MHz on the ECP5 proxy;
+    ``3 d`` through a carry-save stage in front of its chain, 88 MHz in the loss unit). Returns the next
+    ``(r, q)``."""
     wd, wq = len(r), len(q)
     w = wd + 3  # trial < 4 d < 2^(wd + 2); the differences are signed w-bit values (sign = top bit)
     trial = Signal(w, name=f"{name}_trial")
@@ -202,16 +290,8 @@ def _radix4_stage(m, r, q, d, name: str):
     m.d.comb += [trial.eq(Cat(q[-2], q[-1], r)), dd.eq(d)]
     t1 = Signal(w, name=f"{name}_t1")
     t2 = Signal(w, name=f"{name}_t2")
-    m.d.comb += [t1.eq(trial - dd), t2.eq(trial - (dd << 1))]
-    a, b, c = trial, Signal(w, name=f"{name}_nd"), Signal(w, name=f"{name}_n2d")
-    m.d.comb += [b.eq(~dd), c.eq(~(dd << 1))]
-    ssum = Signal(w, name=f"{name}_csa_s")
-    carry = Signal(w, name=f"{name}_csa_c")
-    m.d.comb += [ssum.eq(a ^ b ^ c), carry.eq(Cat(Const(1, 1), (a & b) | (a & c) | (b & c)))]
-    wide = Signal(w + 1, name=f"{name}_t3w")  # (2 s + 1) + (2 c + 1) = 2 (s + c + 1)
-    m.d.comb += wide.eq(Cat(Const(1, 1), ssum) + Cat(Const(1, 1), carry))
     t3 = Signal(w, name=f"{name}_t3")
-    m.d.comb += t3.eq(wide[1:])
+    m.d.comb += [t1.eq(trial - dd), t2.eq(trial - (dd << 1)), t3.eq(trial - d3)]
     ge1, ge2, ge3 = ~t1[-1], ~t2[-1], ~t3[-1]  # trial >= d, 2 d, 3 d (each implies the previous)
     r_next = Signal(wd, name=f"{name}_r")
     q_next = Signal(wq, name=f"{name}_q")
@@ -220,3 +300,36 @@ def _radix4_stage(m, r, q, d, name: str):
         q_next.eq(Cat((ge1 & ~ge2) | ge3, ge2, q)),
     ]
     return r_next, q_next
+
+
+def ring_schedule(stages: int, iterations: int, gaps) -> list[int]:
+    """When :class:`Divider` (``stages``, ``iterations``) offers each response, in a requester's cycles, for a
+    requester that offers request ``k`` ``gaps[k]`` cycles after request ``k - 1`` was taken (request 0 at cycle
+    ``gaps[0]``) and takes every response as soon as it is offered. A request is taken when the request register
+    is free (empty, or its division enters the ring in that cycle); it enters the ring the first cycle after
+    that whose slot is free (``stages`` slots; a division occupies its slot ``iterations`` trips). Exact for the
+    RTL: the cycle models of the units that overlap divisions follow from it."""
+    period = stages * iterations
+    entries: list[int] = []
+    out = []
+    taken = None
+    for gap in gaps:
+        offer = gap if taken is None else taken + gap
+        taken = offer if not entries else max(offer, entries[-1])
+        t = taken + 1
+        while _slot_busy(entries, t, stages, period):
+            t += 1
+        entries.append(t)
+        out.append(t + period)
+    return out
+
+
+def _slot_busy(entries: list[int], t: int, stages: int, period: int) -> bool:
+    """Whether a division that entered the ring at one of ``entries`` (sorted) arrives at stage 0 in cycle ``t``
+    to go round again."""
+    for e in reversed(entries):
+        if t - e >= period:
+            return False
+        if (t - e) % stages == 0:
+            return True
+    return False

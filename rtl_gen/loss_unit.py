@@ -54,6 +54,7 @@ from sim.hw.arith import LOG2E_Q16, ArithParams, exp2_table
 from sim.hw.widths import LayerBounds, layer_bounds, signed_bits, unsigned_bits
 
 from .divider import Divider
+from .divider import latency as divider_latency
 from .streams import StreamFIFO, StreamRegister
 
 __all__ = [
@@ -74,9 +75,9 @@ subtract, shift into the output queue, queue)."""
 HINGE_LATENCY = 2
 """LossGradUnit (squared hinge): cycles from the last logit transfer to the last gradient transfer."""
 
-_CE_OVERHEAD = 8
+_CE_OVERHEAD = 9
 """LossGradUnit (cross-entropy): cycles per sample besides the two passes over its beats and the division: bank
-check 1, exponential pipeline drain 4, taking the quotient 1, probability pipeline 2 (:meth:`OutputGeometry.
+check 1, exponential pipeline drain 5, taking the quotient 1, probability pipeline 2 (:meth:`OutputGeometry.
 loss_period`)."""
 
 MAX_LANES = 4096
@@ -330,9 +331,10 @@ class OutputGeometry:
 
     def channel_cycles(self) -> int:
         """OutputLogitUnit: cycles per channel of the constants phase: the division (its request goes out with
-        the constants beat; ``ceil((FL + G + 2) / div_steps)`` cycles), ``FL + G + 2`` Horner steps of ``C R``,
-        and one cycle to take the response (the slot write overlaps the next channel's constants beat)."""
-        return -(-self.recip_bits // self.div_steps) + self.recip_bits + 1
+        the constants beat; the divider's latency, :func:`rtl_gen.divider.latency`), ``FL + G + 2`` Horner steps
+        of ``C R``, and one cycle to take the response (the slot write overlaps the next channel's constants
+        beat)."""
+        return divider_latency(self.recip_bits, self.div_steps) + self.recip_bits + 1
 
     def logit_cycles(self) -> int:
         """OutputLogitUnit, one batch: from the first constants transfer to the last logit transfer, both
@@ -341,9 +343,9 @@ class OutputGeometry:
         return self.classes * self.channel_cycles() + self.batch * self.groups + LOGIT_LATENCY + 1
 
     def loss_period(self) -> int:
-        """LossGradUnit (cross-entropy): cycles per sample in steady state,
-        ``2 groups + ceil((Fp + 3) / div_steps) + 8``."""
-        return 2 * self.groups + -(-self.prob_recip_bits // self.div_steps) + _CE_OVERHEAD
+        """LossGradUnit (cross-entropy): cycles per sample in steady state, ``2 groups + L + 8`` with ``L`` the
+        latency of the divider (:func:`rtl_gen.divider.latency` of ``Fp + 3`` quotient bits)."""
+        return 2 * self.groups + divider_latency(self.prob_recip_bits, self.div_steps) + _CE_OVERHEAD
 
     def loss_cycles(self, samples: int) -> int:
         """LossGradUnit: from the first logit transfer to the last gradient transfer, both included, for
@@ -868,7 +870,7 @@ class LossGradUnit(wiring.Component):
         m.submodules.divider = div = geo.prob_divider()
         total = Signal(geo.sum_width)
         recip = Signal(geo.prob_recip_bits)  # floor(2^(Fp+Fe+2) / sum)
-        e4_v, e4_last = Signal(), Signal()
+        e5_v, e5_last = Signal(), Signal()
         o2_v, o2_last = Signal(), Signal()
         m.d.comb += [div.req.payload.dividend.eq(1 << (fp + fe + 2)), div.req.payload.divisor.eq(total)]
 
@@ -890,7 +892,7 @@ class LossGradUnit(wiring.Component):
                     m.d.sync += [full.bit_select(rsel, 1).eq(0), rsel.eq(~rsel), cnt.eq(0)]
                     m.next = "EXP_DRAIN"
             with m.State("EXP_DRAIN"):
-                with m.If(e4_v & e4_last):  # the last beat's exponentials are summed at this edge
+                with m.If(e5_v & e5_last):  # the last beat's exponentials are summed at this edge
                     m.next = "DIV"
             with m.State("DIV"):
                 m.d.comb += div.req.valid.eq(1)
@@ -912,15 +914,17 @@ class LossGradUnit(wiring.Component):
                 with m.If(push & queue.i.ready & o2_last):
                     m.next = "IDLE"
 
-        # Exponential pass E1..E4 (never stalls): bank read; t = (x - max) LOG2E >> 16 (DSP48);
-        # table read with the shift; e registered; e written to the buffer and summed.
+        # Exponential pass E1..E5 (never stalls): bank read; t = (x - max) LOG2E >> 16 (DSP48);
+        # table read with the shift; table word registered; e registered; e written to the buffer and summed.
         e1_v, e2_v, e3_v = Signal(), Signal(), Signal()
-        e1_last, e2_last, e3_last = Signal(), Signal(), Signal()
-        e1_g, e2_g, e3_g, e4_g = (Signal(range(G), name=f"e{k}_group") for k in (1, 2, 3, 4))
+        e4_v = Signal()
+        e1_last, e2_last, e3_last, e4_last = Signal(), Signal(), Signal(), Signal()
+        e1_g, e2_g, e3_g, e4_g, e5_g = (Signal(range(G), name=f"e{k}_group") for k in (1, 2, 3, 4, 5))
         m.d.sync += [
-            e1_v.eq(e_issue), e2_v.eq(e1_v), e3_v.eq(e2_v), e4_v.eq(e3_v),
+            e1_v.eq(e_issue), e2_v.eq(e1_v), e3_v.eq(e2_v), e4_v.eq(e3_v), e5_v.eq(e4_v),
             e1_last.eq(cnt == G - 1), e2_last.eq(e1_last), e3_last.eq(e2_last), e4_last.eq(e3_last),
-            e1_g.eq(cnt), e2_g.eq(e1_g), e3_g.eq(e2_g), e4_g.eq(e3_g),
+            e5_last.eq(e4_last),
+            e1_g.eq(cnt), e2_g.eq(e1_g), e3_g.eq(e2_g), e4_g.eq(e3_g), e5_g.eq(e4_g),
         ]  # fmt: skip
         tp_max = (1 << xw) * LOG2E_Q16
         t_shape = signed(signed_bits(tp_max >> LOG2E_FRAC) + 1)
@@ -962,15 +966,20 @@ class LossGradUnit(wiring.Component):
             sh3 = Signal(sh_shape, name=f"sh3_{lane}")
             m.d.comb += tr.addr.eq(t2[:fl])
             m.d.sync += [big3.eq(whole <= -tw), sh3.eq(-whole)]
-            # E3: e = T >> shift; E4: to the buffer and the sum.
-            e4 = Signal(tw, name=f"e4_{lane}")
-            drop = big3 | e3_last if pad else big3
-            m.d.sync += e4.eq(Mux(drop, 0, tr.data >> sh3))
-            es.append(e4)
+            # E3: the table word registered (timing: the block RAM's output into the shifter closed at 85 MHz
+            # on the ECP5 proxy); E4: e = T >> shift; E5: to the buffer and the sum.
+            td4 = Signal(tw, name=f"td4_{lane}")
+            big4 = Signal(name=f"big4_{lane}")
+            sh4 = Signal(sh_shape, name=f"sh4_{lane}")
+            m.d.sync += [td4.eq(tr.data), big4.eq(big3), sh4.eq(sh3)]
+            e5 = Signal(tw, name=f"e5_{lane}")
+            drop = big4 | e4_last if pad else big4
+            m.d.sync += e5.eq(Mux(drop, 0, td4 >> sh4))
+            es.append(e5)
             ebuf = m.submodules[f"ebuf{lane}"] = Memory(shape=tw, depth=G, init=[])
             ew = ebuf.write_port()
             er = ebuf.read_port()
-            m.d.comb += [ew.addr.eq(e4_g), ew.data.eq(e4), ew.en.eq(e4_v), er.addr.eq(cnt), er.en.eq(adv)]
+            m.d.comb += [ew.addr.eq(e5_g), ew.data.eq(e5), ew.en.eq(e5_v), er.addr.eq(cnt), er.en.eq(adv)]
 
             # O1: e R; O2: p = (e R + 2^(Fe+1)) >> (Fe+2), g = p - 2^Fp [label].
             prod = Signal(unsigned_bits((1 << fe) << (fp + 2)), name=f"prod2_{lane}")
@@ -983,7 +992,7 @@ class LossGradUnit(wiring.Component):
             m.d.comb += queue.i.payload.g[lane].eq(Mux(o2_last, 0, grad) if pad else grad)
             label_p.append(Mux(is_label, (1 << fp) - prob, 0))
 
-        with m.If(e4_v):
+        with m.If(e5_v):
             m.d.sync += total.eq(total + sum(es))
         commit = Signal()
         label_term = Const(0, fp + 1)

@@ -67,9 +67,18 @@ def test_cycle_models():
     # divider: quotient width max(bitlen(2 Ymax), bitlen(2 Ymax + 2), alpha 14) = 18 bits, 1 per cycle
     assert fwd.div_widths[2] == 18 and fwd.div_iterations == 18
     c = fwd.cycles()
-    assert c["total"] == 3 * (1600 + 1) + 3 * 16 + 256 * (5 * 18 + 9) == 30195
+    # one stage (latency 19): EPI1 and EPI2 keep the stage busy, I = 18 cycles a division after the first
+    # request (EPI1 at cycle 1, entering at 2; EPI2 after ten steps, entering at 11); EPI3 waits for each answer
+    assert (c["epi1"], c["epi2"], c["epi3"]) == (3 + 256 * 18, 12 + 3 * 256 * 18, 16 + 256 * (19 + 5))
+    assert c["total"] == 3 * (1600 + 1) + 4611 + 13836 + 6160 == 29410
     l0, l1 = BnLayer.from_config(cfg, 0, lanes=16), BnLayer.from_config(cfg, 1, lanes=16)
-    assert forward_cycles(l0, 3)["total"] == 4851 + 256 * (5 * 6 + 9)
+    # 3 and 4 bits a cycle: two stages, 6 and 5 trips: two divisions per 12 and 10 cycles once the ring is full
+    c3, c4 = forward_cycles(l0, 3), forward_cycles(l0, 4)
+    assert (c3["epi1"], c3["epi2"], c3["epi3"]) == (4 + 256 * 6, 13 + 3 * 256 * 6, 16 + 256 * (1 + 12 + 5))
+    assert (c4["epi1"], c4["epi3"]) == (4 + 256 * 5, 16 + 256 * (1 + 10 + 5))
+    # EPI2: the issue side's 12 cycles a channel against the ring's 15 leave bubbles (a channel's requests come in
+    # a burst, the next channel's ten cycles later)
+    assert c4["epi2"] == 269 + 3 * 256 * 5
     assert BnForwardUnit(layer=l1).div_iterations == 14  # alpha's 14 bits dominate
     bwd = BnBackwardUnit(layer=l1)
     assert bwd.cycles()["total"] == 2 * 1600 + 16 + 256 + 5  # pass 1 drain 1, pass 2 drain 2 + 2 Q stages
@@ -128,8 +137,8 @@ def _beats(lay, values, field, extra=None):
     ]  # fmt: skip
 
 
-def _pysim_forward(lay, y, beta, *, seed, p_idle, p_stall):
-    dut = BnForwardUnit(layer=lay)
+def _pysim_forward(lay, y, beta, *, seed, p_idle, p_stall, div_steps=1):
+    dut = BnForwardUnit(layer=lay, div_steps=div_steps)
     coin = random.Random(seed)
     words = _beats(lay, y, "y")
     xs, stats, stamps = [], [], []
@@ -173,18 +182,19 @@ def _pysim_forward(lay, y, beta, *, seed, p_idle, p_stall):
     return stamps[-1] - stamps[0] + 1, dut.cycles()["total"]
 
 
-@pytest.mark.parametrize("geo", [(6, 5, 7, 2), (5, 3, 9, 4)])
+# div_steps 4 and 5: two and three divisions in flight in the divider's ring (EPI1 / EPI2 overlap channels)
+@pytest.mark.parametrize("geo", [(6, 5, 7, 2, 1), (5, 3, 9, 4, 1), (6, 5, 7, 2, 4), (8, 11, 12, 3, 5), (4, 9, 6, 4, 2)])
 def test_forward_in_amaranth_simulator(geo):
-    batch, channels, fan_in, lanes = geo
+    batch, channels, fan_in, lanes, steps = geo
     lay = BnLayer.from_config(small_config(batch, channels, fan_in), 0, lanes=lanes)
     rng = np.random.default_rng(1)
     p = lay.params
     y = rng.integers(-fan_in, fan_in + 1, (batch, channels))
     y[:, 0] = 2  # all equal: S = 0
     beta = rng.integers(p.beta_lo, p.beta_hi + 1, channels)
-    measured, model = _pysim_forward(lay, y, beta, seed=3, p_idle=0.0, p_stall=0.0)
+    measured, model = _pysim_forward(lay, y, beta, seed=3, p_idle=0.0, p_stall=0.0, div_steps=steps)
     assert measured == model
-    _pysim_forward(lay, y, beta, seed=4, p_idle=0.3, p_stall=0.4)
+    _pysim_forward(lay, y, beta, seed=4, p_idle=0.3, p_stall=0.4, div_steps=steps)
 
 
 def _pysim_forward_eval(lay, y, beta, mu, s_r, *, seed, p_idle, p_stall):

@@ -23,8 +23,10 @@ def test_reference_division():
 
 def test_parameters_and_cycle_model():
     d = Divider(dividend_width=40, divisor_width=24, quotient_width=18, steps=4)
-    assert (d.iterations, d.latency) == (5, 5)
-    assert d.cycles(0) == 0 and d.cycles(10) == 51
+    assert (d.iterations, d.stages, d.latency) == (5, 2, 11)
+    # division i = 2 g + k answered 1 + k + 10 (g + 1) cycles after the first request: the 10th at 1 + 1 + 50
+    assert d.cycles(0) == 0 and d.cycles(1) == 12 and d.cycles(2) == 13 and d.cycles(10) == 53
+    assert Divider(dividend_width=40, divisor_width=24, quotient_width=18, steps=18).latency == 10  # one trip
     assert d.req_layout.size == 64 and d.resp_layout.size == 18 + 24 + 1
     with pytest.raises(ValueError, match=re.escape("steps must be an integer in 1..18, not 19")):
         Divider(dividend_width=40, divisor_width=24, quotient_width=18, steps=19)
@@ -76,7 +78,8 @@ def _pysim(widths, steps, count, *, seed, p_idle, p_stall):
 
 # steps 2 and 4: radix-4 stages only; 3: one radix-4 and one radix-2 stage; (10, 7, 3) x 2: a padded quotient
 @pytest.mark.parametrize("widths, steps", [((12, 5, 8), 1), ((12, 5, 8), 2), ((12, 5, 8), 3), ((12, 5, 8), 4),
-                                           ((10, 7, 3), 2), ((6, 8, 1), 1)])
+                                           ((10, 7, 3), 2), ((6, 8, 1), 1), ((12, 5, 8), 8), ((12, 5, 8), 5),
+                                           ((31, 17, 14), 4)])
 def test_divider_in_amaranth_simulator(widths, steps):
     measured, model = _pysim(widths, steps, 60, seed=1, p_idle=0.0, p_stall=0.0)
     assert measured == model
@@ -87,6 +90,7 @@ SWEEP = [
     # (dividend_width, divisor_width, quotient_width, steps, count)
     pytest.param((21, 13, 8, 1, 1500), id="n21-d13-q8-s1"),
     pytest.param((56, 38, 18, 3, 1500), id="n56-d38-q18-s3"),  # the MLP layer-0 BN divider, 3 bits per cycle
+    pytest.param((31, 17, 14, 4, 1500), id="n31-d17-q14-s4"),  # the small MLP's BN divider: two stages, 4 trips
     pytest.param((160, 96, 64, 4, 800), id="n160-d96-q64-s4"),  # wide operands (VlWide in Verilator)
 ]
 

@@ -65,10 +65,13 @@ def test_geometry_of_the_mlp():
     assert g.batch_square << g.params.beta_frac == 100 * 100 * 2**16  # K of bn_forward
     assert (g.recip_bits, g.prob_recip_bits, g.sum_width, g.label_width) == (18, 19, 20, 4)
     assert g.exp_table == tuple(exp2_table(8, 16).tolist()) and g.table_width == 17
-    # cycle models: 10 channels of (18 division + 18 Horner + 1) cycles, then 100 x 3 beats
-    assert g.channel_cycles() == 37 and g.logit_cycles() == 10 * 37 + 300 + LOGIT_LATENCY + 1 == 675
-    assert g.loss_period() == 2 * 3 + 19 + 8 and g.loss_cycles(100) == 3 + 100 * 33 + 1
-    assert OutputGeometry.from_config(cfg, lanes=4, div_steps=2).loss_period() == 6 + 10 + 8
+    # cycle models: 10 channels of (1 + 18 division latency + 18 Horner + 1) cycles, then 100 x 3 beats
+    assert g.channel_cycles() == 38 and g.logit_cycles() == 10 * 38 + 300 + LOGIT_LATENCY + 1 == 685
+    assert g.loss_period() == 2 * 3 + 20 + 9 and g.loss_cycles(100) == 3 + 100 * 35 + 1
+    # 2 bits per cycle: one radix-4 stage, 10 trips; 4 bits: two stages, 5 trips each (the latency of one stage
+    # per cycle either way)
+    assert OutputGeometry.from_config(cfg, lanes=4, div_steps=2).loss_period() == 6 + 11 + 9
+    assert OutputGeometry.from_config(cfg, lanes=4, div_steps=4).loss_period() == 6 + 11 + 9
     hinge = OutputGeometry.from_config(config({"train.loss": "squared_hinge"}), lanes=4)
     assert hinge.grad_width == signed_bits(256 + 14849) == 15 and hinge.loss_cycles(100) == 300 + HINGE_LATENCY
     assert g.loss_cycles(0) == 0
