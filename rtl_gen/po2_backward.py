@@ -415,6 +415,30 @@ def _table(m: Module, layer, name: str, values, width: int):
     return sig
 
 
+def _sum_is_zero(a, b):
+    """``a + b == 0`` modulo ``2^len(a)`` (``a`` and ``b`` the same width) without the carry chain: the sum is 0
+    exactly where each bit's carry in would be ``a ^ b`` at that bit, i.e. where ``a ^ b == (a | b) << 1``."""
+    n = len(a)
+    return (a ^ b).as_unsigned() == ((a | b).as_unsigned() << 1)[:n]
+
+
+def _signed_power(m: Module, code, real, width: int, name: str):
+    """``v = (-1)^neg 2^(field - 1)`` of a po2 code and ``-v`` as ``width``-bit signed signals, 0 where ``real``
+    is low (``real`` implies ``field != 0``), decoded without an adder: ``+2^j`` is one-hot at bit ``j`` and
+    ``-2^j`` has bits ``j`` and up set."""
+    v = Signal(signed(width), name=name)
+    nv = Signal(signed(width), name=f"n{name}")
+    one = Signal(width, name=f"{name}_one")  # 2^(field - 1)
+    up = Signal(width, name=f"{name}_up")  # -2^(field - 1)
+    m.d.comb += [
+        one.eq(Cat(code.field == j + 1 for j in range(width))),
+        up.eq(Cat(code.field <= j + 1 for j in range(width))),
+        v.eq(Mux(real, Mux(code.neg, up, one), 0)),
+        nv.eq(Mux(real, Mux(code.neg, one, up), 0)),
+    ]
+    return v, nv
+
+
 class _Sizes:
     """The per-layer sizes of a unit built for ``shapes`` (:class:`Po2Geometry` of one or more layers with the
     same lanes), selected by ``layer`` at run time: ``K`` (words), ``k_last``, ``g_last``, ``lane_ok`` (bit
@@ -580,17 +604,15 @@ class _Dx(wiring.Component):
 
         # Signed addend value of each lane, v = (-1)^neg 2^(field - 1) (0 for a zero code or a padding lane),
         # shared by every input: the addend of input i is +v where its weight bit is 1 and -v where it is 0.
+        # Both v and -v are decoded from the code without an adder (_signed_power), so each pair sum below is a
+        # single adder.
         v_width = geo.span + 2
-        vals = []
+        vals, nvals = [], []
         for lane in range(LO):
-            v = Signal(signed(v_width), name=f"v{lane}")
             real = (~s1_last_g | sz.lane_ok[lane]) & (codes[lane].field != 0)
-            mag = Signal(unsigned(v_width - 1), name=f"mag{lane}")
-            m.d.comb += [
-                mag.eq(Const(1, v_width) << codes[lane].field >> 1),
-                v.eq(Mux(real, Mux(codes[lane].neg, -mag, mag), 0)),
-            ]
+            v, nv = _signed_power(m, codes[lane], real, v_width, f"v{lane}")
             vals.append(v)
+            nvals.append(nv)
         c_width = (LO << geo.span).bit_length() + 2
         contrib = [Signal(signed(c_width), name=f"contrib{i}") for i in range(LS)]
         # By lane pairs: each pair's four signed sums (+-v_a +-v_b) are formed once and shared by the inputs,
@@ -601,7 +623,7 @@ class _Dx(wiring.Component):
             row = []
             for mask in range(1 << len(pair)):
                 ss = Signal(signed(v_width + 1), name=f"pair{n}_{mask}")
-                terms = [vals[lane] if mask >> b & 1 else -vals[lane] for b, lane in enumerate(pair)]
+                terms = [vals[lane] if mask >> b & 1 else nvals[lane] for b, lane in enumerate(pair)]
                 m.d.comb += ss.eq(_tree_sum(terms))
                 row.append(ss)
             sums.append(row)
@@ -800,8 +822,7 @@ class _Dw(wiring.Component):
         if geo.dsp_fields:
             signs = self._dsp_accumulators(m, geo, d1, x1, adv, step, s1b_first)
         else:
-            signs = self._fabric_accumulators(m, geo, d1, x1, adv, step, finish, s1_fin, s1b_fin, s1_last,
-                                              samples_last)
+            signs = self._fabric_accumulators(m, geo, d1, x1, adv, step, finish, s1_fin, s1_last, samples_last)
 
         # Stage 2: push the tile after the finish slot of its last pass.
         s2_valid = Signal()
@@ -837,16 +858,19 @@ class _Dw(wiring.Component):
         wiring.connect(m, queue.o, wiring.flipped(self.dw))
         return m
 
-    def _fabric_accumulators(self, m, geo, d1, x1, adv, step, finish, s1_fin, s1b_fin, s1_last, samples_last):
+    def _fabric_accumulators(self, m, geo, d1, x1, adv, step, finish, s1_fin, s1_last, samples_last):
         """Fabric adders; returns ``(input, lane) -> (neg, zero)`` of the pass's sum, valid in the finish slot.
         Stage 1 (``d1``, ``x1``, ``s1_*``) forms the addends and registers them on ``adv``; stage 1b (``step``,
-        ``finish``, ``s1b_fin``) adds them.
+        ``finish``) adds them.
 
         Binary activations: the addend of weight (i, lane) and sample s is +v where x = 1 and -v where x = 0,
         v = (-1)^neg 2^(field - 1) (0 for a zero code or a padding sample). Summed over the pass this is
         2 Q - T, Q the sum of v over the samples with x = 1 and T over all samples. T is one accumulator per
         lane; each weight accumulates 2 Q, choosing among the lane's subset sums of 2 v by its x bits (with
-        one sample per beat: 2 v or nothing, i.e. the accumulator's clock enable). The finish slot adds -T.
+        one sample per beat: 2 v or nothing, i.e. the accumulator's clock enable). The finish slot adds -T: the
+        lane's -T accumulator is complete when the finish slot is in stage 1 (the pass's last beat is in stage 1b),
+        so stage 1 registers it as the subset sum of all samples and sets the activation bits to ones, and every
+        weight picks it like a beat's addend (no negation or finish-slot multiplexer in front of the adders).
         int8 activations: each weight adds the sign-flipped values shifted by field - 1."""
         LO, S = geo.bank.lanes_out, geo.lanes_b
         LS = geo.bank.lanes_in // geo.dw_passes
@@ -854,9 +878,9 @@ class _Dw(wiring.Component):
         acc_width = geo.dw_width + 1
         vw = geo.span + 2
         adds = {}  # (input, lane) -> (addend, enable)
-        xb = Signal.like(x1, name="x1b")  # the beat's activations in stage 1b
+        xb = Signal.like(x1, name="x1b")  # the beat's activations in stage 1b (binary: ones in the finish slot)
         with m.If(adv):
-            m.d.sync += xb.eq(x1)
+            m.d.sync += xb.as_value().eq(Mux(s1_fin, -1, x1.as_value()) if binary else x1.as_value())
         for lane in range(LO):
             vals, shifts, nonzero = [], [], []
             for s in range(S):
@@ -877,26 +901,23 @@ class _Dw(wiring.Component):
                     m.d.comb += sh.eq(d1[s][lane].field - 1)
                     shifts.append(sh)
             if binary:
-                # subset sums of 2 v, indexed by the samples' x bits, registered for stage 1b
+                # subset sums of 2 v, indexed by the samples' x bits, registered for stage 1b; the sum of all
+                # samples is -T in the finish slot
                 full = (1 << S) - 1
-                subsets_r = []
+                subsets = []
+                nt = Signal(signed(acc_width), name=f"neg_t{lane}")  # -T of the pass's beats so far
+                nt_next = Signal(signed(acc_width), name=f"neg_t_next{lane}")
                 for mask in range(1 << S):
                     sr = Signal(signed(acc_width), name=f"sub_r{mask}_{lane}")
+                    value = _tree_sum(vals[s] for s in range(S) if mask >> s & 1) << 1
                     with m.If(adv):
-                        m.d.sync += sr.eq(_tree_sum(vals[s] for s in range(S) if mask >> s & 1) << 1)
-                    subsets_r.append(sr)
-                t = Signal(signed(acc_width), name=f"t{lane}")
+                        m.d.sync += sr.eq(Mux(s1_fin, nt_next, value) if mask == full else value)
+                    subsets.append(sr)
+                m.d.comb += nt_next.eq(nt - (subsets[full] >> 1))
                 with m.If(finish):
-                    m.d.sync += t.eq(0)
+                    m.d.sync += nt.eq(0)
                 with m.Elif(step):
-                    m.d.sync += t.eq(t + (subsets_r[full] >> 1))
-                nt = Signal(signed(acc_width), name=f"neg_t{lane}")
-                m.d.comb += nt.eq(-t)
-                subsets = []  # -T in the finish slot
-                for mask in range(1 << S):
-                    ss = Signal(signed(acc_width), name=f"sub{mask}_{lane}")
-                    m.d.comb += ss.eq(Mux(s1b_fin, nt, subsets_r[mask]))
-                    subsets.append(ss)
+                    m.d.sync += nt.eq(nt_next)
             for i in range(LS):
                 if binary and S == 1:
                     adds[i, lane] = (subsets[1], xb[0][i])
@@ -929,7 +950,7 @@ class _Dw(wiring.Component):
                 m.d.sync += acc.eq(0)
             with m.Elif(step & enable):
                 m.d.sync += acc.eq(tot)
-            signs[i, lane] = (tot[-1], tot == 0)
+            signs[i, lane] = (tot[-1], _sum_is_zero(acc, addend))
         return signs
 
     def _dsp_accumulators(self, m, geo, d1, x1, adv, step, s1b_first):
