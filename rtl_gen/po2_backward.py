@@ -415,13 +415,6 @@ def _table(m: Module, layer, name: str, values, width: int):
     return sig
 
 
-def _sum_is_zero(a, b):
-    """``a + b == 0`` modulo ``2^len(a)`` (``a`` and ``b`` the same width) without the carry chain: the sum is 0
-    exactly where each bit's carry in would be ``a ^ b`` at that bit, i.e. where ``a ^ b == (a | b) << 1``."""
-    n = len(a)
-    return (a ^ b).as_unsigned() == ((a | b).as_unsigned() << 1)[:n]
-
-
 def _signed_power(m: Module, code, real, width: int, name: str):
     """``v = (-1)^neg 2^(field - 1)`` of a po2 code and ``-v`` as ``width``-bit signed signals, 0 where ``real``
     is low (``real`` implies ``field != 0``), decoded without an adder: ``+2^j`` is one-hot at bit ``j`` and
@@ -878,6 +871,7 @@ class _Dw(wiring.Component):
         acc_width = geo.dw_width + 1
         vw = geo.span + 2
         adds = {}  # (input, lane) -> (addend, enable)
+        totals = {}  # binary: lane -> T, complete in the finish slot
         xb = Signal.like(x1, name="x1b")  # the beat's activations in stage 1b (binary: ones in the finish slot)
         with m.If(adv):
             m.d.sync += xb.as_value().eq(Mux(s1_fin, -1, x1.as_value()) if binary else x1.as_value())
@@ -914,10 +908,12 @@ class _Dw(wiring.Component):
                         m.d.sync += sr.eq(Mux(s1_fin, nt_next, value) if mask == full else value)
                     subsets.append(sr)
                 m.d.comb += nt_next.eq(nt - (subsets[full] >> 1))
+                t = Signal(signed(acc_width), name=f"t{lane}")  # T itself, for the zero test: acc - T == 0
                 with m.If(finish):
-                    m.d.sync += nt.eq(0)
+                    m.d.sync += [nt.eq(0), t.eq(0)]
                 with m.Elif(step):
-                    m.d.sync += nt.eq(nt_next)
+                    m.d.sync += [nt.eq(nt_next), t.eq(t + (subsets[full] >> 1))]
+                totals[lane] = t
             for i in range(LS):
                 if binary and S == 1:
                     adds[i, lane] = (subsets[1], xb[0][i])
@@ -950,7 +946,8 @@ class _Dw(wiring.Component):
                 m.d.sync += acc.eq(0)
             with m.Elif(step & enable):
                 m.d.sync += acc.eq(tot)
-            signs[i, lane] = (tot[-1], _sum_is_zero(acc, addend))
+            # the zero test from registers (binary: acc == T), not through the adder
+            signs[i, lane] = (tot[-1], acc == totals[lane] if binary else tot == 0)
         return signs
 
     def _dsp_accumulators(self, m, geo, d1, x1, adv, step, s1b_first):
