@@ -444,6 +444,34 @@ def mul_const(value, c: int):
     return prod << shift if shift else prod
 
 
+MUL_PART = 17
+"""Bits of the unsigned low parts :func:`_mul_parts` cuts a wide operand into (an 18x18 signed multiplier takes
+one part and a narrow second operand)."""
+
+
+def _mul_parts(m: Module, value, name: str) -> list:
+    """The signed ``value`` as ``[(part, shift), ...]`` Signals with ``value = sum(part << shift)``: unsigned
+    :data:`MUL_PART`-bit low parts and a signed top part of at most ``MUL_PART + 1`` bits."""
+    width = len(value)
+    parts, lo = [], 0
+    while width - lo > MUL_PART + 1:
+        part = Signal(unsigned(MUL_PART), name=f"{name}{len(parts)}")
+        m.d.comb += part.eq(value[lo:lo + MUL_PART])
+        parts.append((part, lo))
+        lo += MUL_PART
+    top = Signal(signed(width - lo), name=f"{name}{len(parts)}")
+    m.d.comb += top.eq(value[lo:])
+    parts.append((top, lo))
+    return parts
+
+
+def _sum_tree(terms):
+    """``sum(terms)`` as a balanced tree of two-input additions (fewer adders in series than a chain)."""
+    while len(terms) > 1:
+        terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i] for i in range(0, len(terms), 2)]
+    return terms[0]
+
+
 def _divider_widths(layer: BnLayer) -> tuple[int, int, int]:
     """``(dividend, divisor, quotient)`` widths of the forward unit's divider (see :class:`BnForwardCore`)."""
     B, ymax = layer.batch, layer.y_bound
@@ -790,7 +818,11 @@ class BnForwardCore(wiring.Component):
         prod_lo = Signal((beta_lo * s_eff).shape(), name="beta_s_lo")
         prod_hi = Signal((beta_hi * s_eff).shape(), name="beta_s_hi")
         ka_r = Signal(mul_const(ys_l, K).shape(), name="ys_k")
-        pa_r = Signal((chan_l.C * ns_l).shape(), name="c_ns")
+        # C Ns as products of C's 17-bit parts (the top part signed), each within one 18x18 multiplier and
+        # registered apart; joined in the subtraction of A (timing: the multiplier and the adder joining its parts
+        # closed at 102 MHz on the ECP5 proxy)
+        c_parts = _mul_parts(m, chan_l.C, "c_part")
+        pa_r = [Signal((part * ns_l).shape(), name=f"c_ns{i}") for i, (part, _) in enumerate(c_parts)]
         v_r = [Signal(signed(w["C"] + 1), name=f"v_thr{i}") for i in range(3)]  # C, C -+ S' 2^Fb, then saturated
 
         def clamp(v):
@@ -914,12 +946,14 @@ class BnForwardCore(wiring.Component):
                             with m.Else():
                                 m.d.sync += [
                                     ka_r.eq(mul_const(ys_r, K)),
-                                    pa_r.eq(chan_l.C * ns_r),
+                                    *(r.eq(part * ns_r) for r, (part, _) in zip(pa_r, c_parts, strict=True)),
                                     bs_r.eq(mul_const(chan_l.S_eff, B)),
                                     est.eq(CH1B),
                                 ]
                         with m.Case(CH1B):
-                            m.d.sync += [a_r.eq(ka_r - pa_r), est.eq(CH2)]
+                            m.d.sync += [a_r.eq(_sum_tree([ka_r, *(-(r << sh) for r, (_, sh) in
+                                                                  zip(pa_r, c_parts, strict=True))])),
+                                         est.eq(CH2)]
                         with m.Case(CH2):  # alpha_q = floor(floor((A 2^(Fa+1) + B S' 2^Fb) / 2^(Fb+1)) / (B S'))
                             m.d.sync += [
                                 dividends[0].eq(((a_r << (fa + 1)) + (bs_r << fb)) >> (fb + 1)),

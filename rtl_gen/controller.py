@@ -453,6 +453,13 @@ class BnParamUnit(wiring.Component):
             m.d.sync += [pending.eq(1), scale.eq(self.scale), lr_sh.eq(self.lr_shift)]
         shv = Signal(signed(8))  # the shift of r in the beta step, lr_sh + 8 - Fb (constant during an update)
         m.d.comb += shv.eq(lr_sh + 8 - fb)
+        # its cases, amounts and rounding term registered (they follow lr_sh a cycle late, long before "delta";
+        # timing: the shift's add, compares and amounts in front of the shifter closed at 87 MHz on the ECP5 proxy)
+        sh_left, sh_right = Signal(), Signal()  # shv <= 0: a left shift; 0 < shv < 12: a rounded right shift
+        sh_l, sh_r = Signal(5), Signal(4)
+        sh_half = Signal(12)  # 2^(shv - 1)
+        m.d.sync += [sh_left.eq(shv <= 0), sh_right.eq((shv > 0) & (shv < 12)), sh_l.eq((-shv).as_unsigned()[:5]),
+                     sh_r.eq(shv.as_unsigned()[:4]), sh_half.eq(Const(1, 12) << (shv - 1).as_unsigned()[:4])]
         delta = Signal(signed(self.beta_width + 12))
         diff = Signal(signed(self.beta_width + 13))
         ratio_n = Signal(wn)  # the ratio division's operands (|m| 2^9 + a, 2a)
@@ -628,10 +635,10 @@ class BnParamUnit(wiring.Component):
             # the beta write in one cycle closed at 25 MHz on the ECP5 proxy)
             with m.State("delta"):
                 # delta = r << -sh (sh <= 0), (r + 2^(sh-1)) >> sh (0 < sh < 62), else 0; sh = lr_sh + 8 - Fb
-                with m.If(shv <= 0):
-                    m.d.sync += delta.eq(r << (-shv).as_unsigned()[:5])
-                with m.Elif(shv < 12):
-                    m.d.sync += delta.eq((r + (Const(1, 12) << (shv - 1).as_unsigned()[:4])) >> shv.as_unsigned()[:4])
+                with m.If(sh_left):
+                    m.d.sync += delta.eq(r << sh_l)
+                with m.Elif(sh_right):
+                    m.d.sync += delta.eq((r + sh_half) >> sh_r)
                 with m.Else():
                     m.d.sync += delta.eq(0)  # |r| <= 256: (r + 2^(sh-1)) >> sh = 0 for sh >= 10
                 m.next = "apply_diff"
