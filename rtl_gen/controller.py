@@ -499,7 +499,13 @@ class BnParamUnit(wiring.Component):
                     m.next = "max"
             # running: mu_b = floor((2 sum_y 2^Fr + B) / 2B) (signed floor), s_b = floor((2 S 2^Fr + B^2) / 2B^2);
             # both requests back to back (the divider's ring holds both), then both responses in order
+            # half - mu_old and half - s_old registered while the divisions run (the read words hold), so each
+            # update is two adds after the response (timing: the response's multiplexer, the subtraction, the
+            # rounding add and the update's add into the s memory's write port closed at 95 MHz on the ECP5 proxy)
+            run_hm = Signal(signed(self.run_width + sh + 2), name="run_half_mu")
+            run_hs = Signal(signed(self.run_width + sh + 2), name="run_half_s")
             with m.State("run_mu"):
+                m.d.sync += [run_hm.eq(half - rd["mu"].data), run_hs.eq(half - rd["s"].data)]
                 n1 = Signal(signed(self._run_n + 1))
                 m.d.comb += n1.eq((sum_y << (fr + 1)) + B)
                 m.d.comb += [div.req.valid.eq(1), req.divisor.eq(2 * B),
@@ -525,8 +531,8 @@ class BnParamUnit(wiring.Component):
                     mu_new = Signal(signed(self.run_width + 2))
                     s_new = Signal(signed(self.run_width + 2))
                     m.d.comb += [
-                        mu_new.eq(mu_old + ((mu_b - mu_old + half) >> sh)),
-                        s_new.eq(s_old + ((resp.quotient - s_old + half) >> sh)),
+                        mu_new.eq(mu_old + ((mu_b + run_hm) >> sh)),
+                        s_new.eq(s_old + ((resp.quotient + run_hs) >> sh)),
                         wr["mu"].addr.eq(base + ch), wr["mu"].data.eq(mu_new), wr["mu"].en.eq(1),
                         wr["s"].addr.eq(base + ch), wr["s"].data.eq(s_new), wr["s"].en.eq(1),
                     ]
