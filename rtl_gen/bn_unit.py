@@ -60,6 +60,7 @@ from .shared import layer_port
 from .streams import StreamRegister
 
 __all__ = [
+    "BN_FWD_ACC_STAGES",
     "BnBackwardUnit",
     "BnForwardCore",
     "BnForwardUnit",
@@ -368,6 +369,12 @@ def pass_cycles(layer: BnLayer) -> int:
     return 2 * layer.batch if layer.groups == 1 else layer.beats + 1
 
 
+BN_FWD_ACC_STAGES = 1
+"""Stages of :class:`BnForwardCore`'s element passes after stage 1 (the compares): the accumulators are read,
+added to and written a cycle later (ECP5 timing proxy, docs/results.md), so each pass ends that many cycles after
+:func:`pass_cycles`."""
+
+
 class _BeatCounter:
     """Group and row counters of a batch-major pass; advance on ``step``."""
 
@@ -437,6 +444,34 @@ def mul_const(value, c: int):
     return prod << shift if shift else prod
 
 
+MUL_PART = 17
+"""Bits of the unsigned low parts :func:`_mul_parts` cuts a wide operand into (an 18x18 signed multiplier takes
+one part and a narrow second operand)."""
+
+
+def _mul_parts(m: Module, value, name: str) -> list:
+    """The signed ``value`` as ``[(part, shift), ...]`` Signals with ``value = sum(part << shift)``: unsigned
+    :data:`MUL_PART`-bit low parts and a signed top part of at most ``MUL_PART + 1`` bits."""
+    width = len(value)
+    parts, lo = [], 0
+    while width - lo > MUL_PART + 1:
+        part = Signal(unsigned(MUL_PART), name=f"{name}{len(parts)}")
+        m.d.comb += part.eq(value[lo:lo + MUL_PART])
+        parts.append((part, lo))
+        lo += MUL_PART
+    top = Signal(signed(width - lo), name=f"{name}{len(parts)}")
+    m.d.comb += top.eq(value[lo:])
+    parts.append((top, lo))
+    return parts
+
+
+def _sum_tree(terms):
+    """``sum(terms)`` as a balanced tree of two-input additions (fewer adders in series than a chain)."""
+    while len(terms) > 1:
+        terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i] for i in range(0, len(terms), 2)]
+    return terms[0]
+
+
 def _divider_widths(layer: BnLayer) -> tuple[int, int, int]:
     """``(dividend, divisor, quotient)`` widths of the forward unit's divider (see :class:`BnForwardCore`)."""
     B, ymax = layer.batch, layer.y_bound
@@ -460,6 +495,7 @@ def forward_cycles(layer: BnLayer, div_steps: int = 1) -> dict[str, int]:
     # C -+ S' 2^Fb, saturation, dividends (the group's read first), then three requests back to back
     gaps = [g for c in range(M) for g in ((10 if c == 0 else 11 if c % L == 0 else 10), 1, 1)]
     epi2 = ring_schedule(ring, it, gaps)[-1] + 1
+    pc += BN_FWD_ACC_STAGES
     out = {
         "pass1": pc,
         "epi1": epi1,
@@ -616,9 +652,22 @@ class BnForwardCore(wiring.Component):
                 s1_g.eq(cnt.g),
             ]
 
-        # Stage 1: read-modify-write of the group's accumulator words (a one-group layer waits a cycle per beat).
+        # Stage 1: the compares (pass 3: x_hat / mask into the output queue) and the accumulators' read; stage 2
+        # adds and writes the group's words back (a one-group layer waits a cycle per beat). The compare and the
+        # add a stage apart (timing: `y >= theta` picking `ns +- 1` into the accumulator memory's write port
+        # closed at 94 MHz on the ECP5 proxy).
+        s2_valid = Signal()
+        s2_first = Signal()
+        s2_last = Signal()
+        s2_g = Signal(range(G))
+        s2_y = Signal(data.ArrayLayout(signed(w["y"]), L))  # pass 1: y into sum_y
+        s2_dy = Signal(data.ArrayLayout(signed(w["y"] + 1), L))  # passes 2, 3: +-y into Ys
+        s2_sel = Signal(L)  # passes 2, 3: +-1 into Ns
+        m.d.sync += s2_valid.eq(s1_valid & adv)
+        with m.If(adv):
+            m.d.sync += [s2_first.eq(s1_first), s2_last.eq(s1_last), s2_g.eq(s1_g), s2_y.eq(s1_y)]
         writes = Signal()
-        m.d.comb += writes.eq(s1_valid & adv)
+        m.d.comb += writes.eq(s2_valid)
         sum_new = Signal(data.ArrayLayout(sum_shape, L))
         ys_new = Signal(data.ArrayLayout(sum_shape, L))
         ns_new = Signal(data.ArrayLayout(cnt_shape, L))
@@ -629,20 +678,16 @@ class BnForwardCore(wiring.Component):
             y = s1_y[lane]
             thr = thr_rd.data[lane]
             sel = Signal(name=f"sel{lane}")  # y >= t_mu (pass 2), y >= theta (pass 3): t_mu lives in slot theta
-            # both signs' sums in parallel with the compare, then picked (timing: compare, negate and add in one
-            # chain into the accumulator memory closed at 86 MHz on the ECP5 proxy)
-            ys0 = Signal(sum_shape, name=f"ys_base{lane}")
-            ns0 = Signal(cnt_shape, name=f"ns_base{lane}")
-            ys_p, ys_m = Signal(sum_shape, name=f"ys_plus{lane}"), Signal(sum_shape, name=f"ys_minus{lane}")
-            ns_p, ns_m = Signal(cnt_shape, name=f"ns_plus{lane}"), Signal(cnt_shape, name=f"ns_minus{lane}")
+            neg_y = Signal(signed(w["y"] + 1), name=f"neg_y{lane}")
+            m.d.comb += [sel.eq(y >= thr.theta), neg_y.eq(-y)]
+            with m.If(adv):
+                m.d.sync += [s2_sel[lane].eq(sel), s2_dy[lane].eq(Mux(sel, y, neg_y))]
+            ns_inc = Signal(cnt_shape, name=f"ns_inc{lane}")
             m.d.comb += [
-                sel.eq(y >= thr.theta),
-                sum_new[lane].eq(Mux(s1_first, 0, sum_old[lane]) + y),
-                ys0.eq(Mux(s1_first, 0, ys_old[lane])),
-                ns0.eq(Mux(s1_first, 0, ns_old[lane])),
-                ys_p.eq(ys0 + y), ys_m.eq(ys0 - y), ns_p.eq(ns0 + 1), ns_m.eq(ns0 - 1),
-                ys_new[lane].eq(Mux(sel, ys_p, ys_m)),
-                ns_new[lane].eq(Mux(sel, ns_p, ns_m)),
+                sum_new[lane].eq(Mux(s2_first, 0, sum_old[lane]) + s2_y[lane]),
+                ys_new[lane].eq(Mux(s2_first, 0, ys_old[lane]) + s2_dy[lane]),
+                ns_inc.eq(Mux(s2_sel[lane], 1, -1)),
+                ns_new[lane].eq(Mux(s2_first, 0, ns_old[lane]) + ns_inc),
             ]
             real = ch.real(lane, s1_last_group)
             m.d.comb += [
@@ -654,13 +699,13 @@ class BnForwardCore(wiring.Component):
             x_queue.i.payload.x_hat.eq(x_hat),
             x_queue.i.payload.mask.eq(mask),
             x_queue.i.payload.last.eq(s1_last_group),
-            sum_wr.addr.eq(s1_g),
+            sum_wr.addr.eq(s2_g),
             sum_wr.data.eq(sum_new),
             sum_wr.en.eq(writes & (phase == Phase.PASS1)),
-            ys_wr.addr.eq(s1_g),
+            ys_wr.addr.eq(s2_g),
             ys_wr.data.eq(ys_new),
             ys_wr.en.eq(writes & ((phase == Phase.PASS2) | (phase == Phase.PASS3))),
-            ns_wr.addr.eq(s1_g),
+            ns_wr.addr.eq(s2_g),
             ns_wr.data.eq(ns_new),
             ns_wr.en.eq(writes & ((phase == Phase.PASS2) | (phase == Phase.PASS3))),
         ]
@@ -675,15 +720,16 @@ class BnForwardCore(wiring.Component):
         RD, CH0, CH1, CH2, CH3, WT, CH2A, CH2B, CH0B, CH1B, CH1C, CH0C = range(12)
         epi_rd = Signal()
         m.d.comb += epi_rd.eq(~in_pass & (est == RD))
-        for port in (sum_rd, ys_rd, ns_rd, thr_rd):
-            m.d.comb += [port.addr.eq(Mux(in_pass, cnt.g, walk.g)), port.en.eq(Mux(in_pass, adv, epi_rd))]
+        # in a pass the thresholds are read in stage 0, the accumulators in stage 1
+        for port, g_pass in ((sum_rd, s1_g), (ys_rd, s1_g), (ns_rd, s1_g), (thr_rd, cnt.g)):
+            m.d.comb += [port.addr.eq(Mux(in_pass, g_pass, walk.g)), port.en.eq(Mux(in_pass, adv, epi_rd))]
         sum_l = _lane(m, sum_rd.data, walk.l, sum_shape, "sum_l")
         ys_l = _lane(m, ys_rd.data, walk.l, sum_shape, "ys_l")
         ns_l = _lane(m, ns_rd.data, walk.l, cnt_shape, "ns_l")
         thr_l = _lane(m, thr_rd.data, walk.l, lay.thr_layout, "thr_l")
 
-        # Pass end: the last beat is in stage 1 and being written.
-        with m.If(in_pass & s1_valid & s1_last & adv):
+        # Pass end: the last beat is in stage 2 and being written.
+        with m.If(in_pass & s2_valid & s2_last):
             m.d.sync += [phase.eq(phase + 1), est.eq(RD), in_done.eq(0)]
 
         def channel_done(next_phase):
@@ -772,7 +818,11 @@ class BnForwardCore(wiring.Component):
         prod_lo = Signal((beta_lo * s_eff).shape(), name="beta_s_lo")
         prod_hi = Signal((beta_hi * s_eff).shape(), name="beta_s_hi")
         ka_r = Signal(mul_const(ys_l, K).shape(), name="ys_k")
-        pa_r = Signal((chan_l.C * ns_l).shape(), name="c_ns")
+        # C Ns as products of C's 17-bit parts (the top part signed), each within one 18x18 multiplier and
+        # registered apart; joined in the subtraction of A (timing: the multiplier and the adder joining its parts
+        # closed at 102 MHz on the ECP5 proxy)
+        c_parts = _mul_parts(m, chan_l.C, "c_part")
+        pa_r = [Signal((part * ns_l).shape(), name=f"c_ns{i}") for i, (part, _) in enumerate(c_parts)]
         v_r = [Signal(signed(w["C"] + 1), name=f"v_thr{i}") for i in range(3)]  # C, C -+ S' 2^Fb, then saturated
 
         def clamp(v):
@@ -896,12 +946,14 @@ class BnForwardCore(wiring.Component):
                             with m.Else():
                                 m.d.sync += [
                                     ka_r.eq(mul_const(ys_r, K)),
-                                    pa_r.eq(chan_l.C * ns_r),
+                                    *(r.eq(part * ns_r) for r, (part, _) in zip(pa_r, c_parts, strict=True)),
                                     bs_r.eq(mul_const(chan_l.S_eff, B)),
                                     est.eq(CH1B),
                                 ]
                         with m.Case(CH1B):
-                            m.d.sync += [a_r.eq(ka_r - pa_r), est.eq(CH2)]
+                            m.d.sync += [a_r.eq(_sum_tree([ka_r, *(-(r << sh) for r, (_, sh) in
+                                                                  zip(pa_r, c_parts, strict=True))])),
+                                         est.eq(CH2)]
                         with m.Case(CH2):  # alpha_q = floor(floor((A 2^(Fa+1) + B S' 2^Fb) / 2^(Fb+1)) / (B S'))
                             m.d.sync += [
                                 dividends[0].eq(((a_r << (fa + 1)) + (bs_r << fb)) >> (fb + 1)),
@@ -927,10 +979,11 @@ class BnForwardUnit(wiring.Component):
 
     Cycle model (:meth:`cycles`, :func:`forward_cycles`), counted from the first ``y`` transfer to the last
     ``stats`` transfer, both included: the three passes (``B G + 1`` each, ``2 B`` for a layer of one group,
-    :func:`pass_cycles`); EPI1 and EPI2 from :func:`rtl_gen.divider.ring_schedule` (one request a channel a cycle
-    apart, the group's read between groups; three a channel ten cycles apart), about ``M I`` and ``3 M I`` once
-    the divider's ring is the bound (``I = ceil(Wq / div_steps)``); EPI3 ``G + M (L + 5)`` with ``L`` the divider's
-    latency ``1 + I ceil(div_steps / 2)``.
+    :func:`pass_cycles`, then :data:`BN_FWD_ACC_STAGES` more for the accumulators' write); EPI1 and EPI2 from
+    :func:`rtl_gen.divider.ring_schedule` (one request a channel a cycle apart, the group's read between groups;
+    three a channel ten cycles apart), about ``M I`` and ``3 M I`` once the divider's ring is the bound
+    (``I = ceil(Wq / div_steps)``); EPI3 ``G + M (L + 5)`` with ``L`` the divider's latency
+    ``1 + I ceil(div_steps / 2)``.
     """
 
     def __init__(self, *, layer: BnLayer, div_steps: int = 1, channels=None):

@@ -147,12 +147,14 @@ SPACE_BETA, SPACE_M, SPACE_A, SPACE_MU, SPACE_S, SPACE_E = range(6)
 E_WIDTH = 16
 
 
-def bitlen_signal(m, value, width: int, name: str):
-    """``int.bit_length`` of the unsigned ``value`` (a priority encoder), as a Signal."""
-    out = Signal(range(width + 1), name=name)
+def bitlen_signal(m, value, width: int, name: str, offset: int = 0):
+    """``int.bit_length`` of the unsigned ``value`` minus the constant ``offset`` (a priority encoder whose
+    codes carry the offset), as a Signal."""
+    out = Signal(range(-offset, width + 1 - offset), name=name)
+    m.d.comb += out.eq(-offset)
     for i in range(width):
         with m.If(value[i]):
-            m.d.comb += out.eq(i + 1)
+            m.d.comb += out.eq(i + 1 - offset)
     return out
 
 
@@ -206,8 +208,9 @@ def bn_param_cycles(layer, hw, div_steps: int) -> dict:
     running = ring_schedule(stages(steps), it, [1, 1])[-1] + 1
     # update: maxima pass, exponent (3 cycles) and the aligner's amounts (2), M + 5 in all (measured in RTL,
     # 784-12-10), then per channel read, align (4: m, a, g through the two-cycle aligner), ema, ratio operands,
-    # |m|, request, the divider's latency, delta (the learning-rate shift of r), beta - delta, apply
-    return {"running": running, "update": M + 5 + M * (lat + 12)}
+    # |m|, request, the divider's latency (|r| taken with the response), the sign of r, delta (the learning-rate
+    # shift of r), beta - delta, apply
+    return {"running": running, "update": M + 5 + M * (lat + 13)}
 
 
 class BnParamUnit(wiring.Component):
@@ -452,10 +455,19 @@ class BnParamUnit(wiring.Component):
             m.d.sync += [pending.eq(1), scale.eq(self.scale), lr_sh.eq(self.lr_shift)]
         shv = Signal(signed(8))  # the shift of r in the beta step, lr_sh + 8 - Fb (constant during an update)
         m.d.comb += shv.eq(lr_sh + 8 - fb)
+        # its cases, amounts and rounding term registered (they follow lr_sh a cycle late, long before "delta";
+        # timing: the shift's add, compares and amounts in front of the shifter closed at 87 MHz on the ECP5 proxy)
+        sh_left, sh_right = Signal(), Signal()  # shv <= 0: a left shift; 0 < shv < 12: a rounded right shift
+        sh_l, sh_r = Signal(5), Signal(4)
+        sh_half = Signal(12)  # 2^(shv - 1)
+        m.d.sync += [sh_left.eq(shv <= 0), sh_right.eq((shv > 0) & (shv < 12)), sh_l.eq((-shv).as_unsigned()[:5]),
+                     sh_r.eq(shv.as_unsigned()[:4]), sh_half.eq(Const(1, 12) << (shv - 1).as_unsigned()[:4])]
         delta = Signal(signed(self.beta_width + 12))
         diff = Signal(signed(self.beta_width + 13))
         ratio_n = Signal(wn)  # the ratio division's operands (|m| 2^9 + a, 2a)
         ratio_d = Signal(wd)
+        ratio_zero, ratio_big, ratio_neg = Signal(), Signal(), Signal()  # a = 0, |m| >= 2a, m < 0
+        r_mag = Signal(9)  # |r| <= 256
         # one aligner, used for m, a and g in turn (the read words hold while the read enables are low)
         al_w = max(self.m_width, self.a_width + 1, self.p_width + 1)
         al_x = Signal(signed(al_w))
@@ -487,7 +499,13 @@ class BnParamUnit(wiring.Component):
                     m.next = "max"
             # running: mu_b = floor((2 sum_y 2^Fr + B) / 2B) (signed floor), s_b = floor((2 S 2^Fr + B^2) / 2B^2);
             # both requests back to back (the divider's ring holds both), then both responses in order
+            # half - mu_old and half - s_old registered while the divisions run (the read words hold), so each
+            # update is two adds after the response (timing: the response's multiplexer, the subtraction, the
+            # rounding add and the update's add into the s memory's write port closed at 95 MHz on the ECP5 proxy)
+            run_hm = Signal(signed(self.run_width + sh + 2), name="run_half_mu")
+            run_hs = Signal(signed(self.run_width + sh + 2), name="run_half_s")
             with m.State("run_mu"):
+                m.d.sync += [run_hm.eq(half - rd["mu"].data), run_hs.eq(half - rd["s"].data)]
                 n1 = Signal(signed(self._run_n + 1))
                 m.d.comb += n1.eq((sum_y << (fr + 1)) + B)
                 m.d.comb += [div.req.valid.eq(1), req.divisor.eq(2 * B),
@@ -513,8 +531,8 @@ class BnParamUnit(wiring.Component):
                     mu_new = Signal(signed(self.run_width + 2))
                     s_new = Signal(signed(self.run_width + 2))
                     m.d.comb += [
-                        mu_new.eq(mu_old + ((mu_b - mu_old + half) >> sh)),
-                        s_new.eq(s_old + ((resp.quotient - s_old + half) >> sh)),
+                        mu_new.eq(mu_old + ((mu_b + run_hm) >> sh)),
+                        s_new.eq(s_old + ((resp.quotient + run_hs) >> sh)),
                         wr["mu"].addr.eq(base + ch), wr["mu"].data.eq(mu_new), wr["mu"].en.eq(1),
                         wr["s"].addr.eq(base + ch), wr["s"].data.eq(s_new), wr["s"].en.eq(1),
                     ]
@@ -538,14 +556,16 @@ class BnParamUnit(wiring.Component):
                 with m.If((c_issue == M) & ~rd_valid):
                     m.next = "exponent"
             # the layer exponent over three cycles (timing: leading-one positions, the comparison and the
-            # differences in one cycle closed at 48 MHz on the ECP5 proxy)
+            # differences in one cycle closed at 48 MHz on the ECP5 proxy); both candidates carry the
+            # "- (bits - 2)" from the encoders (timing: the comparison, the choice and that subtraction in one
+            # cycle closed at 93 MHz)
             with m.State("exponent"):
-                tg = bitlen_signal(m, gmax, self.p_width, "tg")
-                ta = bitlen_signal(m, amax, self.a_width, "ta")
+                tg = bitlen_signal(m, gmax, self.p_width, "tg", offset=bits - 2)
+                ta = bitlen_signal(m, amax, self.a_width, "ta", offset=bits - 2)
                 m.d.sync += [top_g.eq(tg + scale), top_a.eq(ta + e_reg), g_zero.eq(gmax == 0), a_zero.eq(amax == 0)]
                 m.next = "exponent_top"
             with m.State("exponent_top"):
-                m.d.sync += top.eq(Mux(g_zero, top_a, Mux(a_zero | (top_g > top_a), top_g, top_a)) - (bits - 2))
+                m.d.sync += top.eq(Mux(g_zero, top_a, Mux(a_zero | (top_g > top_a), top_g, top_a)))
                 with m.If(g_zero & a_zero):
                     m.next = "idle"  # nothing moves (the model returns its inputs)
                 with m.Else():
@@ -577,18 +597,29 @@ class BnParamUnit(wiring.Component):
                 m.d.comb += al_x.eq(rd["p1"].data)
                 m.d.sync += av.eq(al_out)
                 m.next = "align_end"
+            # the EMAs' rounding terms less the old values registered while g is aligned, and |g| as a choice of
+            # two sums (timing: |g|, the subtraction, the rounding add and the update's add chained in one cycle
+            # closed at 94 MHz on the ECP5 proxy)
+            ema_m = Signal(signed(self.m_width + max(sm, 1) + 1))  # 2^(sm-1) - m
+            ema_a = Signal(signed(self.a_width + max(sa, 1) + 2))  # 2^(sa-1) - a
             with m.State("align_end"):
                 m.d.sync += gv.eq(al_out)
+                if sm > 0:
+                    m.d.sync += ema_m.eq((1 << (sm - 1)) - mv)
+                if sa > 0:
+                    m.d.sync += ema_a.eq((1 << (sa - 1)) - av)
                 m.next = "ema"
             with m.State("ema"):
                 g_abs2 = Signal(signed(self.m_width + 1))
                 m.d.comb += g_abs2.eq(Mux(gv < 0, -gv, gv))
                 if sm > 0:
-                    m.d.sync += m2.eq(mv + ((gv - mv + (1 << (sm - 1))) >> sm))
+                    m.d.sync += m2.eq(mv + ((gv + ema_m) >> sm))
                 else:
                     m.d.sync += m2.eq(gv)
                 if sa > 0:
-                    m.d.sync += a2.eq(av + ((g_abs2 - av + (1 << (sa - 1))) >> sa))
+                    a_step = Signal(signed(max(len(ema_a), len(gv)) + 2))  # |g| - a + 2^(sa-1)
+                    m.d.comb += a_step.eq(Mux(gv < 0, ema_a - gv, ema_a + gv))
+                    m.d.sync += a2.eq(av + (a_step >> sa))
                 else:
                     m.d.sync += a2.eq(g_abs2)
                 m.next = "ratio_abs"
@@ -603,32 +634,32 @@ class BnParamUnit(wiring.Component):
                 zero_a = Signal()
                 big = Signal()
                 m.d.comb += [zero_a.eq(a2 == 0), big.eq(m_abs >= (a2 << 1))]
-                m.d.sync += [ratio_n.eq(Mux(zero_a | big, 0, (m_abs << 9) + a2)), ratio_d.eq(Mux(zero_a, 1, a2 << 1))]
+                m.d.sync += [ratio_n.eq(Mux(zero_a | big, 0, (m_abs << 9) + a2)), ratio_d.eq(Mux(zero_a, 1, a2 << 1)),
+                             ratio_zero.eq(zero_a), ratio_big.eq(big), ratio_neg.eq(m2 < 0)]
                 m.next = "ratio_req"
             with m.State("ratio_req"):
                 m.d.comb += [div.req.valid.eq(1), req.dividend.eq(ratio_n), req.divisor.eq(ratio_d)]
                 with m.If(div.req.ready):
                     m.next = "ratio_wait"
+            # |r|: the quotient clamped at 256 (256 when |m| >= 2a, 0 when a = 0: the cases' flags registered with
+            # the operands), then its sign in a cycle of its own (timing: the FSM state, the compares, the clamp
+            # and the negation in one cycle closed at 86 MHz on the ECP5 proxy)
             with m.State("ratio_wait"):
                 m.d.comb += div.resp.ready.eq(1)
                 with m.If(div.resp.valid):
-                    q = Signal(11)
-                    m.d.comb += q.eq(Mux(resp.quotient > 256, 256, resp.quotient))
-                    with m.If(a2 == 0):
-                        m.d.sync += r.eq(0)
-                    with m.Elif(m_abs_r >= (a2 << 1)):
-                        m.d.sync += r.eq(Mux(m2 < 0, -256, 256))
-                    with m.Else():
-                        m.d.sync += r.eq(Mux(m2 < 0, -q, q))
-                    m.next = "delta"
+                    m.d.sync += r_mag.eq(Mux(ratio_zero, 0, Mux(ratio_big | (resp.quotient > 256), 256, resp.quotient)))
+                    m.next = "ratio_sign"
+            with m.State("ratio_sign"):
+                m.d.sync += r.eq(Mux(ratio_neg, -r_mag, r_mag))
+                m.next = "delta"
             # the learning-rate shift of r in a cycle of its own (timing: shift, rounding, subtraction, clamp and
             # the beta write in one cycle closed at 25 MHz on the ECP5 proxy)
             with m.State("delta"):
                 # delta = r << -sh (sh <= 0), (r + 2^(sh-1)) >> sh (0 < sh < 62), else 0; sh = lr_sh + 8 - Fb
-                with m.If(shv <= 0):
-                    m.d.sync += delta.eq(r << (-shv).as_unsigned()[:5])
-                with m.Elif(shv < 12):
-                    m.d.sync += delta.eq((r + (Const(1, 12) << (shv - 1).as_unsigned()[:4])) >> shv.as_unsigned()[:4])
+                with m.If(sh_left):
+                    m.d.sync += delta.eq(r << sh_l)
+                with m.Elif(sh_right):
+                    m.d.sync += delta.eq((r + sh_half) >> sh_r)
                 with m.Else():
                     m.d.sync += delta.eq(0)  # |r| <= 256: (r + 2^(sh-1)) >> sh = 0 for sh >= 10
                 m.next = "apply_diff"

@@ -74,13 +74,14 @@ def forward_cycles(plan, j: int, *, infer: bool = False) -> int:
     ``infer`` (``ifwd j``): the same passes in evaluation mode: the thresholds without divisions (six cycles
     a channel), the per-channel constants without ``alpha`` or a running update (two cycles a channel), the
     logits without the loss unit."""
-    from .bn_unit import BnForwardUnit
+    from .bn_unit import BN_FWD_ACC_STAGES, BnForwardUnit
     from .loss_unit import OutputGeometry
 
     lp = plan.layers[j]
     cfg = plan.cfg
     B, G, M = plan.batch, lp.groups, lp.n_out
-    engine = lp.geometry.cycles(B)
+    # BN pass 1 ends its stages after the engine's last beat: the compare stage, then the accumulators' write
+    engine = lp.geometry.cycles(B) + BN_FWD_ACC_STAGES
     bn = _probe(BnForwardUnit(layer=plan.bn_unit_layer(j), div_steps=cfg.hw.div_steps)).cycles()
     from .controller import bn_param_cycles
 

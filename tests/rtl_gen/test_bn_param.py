@@ -1,0 +1,100 @@
+"""rtl_gen.controller.BnParamUnit's beta update from random states in Amaranth's simulator: every branch of
+sim.hw.optim.beta_update (ratios below and above the clip, a = 0, the learning-rate shift to the left, to the
+right with rounding and past the value, beta's saturation) and the update's cycles against
+rtl_gen.controller.bn_param_cycles."""
+
+import numpy as np
+import pytest
+from amaranth.sim import Simulator
+from pysim_host import host_access  # same folder
+from small_mlp import SMALL
+
+from rtl_gen.bn_unit import BnLayer
+from rtl_gen.controller import SPACE_A, SPACE_BETA, SPACE_E, SPACE_M, BnParamUnit
+from sim.config import apply_overrides, load_config
+from sim.hw import optim as O
+from sim.hw.arith import ArithParams
+
+# the learning-rate shifts of the updates: with Fb = 16 the shift of r is lr_sh - 8, from -8 (left) to 32 (past r)
+LR_SHIFTS = [0, 10, 4, 12, 8, 9, 11, 13, 15, 17, 19, 40]
+
+
+@pytest.mark.parametrize("div_steps", [2, 4])
+def test_beta_update_from_random_states(div_steps):
+    cfg = apply_overrides(load_config("mlp"), SMALL)
+    assert ArithParams.from_config(cfg).beta_frac == 16  # LR_SHIFTS' cases
+    h = cfg.hw
+    lay = BnLayer.from_config(cfg, 0, lanes=8)
+    dut = BnParamUnit(layer=lay, hw=h, div_steps=div_steps)
+    p, M, bits = lay.params, lay.channels, h.beta_state_bits
+    model_cycles = dut.cycles()["update"]
+    rng = np.random.default_rng(7)
+    seen = {"ratio": 0, "clip": 0, "a0": 0, "left": 0, "right_odd": 0, "past": 0, "sat": 0}
+    measured = []
+
+    async def host(ctx, space, addr, data=None):
+        payload = {"write": int(data is not None), "space": space, "outer": addr, "inner": 0,
+                   "data": 0 if data is None else int(data) & ((1 << dut.host_width) - 1)}
+        return await host_access(ctx, dut, payload, read=data is None)
+
+    def sx(v, w):
+        v &= (1 << w) - 1
+        return v - (1 << w) if v >> (w - 1) else v
+
+    async def bench(ctx):
+        for lr_sh in LR_SHIFTS:
+            # a state the unit can hold: a below 2^(bits-2), |m| up to 3a (ratios on both sides of the clip at 2)
+            a = rng.integers(0, 1 << (bits - 2), M) >> rng.integers(0, bits - 2, M)
+            a[rng.random(M) < 0.15] = 0
+            m = np.round(a * rng.uniform(-3, 3, M)).astype(np.int64)
+            beta = rng.integers(p.beta_lo, p.beta_hi + 1, M)
+            beta[:2] = p.beta_lo + rng.integers(0, 3), p.beta_hi - rng.integers(0, 3)  # saturation
+            e = int(rng.integers(-30, 5))
+            p1 = rng.integers(-(1 << 20), 1 << 20, M) >> rng.integers(0, 18)
+            scale = int(rng.integers(-40, 5))
+            want = O.beta_update(beta, m, a, e, p1, scale, lr_sh, p, h.beta_momentum_shift, h.beta_scale_shift, bits)
+            for space, vals in ((SPACE_BETA, beta), (SPACE_M, m), (SPACE_A, a)):
+                for c in range(M):
+                    await host(ctx, space, c, vals[c])
+            await host(ctx, SPACE_E, 0, e)
+            for c in range(M):
+                ctx.set(dut.p1.payload, int(p1[c]))
+                ctx.set(dut.p1.valid, 1)
+                await ctx.tick()
+            ctx.set(dut.p1.valid, 0)
+            ctx.set(dut.scale, scale)
+            ctx.set(dut.lr_shift, lr_sh)
+            ctx.set(dut.update, 1)
+            await ctx.tick()
+            ctx.set(dut.update, 0)
+            n = 1
+            while ctx.get(dut.busy):
+                await ctx.tick()
+                n += 1
+            measured.append(n)
+            got = [np.array([sx(await host(ctx, sp, c), w) for c in range(M)])
+                   for sp, w in ((SPACE_BETA, dut.beta_width), (SPACE_M, dut.m_width))]
+            got.append(np.array([await host(ctx, SPACE_A, c) for c in range(M)]))
+            assert (got[0] == want[0]).all(), (got[0], want[0])
+            assert (got[1] == want[1]).all() and (got[2] == want[2]).all()
+            assert sx(await host(ctx, SPACE_E, 0), 16) == want[3]
+            # which branches this draw took (the model's own rules, see sim.hw.optim.beta_update)
+            a2, m2 = want[2], want[1]
+            ratio = np.where(a2 > 0, (2 * np.abs(m2) * 256 + np.maximum(a2, 1)) // (2 * np.maximum(a2, 1)), 0)
+            sh = lr_sh + 8 - p.beta_frac
+            seen["ratio"] += int(((a2 > 0) & (ratio > 0) & (ratio < 256)).sum())
+            seen["clip"] += int(((a2 > 0) & (ratio > 256)).sum())
+            seen["a0"] += int((a2 == 0).sum())
+            seen["left"] += sh <= 0
+            seen["right_odd"] += int(0 < sh < 10 and ((np.minimum(ratio, 256) >> (sh - 1)) & 1).any())
+            seen["past"] += sh >= 12
+            seen["sat"] += int(((want[0] == p.beta_lo) | (want[0] == p.beta_hi)).sum())
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    assert all(seen.values()), seen
+    # busy from the update pulse: the unit's cycles (every channel takes the same time) and a constant four more
+    # (measured: every draw, both divider speeds); a cycle more or less per channel would move it by M
+    assert [n - model_cycles for n in measured] == [4] * len(LR_SHIFTS), (measured, model_cycles)
