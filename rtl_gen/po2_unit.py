@@ -424,11 +424,15 @@ class Po2Unit(wiring.Component):
         joined = Signal(self.scratch_layout)  # the parts of the beat so far
         lane_layout = self.scratch_layout["e"].shape.elem_shape
         new = Signal(data.ArrayLayout(lane_layout, pl))  # this part's results
+        # t_mem is read for the part in stage 2 and the part's thresholds are registered into stage 3
         t_part = Signal(data.ArrayLayout(t_layout, pl))
-        with m.Switch(s_part[3]):
+        s3_t = Signal(data.ArrayLayout(t_layout, pl))
+        with m.Switch(s_part[2]):
             for pi in range(parts):
                 with m.Case(pi):
                     m.d.comb += t_part.as_value().eq(t_rd.data.as_value().word_select(pi, pl * t_layout.size))
+        with m.If(adv1):
+            m.d.sync += s3_t.eq(t_part)
         mx_valid = Signal()
         mx_e = Signal(data.ArrayLayout(signed(ew), pl))
         mx_nz = Signal(pl)
@@ -440,12 +444,16 @@ class Po2Unit(wiring.Component):
             mant, lz_lo = normalise_levels(m, s2b_v[lane], W, lo_levels, f"norm{lane}_b")
             lz = Signal(max(nlev, 1), name=f"norm{lane}_lz")
             m.d.comb += lz.eq(s2b_lz[lane] | lz_lo)
-            t = t_part[lane]
-            rho = Signal(signed(2), name=f"rho{lane}")
+            t = s3_t[lane]
+            # e0 = n - d + rho: the three sums next to the two compares, then rho picks one
+            above, below = Signal(name=f"above{lane}"), Signal(name=f"below{lane}")
+            nd = [Signal(signed(ew), name=f"nd{lane}_{k}") for k in ("m1", "0", "p1")]
             e0 = Signal(signed(ew), name=f"e0_{lane}")
             m.d.comb += [
-                rho.eq(Mux(s3_mant[lane] > t.t, 1, Mux(s3_mant[lane] <= (t.t >> 1), -1, 0))),
-                e0.eq(s3_n[lane] - t.d + rho),
+                above.eq(s3_mant[lane] > t.t),
+                below.eq(s3_mant[lane] <= (t.t >> 1)),
+                *(v.eq(s3_n[lane] - t.d + k) for v, k in zip(nd, (-1, 0, 1), strict=True)),
+                e0.eq(Mux(above, nd[2], Mux(below, nd[0], nd[1]))),
                 new[lane].e0.eq(e0),
                 new[lane].neg.eq(s3_neg[lane]),
                 new[lane].nz.eq(s3_nz[lane]),
@@ -472,7 +480,7 @@ class Po2Unit(wiring.Component):
             with m.If(adv1 & s_valid[3]):
                 m.d.sync += joined.eq(scratch)
         m.d.comb += [
-            t_rd.addr.eq(s_g[2]),
+            t_rd.addr.eq(s_g[1]),
             t_rd.en.eq(adv1),
             sq.i.valid.eq(s_valid[3] & s_push[3]),
             scratch.last.eq(s_lg[3]),
