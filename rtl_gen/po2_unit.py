@@ -7,7 +7,8 @@ layer) and the common mantissa width ``W`` (the ``sim.hw.widths`` width of ``U``
 * per channel, once: ``t = floor(sqrt2 M_D) = isqrt(2 M_D^2)`` with ``M_D = D << (W-1-d)``, so that
   ``T_hi = t + 1`` and ``T_lo = floor(t / 2) + 1`` (``sqrt2_thresholds``); ``t = floor(M_D c / 2^(2W+2))``
   with ``c = floor(sqrt2 2^(2W+2))``, computed by a right-shifting shift-add multiplier over the bits of
-  ``D``'s normalised mantissa (``mul_steps`` bits per cycle);
+  ``D``'s normalised mantissa (``mul_steps`` bits per cycle, the accumulator in carry-save form:
+  :func:`carry_save_step`; its one carry propagation is a registered cycle later, with the ``t_mem`` write);
 * ``e0 = n - d + [M_U >= T_hi] - [M_U < T_lo]``, which is ``round(log2(U / D))`` (``round_log2_ratio``).
 
 The scale of the layer's gradient only shifts every exponent by ``scale - Fa``, so pass 1 works with the
@@ -50,7 +51,7 @@ from .bn_unit import BnLayer, _BeatCounter, _Channels, _check_channels, _check_i
 from .shared import layer_port
 from .streams import StreamRegister
 
-__all__ = ["SCALE_WIDTH", "Po2Unit", "normalise", "po2_cycles", "sqrt2_constant"]
+__all__ = ["SCALE_WIDTH", "Po2Unit", "carry_save_step", "normalise", "po2_cycles", "sqrt2_constant"]
 
 SCALE_WIDTH = 16
 """Bits of the signed ``scale`` input and of the ``bias`` / ``unit_exp`` outputs."""
@@ -86,6 +87,44 @@ def normalise_levels(m: Module, value, width: int, levels, name: str) -> tuple[S
         m.d.comb += [zero.eq(v[width - sh :] == 0), nxt.eq(Mux(zero, v << sh, v)), lz[j].eq(zero)]
         v = nxt
     return v, lz
+
+
+def carry_save_step(m: Module, acc_s, acc_c, cin, addends, shift: int, name: str) -> tuple[Signal, Signal, Signal]:
+    """One step of a right-shifting carry-save accumulator (combinational): with ``V = acc_s + acc_c + cin +
+    sum(addends)``, returns ``(s, c, cout)`` such that ``s + c + cout = V >> shift``.
+
+    The operands are reduced to two by levels of 3:2 compressors (one LUT level each, no carry chain); ``cin``
+    takes the free bit 0 of the first carry vector; only the ``shift`` bits shifted out are added (their carry is
+    ``cout``). The frame is one bit wider than the widest operand, ``fw`` bits, and the caller keeps ``V`` below
+    ``2^fw`` (every partial vector is at most ``V``, so no carry leaves the frame); ``s`` and ``c`` have
+    ``fw - shift`` bits."""
+    fw = max(len(v) for v in (acc_s, acc_c, *addends)) + 1
+    operands = [acc_s, acc_c, *addends]
+    cin_used = False
+    level = 0
+    while len(operands) > 2:
+        nxt = []
+        for i in range(0, len(operands) - 2, 3):
+            a, b, d = operands[i : i + 3]
+            s_v = Signal(fw, name=f"{name}_csa{level}_{i}_s")
+            c_v = Signal(fw, name=f"{name}_csa{level}_{i}_c")
+            m.d.comb += [s_v.eq(a ^ b ^ d), c_v[1:].eq((a & b) | (a & d) | (b & d))]
+            if not cin_used:  # bit 0 of a carry vector is free
+                m.d.comb += c_v[0].eq(cin)
+                cin_used = True
+            nxt += [s_v, c_v]
+        nxt += operands[len(operands) - len(operands) % 3 :]
+        operands = nxt
+        level += 1
+    lo_s, lo_c = (operands + [Const(0, fw)])[:2]
+    low = Signal(shift + 1, name=f"{name}_low")
+    # with fewer than three operands no compressor took cin: it joins the low add
+    m.d.comb += low.eq(lo_s[:shift] + lo_c[:shift] + (0 if cin_used else cin))
+    out_s = Signal(fw - shift, name=f"{name}_sum_next")
+    out_c = Signal(fw - shift, name=f"{name}_carry_next")
+    cout = Signal(name=f"{name}_cout")
+    m.d.comb += [out_s.eq(lo_s >> shift), out_c.eq(lo_c >> shift), cout.eq(low[shift])]
+    return out_s, out_c, cout
 
 
 def po2_cycles(layer: BnLayer, mul_steps: int = 1, pass1_lanes: int | None = None) -> dict[str, int]:
@@ -241,33 +280,50 @@ class Po2Unit(wiring.Component):
         c = sqrt2_constant(W)
         lz_s, mant_s = normalise(m, self.s_eff.payload, Wd, "norm_s")
         bits = Signal(iters * ms, name="mul_bits")  # S' mantissa (LSB first), consumed ms bits per cycle
-        acc = Signal(c.bit_length() + 1, name="mul_acc")
         d_r = Signal(t_layout["d"].shape, name="d_r")
         left = Signal(range(iters + 1), name="mul_left")
-        acc_next = acc
+        # The accumulator in carry-save form: ``acc = sum + carry + cin`` (the value of the right-shifting
+        # multiplier, which stays below c). A cycle compresses sum, carry and the ms partial products with 3:2
+        # compressors (no carry chain), shifts the ms low bits out and keeps only their carry (an ms-bit add) in
+        # ``cin``; the one wide carry propagation is the write stage's, a registered cycle later.
+        aw = c.bit_length() + 1
+        acc_s = Signal(aw, name="mul_sum")
+        acc_c = Signal(aw, name="mul_carry")
+        cin = Signal(name="mul_cin")
+        pps = []
         for j in range(ms):
-            step = Signal(c.bit_length() + 1, name=f"mul_step{j}")
-            m.d.comb += step.eq((acc_next + Mux(bits[j], c, 0)) >> 1)
-            acc_next = step
+            pp = Signal(c.bit_length() + j, name=f"mul_pp{j}")
+            m.d.comb += pp.eq(Mux(bits[j], c << j, 0))
+            pps.append(pp)
+        s_next, c_next, cin_next = carry_save_step(m, acc_s, acc_c, cin, pps, ms, "mul")
+        wr_pend = Signal(name="t_wr_pend")  # the last channel's write, one cycle after its last step
+        wr_g = Signal.like(walk.g, name="t_wr_g")
+        wr_l = Signal.like(walk.l, name="t_wr_l")
+        t_full = Signal(aw + 1, name="mul_resolved")
+        m.d.comb += t_full.eq(acc_s + acc_c + cin)
         t_word = Signal(t_layout)
         m.d.comb += [
-            t_word.t.eq(acc_next >> (W + 2)),
+            t_word.t.eq(t_full >> (W + 2)),
             t_word.d.eq(d_r),
-            t_wr.addr.eq(walk.g),
+            t_wr.addr.eq(wr_g),
+            t_wr.en.eq(Mux(wr_pend, 1 << wr_l, 0)),
         ]
         for lane in range(L):
             m.d.comb += t_wr.data[lane].eq(t_word)
+        m.d.sync += wr_pend.eq(0)
         top0 = Signal(signed(ew), name="top0")
         any_nz = Signal(name="any_nz")
         with m.If(phase == PRO):
             with m.If(left == 0):
                 m.d.comb += self.s_eff.ready.eq(1)
                 with m.If(self.s_eff.valid):
-                    m.d.sync += [bits.eq(mant_s << pad), acc.eq(0), d_r.eq(Wd - 1 - lz_s), left.eq(iters)]
+                    m.d.sync += [bits.eq(mant_s << pad), acc_s.eq(0), acc_c.eq(0), cin.eq(0),
+                                 d_r.eq(Wd - 1 - lz_s), left.eq(iters)]
             with m.Else():
-                m.d.sync += [acc.eq(acc_next), bits.eq(bits >> ms), left.eq(left - 1)]
+                m.d.sync += [acc_s.eq(s_next), acc_c.eq(c_next), cin.eq(cin_next),
+                             bits.eq(bits >> ms), left.eq(left - 1)]
                 with m.If(left == 1):
-                    m.d.comb += t_wr.en.eq(1 << walk.l)
+                    m.d.sync += [wr_pend.eq(1), wr_g.eq(walk.g), wr_l.eq(walk.l)]
                     walk.next_channel(m)
                     with m.If(walk.last_lane & walk.last_group):
                         m.d.sync += [phase.eq(PASS1), top0.eq(-(1 << (ew - 1))), any_nz.eq(0)]
@@ -368,11 +424,15 @@ class Po2Unit(wiring.Component):
         joined = Signal(self.scratch_layout)  # the parts of the beat so far
         lane_layout = self.scratch_layout["e"].shape.elem_shape
         new = Signal(data.ArrayLayout(lane_layout, pl))  # this part's results
+        # t_mem is read for the part in stage 2 and the part's thresholds are registered into stage 3
         t_part = Signal(data.ArrayLayout(t_layout, pl))
-        with m.Switch(s_part[3]):
+        s3_t = Signal(data.ArrayLayout(t_layout, pl))
+        with m.Switch(s_part[2]):
             for pi in range(parts):
                 with m.Case(pi):
                     m.d.comb += t_part.as_value().eq(t_rd.data.as_value().word_select(pi, pl * t_layout.size))
+        with m.If(adv1):
+            m.d.sync += s3_t.eq(t_part)
         mx_valid = Signal()
         mx_e = Signal(data.ArrayLayout(signed(ew), pl))
         mx_nz = Signal(pl)
@@ -384,12 +444,16 @@ class Po2Unit(wiring.Component):
             mant, lz_lo = normalise_levels(m, s2b_v[lane], W, lo_levels, f"norm{lane}_b")
             lz = Signal(max(nlev, 1), name=f"norm{lane}_lz")
             m.d.comb += lz.eq(s2b_lz[lane] | lz_lo)
-            t = t_part[lane]
-            rho = Signal(signed(2), name=f"rho{lane}")
+            t = s3_t[lane]
+            # e0 = n - d + rho: the three sums next to the two compares, then rho picks one
+            above, below = Signal(name=f"above{lane}"), Signal(name=f"below{lane}")
+            nd = [Signal(signed(ew), name=f"nd{lane}_{k}") for k in ("m1", "0", "p1")]
             e0 = Signal(signed(ew), name=f"e0_{lane}")
             m.d.comb += [
-                rho.eq(Mux(s3_mant[lane] > t.t, 1, Mux(s3_mant[lane] <= (t.t >> 1), -1, 0))),
-                e0.eq(s3_n[lane] - t.d + rho),
+                above.eq(s3_mant[lane] > t.t),
+                below.eq(s3_mant[lane] <= (t.t >> 1)),
+                *(v.eq(s3_n[lane] - t.d + k) for v, k in zip(nd, (-1, 0, 1), strict=True)),
+                e0.eq(Mux(above, nd[2], Mux(below, nd[0], nd[1]))),
                 new[lane].e0.eq(e0),
                 new[lane].neg.eq(s3_neg[lane]),
                 new[lane].nz.eq(s3_nz[lane]),
@@ -416,7 +480,7 @@ class Po2Unit(wiring.Component):
             with m.If(adv1 & s_valid[3]):
                 m.d.sync += joined.eq(scratch)
         m.d.comb += [
-            t_rd.addr.eq(s_g[2]),
+            t_rd.addr.eq(s_g[1]),
             t_rd.en.eq(adv1),
             sq.i.valid.eq(s_valid[3] & s_push[3]),
             scratch.last.eq(s_lg[3]),

@@ -14,7 +14,7 @@ from amaranth import Module, Signal
 from amaranth.sim import Simulator
 
 from rtl_gen.bn_unit import BnLayer
-from rtl_gen.po2_unit import Po2Unit, normalise, sqrt2_constant
+from rtl_gen.po2_unit import Po2Unit, carry_save_step, normalise, sqrt2_constant
 from rtl_gen.toolchain import run_cocotb, to_verilog
 from sim.config import load_config
 from sim.hw.arith import po2_quantise, sqrt2_thresholds
@@ -47,6 +47,34 @@ def test_threshold_multiplier_matches_isqrt(s_width, width):
         for steps in (1, 3):
             t = _t_by_multiplier(s, s_width, width, steps)
             assert (t + 1, t // 2 + 1) == (t_hi, t_lo), (s, steps)
+
+
+@pytest.mark.parametrize("width, n_addends, shift", [(6, 1, 1), (9, 2, 2), (12, 4, 4), (20, 5, 3), (8, 0, 2)])
+def test_carry_save_step(width, n_addends, shift):
+    """The prologue multiplier's step: ``s + c + cout == (acc_s + acc_c + cin + sum(addends)) >> shift`` for
+    random operands whose total stays inside the frame (``width + 1`` bits), including the ``cin`` carries."""
+    m = Module()
+    acc_s, acc_c, cin = Signal(width), Signal(width), Signal()
+    addends = [Signal(width) for _ in range(n_addends)]
+    s, c, cout = carry_save_step(m, acc_s, acc_c, cin, addends, shift, "t")
+    assert len(s) == len(c) == width + 1 - shift
+    sim = Simulator(m)
+    rng = random.Random(width * 100 + n_addends)
+
+    async def bench(ctx):
+        for _ in range(3000):
+            vals = [rng.randrange(1 << rng.randrange(1, width + 1)) for _ in range(2 + n_addends)]
+            carry = rng.randrange(2)
+            if sum(vals) + carry >= 1 << (width + 1):
+                continue
+            for sig, v in zip([acc_s, acc_c, *addends], vals, strict=True):
+                ctx.set(sig, v)
+            ctx.set(cin, carry)
+            total = sum(vals) + carry
+            assert ctx.get(s) + ctx.get(c) + ctx.get(cout) == total >> shift, (vals, carry)
+
+    sim.add_testbench(bench)
+    sim.run()
 
 
 def test_normaliser_exhaustive():
