@@ -80,13 +80,16 @@ SPACE_WEIGHTS, SPACE_STATE, SPACE_TABLE, SPACE_STATE2 = 0, 1, 2, 3  # host port 
 STATE_SPACES = (SPACE_STATE, SPACE_STATE2)
 """The host port space of each optimiser state field, in :attr:`OptimizerSpec.fields` order (at most two)."""
 
-WRITE_STAGE = 4
-"""The pipeline stage that writes a visit back (stage 0 issues its reads; see :meth:`WeightMemory.elaborate`)."""
+WRITE_STAGE = 5
+"""The pipeline stage that writes a visit back: stage 0 issues its reads, stage 1 has the memories' outputs,
+stages 2 .. 4 the optimiser on their registered words (:meth:`WeightMemory._datapath`). No read-after-write
+hazard at any depth: each state row is visited once per sweep, consecutive visits of one bank row write disjoint
+``update_lanes`` chunks (a write enable per chunk), and the next command waits until the last write is done."""
 
 LATENCY = WRITE_STAGE + 1
 """Cycles of a sweep beyond one per visit, counted from the cycle the command is transferred to the last
 cycle ``busy`` is high (both included): ``visits + LATENCY`` with no stalls (the command cycle, then per visit
-stages 0 .. :data:`WRITE_STAGE`: the read, the memories' words, two stages of the optimiser, the write-back)."""
+stages 0 .. :data:`WRITE_STAGE`)."""
 
 MAX_CUTOFF = 1023  # the switch table lives in distributed RAM, one copy per update lane
 
@@ -557,7 +560,7 @@ class WeightMemory(wiring.Component):
 
         # --- stages 2 .. WRITE_STAGE; a visit moves on every cycle (no stalls). Stage 2 holds the memories'
         # words (timing: block-RAM output into the optimiser closed at 29-35 MHz on the ECP5 proxy), the optimiser
-        # runs in stages 2 and 3 (:meth:`_datapath`), WRITE_STAGE writes back ---
+        # runs in stages 2 .. WRITE_STAGE - 1 (:meth:`_datapath`), WRITE_STAGE writes back ---
         WB = WRITE_STAGE
 
         def stages(x, name, first=1):
@@ -682,7 +685,7 @@ class WeightMemory(wiring.Component):
                 twr.en.eq(host_wr & (h.space == SPACE_TABLE)),
             ]
 
-        # --- the optimiser (stages 2 and 3) ---
+        # --- the optimiser (stages 2 .. WRITE_STAGE - 1) ---
         new_w = Signal(U)
         new_state = {
             name: Signal(data.ArrayLayout(opt.field_shape(name), U), name=f"new_{name}") for name, _ in opt.fields
@@ -739,10 +742,10 @@ class WeightMemory(wiring.Component):
 
     def _datapath(self, m, op, shift, inc, w_old, g, u, st_rd, new_w, new_state, table_ports):
         """The optimiser: its inputs (``op``, ``w_old``, ``g``, ``u``, the state words ``st_rd``; switch: ``inc``,
-        the gated increment per row) are stage 2's registers, ``new_w`` and ``new_state`` belong to stage
-        :data:`WRITE_STAGE` (the write-back). The switch optimiser accumulates and clamps in stage 2, looks its
-        table up and compares in stage 3 and forms the write data in stage 4; the others compute in stage 2 and
-        their registered results wait for the write-back."""
+        the gated increment per row and its negation) are stage 2's registers, ``new_w`` and ``new_state``
+        belong to stage :data:`WRITE_STAGE` (the write-back). The switch optimiser adds and compares in stage 2,
+        clamps and looks its table up in stage 3, compares with the entry in stage 4 and forms the write data in
+        stage 5; the others compute in stage 2 and their registered results wait for the write-back."""
         opt = self._geometry.optimizer
         U = self._geometry.sweep.update_lanes
         kind = opt.kind
@@ -760,8 +763,9 @@ class WeightMemory(wiring.Component):
                 x = late(x, f"{name}_s{st}")
             return x
 
-        op3 = late(op, "op3")
-        op4 = late(op3, "op4")
+        ops = {2: op}  # op in stages 2 .. WRITE_STAGE
+        for st in range(3, WRITE_STAGE + 1):
+            ops[st] = late(ops[st - 1], f"op{st}")
         # Per-sweep constants derived from the command's shift, registered (shift is stable during a sweep).
         if kind == "bop":
             mask = Signal(16)
@@ -794,10 +798,9 @@ class WeightMemory(wiring.Component):
             r_hi = uj[16:]
             init_w = ~uj[31]
             nw = Signal(name=f"nw{j}")
-            if kind == "switch":  # nw in stage 4
-                init3 = late(init_w, f"init3_{j}")
-                init4 = late(init3, f"init4_{j}")
-                m.d.comb += new_w[j].eq(at_wb(Mux(op4 == INIT, init4, nw), 4, f"nw{j}"))
+            if kind == "switch":  # nw in stage 5
+                init5 = late(late(late(init_w, f"init3_{j}"), f"init4_{j}"), f"init5_{j}")
+                m.d.comb += new_w[j].eq(at_wb(Mux(ops[5] == INIT, init5, nw), 5, f"nw{j}"))
             else:
                 m.d.comb += new_w[j].eq(at_wb(Mux(op == INIT, init_w, nw), 2, f"nw{j}"))
 
@@ -807,8 +810,8 @@ class WeightMemory(wiring.Component):
             def state_out(name, value_upd, value_init=0, j=j):  # values of stage 2
                 m.d.comb += new_state[name][j].eq(at_wb(Mux(op == INIT, value_init, value_upd), 2, f"{name}{j}"))
 
-            def state_out4(name, value_upd, value_init, j=j):  # values of stage 4
-                m.d.comb += new_state[name][j].eq(at_wb(Mux(op4 == INIT, value_init, value_upd), 4, f"{name}{j}"))
+            def state_out5(name, value_upd, value_init, j=j):  # values of stage 5
+                m.d.comb += new_state[name][j].eq(at_wb(Mux(ops[5] == INIT, value_init, value_upd), 5, f"{name}{j}"))
 
             if kind == "switch":
                 C = opt.cutoff
@@ -818,30 +821,36 @@ class WeightMemory(wiring.Component):
                 ns = Signal(signed(len(acc) + 1), name=f"nsum{j}")  # -s
                 hi = Signal(name=f"hi{j}")  # s > C
                 lo = Signal(name=f"lo{j}")  # s < -C
-                acc1 = Signal(signed(len(acc)), name=f"acc{j}")
-                nacc1 = Signal(signed(len(acc)), name=f"nacc{j}")
-                p = Signal(signed(len(acc) + 1), name=f"p{j}")
-                # p = +-clamp(s) = clamp(+-s) (the clamp is symmetric), both signs in parallel; the clamp's
-                # comparisons are on acc (against C - increment), beside the adders rather than behind them
+                # stage 2: both sums and the clamp's comparisons (on acc, against C - increment) in parallel
                 m.d.comb += [
                     s.eq(acc + up),
                     ns.eq(down - acc),
                     hi.eq(Mux(up == 1, acc > C - 1, Mux(up == -1, acc > C + 1, acc > C))),
                     lo.eq(Mux(up == 1, acc < -C - 1, Mux(up == -1, acc < -C + 1, acc < -C))),
-                    acc1.eq(Mux(hi, C, Mux(lo, -C, s))),
-                    nacc1.eq(Mux(lo, C, Mux(hi, -C, ns))),
-                    p.eq(Mux(w, acc1, nacc1)),
                 ]
-                # stage 3: the table lookup of the registered p and the switch; stage 4: the write data
-                p3, acc3, w3, rhi3 = (late(p, f"p3_{j}"), late(acc1, f"acc3_{j}"), late(w, f"w3_{j}"),
-                                      late(r_hi, f"rhi3_{j}"))
-                m.d.comb += table_ports[j].addr.eq(p3.as_unsigned())
-                switch = late((p3 > 0) & (rhi3 < table_ports[j].data), f"sw4_{j}")
-                acc4, w4 = late(acc3, f"acc4_{j}"), late(w3, f"w4_{j}")
-                m.d.comb += nw.eq(w4 ^ switch)
-                state_out4("acc", Mux(switch, 0, acc4) if opt.reset else acc4, 0)
+                s3, ns3, hi3, lo3 = (late(s, f"sum3_{j}"), late(ns, f"nsum3_{j}"), late(hi, f"hi3_{j}"),
+                                     late(lo, f"lo3_{j}"))
+                w3, rhi3 = late(w, f"w3_{j}"), late(r_hi, f"rhi3_{j}")
+                # stage 3: clamp(s) and clamp(-s) = -clamp(s) (the clamp is symmetric), p = +-clamp(s) by the
+                # weight, its table entry
+                acc3 = Signal(signed(len(acc)), name=f"acc3_{j}")
+                nacc3 = Signal(signed(len(acc)), name=f"nacc3_{j}")
+                p3 = Signal(signed(len(acc)), name=f"p3_{j}")
+                m.d.comb += [
+                    acc3.eq(Mux(hi3, C, Mux(lo3, -C, s3))),
+                    nacc3.eq(Mux(lo3, C, Mux(hi3, -C, ns3))),
+                    p3.eq(Mux(w3, acc3, nacc3)),
+                    table_ports[j].addr.eq(p3.as_unsigned()),
+                ]
+                t4, pos4 = late(table_ports[j].data, f"t4_{j}"), late(p3 > 0, f"pos4_{j}")
+                acc4, w4, rhi4 = late(acc3, f"acc4_{j}"), late(w3, f"w4_{j}"), late(rhi3, f"rhi4_{j}")
+                # stage 4: the switch (p > 0 and the number below the entry); stage 5: the write data
+                switch = late(pos4 & (rhi4 < t4), f"sw5_{j}")
+                acc5, w5 = late(acc4, f"acc5_{j}"), late(w4, f"w5_{j}")
+                m.d.comb += nw.eq(w5 ^ switch)
+                state_out5("acc", Mux(switch, 0, acc5) if opt.reset else acc5, 0)
                 if opt.undo:
-                    state_out4("undo", w4, init4)
+                    state_out5("undo", w5, init5)
             elif kind == "bop":
                 F = opt.frac
                 mm = state_in("m")
