@@ -80,10 +80,16 @@ SPACE_WEIGHTS, SPACE_STATE, SPACE_TABLE, SPACE_STATE2 = 0, 1, 2, 3  # host port 
 STATE_SPACES = (SPACE_STATE, SPACE_STATE2)
 """The host port space of each optimiser state field, in :attr:`OptimizerSpec.fields` order (at most two)."""
 
-LATENCY = 4
+WRITE_STAGE = 5
+"""The pipeline stage that writes a visit back: stage 0 issues its reads, stage 1 has the memories' outputs,
+stages 2 .. 4 the optimiser on their registered words (:meth:`WeightMemory._datapath`). No read-after-write
+hazard at any depth: each state row is visited once per sweep, consecutive visits of one bank row write disjoint
+``update_lanes`` chunks (a write enable per chunk), and the next command waits until the last write is done."""
+
+LATENCY = WRITE_STAGE + 1
 """Cycles of a sweep beyond one per visit, counted from the cycle the command is transferred to the last
-cycle ``busy`` is high (both included): ``visits + LATENCY`` with no stalls (command cycle, then per visit the
-read, the registered memory words (stage 2) and the optimiser's second half with the write-back (stage 3))."""
+cycle ``busy`` is high (both included): ``visits + LATENCY`` with no stalls (the command cycle, then per visit
+stages 0 .. :data:`WRITE_STAGE`)."""
 
 MAX_CUTOFF = 1023  # the switch table lives in distributed RAM, one copy per update lane
 
@@ -552,41 +558,50 @@ class WeightMemory(wiring.Component):
                 s1_u.eq(self.rng.payload.u),
             ]
 
-        # --- stage 2: the memories' words registered (timing: block-RAM output into the optimiser closed at
-        # 29-35 MHz on the ECP5 proxy), and stage 3 (write-back); a visit moves on every cycle (no stalls) ---
-        s2_valid, s3_valid = Signal(), Signal()
-        s2_op, s3_op = Signal(2), Signal(2)
-        s2_lane, s3_lane = Signal(range(L)), Signal(range(L))
-        s2_chunk, s3_chunk = Signal(range(chunks)), Signal(range(chunks))
-        s2_addr, s3_addr = Signal.like(addr), Signal.like(addr)
-        s2_vidx, s3_vidx = Signal.like(vidx), Signal.like(vidx)
-        s2_partial, s3_partial = Signal(), Signal()
+        # --- stages 2 .. WRITE_STAGE; a visit moves on every cycle (no stalls). Stage 2 holds the memories'
+        # words (timing: block-RAM output into the optimiser closed at 29-35 MHz on the ECP5 proxy), the optimiser
+        # runs in stages 2 .. WRITE_STAGE - 1 (:meth:`_datapath`), WRITE_STAGE writes back ---
+        WB = WRITE_STAGE
+
+        def stages(x, name, first=1):
+            """``{stage: x in that stage}`` for stages ``first .. WRITE_STAGE`` (``x`` belongs to ``first``)."""
+            out = {first: x}
+            for st in range(first + 1, WB + 1):
+                out[st] = Signal.like(x, name=f"s{st}_{name}")
+                m.d.sync += out[st].eq(out[st - 1])
+            return out
+
+        s_valid = stages(s1_valid, "valid")
+        s_op = stages(s1_op, "op")
+        s_lane = stages(s1_lane, "lane")
+        s_chunk = stages(s1_chunk, "chunk")
+        s_addr = stages(s1_addr, "addr")
+        s_vidx = stages(s1_vidx, "vidx")
+        s_partial = stages(s1_partial, "partial")
         s2_g = Signal.like(s1_g)
         s2_u = Signal.like(s1_u)
-        s2_take = Signal(U)  # switch: the schedule's gate per row, (u & 0xFFFF) < gate, compared in stage 1
-        m.d.sync += [
-            s2_valid.eq(s1_valid), s3_valid.eq(s2_valid),
-            s2_op.eq(s1_op), s3_op.eq(s2_op),
-            s2_lane.eq(s1_lane), s3_lane.eq(s2_lane),
-            s2_chunk.eq(s1_chunk), s3_chunk.eq(s2_chunk),
-            s2_addr.eq(s1_addr), s3_addr.eq(s2_addr),
-            s2_vidx.eq(s1_vidx), s3_vidx.eq(s2_vidx),
-            s2_partial.eq(s1_partial), s3_partial.eq(s2_partial),
-            s2_g.eq(s1_g), s2_u.eq(s1_u),
-            s2_take.eq(Cat(s1_u[j][:16] < gate for j in range(U))),
-        ]  # fmt: skip
+        m.d.sync += [s2_g.eq(s1_g), s2_u.eq(s1_u)]
+        # switch: the increment per row, sgn(dW) where the schedule's gate takes it ((u & 0xFFFF) < gate) and 0
+        # elsewhere, formed in stage 1
+        s2_inc = Signal(data.ArrayLayout(data.StructLayout({"up": signed(2), "down": signed(2)}), U))
+        if opt.kind == "switch":
+            for j in range(U):
+                take = Signal(name=f"take{j}")
+                m.d.comb += take.eq(s1_u[j][:16] < gate)
+                m.d.sync += [s2_inc[j].up.eq(Mux(take, s1_g[j], 0)), s2_inc[j].down.eq(Mux(take, -s1_g[j], 0))]
 
         # --- host port and command ---
         busy = Signal()
         rd_issued = Signal()
+        rd_held = Signal()  # the read words in their registers (w_rows, st_q)
         rd_space = Signal(2)
         rd_lane = Signal(range(L))
         resp_valid = Signal()
         resp_data = Signal(geo.data_width)
         h = self.host.payload
-        idle = ~busy & ~rd_issued & ~resp_valid
+        idle = ~busy & ~rd_issued & ~rd_held & ~resp_valid
         m.d.comb += [
-            busy.eq(running | s1_valid | s2_valid | s3_valid),
+            busy.eq(running | Cat(*s_valid.values()).any()),
             self.busy.eq(busy),
             self.cmd.ready.eq(idle),
             self.host.ready.eq(idle & ~self.cmd.valid),
@@ -596,7 +611,7 @@ class WeightMemory(wiring.Component):
         host_go = self.host.valid & self.host.ready
         host_rd = host_go & ~h.write
         host_wr = host_go & h.write
-        m.d.sync += rd_issued.eq(host_rd)
+        m.d.sync += [rd_issued.eq(host_rd), rd_held.eq(rd_issued)]
         with m.If(host_rd):
             m.d.sync += [rd_space.eq(h.space), rd_lane.eq(h.lane)]
         with m.If(self.host_rdata.ready):
@@ -633,12 +648,15 @@ class WeightMemory(wiring.Component):
             ]
             bank_rd.append(rd)
             bank_wr.append(wr)
-        w_word = Signal(bank.lanes_in)
-        m.d.comb += w_word.eq(Array(rd.data for rd in bank_rd)[s1_lane])
-        w_old1 = Signal(U)
-        m.d.comb += w_old1.eq(w_word.word_select(s1_chunk, U))
-        w_old, w_old3 = Signal(U), Signal(U)  # stages 2 and 3
-        m.d.sync += [w_old.eq(w_old1), w_old3.eq(w_old)]
+        # every bank's word registered as it leaves the RAM (timing: a block RAM's output delay, 5.6 ns on the
+        # ECP5 proxy, left no time for a multiplexer behind it; the 7-series' block RAMs absorb such a register);
+        # the sweep picks its lane and chunk in stage 2, a host read its lane a cycle after the read
+        w_rows = Array(Signal(bank.lanes_in, name=f"s2_w_row{lane_i}") for lane_i in range(L))
+        m.d.sync += [w_rows[lane_i].eq(rd.data) for lane_i, rd in enumerate(bank_rd)]
+        w_row2 = Signal(bank.lanes_in)
+        w_old2 = Signal(U)
+        m.d.comb += [w_row2.eq(w_rows[s_lane[2]]), w_old2.eq(w_row2.word_select(s_chunk[2], U))]
+        w_old = stages(w_old2, "w_old", 2)
 
         # --- state memories ---
         st_rd, st_wr, st_q = {}, {}, {}  # st_q: the read words in stage 2
@@ -667,31 +685,27 @@ class WeightMemory(wiring.Component):
                 twr.en.eq(host_wr & (h.space == SPACE_TABLE)),
             ]
 
-        # --- the optimiser (stage 1) ---
+        # --- the optimiser (stages 2 .. WRITE_STAGE - 1) ---
         new_w = Signal(U)
         new_state = {
             name: Signal(data.ArrayLayout(opt.field_shape(name), U), name=f"new_{name}") for name, _ in opt.fields
         }
-        self._datapath(m, s2_op, shift, s2_take, w_old, s2_g, s2_u, st_q, new_w, new_state, table_ports)
+        self._datapath(m, s_op[2], shift, s2_inc, w_old[2], s2_g, s2_u, st_q, new_w, new_state, table_ports)
 
-        # --- write-back (stage 3) ---
-        s3_write = s3_valid & (s3_op != UNDO)
-        s3_wbits = Signal(U)
-        if "undo" in st_q:
-            undo3 = Signal(U)
-            m.d.sync += undo3.eq(st_q["undo"].as_value())
-            m.d.comb += s3_wbits.eq(Mux(s3_op == UNDO, undo3, new_w))
-        else:
-            m.d.comb += s3_wbits.eq(Mux(s3_op == UNDO, w_old3, new_w))
+        # --- write-back (stage WRITE_STAGE) ---
+        wb_write = s_valid[WB] & (s_op[WB] != UNDO)
+        wb_bits = Signal(U)
+        undo_bits = stages(st_q["undo"].as_value(), "undo", 2) if "undo" in st_q else w_old
+        m.d.comb += wb_bits.eq(Mux(s_op[WB] == UNDO, undo_bits[WB], new_w))
         for lane_i, wr in enumerate(bank_wr):
             host_here = host_wr & (h.space == SPACE_WEIGHTS) & (h.lane == lane_i)
             m.d.comb += [
-                wr.addr.eq(bbase + Mux(busy, s3_addr, h.addr)),
-                wr.data.eq(Mux(busy, Cat(*([s3_wbits] * chunks)), h.data[: bank.lanes_in])),
+                wr.addr.eq(bbase + Mux(busy, s_addr[WB], h.addr)),
+                wr.data.eq(Mux(busy, Cat(*([wb_bits] * chunks)), h.data[: bank.lanes_in])),
                 wr.en.eq(
                     Mux(
                         busy,
-                        Mux(s3_valid & (s3_lane == lane_i), Const(1, chunks) << s3_chunk, 0),
+                        Mux(s_valid[WB] & (s_lane[WB] == lane_i), Const(1, chunks) << s_chunk[WB], 0),
                         Mux(host_here, (1 << chunks) - 1, 0),
                     )
                 ),
@@ -699,50 +713,59 @@ class WeightMemory(wiring.Component):
         for name, _ in opt.fields:
             wr = st_wr[name]
             m.d.comb += [
-                wr.addr.eq(Mux(busy, s3_vidx, sbase + h.addr)),
+                wr.addr.eq(Mux(busy, s_vidx[WB], sbase + h.addr)),
                 wr.data.eq(Mux(busy, new_state[name].as_value(), h.data[: geo.field_width(name)])),
-                wr.en.eq(Mux(busy, s3_write, host_wr & (h.space == geo.field_space(name)))),
+                wr.en.eq(Mux(busy, wb_write, host_wr & (h.space == geo.field_space(name)))),
             ]
 
         # --- flip counter ---
         changed = Signal(U)
-        valid_mask = Mux(s3_partial, vmask, (1 << U) - 1)
-        m.d.comb += changed.eq((s3_wbits ^ w_old3) & valid_mask)
-        with m.If(s3_valid):
+        valid_mask = Mux(s_partial[WB], vmask, (1 << U) - 1)
+        m.d.comb += changed.eq((wb_bits ^ w_old[WB]) & valid_mask)
+        with m.If(s_valid[WB]):
             m.d.sync += flips.eq(flips + popcount(changed))
 
-        # --- host read responses (one cycle after the read) ---
-        with m.If(rd_issued):
+        # --- host read responses (two cycles after the read: the words are registered first) ---
+        with m.If(rd_held):
             m.d.sync += resp_valid.eq(1)
             with m.Switch(rd_space):
                 with m.Case(SPACE_WEIGHTS):
-                    m.d.sync += resp_data.eq(Array(rd.data for rd in bank_rd)[rd_lane])
+                    m.d.sync += resp_data.eq(w_rows[rd_lane])
                 for name, _ in opt.fields:
                     with m.Case(geo.field_space(name)):
-                        m.d.sync += resp_data.eq(st_rd[name].data.as_value())
+                        m.d.sync += resp_data.eq(st_q[name].as_value())
                 with m.Default():
                     m.d.sync += resp_data.eq(0)
         return m
 
     # --- the four optimisers, per update lane ------------------------------------------------------------
 
-    def _datapath(self, m, op, shift, take, w_old, g, u, st_rd, new_w, new_state, table_ports):
-        """The optimiser over two pipeline stages: its inputs (``op``, ``w_old``, ``g``, ``u``, the state words
-        ``st_rd``; switch: ``take``, the gate's verdict per row) are stage 2's registers, ``new_w`` and
-        ``new_state`` belong to stage 3 (the write-back). The switch optimiser accumulates in stage 2 and looks its
-        table up in stage 3; the others compute in stage 2 and register their results."""
+    def _datapath(self, m, op, shift, inc, w_old, g, u, st_rd, new_w, new_state, table_ports):
+        """The optimiser: its inputs (``op``, ``w_old``, ``g``, ``u``, the state words ``st_rd``; switch: ``inc``,
+        the gated increment per row and its negation) are stage 2's registers, ``new_w`` and ``new_state``
+        belong to stage :data:`WRITE_STAGE` (the write-back). The switch optimiser adds and compares in stage 2,
+        clamps and looks its table up in stage 3, compares with the entry in stage 4 and forms the write data in
+        stage 5; the others compute in stage 2 and their registered results wait for the write-back."""
         opt = self._geometry.optimizer
         U = self._geometry.sweep.update_lanes
         kind = opt.kind
 
         def late(x, name):
-            """``x`` one cycle later (stage 2 -> 3)."""
+            """``x`` one cycle later."""
             x = Value.cast(x)
             r = Signal(x.shape(), name=name)
             m.d.sync += r.eq(x)
             return r
 
-        op3 = late(op, "op3")
+        def at_wb(x, stage, name):
+            """``x`` of stage ``stage`` delayed to the write-back stage."""
+            for st in range(stage + 1, WRITE_STAGE + 1):
+                x = late(x, f"{name}_s{st}")
+            return x
+
+        ops = {2: op}  # op in stages 2 .. WRITE_STAGE
+        for st in range(3, WRITE_STAGE + 1):
+            ops[st] = late(ops[st - 1], f"op{st}")
         # Per-sweep constants derived from the command's shift, registered (shift is stable during a sweep).
         if kind == "bop":
             mask = Signal(16)
@@ -775,49 +798,59 @@ class WeightMemory(wiring.Component):
             r_hi = uj[16:]
             init_w = ~uj[31]
             nw = Signal(name=f"nw{j}")
-            if kind == "switch":  # nw in stage 3
-                init3 = late(init_w, f"init3_{j}")
-                m.d.comb += new_w[j].eq(Mux(op3 == INIT, init3, nw))
+            if kind == "switch":  # nw in stage 5
+                init5 = late(late(late(init_w, f"init3_{j}"), f"init4_{j}"), f"init5_{j}")
+                m.d.comb += new_w[j].eq(at_wb(Mux(ops[5] == INIT, init5, nw), 5, f"nw{j}"))
             else:
-                m.d.comb += new_w[j].eq(late(Mux(op == INIT, init_w, nw), f"nw3_{j}"))
+                m.d.comb += new_w[j].eq(at_wb(Mux(op == INIT, init_w, nw), 2, f"nw{j}"))
 
             def state_in(name, j=j):
                 return st_rd[name][j]
 
-            def state_out(name, value_upd, value_init=0, j=j):
-                m.d.comb += new_state[name][j].eq(late(Mux(op == INIT, value_init, value_upd), f"{name}3_{j}"))
+            def state_out(name, value_upd, value_init=0, j=j):  # values of stage 2
+                m.d.comb += new_state[name][j].eq(at_wb(Mux(op == INIT, value_init, value_upd), 2, f"{name}{j}"))
 
-            def state_out3(name, value_upd, value_init, j=j):  # values of stage 3
-                m.d.comb += new_state[name][j].eq(Mux(op3 == INIT, value_init, value_upd))
+            def state_out5(name, value_upd, value_init, j=j):  # values of stage 5
+                m.d.comb += new_state[name][j].eq(at_wb(Mux(ops[5] == INIT, value_init, value_upd), 5, f"{name}{j}"))
 
             if kind == "switch":
                 C = opt.cutoff
                 acc = state_in("acc")
+                up, down = inc[j].up, inc[j].down  # the gated increment and its negation (stage 1)
                 s = Signal(signed(len(acc) + 1), name=f"sum{j}")
-                ns = Signal(signed(len(acc) + 2), name=f"nsum{j}")  # -s in one adder: ~acc + (1 - increment)
-                acc1 = Signal(signed(len(acc)), name=f"acc{j}")
-                nacc1 = Signal(signed(len(acc)), name=f"nacc{j}")
-                p = Signal(signed(len(acc) + 1), name=f"p{j}")
-                inc = Signal(signed(2), name=f"inc{j}")
-                # the schedule's gate: the increment is taken only where (u & 0xFFFF) < gate (take, stage 1);
-                # p = +-clamp(s) = clamp(+-s) (the clamp is symmetric), both signs in parallel
+                ns = Signal(signed(len(acc) + 1), name=f"nsum{j}")  # -s
+                hi = Signal(name=f"hi{j}")  # s > C
+                lo = Signal(name=f"lo{j}")  # s < -C
+                # stage 2: both sums and the clamp's comparisons (on acc, against C - increment) in parallel
                 m.d.comb += [
-                    inc.eq(Mux(take[j], gj, 0)),
-                    s.eq(acc + inc),
-                    ns.eq(~acc + (1 - inc)),
-                    acc1.eq(Mux(s > C, C, Mux(s < -C, -C, s))),
-                    nacc1.eq(Mux(ns > C, C, Mux(ns < -C, -C, ns))),
-                    p.eq(Mux(w, acc1, nacc1)),
+                    s.eq(acc + up),
+                    ns.eq(down - acc),
+                    hi.eq(Mux(up == 1, acc > C - 1, Mux(up == -1, acc > C + 1, acc > C))),
+                    lo.eq(Mux(up == 1, acc < -C - 1, Mux(up == -1, acc < -C + 1, acc < -C))),
                 ]
-                # stage 3: the table lookup of the registered p, the switch and the write data
-                p3, acc3, w3, rhi3 = (late(p, f"p3_{j}"), late(acc1, f"acc3_{j}"), late(w, f"w3_{j}"),
-                                      late(r_hi, f"rhi3_{j}"))
-                m.d.comb += table_ports[j].addr.eq(p3.as_unsigned())
-                switch = Signal(name=f"sw{j}")
-                m.d.comb += [switch.eq((p3 > 0) & (rhi3 < table_ports[j].data)), nw.eq(w3 ^ switch)]
-                state_out3("acc", Mux(switch, 0, acc3) if opt.reset else acc3, 0)
+                s3, ns3, hi3, lo3 = (late(s, f"sum3_{j}"), late(ns, f"nsum3_{j}"), late(hi, f"hi3_{j}"),
+                                     late(lo, f"lo3_{j}"))
+                w3, rhi3 = late(w, f"w3_{j}"), late(r_hi, f"rhi3_{j}")
+                # stage 3: clamp(s) and clamp(-s) = -clamp(s) (the clamp is symmetric), p = +-clamp(s) by the
+                # weight, its table entry
+                acc3 = Signal(signed(len(acc)), name=f"acc3_{j}")
+                nacc3 = Signal(signed(len(acc)), name=f"nacc3_{j}")
+                p3 = Signal(signed(len(acc)), name=f"p3_{j}")
+                m.d.comb += [
+                    acc3.eq(Mux(hi3, C, Mux(lo3, -C, s3))),
+                    nacc3.eq(Mux(lo3, C, Mux(hi3, -C, ns3))),
+                    p3.eq(Mux(w3, acc3, nacc3)),
+                    table_ports[j].addr.eq(p3.as_unsigned()),
+                ]
+                t4, pos4 = late(table_ports[j].data, f"t4_{j}"), late(p3 > 0, f"pos4_{j}")
+                acc4, w4, rhi4 = late(acc3, f"acc4_{j}"), late(w3, f"w4_{j}"), late(rhi3, f"rhi4_{j}")
+                # stage 4: the switch (p > 0 and the number below the entry); stage 5: the write data
+                switch = late(pos4 & (rhi4 < t4), f"sw5_{j}")
+                acc5, w5 = late(acc4, f"acc5_{j}"), late(w4, f"w5_{j}")
+                m.d.comb += nw.eq(w5 ^ switch)
+                state_out5("acc", Mux(switch, 0, acc5) if opt.reset else acc5, 0)
                 if opt.undo:
-                    state_out3("undo", w3, init3)
+                    state_out5("undo", w5, init5)
             elif kind == "bop":
                 F = opt.frac
                 mm = state_in("m")
