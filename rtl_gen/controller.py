@@ -206,11 +206,11 @@ def bn_param_cycles(layer, hw, div_steps: int) -> dict:
     # running, per channel: idle (the stats beat taken), the two requests back to back, the two responses in
     # order (the second in the cycle after the first when the ring holds both), back to idle
     running = ring_schedule(stages(steps), it, [1, 1])[-1] + 1
-    # update: maxima pass, exponent (3 cycles) and the aligner's amounts (2), M + 5 in all (measured in RTL,
-    # 784-12-10), then per channel read, align (4: m, a, g through the two-cycle aligner), ema, ratio operands,
-    # |m|, request, the divider's latency (|r| taken with the response), the sign of r, delta (the learning-rate
-    # shift of r), beta - delta, apply
-    return {"running": running, "update": M + 5 + M * (lat + 13)}
+    # update: maxima pass (its reads and a registered |P1| before the comparisons), exponent (3 cycles) and the
+    # aligner's amounts (2), M + 6 in all (measured in RTL, 784-12-10), then per channel read, align (4: m, a, g
+    # through the two-cycle aligner), ema, ratio operands, |m|, request, the divider's latency (|r| taken with
+    # the response), the sign of r, delta (the learning-rate shift of r), beta - delta, apply
+    return {"running": running, "update": M + 6 + M * (lat + 13)}
 
 
 class BnParamUnit(wiring.Component):
@@ -433,6 +433,9 @@ class BnParamUnit(wiring.Component):
         c_issue = Signal(range(Mmax + 1))
         c_seen = Signal(range(Mmax + 1))
         rd_valid = Signal()
+        mx_valid = Signal()
+        mx_g = Signal(self.p_width)
+        mx_a = Signal(self.a_width)
 
         mv = Signal(signed(self.m_width))
         av = Signal(signed(self.a_width + 1))
@@ -495,7 +498,8 @@ class BnParamUnit(wiring.Component):
                                  rd["s"].addr.eq(base + ch), rd["s"].en.eq(1), self.stats.ready.eq(1)]
                     m.next = "run_mu"
                 with m.Elif(pending):
-                    m.d.sync += [pending.eq(0), gmax.eq(0), amax.eq(0), c_issue.eq(0), c_seen.eq(0), rd_valid.eq(0)]
+                    m.d.sync += [pending.eq(0), gmax.eq(0), amax.eq(0), c_issue.eq(0), c_seen.eq(0), rd_valid.eq(0),
+                                 mx_valid.eq(0)]
                     m.next = "max"
             # running: mu_b = floor((2 sum_y 2^Fr + B) / 2B) (signed floor), s_b = floor((2 S 2^Fr + B^2) / 2B^2);
             # both requests back to back (the divider's ring holds both), then both responses in order
@@ -504,6 +508,15 @@ class BnParamUnit(wiring.Component):
             # rounding add and the update's add into the s memory's write port closed at 95 MHz on the ECP5 proxy)
             run_hm = Signal(signed(self.run_width + sh + 2), name="run_half_mu")
             run_hs = Signal(signed(self.run_width + sh + 2), name="run_half_s")
+            # the updates are written a cycle after the last response, from registered sums, while the FSM is
+            # back in "idle" (timing: the response, the rounding add, the shift and the update's add into the
+            # write port closed at 98.6 MHz on the ECP5 proxy); the read words still hold the old values then
+            # (a new beat re-addresses the read ports, whose data change only at the next edge), and the
+            # next write of the same channel is a whole forward pass away
+            run_wb = Signal()
+            run_wb_addr = Signal.like(wr["mu"].addr)
+            run_mu_sum = Signal(signed(self.run_width + sh + 3), name="run_mu_sum")
+            run_s_sum = Signal(signed(self.run_width + sh + 3), name="run_s_sum")
             with m.State("run_mu"):
                 m.d.sync += [run_hm.eq(half - rd["mu"].data), run_hs.eq(half - rd["s"].data)]
                 n1 = Signal(signed(self._run_n + 1))
@@ -526,16 +539,8 @@ class BnParamUnit(wiring.Component):
             with m.State("run_s_wait"):
                 m.d.comb += div.resp.ready.eq(1)
                 with m.If(div.resp.valid):
-                    mu_old = rd["mu"].data
-                    s_old = rd["s"].data
-                    mu_new = Signal(signed(self.run_width + 2))
-                    s_new = Signal(signed(self.run_width + 2))
-                    m.d.comb += [
-                        mu_new.eq(mu_old + ((mu_b + run_hm) >> sh)),
-                        s_new.eq(s_old + ((resp.quotient + run_hs) >> sh)),
-                        wr["mu"].addr.eq(base + ch), wr["mu"].data.eq(mu_new), wr["mu"].en.eq(1),
-                        wr["s"].addr.eq(base + ch), wr["s"].data.eq(s_new), wr["s"].en.eq(1),
-                    ]
+                    m.d.sync += [run_wb.eq(1), run_wb_addr.eq(base + ch),
+                                 run_mu_sum.eq(mu_b + run_hm), run_s_sum.eq(resp.quotient + run_hs)]
                     m.d.sync += ch.eq(Mux(ch == M - 1, 0, ch + 1))
                     m.next = "idle"
             # beta update pass 0: maxima of |P1| and a
@@ -545,15 +550,16 @@ class BnParamUnit(wiring.Component):
                                  rd["p1"].addr.eq(base + c_issue), rd["p1"].en.eq(1)]
                     m.d.sync += c_issue.eq(c_issue + 1)
                 m.d.sync += rd_valid.eq(c_issue != M)
-                with m.If(rd_valid):
-                    g_abs = Signal(self.p_width)
-                    pv = rd["p1"].data
-                    m.d.comb += g_abs.eq(Mux(pv < 0, -pv, pv))
-                    with m.If(g_abs > gmax):
-                        m.d.sync += gmax.eq(g_abs)
-                    with m.If(rd["a"].data > amax):
-                        m.d.sync += amax.eq(rd["a"].data)
-                with m.If((c_issue == M) & ~rd_valid):
+                # |P1| and a registered before the comparisons (timing: the negation, the comparison and the
+                # maxima's enables in one cycle closed at 95.7 MHz on the ECP5 proxy)
+                pv = rd["p1"].data
+                m.d.sync += [mx_valid.eq(rd_valid), mx_g.eq(Mux(pv < 0, -pv, pv)), mx_a.eq(rd["a"].data)]
+                with m.If(mx_valid):
+                    with m.If(mx_g > gmax):
+                        m.d.sync += gmax.eq(mx_g)
+                    with m.If(mx_a > amax):
+                        m.d.sync += amax.eq(mx_a)
+                with m.If((c_issue == M) & ~rd_valid & ~mx_valid):
                     m.next = "exponent"
             # the layer exponent over three cycles (timing: leading-one positions, the comparison and the
             # differences in one cycle closed at 48 MHz on the ECP5 proxy); both candidates carry the
@@ -680,7 +686,17 @@ class BnParamUnit(wiring.Component):
                 with m.Else():
                     m.d.sync += ch.eq(ch + 1)
                     m.next = "read"
-            m.d.comb += busy.eq(~fsm.ongoing("idle") | pending | (b_left != 0) | b_inflight | b_full)
+        with m.If(run_wb):
+            mu_new = Signal(signed(self.run_width + 2))
+            s_new = Signal(signed(self.run_width + 2))
+            m.d.comb += [
+                mu_new.eq(rd["mu"].data + (run_mu_sum >> sh)),
+                s_new.eq(rd["s"].data + (run_s_sum >> sh)),
+                wr["mu"].addr.eq(run_wb_addr), wr["mu"].data.eq(mu_new), wr["mu"].en.eq(1),
+                wr["s"].addr.eq(run_wb_addr), wr["s"].data.eq(s_new), wr["s"].en.eq(1),
+            ]
+            m.d.sync += run_wb.eq(0)
+        m.d.comb += busy.eq(~fsm.ongoing("idle") | pending | (b_left != 0) | b_inflight | b_full | run_wb)
         m.d.comb += self.busy.eq(busy)
         return m
 
