@@ -210,7 +210,8 @@ class Divider(wiring.Component):
         with m.Elif(enter):
             m.d.sync += in_valid.eq(0)
 
-        # stage 0's operands: the recirculating division, else the request register's (hi, lo, overflow check)
+        # stage 0's operands: the recirculating division, else the request register's (hi, lo, overflow check);
+        # the remainder and quotient are chosen after the stage's step (below)
         hi = Signal(wd, name="hi")
         lo = Signal(wq_int, name="lo")
         if wn > wq_int:
@@ -218,12 +219,10 @@ class Divider(wiring.Component):
         m.d.comb += lo.eq(in_n[: min(wn, wq_int)])
         over = Signal(name="over")
         m.d.comb += over.eq((in_d == 0) | ((in_n >> wq) >= in_d))
-        r0, q0, d0 = Signal(wd, name="r0"), Signal(wq_int, name="q0"), Signal(wd, name="d0")
+        d0 = Signal(wd, name="d0")
         d30 = Signal(wd + 2, name="d30")
         o0, c0 = Signal(name="o0"), Signal(range(loops), name="c0")
         m.d.comb += [
-            r0.eq(Mux(recirc, st_r[last], hi)),
-            q0.eq(Mux(recirc, st_q[last], lo)),
             d0.eq(Mux(recirc, st_d[last], in_d)),
             d30.eq(Mux(recirc, st_d3[last], in_d3)),
             o0.eq(Mux(recirc, st_o[last], over)),
@@ -244,13 +243,24 @@ class Divider(wiring.Component):
         with m.If(en):
             for k in range(P):
                 if k == 0:
-                    v_in, c_in, r_in, q_in, d_in, o_in = recirc | enter, c0, r0, q0, d0, o0
+                    v_in, c_in, d_in, o_in = recirc | enter, c0, d0, o0
                     d3_in = d30
                 else:
                     v_in, c_in, r_in, q_in, d_in, o_in = st_v[k - 1], st_c[k - 1], st_r[k - 1], st_q[k - 1], \
                         st_d[k - 1], st_o[k - 1]
                     d3_in = st_d3[k - 1]
-                if bits[k] == 2:
+                if k == 0:
+                    # stage 0 steps both candidates, the recirculating division and the request, and picks the
+                    # result (timing: ``recirc``'s fan-out into the operand multiplexer in front of the carry
+                    # chains closed at 100 MHz on the ECP5 proxy; now it reaches only the final choice)
+                    if bits[k] == 2:
+                        r_a, q_a = _radix4_stage(m, st_r[last], st_q[last], st_d[last], st_d3[last], "s0_loop")
+                        r_b, q_b = _radix4_stage(m, hi, lo, in_d, in_d3, "s0_new")
+                    else:
+                        r_a, q_a = _radix2_stage(m, st_r[last], st_q[last], st_d[last], "s0_loop")
+                        r_b, q_b = _radix2_stage(m, hi, lo, in_d, "s0_new")
+                    r_out, q_out = Mux(recirc, r_a, r_b), Mux(recirc, q_a, q_b)
+                elif bits[k] == 2:
                     r_out, q_out = _radix4_stage(m, r_in, q_in, d_in, d3_in, f"s{k}")
                 else:
                     r_out, q_out = _radix2_stage(m, r_in, q_in, d_in, f"s{k}")
