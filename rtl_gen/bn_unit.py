@@ -724,6 +724,17 @@ class BnForwardCore(wiring.Component):
         for port, g_pass in ((sum_rd, s1_g), (ys_rd, s1_g), (ns_rd, s1_g), (thr_rd, cnt.g)):
             m.d.comb += [port.addr.eq(Mux(in_pass, g_pass, walk.g)), port.en.eq(Mux(in_pass, adv, epi_rd))]
         sum_l = _lane(m, sum_rd.data, walk.l, sum_shape, "sum_l")
+        # EPI1's dividend, offset in every lane before the lane choice (timing: the lane index's fan-out into
+        # the multiplexer, then the offset's carry chain into the divider's request register closed at 99.6 MHz
+        # on the ECP5 proxy; now the index reaches only the final choice)
+        epi1_n = Signal(wn, name="epi1_dividend")
+        epi1_lanes = [Signal(wn, name=f"epi1_dividend{i}") for i in range(L)]
+        for i, sig in enumerate(epi1_lanes):
+            m.d.comb += sig.eq(sum_rd.data[i] + (B * ymax + B - 1))
+        with m.Switch(walk.l):
+            for i, sig in enumerate(epi1_lanes):
+                with m.Case(i):
+                    m.d.comb += epi1_n.eq(sig)
         ys_l = _lane(m, ys_rd.data, walk.l, sum_shape, "ys_l")
         ns_l = _lane(m, ns_rd.data, walk.l, cnt_shape, "ns_l")
         thr_l = _lane(m, thr_rd.data, walk.l, lay.thr_layout, "thr_l")
@@ -867,7 +878,7 @@ class BnForwardCore(wiring.Component):
                     # t_mu + Ymax = floor((sum_y + B Ymax + B - 1) / B), in [0, 2 Ymax].
                     m.d.comb += [
                         self.div_req.valid.eq(est == CH0),
-                        self.div_req.payload.dividend.eq(sum_l + (B * ymax + B - 1)),
+                        self.div_req.payload.dividend.eq(epi1_n),
                         self.div_req.payload.divisor.eq(B),
                         self.div_resp.ready.eq(1),
                         thr_word.theta.eq(q_now - ymax),
