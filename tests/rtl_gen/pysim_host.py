@@ -16,3 +16,18 @@ async def host_access(ctx, dut, payload: dict, *, read: bool):
     (v,) = await ctx.tick().sample(dut.host_rdata.payload).until(dut.host_rdata.valid)
     ctx.set(dut.host_rdata.ready, 0)
     return int(v)
+
+
+async def start_beta_update(ctx, dut, p1, scale: int, lr_shift: int):
+    """Give a BN parameter unit its layer's ``P1`` values (one beat a channel), the gradient scale and the
+    learning-rate shift, and pulse ``update`` for one cycle (the unit is busy from the next cycle)."""
+    for v in p1:
+        ctx.set(dut.p1.payload, int(v))
+        ctx.set(dut.p1.valid, 1)
+        await ctx.tick()
+    ctx.set(dut.p1.valid, 0)
+    ctx.set(dut.scale, scale)
+    ctx.set(dut.lr_shift, lr_shift)
+    ctx.set(dut.update, 1)
+    await ctx.tick()
+    ctx.set(dut.update, 0)

@@ -6,7 +6,7 @@ rtl_gen.controller.bn_param_cycles."""
 import numpy as np
 import pytest
 from amaranth.sim import Simulator
-from pysim_host import host_access  # same folder
+from pysim_host import host_access, start_beta_update  # same folder
 from small_mlp import SMALL
 
 from rtl_gen.bn_unit import BnLayer
@@ -57,16 +57,7 @@ def test_beta_update_from_random_states(div_steps):
                 for c in range(M):
                     await host(ctx, space, c, vals[c])
             await host(ctx, SPACE_E, 0, e)
-            for c in range(M):
-                ctx.set(dut.p1.payload, int(p1[c]))
-                ctx.set(dut.p1.valid, 1)
-                await ctx.tick()
-            ctx.set(dut.p1.valid, 0)
-            ctx.set(dut.scale, scale)
-            ctx.set(dut.lr_shift, lr_sh)
-            ctx.set(dut.update, 1)
-            await ctx.tick()
-            ctx.set(dut.update, 0)
+            await start_beta_update(ctx, dut, p1[:M], scale, lr_sh)
             n = 1
             while ctx.get(dut.busy):
                 await ctx.tick()

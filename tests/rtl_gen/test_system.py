@@ -326,7 +326,7 @@ def test_bn_param_unit_against_the_model(shared):
     several steps, read back through the host port, equal sim.hw.arith.running_update and
     sim.hw.optim.beta_update: for one layer, and for the unit shared by both layers of the small MLP (12
     and 10 channels, different bounds; the layers' work interleaves as in a training step)."""
-    from pysim_host import host_access  # same folder
+    from pysim_host import host_access, start_beta_update  # same folder
 
     cfg = small_cfg()
     h = cfg.hw
@@ -392,16 +392,7 @@ def test_bn_param_unit_against_the_model(shared):
                 z["beta"], z["m"], z["a"], z["E"] = O.beta_update(z["beta"], z["m"], z["a"], z["E"], p1, scale, lr_sh,
                                                                   p, h.beta_momentum_shift, h.beta_scale_shift,
                                                                   h.beta_state_bits)
-                for c in range(M):
-                    ctx.set(dut.p1.payload, int(p1[c]))
-                    ctx.set(dut.p1.valid, 1)
-                    await ctx.tick()
-                ctx.set(dut.p1.valid, 0)
-                ctx.set(dut.scale, scale)
-                ctx.set(dut.lr_shift, lr_sh)
-                ctx.set(dut.update, 1)
-                await ctx.tick()
-                ctx.set(dut.update, 0)
+                await start_beta_update(ctx, dut, p1[:M], scale, lr_sh)
                 await ctx.tick()
                 while ctx.get(dut.busy):
                     await ctx.tick()
