@@ -31,3 +31,16 @@ async def start_beta_update(ctx, dut, p1, scale: int, lr_shift: int):
     ctx.set(dut.update, 1)
     await ctx.tick()
     ctx.set(dut.update, 0)
+
+
+async def bn_param_host(ctx, dut, space: int, addr: int, data=None):
+    """Read (``data`` None) or write one word of a BN parameter unit's ``space`` at channel ``addr``."""
+    payload = {"write": int(data is not None), "space": space, "outer": addr, "inner": 0,
+               "data": 0 if data is None else int(data) & ((1 << dut.host_width) - 1)}
+    return await host_access(ctx, dut, payload, read=data is None)
+
+
+def to_signed(v: int, w: int) -> int:
+    """The ``w``-bit two's-complement value of ``v``'s low ``w`` bits."""
+    v &= (1 << w) - 1
+    return v - (1 << w) if v >> (w - 1) else v

@@ -6,7 +6,7 @@ rtl_gen.controller.bn_param_cycles."""
 import numpy as np
 import pytest
 from amaranth.sim import Simulator
-from pysim_host import host_access, start_beta_update  # same folder
+from pysim_host import bn_param_host, start_beta_update, to_signed  # same folder
 from small_mlp import SMALL
 
 from rtl_gen.bn_unit import BnLayer
@@ -32,14 +32,10 @@ def test_beta_update_from_random_states(div_steps):
     seen = {"ratio": 0, "clip": 0, "a0": 0, "left": 0, "right_odd": 0, "past": 0, "sat": 0}
     measured = []
 
-    async def host(ctx, space, addr, data=None):
-        payload = {"write": int(data is not None), "space": space, "outer": addr, "inner": 0,
-                   "data": 0 if data is None else int(data) & ((1 << dut.host_width) - 1)}
-        return await host_access(ctx, dut, payload, read=data is None)
+    def host(ctx, space, addr, data=None):
+        return bn_param_host(ctx, dut, space, addr, data)
 
-    def sx(v, w):
-        v &= (1 << w) - 1
-        return v - (1 << w) if v >> (w - 1) else v
+    sx = to_signed
 
     async def bench(ctx):
         for lr_sh in LR_SHIFTS:

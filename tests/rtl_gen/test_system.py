@@ -326,7 +326,7 @@ def test_bn_param_unit_against_the_model(shared):
     several steps, read back through the host port, equal sim.hw.arith.running_update and
     sim.hw.optim.beta_update: for one layer, and for the unit shared by both layers of the small MLP (12
     and 10 channels, different bounds; the layers' work interleaves as in a training step)."""
-    from pysim_host import host_access, start_beta_update  # same folder
+    from pysim_host import bn_param_host, start_beta_update, to_signed  # same folder
 
     cfg = small_cfg()
     h = cfg.hw
@@ -336,14 +336,10 @@ def test_bn_param_unit_against_the_model(shared):
     p, B = lays[0].params, lays[0].batch
     rng = np.random.default_rng(1)
 
-    async def host(ctx, space, addr, data=None):
-        payload = {"write": int(data is not None), "space": space, "outer": addr, "inner": 0,
-                   "data": 0 if data is None else int(data) & ((1 << dut.host_width) - 1)}
-        return await host_access(ctx, dut, payload, read=data is None)
+    def host(ctx, space, addr, data=None):
+        return bn_param_host(ctx, dut, space, addr, data)
 
-    def sx(v, w):
-        v &= (1 << w) - 1
-        return v - (1 << w) if v >> (w - 1) else v
+    sx = to_signed
 
     async def read_all(ctx, space, w, M, signed=True):
         return np.array([sx(await host(ctx, space, c), w) if signed else await host(ctx, space, c) for c in range(M)])
