@@ -242,28 +242,23 @@ class Divider(wiring.Component):
             m.d.sync += [done.eq(v_last & (c_last == loops - 1)), recirc.eq(v_last & (c_last != loops - 1))]
         with m.If(en):
             for k in range(P):
+
+                def step(r, q, d, d3, name, k=k):  # one stage's quotient bits of (r, q) against d
+                    if bits[k] == 2:
+                        return _radix4_stage(m, r, q, d, d3, name)
+                    return _radix2_stage(m, r, q, d, name)
+
                 if k == 0:
-                    v_in, c_in, d_in, o_in = recirc | enter, c0, d0, o0
-                    d3_in = d30
-                else:
-                    v_in, c_in, r_in, q_in, d_in, o_in = st_v[k - 1], st_c[k - 1], st_r[k - 1], st_q[k - 1], \
-                        st_d[k - 1], st_o[k - 1]
-                    d3_in = st_d3[k - 1]
-                if k == 0:
+                    v_in, c_in, d_in, o_in, d3_in = recirc | enter, c0, d0, o0, d30
                     # stage 0 steps both candidates, the recirculating division and the request, and picks the
                     # result (timing: ``recirc``'s fan-out into the operand multiplexer in front of the carry
                     # chains closed at 100 MHz on the ECP5 proxy; now it reaches only the final choice)
-                    if bits[k] == 2:
-                        r_a, q_a = _radix4_stage(m, st_r[last], st_q[last], st_d[last], st_d3[last], "s0_loop")
-                        r_b, q_b = _radix4_stage(m, hi, lo, in_d, in_d3, "s0_new")
-                    else:
-                        r_a, q_a = _radix2_stage(m, st_r[last], st_q[last], st_d[last], "s0_loop")
-                        r_b, q_b = _radix2_stage(m, hi, lo, in_d, "s0_new")
+                    r_a, q_a = step(st_r[last], st_q[last], st_d[last], st_d3[last], "s0_loop")
+                    r_b, q_b = step(hi, lo, in_d, in_d3, "s0_new")
                     r_out, q_out = Mux(recirc, r_a, r_b), Mux(recirc, q_a, q_b)
-                elif bits[k] == 2:
-                    r_out, q_out = _radix4_stage(m, r_in, q_in, d_in, d3_in, f"s{k}")
                 else:
-                    r_out, q_out = _radix2_stage(m, r_in, q_in, d_in, f"s{k}")
+                    v_in, c_in, d_in, o_in, d3_in = st_v[k - 1], st_c[k - 1], st_d[k - 1], st_o[k - 1], st_d3[k - 1]
+                    r_out, q_out = step(st_r[k - 1], st_q[k - 1], d_in, d3_in, f"s{k}")
                 m.d.sync += [st_v[k].eq(v_in), st_c[k].eq(c_in), st_r[k].eq(r_out), st_q[k].eq(q_out),
                              st_d[k].eq(d_in), st_o[k].eq(o_in)]
                 if s >= 2:
