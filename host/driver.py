@@ -1109,8 +1109,8 @@ class Driver:
         """Per-step constants of the hardware optimiser (docs/arithmetic.md, "Update"), computed with
         :mod:`sim.hw.optim` as the bit-exact model does: ``sched`` register fields ``lr_shift``
         (round(-log2 lr): beta and sgd), ``opt_shift`` (bop's EMA shift or iir's alpha shift at this point
-        of the schedule) and ``switch_gate`` (``switch_gate(lr / lr0)``: the switch accumulators take their
-        increment only where ``(u & 0xFFFF) < gate``; 65536 = always), and for the switch optimiser its
+        of the schedule) and ``switch_gate`` (``switch_gate(lr / lr0, hw.switch_rate)``: the switch accumulators
+        take their increment only where ``(u & 0xFFFF) < gate``; 65536 = always), and for the switch optimiser its
         probability table ``switch_table`` (``switch_table_at``: the configured lambda, the threshold sigma
         annealed with ``lr / lr0`` by ``hw.switch_anneal``; written to every layer's weight memory when it
         changes, at most once per threshold step)."""
@@ -1132,7 +1132,7 @@ class Driver:
         elif opt == "sgd":
             out["opt_shift"] = min(O.lr_shift(lr), 63)
         elif opt == "switch":
-            out["switch_gate"] = O.switch_gate(ratio)
+            out["switch_gate"] = O.switch_gate(ratio, float(s.get("switch_rate", 1.0)))
             out["switch_table"] = tuple(int(v) for v in O.switch_table_at(
                 int(s["switch_cutoff"]), float(s["switch_sigma"]), float(s["switch_lambda"]),
                 float(s.get("switch_anneal", 0.0)), ratio))

@@ -188,7 +188,7 @@ class HostInterfacePlan:
         sched = {
             "optimizer": h.optimizer, "lr0": float(self.cfg.lr), "switch_lambda": h.switch_lambda,
             "switch_cutoff": h.switch_cutoff, "switch_sigma": h.switch_sigma,
-            "switch_anneal": h.switch_anneal,
+            "switch_anneal": h.switch_anneal, "switch_rate": h.switch_rate,
             "bop_shift": h.bop_shift, "iir_alpha_shift": h.iir_alpha_shift,
             "iir_max_decay_shift": h.iir_max_decay_shift, "alpha_decay": self.cfg.optimizer.iir.alpha_decay,
             "decay_factor": self.cfg.optimizer.iir.decay_factor, "decay_every": self.cfg.optimizer.iir.decay_every,

@@ -63,6 +63,9 @@ class HwConfig:
     switch_lambda: float = opt(0.5, lo=0.0, lo_open=True, hi=1.0, doc="switch probability at w*acc = C")
     switch_anneal: float = opt(1.0, lo=0.0, hi=8.0, doc="threshold rises with the schedule: sigma_eff = 1 - (1 - "
                                "sigma) (lr/lr0)**anneal (0 = fixed sigma)")
+    switch_rate: float = opt(1.0, lo=0.0, lo_open=True, hi=1.0, doc="probability that an accumulator takes a "
+                             "gradient sign at the initial learning rate (gate 2**16 min(rate lr/lr0, 1)): a "
+                             "smaller cutoff with rate C/63 keeps the preset's pace in fewer bits")
     switch_reset: bool = opt(False, doc="clear the accumulator of a weight when it switches")
     switch_undo: bool = opt(False, doc="re-run the batch after the update and revert it if the loss rose")
     # -- Bop-style momentum threshold -------------------------------------------------------------

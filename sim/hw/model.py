@@ -241,7 +241,7 @@ class HwModel:
         flips = 0
         if h.optimizer == "switch":
             table = O.switch_table_at(h.switch_cutoff, h.switch_sigma, h.switch_lambda, h.switch_anneal, ratio)
-            gate = O.switch_gate(ratio)
+            gate = O.switch_gate(ratio, h.switch_rate)
         for j, (g, u) in enumerate(zip(dw_signs, us, strict=True)):
             w = self.w[j]
             if h.optimizer == "switch":

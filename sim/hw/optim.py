@@ -119,9 +119,10 @@ def switch_table_at(cutoff: int, sigma: float, lam: float, anneal: float, ratio:
     return switch_table(cutoff, switch_sigma_at(sigma, anneal, ratio), lam)
 
 
-def switch_gate(ratio: float) -> int:
-    """Accumulation gate ``round(2^16 min(ratio, 1))`` (at least 1) from the schedule ratio lr / lr0."""
-    return max(1, int(round(min(max(ratio, 0.0), 1.0) * (1 << PROB_BITS))))
+def switch_gate(ratio: float, rate: float = 1.0) -> int:
+    """Accumulation gate ``round(2^16 min(rate ratio, 1))`` (at least 1) from the schedule ratio lr / lr0 and the
+    configured accumulation rate ``hw.switch_rate`` (the probability of taking an increment at lr0)."""
+    return max(1, int(round(min(max(float(rate) * ratio, 0.0), 1.0) * (1 << PROB_BITS))))
 
 
 # ---------------------------------------------------------------------------

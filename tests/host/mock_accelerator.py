@@ -297,7 +297,8 @@ class ModelAccelerator(MockAccelerator):
             from sim.hw import optim as O
 
             sched = {f: self.regs.output("sched", f) for f in ("lr_shift", "switch_gate")}
-            want = {"lr_shift": min(O.lr_shift(self.lr), 63), "switch_gate": O.switch_gate(self.lr / self.model.lr0)}
+            want = {"lr_shift": min(O.lr_shift(self.lr), 63), "switch_gate": O.switch_gate(self.lr / self.model.lr0,
+                                                                                 self.model.h.switch_rate)}
             assert sched == want, f"sched register {sched} does not match lr {self.lr}: {want}"
             self.trace = self.model.train_step(self.x, self.labels, lr=self.lr, progress=self.progress)
             self.regs.set_input("cycles", "value", 1000 + self.model.steps)

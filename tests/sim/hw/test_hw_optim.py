@@ -50,6 +50,9 @@ def test_switch_gate_slows_accumulation_and_wide_cutoff():
     _, acc2, _ = O.switch_update(w, acc, -np.ones(n, np.int8), _u(rng, n), table, 63, gate=O.switch_gate(0.25))
     assert abs((acc2 == -1).mean() - 0.25) < 0.01 and set(np.unique(acc2)) <= {-1, 0}
     assert O.switch_gate(1.0) == 1 << 16 and O.switch_gate(1e-9) == 1
+    # hw.switch_rate scales the gate: a quarter of the rate at lr0, an eighth at lr0 / 2; never past 2^16
+    assert O.switch_gate(1.0, 0.25) == O.switch_gate(0.25) == 1 << 14 and O.switch_gate(0.5, 0.25) == 1 << 13
+    assert O.switch_gate(4.0, 0.5) == 1 << 16 and O.switch_gate(1e-9, 0.25) == 1
     C = 32767  # the largest cut-off: no int16 overflow at saturation
     acc = np.full(4, C, dtype=np.int16)
     _, acc3, _ = O.switch_update(-np.ones(4, np.int8), acc, np.ones(4, np.int8), np.zeros(4, np.uint32),
