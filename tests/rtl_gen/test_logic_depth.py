@@ -1,0 +1,85 @@
+"""benchmarks/logic_depth.py on hand-made ECP5 netlists: the depth it counts, the path it names, combinational loops."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "logic_depth.py"
+
+
+@pytest.fixture(scope="module")
+def mod():
+    spec = importlib.util.spec_from_file_location("logic_depth", PATH)
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
+
+
+def _cell(kind: str, ports: dict) -> dict:
+    """A cell of ``kind`` with ``ports``: name -> (direction, [bits])."""
+    return {"type": kind, "port_directions": {p: d for p, (d, _) in ports.items()},
+            "connections": {p: bits for p, (_, bits) in ports.items()}}
+
+
+def _lut(a: int, z: int, b: int = 100) -> dict:
+    return _cell("LUT4", {"A": ("input", [a]), "B": ("input", [b]), "C": ("input", ["0"]), "D": ("input", ["0"]),
+                          "Z": ("output", [z])})
+
+
+def _ff(d: int, q: int) -> dict:
+    return _cell("TRELLIS_FF", {"CLK": ("input", [99]), "DI": ("input", [d]), "CE": ("input", ["1"]),
+                                "LSR": ("input", ["0"]), "Q": ("output", [q])})
+
+
+def _netlist(cells: dict, names: dict) -> dict:
+    return {"modules": {"top": {"cells": cells, "netnames": {n: {"bits": [b]} for n, b in names.items()}}}}
+
+
+def test_depth_of_a_lut_chain_between_two_units(mod):
+    """eng.acc <- two LUTs <- wmem.q (a flip-flop): 0.5 + 2 levels; a parallel one-LUT path does not count; the
+    pair is named by the units of its ends."""
+    cells = {"ff0": _ff(1, 2), "l1": _lut(2, 3), "l2": _lut(3, 4), "ff1": _ff(4, 5),
+             "l3": _lut(2, 6), "ff2": _ff(6, 7)}
+    names = {"wmem.q": 2, "eng.t": 3, "eng.d": 4, "eng.acc": 5, "eng.short": 6, "eng.r": 7, "clk": 99}
+    rep = mod.depth_report(_netlist(cells, names), "top")
+    deepest = rep["pairs"][0]
+    assert (deepest["from_unit"], deepest["to_unit"], deepest["depth"]) == ("wmem", "eng", 2.5)
+    assert deepest["start"] == "wmem.q" and deepest["end"].startswith("eng.d") and deepest["via"] == ["eng.t"]
+    assert rep["histogram"][2] == 1 and rep["histogram"][1] == 1  # the two data inputs (CE and LSR are constants)
+    assert "| 2.5 | wmem | eng |" in mod.format_text(rep)
+
+
+def test_carry_chain_and_block_ram_start(mod):
+    """A block RAM's output (1.5) into a carry chain of three cells: 1 into the first, 0.08 per carry, 0.5 to the
+    last sum; into a flip-flop."""
+    cells = {"ram": _cell("DP16KD", {"CLKA": ("input", [99]), "ADA0": ("input", [50]), "DOA0": ("output", [1])})}
+    cin = 1
+    for k in range(3):
+        cells[f"c{k}"] = _cell("CCU2C", {"A0": ("input", [1 if k == 0 else 51]), "CIN": ("input", [cin if k else 52]),
+                                         "COUT": ("output", [10 + k]), "S0": ("output", [20 + k])})
+        cin = 10 + k
+    cells["ff"] = _ff(22, 30)
+    rep = mod.depth_report(_netlist(cells, {"top_sum": 22, "mem.q": 1}), "top")
+    assert rep["pairs"][0]["depth"] == pytest.approx(1.5 + 1.0 + 0.08 + 0.5)
+
+
+def test_a_combinational_loop_is_cut_not_followed_forever(mod):
+    cells = {"l1": _lut(2, 3), "l2": _lut(3, 2), "ff": _ff(3, 4)}
+    rep = mod.depth_report(_netlist(cells, {"a.x": 2, "a.y": 3}), "top")
+    assert rep["endpoints"] == 1 and rep["pairs"][0]["depth"] <= 2
+    d = mod.Depth(_netlist(cells, {})["modules"]["top"])
+    d.at(2)
+    for b in (2, 3):  # the cut loop ends the path: no net twice (bit 100, the LUTs' other input, may start it)
+        p = d.path(b)
+        assert len(set(p)) == len(p) <= 3
+
+
+def test_cli_names_a_missing_module(mod, tmp_path, capsys):
+    f = tmp_path / "design.json"
+    f.write_text(json.dumps(_netlist({}, {})))
+    assert mod.main([str(f), "--top", "nope"]) == 2
+    assert "no module 'nope'" in capsys.readouterr().err
