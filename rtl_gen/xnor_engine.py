@@ -23,8 +23,8 @@ Schedule: for every row, for every group, the ``words`` words of the row are com
 row of every bank per cycle; the first group takes its words straight from the input stream (and keeps
 them in a one-row buffer), the other groups replay the buffer, with the input stream stalled. With no
 stalls the engine does one word x ``lanes_out`` lanes per cycle, every cycle; :func:`cycles` gives the
-exact count. Pipeline: weight read (1 cycle), popcount register (1), accumulate and push into a 2-entry
-output queue (1).
+exact count. Pipeline: weight read (1 cycle), the XNOR'd and masked bits registered (1), popcount register (1),
+accumulate and push into the output register (1).
 """
 
 from __future__ import annotations
@@ -51,9 +51,12 @@ __all__ = [
     "popcount",
 ]
 
-LATENCY = 3
+LATENCY = 4
 """Cycles from the transfer of a row's last input word (last group) to the transfer of its last output
-beat, minus one: weight read, popcount register, output queue."""
+beat, minus one: weight read, agreement register, popcount register, output register. (The agreement register
+keeps the weight memory's output multiplexing and the XNOR apart from the popcount: in context the weight word
+arrives through the shared weight memory's lane choice, and word -> XNOR -> popcount -> count was the deepest
+path of the SMALL design, 11.4 LUT levels, benchmarks/logic_depth.py.)"""
 
 MAX_N = 1 << 20
 MAX_LANES = 4096
@@ -379,21 +382,33 @@ class XnorEngineCore(wiring.Component):
                 m.d.sync += [x1.eq(x_in), mask.eq(Mux(last_word, last_mask, full))]
         x_word = x1
 
-        # Stage 2: registered popcounts; accumulate y = -N + 2 * sum(popcounts); push the last word's sum.
+        # Stage 2: the agreement bits (XNOR of word and weight row, padding masked) registered.
+        s2a_valid = Signal()
+        s2a_first = Signal()
+        s2a_last = Signal()
+        s2a_last_group = Signal()
+        agree = [Signal(li, name=f"agree{lane}") for lane in range(lo)]  # registers, so that the popcount's
+        with m.If(adv):  # per-bit slices read one flip-flop each
+            m.d.sync += [
+                s2a_valid.eq(s1_valid),
+                s2a_first.eq(s1_first),
+                s2a_last.eq(s1_last),
+                s2a_last_group.eq(s1_last_group),
+            ]
+            m.d.sync += [agree[lane].eq(~(x_word ^ self.weights.data[lane]) & mask) for lane in range(lo)]
+
+        # Stage 3: registered popcounts; accumulate y = -N + 2 * sum(popcounts); push the last word's sum.
         s2_valid = Signal()
         s2_first = Signal()
         s2_last = Signal()
         s2_last_group = Signal()
         counts = [Signal(range(li + 1), name=f"count{lane}") for lane in range(lo)]
-        agree = [Signal(li, name=f"agree{lane}") for lane in range(lo)]  # signals, so
-        for lane in range(lo):  # that popcount's per-bit slices share one XNOR and mask
-            m.d.comb += agree[lane].eq(~(x_word ^ self.weights.data[lane]) & mask)
         with m.If(adv):
             m.d.sync += [
-                s2_valid.eq(s1_valid),
-                s2_first.eq(s1_first),
-                s2_last.eq(s1_last),
-                s2_last_group.eq(s1_last_group),
+                s2_valid.eq(s2a_valid),
+                s2_first.eq(s2a_first),
+                s2_last.eq(s2a_last),
+                s2_last_group.eq(s2a_last_group),
             ]
             m.d.sync += [counts[lane].eq(popcount(agree[lane])) for lane in range(lo)]
 
