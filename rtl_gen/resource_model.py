@@ -276,7 +276,11 @@ def _engine(plan, grp):
 def _bn(plan, grp):
     lo = _lanes(plan, grp, "lanes_out")
     h = plan.cfg.hw
-    return {"one": 1, "lo": lo, "lo_div": lo * h.div_steps, "po2": plan.po2_lanes(lo), "lo_mul": lo * h.mul_steps}
+    po2 = plan.po2_lanes(lo)
+    # ``ser``: the lanes of a beat that BN backward's pass 2 takes ``po2`` at a time (its lane multiplexers and
+    # the serialiser exist only when ``po2 < lo``; with every lane at once the unit has neither)
+    return {"one": 1, "lo": lo, "lo_div": lo * h.div_steps, "po2": po2, "lo_mul": lo * h.mul_steps,
+            "ser": lo if po2 < lo else 0}
 
 
 def _po2b(plan, grp):
@@ -330,7 +334,7 @@ FEATURES: Mapping[str, tuple[Callable, Mapping[str, tuple[str, ...]]]] = {
     "engine": (_engine, {"LUT": ("li_lo", "lo"), "FF": ("li_lo", "lo", "li", "one"), "DSP": ("one",)}),
     "bn_fwd": (_bn, {"LUT": ("lo", "lo_div", "one"), "FF": ("lo", "lo_div", "one"), "DSP": ("lo", "one"),
                      "BRAM36": ("one",)}),
-    "bn_bwd": (_bn, {"LUT": ("lo", "po2", "one"), "FF": ("lo", "lo_div", "lo_mul", "one"), "DSP": ("po2", "one"),
+    "bn_bwd": (_bn, {"LUT": ("lo", "po2", "ser", "one"), "FF": ("lo", "lo_div", "lo_mul", "one"), "DSP": ("po2", "one"),
                      "BRAM36": ("one",)}),
     "po2": (_bn, {"LUT": ("lo", "po2", "lo_mul"), "FF": ("lo", "po2", "lo_mul"), "DSP": ("po2", "one"),
                   "BRAM36": ("one",)}),

@@ -163,17 +163,13 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
         training = Signal()
         ph = Signal(range(max(n_ph, 2)))
         ph_start = Signal()  # first cycle of the current phase
-        # the phase one-hot, registered with ``ph`` and ``training`` (bit i = training & ph == i): every phase's
-        # activity is a flip-flop, not a compare of ``ph`` (timing: the decode of ``ph`` began the deepest paths
-        # of the whole design on the ECP5 proxy, into every unit's starts and enables)
-        ph_hot = Signal(max(n_ph, 2), name="ph_hot")
         act = {}
         start = {}
         done = {}
         for i, key in enumerate(phases):
             a = Signal(name=f"act_{key[0]}{key[1]}")
             s = Signal(name=f"start_{key[0]}{key[1]}")
-            m.d.comb += [a.eq(ph_hot[i]), s.eq(a & ph_start)]
+            m.d.comb += [a.eq(training & (ph == i)), s.eq(a & ph_start)]
             act[key], start[key] = a, s
             done[key] = Signal(name=f"done_{key[0]}{key[1]}")
 
@@ -497,8 +493,11 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
             for i, key in enumerate(phases):
                 with m.Case(i):
                     m.d.comb += phase_layer.eq(key[1])
-        phase_done = Signal()  # the current phase's done: an and-or over the one-hot (no decode of ``ph``)
-        m.d.comb += phase_done.eq(Cat(*(ph_hot[i] & done[key] for i, key in enumerate(phases))).any())
+        phase_done = Signal()
+        with m.Switch(ph):
+            for i, key in enumerate(phases):
+                with m.Case(i):
+                    m.d.comb += phase_done.eq(done[key])
 
         with m.FSM():
             with m.State("idle"):
@@ -522,14 +521,14 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
                             m.d.comb += err_set["batch"].eq(1)
                         with m.Else():
                             m.d.sync += [cycles.eq(0), counting.eq(1), batch_loaded.eq(0), ph.eq(0),
-                                         training.eq(1), ph_start.eq(1), ph_hot.eq(1)]
+                                         training.eq(1), ph_start.eq(1)]
                             m.next = "train"
                     with m.Elif(cmds["infer"]):  # the eval forward pass over all B rows (past n: stale, ignored)
                         with m.If(~batch_loaded):
                             m.d.comb += err_set["no_batch"].eq(1)
                         with m.Else():
                             m.d.sync += [cycles.eq(0), counting.eq(1), batch_loaded.eq(0), ph.eq(n_train),
-                                         training.eq(1), ph_start.eq(1), ph_hot.eq(1 << n_train)]
+                                         training.eq(1), ph_start.eq(1)]
                             m.next = "train"
                     with m.Else():  # readback / restore
                         with m.If(regs.arg.layer >= L):
@@ -582,20 +581,20 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
                                                        "undo": 5, "ifwd": 10}[key[0]])
                 m.d.sync += ph_start.eq(0)
                 with m.If(abort):
-                    m.d.sync += [counting.eq(0), training.eq(0), ph_hot.eq(0)]
+                    m.d.sync += [counting.eq(0), training.eq(0)]
                     m.next = "idle"
                 with m.Elif(phase_done & ~ph_start):
                     m.d.comb += [plog_wp.addr.eq(ph), plog_wp.data.eq(cycles + 1), plog_wp.en.eq(1)]
                     with m.If(ph == n_train - 1):
-                        m.d.sync += [counting.eq(0), training.eq(0), ph_hot.eq(0), steps.eq(steps + 1)]
+                        m.d.sync += [counting.eq(0), training.eq(0), steps.eq(steps + 1)]
                         m.d.comb += done_set["train"].eq(1)
                         m.next = "idle"
                     with m.Elif(ph == n_ph - 1):
-                        m.d.sync += [counting.eq(0), training.eq(0), ph_hot.eq(0)]
+                        m.d.sync += [counting.eq(0), training.eq(0)]
                         m.d.comb += done_set["infer"].eq(1)
                         m.next = "idle"
                     with m.Else():
-                        m.d.sync += [ph.eq(ph + 1), ph_start.eq(1), ph_hot.eq(ph_hot << 1)]
+                        m.d.sync += [ph.eq(ph + 1), ph_start.eq(1)]
             with m.State("readback"):
                 m.d.comb += [busy.eq(1), state_code.eq(6), reading.eq(1)]
                 with m.If(abort):
