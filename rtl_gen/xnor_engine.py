@@ -55,8 +55,8 @@ LATENCY = 4
 """Cycles from the transfer of a row's last input word (last group) to the transfer of its last output
 beat, minus one: weight read, agreement register, popcount register, output register. (The agreement register
 keeps the weight memory's output multiplexing and the XNOR apart from the popcount: in context the weight word
-arrives through the shared weight memory's lane choice, and word -> XNOR -> popcount -> count was the deepest
-path of the SMALL design, 11.4 LUT levels, benchmarks/logic_depth.py.)"""
+arrives through the shared weight memory's lane choice, and word -> XNOR -> popcount -> count was the second
+deepest path of the SMALL design in context, 11.4 LUT levels, benchmarks/logic_depth.py.)"""
 
 MAX_N = 1 << 20
 MAX_LANES = 4096
@@ -382,7 +382,7 @@ class XnorEngineCore(wiring.Component):
                 m.d.sync += [x1.eq(x_in), mask.eq(Mux(last_word, last_mask, full))]
         x_word = x1
 
-        # Stage 2: the agreement bits (XNOR of word and weight row, padding masked) registered.
+        # Stage 2 (signals s2a_*): the agreement bits (XNOR of word and weight row, padding masked), registered.
         s2a_valid = Signal()
         s2a_first = Signal()
         s2a_last = Signal()
@@ -397,7 +397,7 @@ class XnorEngineCore(wiring.Component):
             ]
             m.d.sync += [agree[lane].eq(~(x_word ^ self.weights.data[lane]) & mask) for lane in range(lo)]
 
-        # Stage 3: registered popcounts; accumulate y = -N + 2 * sum(popcounts); push the last word's sum.
+        # Stage 3 (signals s2_*): registered popcounts; accumulate y = -N + 2 * sum(popcounts); push the last sum.
         s2_valid = Signal()
         s2_first = Signal()
         s2_last = Signal()
