@@ -102,7 +102,15 @@ def _verilog(cfg, plan) -> str:
     return verilog
 
 
+_SERIAL = re.compile(r"\$(\d+)")
+
+
 def text_hash(text: str) -> str:
+    """The hash of a part's Verilog with Amaranth's serial numbers (``$679``, ``port$18309$0``: counters over
+    the whole design) renumbered in order of appearance, so that a change elsewhere in the design does not make
+    an unchanged part look changed."""
+    order: dict[str, int] = {}
+    text = _SERIAL.sub(lambda m_: f"${order.setdefault(m_.group(1), len(order))}", text)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -11,8 +11,8 @@ Storage (all :class:`amaranth.lib.memory.Memory`, synchronous non-transparent re
 * optimiser state: one memory per state field (``acc``; ``m``; ``m`` and ``g``; ``latent`` and ``m``; plus
   ``undo`` with ``hw.switch_undo``), each ``update_lanes * bits`` wide and ``visits`` deep (below): row ``v``
   holds the state of the weights of visit ``v``. Widths come from :func:`sim.hw.optim.state_bits`.
-* switch table (switch only): ``C + 1`` entries of 17 bits, host-written, with one asynchronous read port
-  per update lane (distributed RAM).
+* switch table (switch only): ``C + 1`` entries of 17 bits, host-written, one copy with one asynchronous read
+  port per update lane (distributed RAM).
 
 Sweep order (:class:`SweepGeometry`, shared with :mod:`rtl_gen.rng`): one *visit* per cycle updates
 ``U = update_lanes`` weights of one bank row::
@@ -676,14 +676,19 @@ class WeightMemory(wiring.Component):
             m.d.sync += st_q[name].eq(rd.data)
         table_ports = []
         if opt.kind == "switch":
-            table = m.submodules.switch_table = Memory(shape=PROB_BITS + 1, depth=opt.cutoff + 1, init=[])
-            table_ports = [table.read_port(domain="comb") for _ in range(U)]
-            twr = table.write_port()
-            m.d.comb += [
-                twr.addr.eq(h.addr),
-                twr.data.eq(h.data),
-                twr.en.eq(host_wr & (h.space == SPACE_TABLE)),
-            ]
+            # one copy of the table per update lane, each with one read port: Yosys' memory_libmap would
+            # duplicate a many-port table itself, but its search over the port assignments of a 16-read-port
+            # memory exhausts the wasm32 build's 4 GB (YoWASP), so the copies are made here
+            for j in range(U):
+                table = Memory(shape=PROB_BITS + 1, depth=opt.cutoff + 1, init=[])
+                m.submodules[f"switch_table{j}"] = table
+                table_ports.append(table.read_port(domain="comb"))
+                twr = table.write_port()
+                m.d.comb += [
+                    twr.addr.eq(h.addr),
+                    twr.data.eq(h.data),
+                    twr.en.eq(host_wr & (h.space == SPACE_TABLE)),
+                ]
 
         # --- the optimiser (stages 2 .. WRITE_STAGE - 1) ---
         new_w = Signal(U)

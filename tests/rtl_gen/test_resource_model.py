@@ -133,6 +133,21 @@ def test_calibration_records_its_provenance():
         assert all(len(r["verilog_sha256"]) == 64 for r in point["rows"]), name
 
 
+def test_part_hash_ignores_serial_numbers_but_not_logic():
+    """A part's hash survives Amaranth renumbering its ``$N`` names (a change elsewhere in the design) but not a
+    change of its own logic or a swap of two of its names."""
+    from benchmarks.calibrate_resources import text_hash
+
+    a = "assign x = { 1'h0, \\port$18309$0  };\nassign \\$679 = y & \\port$18309$0 ;\n"
+    renumbered = a.replace("18309", "18399").replace("679", "702")
+    assert text_hash(a) == text_hash(renumbered)
+    assert text_hash(a) != text_hash(a.replace("y &", "y |"))
+    swapped = "assign x = { 1'h0, \\port$679$0  };\nassign \\$18309 = y & \\port$679$0 ;\n"
+    assert text_hash(swapped) == text_hash(a)  # same structure, consistently renamed
+    crossed = "assign x = { 1'h0, \\port$18309$0  };\nassign \\$679 = y & \\port$679$0 ;\n"
+    assert text_hash(crossed) != text_hash(a)  # two names merged: different wiring
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("point", sorted(json.loads(rm.CALIBRATION_PATH.read_text())["points"]))
 def test_calibration_verilog_is_current(point):
