@@ -72,7 +72,9 @@ def test_weight_and_state_layouts_match_the_weight_memory():
         want = [banks[lane][addr] for addr in range(lp.geometry.depth) for lane in range(lp.lanes_out)]
         assert words == want
         assert (q.decode(beats) == w).all()
-        acc = rng.integers(-63, 64, (lp.n_in, lp.n_out))
+        C = cfg.hw.switch_cutoff  # the accumulators' whole range, both ends included
+        acc = rng.integers(-C, C + 1, (lp.n_in, lp.n_out))
+        acc.flat[:2] = (-C, C)
         _check_state_layout(plan, geo, lp.index, {"acc": acc})
 
 

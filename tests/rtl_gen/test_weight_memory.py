@@ -121,7 +121,7 @@ def test_mlp_memory_shapes():
     geo = WeightMemoryGeometry.from_config(load_config("mlp"), 1, lanes_in=64, lanes_out=16, update_lanes=8)
     assert (geo.bank.depth, geo.bank.lanes_in, geo.bank.lanes_out) == (64, 64, 16)
     assert geo.sweep.visits == 256 * 256 // 8 == 8192
-    assert geo.state_layout.size == 8 * 7  # switch accumulators: 56-bit rows, 8192 deep
+    assert geo.state_layout.size == 8 * 6  # the preset's 6-bit switch accumulators (C = 31): 48-bit rows, 8192 deep
 
 
 @pytest.mark.parametrize(
