@@ -380,6 +380,50 @@ def check_fit(report: SynthReport) -> SynthReport:
     return report
 
 
+_NAME = r"(?:\\\S+ |[A-Za-z_][\w$]*)"  # a Verilog identifier, plain or escaped (with its closing space)
+_INIT_BLOCK = re.compile(rf"^([ \t]*)initial begin\n((?:[ \t]*{_NAME}\[\d+\] = \d+'[hd][0-9a-fA-F]+;\n)+)[ \t]*end\n",
+                         re.M)
+_INIT_WORD = re.compile(rf"[ \t]*({_NAME})\[(\d+)\] = (\d+)'([hd])([0-9a-fA-F]+);")
+
+
+#: Initial words of a part above which :func:`memory_init_files` moves them into files.
+MEMINIT_FILE_WORDS = 16384
+
+
+def memory_init_files(verilog: str, min_words: int = MEMINIT_FILE_WORDS) -> tuple[str, dict[str, str]]:
+    """``verilog`` with every memory's ``initial`` block of one assignment per word (how Amaranth writes a
+    memory's initial contents) replaced by ``$readmemh`` of a file, and those files (name -> text), when the
+    blocks hold more than ``min_words`` words in all; else ``verilog`` as it is. The same initial contents either
+    way; the Verilog frontend of YoWASP Yosys takes about a minute per 8,000 assigned words and more as they
+    grow (the paper MLP's weight memory with 8 update lanes, 50,000 words of switch accumulators, kept it reading
+    for over 40 minutes), and a fraction of a second for a file. The mapping can differ by a few LUTs (ABC sees
+    the cells in another order: 1,472 against 1,480 LUT on a generator engine), so smaller parts keep the
+    form their cached and calibrated results were synthesised from. Blocks of any other shape stay as they are."""
+    blocks = _INIT_BLOCK.findall(verilog)
+    if sum(body.count("\n") for _, body in blocks) <= min_words:
+        return verilog, {}
+    files: dict[str, str] = {}
+
+    def replace(m: re.Match) -> str:
+        words = [_INIT_WORD.fullmatch(line) for line in m.group(2).splitlines()]
+        names = {w.group(1) for w in words}
+        if len(names) != 1:
+            return m.group(0)
+        lines, expect = [], 0
+        for w in sorted(words, key=lambda w: int(w.group(2))):
+            idx = int(w.group(2))
+            if idx != expect:
+                lines.append(f"@{idx:x}")
+            value = int(w.group(5), 16 if w.group(4) == "h" else 10)
+            lines.append(f"{value:x}")
+            expect = idx + 1
+        name = f"meminit{len(files)}.hex"
+        files[name] = "\n".join(lines) + "\n"
+        return f'{m.group(1)}initial $readmemh("{name}", {names.pop()});\n'
+
+    return _INIT_BLOCK.sub(replace, verilog), files
+
+
 def synthesize(
     verilog: str,
     top: str,
@@ -424,7 +468,10 @@ def synthesize(
         if not cached:
             meta_path.unlink(missing_ok=True)
             (folder / "stats.json").unlink(missing_ok=True)  # never read a stale result after a failed run
-            (folder / "design.v").write_text(verilog)
+            text, init_files = memory_init_files(verilog)
+            for name, content in init_files.items():
+                (folder / name).write_text(content)
+            (folder / "design.v").write_text(text)
             (folder / "synth.ys").write_text(script)
             start = time.perf_counter()
             result = run_yowasp("yosys", ["-q", "-l", "yosys.log", "-s", "synth.ys"], cwd=folder, check=False)

@@ -272,3 +272,71 @@ def test_synthesize_parts_selects_units_and_the_top_level(monkeypatch):
     assert names(include_top=False) == ["a", "b"]
     top_text = [t for t in texts.values() if "blackbox" in t]
     assert top_text and all("module \\t.a" in t for t in top_text)  # the units are black boxes in the top's part
+
+
+# -- memory initial contents through files ------------------------------------------------------------------------
+
+
+def _init_verilog(values: dict[str, list[int]], width: int = 17) -> str:
+    """A module with one memory per entry of ``values``, initialised word by word as Amaranth writes it."""
+    lines = ["module meminit_t(input clk, input [5:0] a, output reg [63:0] q);"]
+    for name, vals in values.items():
+        lines.append(f"  reg [{width - 1}:0] {name} [{len(vals) - 1}:0];")
+        lines.append("  initial begin")
+        # both of Amaranth's literal forms: hexadecimal and decimal
+        lines += [f"    {name}[{i}] = {width}'h{v:x};" if i % 2 else f"    {name}[{i}] = {width}'d{v};"
+                  for i, v in enumerate(vals)]
+        lines.append("  end")
+    names = list(values)
+    lines.append("  always @(posedge clk) q <= {" + ", ".join(f"{n}[a]" for n in names) + "};")
+    lines.append("endmodule")
+    return "\n".join(lines) + "\n"
+
+
+def test_memory_init_files_keep_every_word():
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    values = {"tab": [int(v) for v in rng.integers(0, 1 << 17, 40)], "\\u.m ": [0, (1 << 17) - 1, 5]}
+    v = _init_verilog(values)
+    same, files = synth.memory_init_files(v)  # small: left as it is
+    assert same == v and files == {}
+    text, files = synth.memory_init_files(v, min_words=0)
+    assert "initial begin" not in text and len(files) == 2
+    assert 'initial $readmemh("meminit0.hex", tab);' in text
+    assert 'initial $readmemh("meminit1.hex", \\u.m );' in text
+    for name, content in zip(values, files.values(), strict=True):
+        assert [int(x, 16) for x in content.split()] == values[name]
+    # a gap in the addresses is written as an @address line; the words after it follow from there
+    gap = v.replace("    tab[3] = ", "    tab[99] = ").replace("reg [16:0] tab [39:0]", "reg [16:0] tab [99:0]")
+    _, files = synth.memory_init_files(gap, min_words=0)
+    words = files["meminit0.hex"].split()
+    assert words[3] == "@4" and words[4] == f"{values['tab'][4]:x}" and words[-2:] == ["@63", f"{values['tab'][3]:x}"]
+    # a block that is not one memory's words stays
+    mixed = v.replace("    tab[1] = ", "    other[1] = ")
+    text, files = synth.memory_init_files(mixed, min_words=0)
+    assert "other[1] = " in text and len(files) == 1
+
+
+def test_memory_init_files_give_yosys_the_same_contents(tmp_path):
+    """Yosys reads the same initial words from the files as from the assignments: the memories' INIT
+    parameters after ``proc; memory_collect`` are equal."""
+    import numpy as np
+
+    from rtl_gen.toolchain import run_yowasp
+
+    rng = np.random.default_rng(4)
+    v = _init_verilog({"tab": [int(x) for x in rng.integers(0, 1 << 17, 64)], "two": [int(x) for x in
+                                                                                     rng.integers(0, 1 << 17, 48)]})
+    inits = []
+    for form, (text, files) in (("flat", (v, {})), ("files", synth.memory_init_files(v, min_words=0))):
+        d = tmp_path / form
+        d.mkdir()
+        (d / "design.v").write_text(text)
+        for name, content in files.items():
+            (d / name).write_text(content)
+        run_yowasp("yosys", ["-q", "-p", "read_verilog design.v; proc; memory_collect; write_json out.json"], cwd=d)
+        cells = json.loads((d / "out.json").read_text())["modules"]["meminit_t"]["cells"]
+        inits.append({c["parameters"]["MEMID"]: c["parameters"]["INIT"] for c in cells.values()
+                      if c["type"] == "$mem_v2"})
+    assert len(inits[0]) == 2 and inits[0] == inits[1]
