@@ -39,7 +39,7 @@ from sim.config import apply_overrides, load_config  # noqa: E402
 
 KEYS = ("LUT", "LUTRAM", "FF", "BRAM36", "RAMB36E1", "RAMB18E1", "DSP", "CARRY4")
 
-#: A small network for the weight memory's logic (its paper-MLP synthesis takes about 36 minutes).
+#: A small network for the weight memory's logic.
 SMALL = 'model.layers=[{type="dense",units=64},{type="dense",units=64},{type="dense",units=10}]'
 _MAIN = tuple(k for k in KINDS if k != "wmem")
 _UNITS = tuple(k for k in _MAIN if k != "io")  # the small readers / writers (seconds of Yosys start-up each): twice
@@ -65,6 +65,9 @@ POINTS: dict[str, tuple[str, list[str], tuple[str, ...] | None]] = {
                               "hw.dw_passes=4"], ("wmem", "rng")),
     "wm_small_narrow": ("mlp", [*_PIN, SMALL, "hw.lanes_in=32", "hw.lanes_out=8", "hw.update_lanes=8",
                                 "hw.dw_passes=4"], ("wmem", "rng")),
+    # the paper MLP's own weight memory (a minute since large initial contents go through files)
+    "wm_paper": ("mlp", _PIN, ("wmem", "rng")),
+    "wm_paper_c31_u8": ("mlp", [*_PIN, "hw.switch_cutoff=31", "hw.update_lanes=8"], ("wmem", "rng")),
 }
 
 

@@ -653,9 +653,13 @@ class WeightMemory(wiring.Component):
         # the sweep picks its lane and chunk in stage 2, a host read its lane a cycle after the read
         w_rows = Array(Signal(bank.lanes_in, name=f"s2_w_row{lane_i}") for lane_i in range(L))
         m.d.sync += [w_rows[lane_i].eq(rd.data) for lane_i, rd in enumerate(bank_rd)]
+        # one lane multiplexer for the sweep and the host (a host read runs only while no sweep does), its select
+        # registered: the lane of stage 2 during a sweep, the host read's lane from the cycle after the read on
+        w_sel = Signal(range(L), name="w_sel")
+        m.d.sync += w_sel.eq(Mux(busy, s_lane[1], rd_lane))
         w_row2 = Signal(bank.lanes_in)
         w_old2 = Signal(U)
-        m.d.comb += [w_row2.eq(w_rows[s_lane[2]]), w_old2.eq(w_row2.word_select(s_chunk[2], U))]
+        m.d.comb += [w_row2.eq(w_rows[w_sel]), w_old2.eq(w_row2.word_select(s_chunk[2], U))]
         w_old = stages(w_old2, "w_old", 2)
 
         # --- state memories ---
@@ -735,7 +739,7 @@ class WeightMemory(wiring.Component):
             m.d.sync += resp_valid.eq(1)
             with m.Switch(rd_space):
                 with m.Case(SPACE_WEIGHTS):
-                    m.d.sync += resp_data.eq(w_rows[rd_lane])
+                    m.d.sync += resp_data.eq(w_row2)
                 for name, _ in opt.fields:
                     with m.Case(geo.field_space(name)):
                         m.d.sync += resp_data.eq(st_q[name].as_value())
