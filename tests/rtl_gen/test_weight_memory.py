@@ -278,8 +278,10 @@ SWEEP = [
         (small_config(**{"hw.switch_cutoff": 15, "hw.switch_reset": True, "hw.switch_undo": True}), 0, 8, 4, 4),
         id="switch-reset-undo-n37x10-li8-lo4-u4",
     ),
-    # switch with the defaults (C = 63): 10 x 7, one chunk per row, three lanes
+    # switch as the paper preset sets it (C = 31, 6-bit accumulators): 10 x 7, one chunk per row, three lanes
     pytest.param((small_config(), 1, 4, 3, 4), id="switch-n10x7-li4-lo3-u4"),
+    # and with 7-bit accumulators (C = 63, the configuration default)
+    pytest.param((small_config(**{"hw.switch_cutoff": 63}), 1, 4, 3, 4), id="switch-c63-n10x7-li4-lo3-u4"),
     pytest.param((small_config(**{"hw.optimizer": "bop"}), 0, 8, 2, 8), id="bop-n37x10-li8-lo2-u8"),
     pytest.param((small_config(**{"hw.optimizer": "iir"}), 1, 4, 3, 2), id="iir-n10x7-li4-lo3-u2"),
     pytest.param((small_config(**{"hw.optimizer": "sgd"}), 0, 8, 4, 2), id="sgd-n37x10-li8-lo4-u2"),
