@@ -396,7 +396,7 @@ def memory_init_files(verilog: str, min_words: int = MEMINIT_FILE_WORDS) -> tupl
     blocks hold more than ``min_words`` words in all; else ``verilog`` as it is. The same initial contents either
     way; the Verilog frontend of YoWASP Yosys takes about a minute per 8,000 assigned words and more as they
     grow (the paper MLP's weight memory with 8 update lanes, 50,000 words of switch accumulators, kept it reading
-    for over 40 minutes), and a fraction of a second for a file. The mapping can differ by a few LUTs (ABC sees
+    for over 30 minutes), and a fraction of a second for a file. The mapping can differ by a few LUTs (ABC sees
     the cells in another order: 1,472 against 1,480 LUT on a generator engine), so smaller parts keep the
     form their cached and calibrated results were synthesised from. Blocks of any other shape stay as they are."""
     blocks = _INIT_BLOCK.findall(verilog)
