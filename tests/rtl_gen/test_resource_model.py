@@ -118,9 +118,10 @@ def test_memory_shapes_match_the_verilog():
 def test_paper_weight_memory_bram():
     # the paper MLP's weight memory with 7-bit accumulators and 16 update lanes (the preset until explore's
     # choice) synthesised to 96 BRAM36 (16 banks + 80 accumulators), the calibration point wm_paper
+    from benchmarks.calibrate_resources import PINNED
     from rtl_gen.top import SystemPlan
 
-    plan = SystemPlan(apply_overrides(load_config("mlp"), {"hw.switch_cutoff": 63, "hw.update_lanes": 16}))
+    plan = SystemPlan(apply_overrides(load_config("mlp"), PINNED))
     wm = next(i for i in rm.unit_instances(plan) if i.kind == "wmem")
     assert sum(m.bram36 for m in wm.memories) == 96
 
