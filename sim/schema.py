@@ -33,14 +33,23 @@ def opt(default, *, choices=None, lo=None, hi=None, lo_open=False, hi_open=False
     return field(default=default, metadata=meta)
 
 
+def _bound(v) -> str:
+    """A bound as written in an error; an exact power of two far from 1 also as ``2**n`` (readable next to 1e-19)."""
+    if isinstance(v, float) and v > 0:
+        mant, exp = math.frexp(v)
+        if mant == 0.5 and abs(exp - 1) >= 10:
+            return f"{v!r} (2**{exp - 1})"
+    return repr(v)
+
+
 def _describe(meta) -> str:
     if meta["choices"] is not None:
         return "one of " + ", ".join(repr(c) for c in meta["choices"])
     parts = []
     if meta["lo"] is not None:
-        parts.append(("> " if meta["lo_open"] else ">= ") + repr(meta["lo"]))
+        parts.append(("> " if meta["lo_open"] else ">= ") + _bound(meta["lo"]))
     if meta["hi"] is not None:
-        parts.append(("< " if meta["hi_open"] else "<= ") + repr(meta["hi"]))
+        parts.append(("< " if meta["hi_open"] else "<= ") + _bound(meta["hi"]))
     return " and ".join(parts) if parts else "any value"
 
 
@@ -59,7 +68,8 @@ def _check_value(path: str, value, f: dataclasses.Field):
     if kind is bool and not isinstance(value, bool):
         raise ConfigError(f"{path} = {value!r}: expected true or false")
     if kind in (int, float) and (isinstance(value, bool) or not isinstance(value, kind)):
-        raise ConfigError(f"{path} = {value!r}: expected a {kind.__name__}; allowed: {_describe(meta)}")
+        noun = "an integer" if kind is int else "a number"
+        raise ConfigError(f"{path} = {value!r}: expected {noun}; allowed: {_describe(meta)}")
     if kind is str and not isinstance(value, str):
         raise ConfigError(f"{path} = {value!r}: expected a string; allowed: {_describe(meta)}")
     if kind is str and not _is_utf8(value):
