@@ -270,3 +270,21 @@ def test_unknown_device_names_the_known_ones(capsys):
     assert main(["explore", "--model", "mlp", "--device", "xc9z999"]) == EXIT_USER_ERROR
     err = capsys.readouterr().err
     assert "xc9z999" in err and "xc7z020" in err
+
+
+def test_the_zcu104_configuration_is_the_explorers_choice_for_the_xczu7ev(model):
+    """configs/mlp_mnist_zcu104.toml is what `explore --device xczu7ev` writes for the paper's MLP (about a minute):
+    a change of the cycle model, the resource model or the preset that moves the explorer's choice fails here."""
+    from rtl_gen.cycle_model import step_cycles
+    from rtl_gen.explore import FIXED
+    from rtl_gen.top import SystemPlan
+    from sim.config import CONFIG_DIR
+
+    res = explore(load_config("mlp"), "xczu7ev", model=model)
+    cfg = load_config(CONFIG_DIR / "mlp_mnist_zcu104.toml")
+    assert {k: getattr(cfg.hw, k) for k in {**res.best.hw, **FIXED}} == {**res.best.hw, **FIXED}
+    assert step_cycles(SystemPlan(cfg)).per_image == pytest.approx(res.best.cycles)
+    assert res.best.cycles <= 1_200
+    # only [hw] differs from the preset it names
+    base = load_config("mlp")
+    assert cfg.model == base.model and cfg.train == base.train and cfg.approx == base.approx
