@@ -54,6 +54,10 @@ class HwConfig:
     beta_momentum_shift: int = opt(3, lo=0, hi=12, doc="beta update: EMA rate 2**-shift of dbeta (0 = none)")
     beta_scale_shift: int = opt(7, lo=0, hi=16, doc="beta update: EMA rate 2**-shift of |dbeta| (the normaliser)")
     beta_state_bits: int = opt(24, lo=8, hi=48, doc="mantissa bits of the two block-floating-point beta EMAs")
+    # -- weight gradient -------------------------------------------------------------------------
+    dw_window: int = opt(0, lo=0, hi=255, doc="sgn(dW) from the codes within this many exponent planes of each "
+                         "column's largest, each counted +-1 (one signed popcount per weight); 0 = the full po2 "
+                         "sum (the generated RTL computes only this)")
     # -- random numbers ---------------------------------------------------------------------------
     rng_seed: int = opt(1, lo=0, hi=2**32 - 1, doc="seed of the xorshift32 generators (one per weight column block)")
     rng_block: int = opt(256, lo=1, hi=65536, doc="rows of one weight column served by one generator")

@@ -3,17 +3,18 @@
 Every function here has the call shape of one hardware component, so the
 component's cocotb test can compare against it:
 
-======================  =====================================================
-:func:`xnor_popcount`   ``Y = X_hat W_hat`` (+-1 x +-1, or 8-bit x +-1 for the first layer)
-:func:`bn_forward`      l1 BN statistics, thresholds, ``x_hat``, STE mask, alpha (training)
-:func:`bn_forward_eval` thresholds from running statistics (inference)
-:func:`output_logits`   fixed-point logits of the output layer
-:func:`loss_grad`       squared-hinge gradient, loss and correct count
-:func:`bn_backward`     Algorithm 2 lines 10-12 (BNN-specific l1), integer ``Q`` and ``dbeta``
-:func:`po2_quantise`    po2_k codes of ``dY`` (leading one + mantissa compare, layer bias)
-:func:`po2_backward_dx` ``dX = dY_po2 W_hat^T`` (shift, sign flip, add)
-:func:`po2_backward_dw` ``dW = X^T dY_po2``
-======================  =====================================================
+===============================  =====================================================
+:func:`xnor_popcount`            ``Y = X_hat W_hat`` (+-1 x +-1, or 8-bit x +-1 for the first layer)
+:func:`bn_forward`               l1 BN statistics, thresholds, ``x_hat``, STE mask, alpha (training)
+:func:`bn_forward_eval`          thresholds from running statistics (inference)
+:func:`output_logits`            fixed-point logits of the output layer
+:func:`loss_grad`                squared-hinge gradient, loss and correct count
+:func:`bn_backward`              Algorithm 2 lines 10-12 (BNN-specific l1), integer ``Q`` and ``dbeta``
+:func:`po2_quantise`             po2_k codes of ``dY`` (leading one + mantissa compare, layer bias)
+:func:`po2_backward_dx`          ``dX = dY_po2 W_hat^T`` (shift, sign flip, add)
+:func:`po2_backward_dw`          ``dW = X^T dY_po2``
+:func:`po2_backward_dw_window`   ``X^T t``, ``t`` the windowed ternary codes (``hw.dw_window``)
+===============================  =====================================================
 
 All datapath values are integers (int64 per element; per-channel quantities of the
 BN unit, computed once per channel per batch, as exact Python ints). Matrix products
@@ -54,6 +55,8 @@ __all__ = [
     "po2_values",
     "po2_backward_dx",
     "po2_backward_dw",
+    "po2_backward_dw_window",
+    "dw_window_ternary",
     "div_round",
 ]
 
@@ -518,3 +521,22 @@ def po2_backward_dw(x: np.ndarray, codes: Po2Codes, p: ArithParams, x_max: int =
     """``dW = X^T dY_po2`` ([N, M] int64, units ``2^unit_exp``); only its sign is kept."""
     d = codes.int_values()
     return exact_matmul(np.asarray(x).T, d, (int(x.shape[0]) * int(x_max)) << p.span)
+
+
+def dw_window_ternary(codes: Po2Codes, window: int) -> np.ndarray:
+    """The ternary gradient ``t [B, M]`` in {-1, 0, +1} of ``hw.dw_window = window`` (docs/arithmetic.md 5.4):
+    in each column (output channel) the codes whose exponent field lies within ``window`` planes of the
+    column's largest over the batch count as their sign, the smaller ones and the zero code as 0."""
+    if window < 1:
+        raise ValueError(f"dw_window = {window}: the windowed gradient needs at least one plane")
+    f = codes.field.astype(np.int64)
+    top = f.max(axis=0, keepdims=True)
+    keep = (f > 0) & (f > top - window)
+    return np.where(keep, np.where(codes.neg, -1, 1), 0).astype(np.int64)
+
+
+def po2_backward_dw_window(x: np.ndarray, codes: Po2Codes, window: int, x_max: int = 1) -> np.ndarray:
+    """``X^T t`` with ``t`` of :func:`dw_window_ternary` ([N, M] int64): a signed popcount per weight (one
+    masked XNOR-popcount pass for binary ``x``); only its sign is kept, as of :func:`po2_backward_dw`."""
+    t = dw_window_ternary(codes, window)
+    return exact_matmul(np.asarray(x).T, t, int(x.shape[0]) * int(x_max))

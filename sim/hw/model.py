@@ -193,7 +193,10 @@ class HwModel:
             q, p1 = A.bn_backward(dx, fwd.x_hat, fwd.alpha_q, p, fwd.zero)
             codes = A.po2_quantise(q, fwd.S_eff, scale, p, times_batch=not top)
             top = False
-            dw = A.po2_backward_dw(xin, codes, p, self.x_max[j])
+            if h.dw_window:
+                dw = A.po2_backward_dw_window(xin, codes, h.dw_window, self.x_max[j])
+            else:
+                dw = A.po2_backward_dw(xin, codes, p, self.x_max[j])
             dw_signs[j] = np.sign(dw).astype(np.int8)
             p1s[j] = p1
             scales[j] = scale

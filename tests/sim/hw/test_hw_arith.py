@@ -335,3 +335,30 @@ def test_po2_dx_dw_equal_exponent_plane_sums():
     # against float: dX = dY_po2 W^T with the decoded po2 values
     vals = A.po2_values(codes)
     assert np.allclose(np.ldexp(dX.astype(np.float64), unit), vals @ w.T.astype(np.float64), rtol=0, atol=0)
+
+
+def test_windowed_ternary_codes_by_column():
+    """dw_window_ternary: per column, the codes within `window` planes of the column's largest field count as their
+    sign, everything else 0 (brute force per element); X^T t of po2_backward_dw_window is exact."""
+    rng = np.random.default_rng(5)
+    B, M = 37, 11
+    field = rng.integers(0, 16, size=(B, M)).astype(np.uint8)
+    field[:, 3] = 0  # a column without gradient
+    field[:, 4] = np.where(rng.random(B) < 0.5, 0, 2)  # a column of small codes only
+    neg = rng.random((B, M)) < 0.5
+    codes = A.Po2Codes(neg=neg, field=field, bias=0, unit_exp=0)
+    x = _rand_pm1(rng, (B, 23))
+    for window in (1, 2, 4, 15, 40):
+        t = A.dw_window_ternary(codes, window)
+        for b in range(B):
+            for j in range(M):
+                top = int(field[:, j].max())
+                f = int(field[b, j])
+                want = 0 if f == 0 or f <= top - window else (-1 if neg[b, j] else 1)
+                assert t[b, j] == want, (window, b, j)
+        assert not t[:, 3].any() and np.array_equal(np.abs(t[:, 4]), (field[:, 4] > 0).astype(np.int64))
+        assert np.array_equal(A.po2_backward_dw_window(x, codes, window), x.T.astype(np.int64) @ t)
+    # 15 planes (k = 5) or more: every nonzero code counts as its sign
+    assert np.array_equal(A.dw_window_ternary(codes, 15), np.where(field > 0, np.where(neg, -1, 1), 0))
+    with pytest.raises(ValueError, match="dw_window = 0"):
+        A.dw_window_ternary(codes, 0)

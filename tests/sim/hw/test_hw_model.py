@@ -220,3 +220,35 @@ def test_one_constant_channel_does_not_set_the_layer_range():
     nz = codes0.field[codes0.field > 0]
     assert nz.size > 0.5 * q0.size and np.mean(nz == 1) < 0.25  # field 1 = the lowest exponent
     assert codes0.field.max() == 2 ** (m.p.k - 1) - 1  # the top code belongs to a varying channel
+
+
+@pytest.mark.parametrize("window", [1, 4, 15])
+def test_windowed_weight_gradient_in_the_model(window):
+    """hw.dw_window = d: every layer's sgn(dW) is the sign of X^T t, t the codes within d planes of their column's
+    largest counted +-1 (the layers' inputs: x_hat of the layer below, the +-1 pixels for layer 0)."""
+    from sim.hw import arith as A
+
+    cfg = _cfg(**{"hw.input": "binary", "hw.dw_window": window})
+    m = HwModel(cfg)
+    x, y = _data()
+    xin = HwEngine(cfg).prepare_inputs(x)
+    tr = m.train_step(xin, y, lr=1e-3)
+    inputs = [xin] + [2 * bn.x_hat.astype(np.int64) - 1 if bn.x_hat.min() >= 0 else bn.x_hat for bn in tr.bn[:-1]]
+    L = len(inputs)
+    for j in range(L):
+        codes = tr.codes[L - 1 - j]
+        t = A.dw_window_ternary(codes, window)
+        assert np.array_equal(tr.dw_sign[L - 1 - j], np.sign(inputs[j].T.astype(np.int64) @ t)), j
+    full = HwModel(_cfg(**{"hw.input": "binary"})).train_step(xin, y, lr=1e-3)
+    # same forward and codes; the signs differ somewhere (else the option would be idle)
+    assert all(np.array_equal(a.field, b.field) for a, b in zip(full.codes, tr.codes, strict=True))
+    assert any(not np.array_equal(a, b) for a, b in zip(full.dw_sign, tr.dw_sign, strict=True))
+
+
+def test_the_rtl_generator_refuses_the_windowed_gradient():
+    from rtl_gen.plan import SystemPlan
+
+    with pytest.raises(ConfigError, match=r"hw.dw_window = 4: the generated RTL computes sgn\(dW\) from the full"):
+        SystemPlan(_cfg(**{"hw.input": "binary", "hw.dw_window": 4}))
+    with pytest.raises(ConfigError, match="hw.dw_window = -1 is out of range"):
+        _cfg(**{"hw.dw_window": -1})
