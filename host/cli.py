@@ -23,6 +23,7 @@ EXIT_INTERNAL = 1  # an unexpected internal error: a bug (the traceback is print
 EXIT_USER_ERROR = 2  # a usage, configuration or input error (argparse's own status too)
 EXIT_DOES_NOT_FIT = 3  # the design does not fit the device
 EXIT_MISMATCH = 4  # a verification / comparison found a mismatch
+EXIT_TOOL = 5  # an external tool (Yosys, nextpnr, Verilator) failed: its log is named
 EXIT_INTERRUPTED = 130  # interrupted by Ctrl-C / SIGTERM (state saved where the command has any)
 
 EXIT_CODES = (
@@ -31,6 +32,7 @@ EXIT_CODES = (
     (EXIT_USER_ERROR, "a usage, configuration or input error (one line naming the field or file)"),
     (EXIT_DOES_NOT_FIT, "the design does not fit the device"),
     (EXIT_MISMATCH, "verification found a mismatch with the bit-exact model"),
+    (EXIT_TOOL, "an external tool (Yosys, nextpnr, Verilator) failed; the message names its log"),
     (EXIT_INTERRUPTED, "interrupted (Ctrl-C / SIGTERM; training state saved)"),
 )
 
@@ -581,8 +583,23 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("xnortrain: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except Exception:
+    except Exception as e:
+        if _is_tool_failure(e):
+            # the tool's own words (the tail of its log) follow the first line; no Python traceback
+            print(f"xnortrain: error: {e}", file=sys.stderr)
+            return EXIT_TOOL
         return _internal_error()
+
+
+def _is_tool_failure(e: BaseException) -> bool:
+    """Yosys, nextpnr or the Verilator build failing (their modules imported only when they may have run)."""
+    kinds = []
+    for module, name in (("rtl_gen.synth", "SynthError"), ("boards.ecp5", "Ecp5Error"),
+                         ("host.simboard", "SimBoardBuildError")):
+        mod = sys.modules.get(module)
+        if mod is not None:
+            kinds.append(getattr(mod, name))
+    return isinstance(e, tuple(kinds))
 
 
 def _internal_error() -> int:

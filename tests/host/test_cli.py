@@ -38,7 +38,7 @@ def test_exit_codes_are_the_shared_scheme_and_documented():
     import host.cli as cli
 
     assert (cli.EXIT_OK, cli.EXIT_INTERNAL, cli.EXIT_USER_ERROR, cli.EXIT_DOES_NOT_FIT, cli.EXIT_MISMATCH,
-            cli.EXIT_INTERRUPTED) == (0, 1, 2, 3, 4, 130)
+            cli.EXIT_TOOL, cli.EXIT_INTERRUPTED) == (0, 1, 2, 3, 4, 5, 130)
     text = cli.make_parser().format_help()
     for code, _ in cli.EXIT_CODES:
         assert f"\n  {code} " in text, text
@@ -161,6 +161,25 @@ def test_os_errors_on_named_files_are_status_2_and_bugs_keep_their_traceback(mon
     assert "Traceback" in err and "KeyError" in err and "internal error" in err
     monkeypatch.setattr(cli, "cmd_config", raising(OSError(28, "No space left on device")))
     assert main(["config"]) == 1
+
+
+def test_a_failing_tool_is_status_5_with_its_log_and_no_traceback(monkeypatch, capsys):
+    """Yosys crashing on a part (seen: an assertion in ABC9's reintegration on a 64 x 64-lane dW array), nextpnr
+    failing, the simulator's build failing: the tool's message and log, status 5, not 'a bug'."""
+    import boards.ecp5
+    import host.cli as cli
+    import host.simboard
+    import rtl_gen.synth
+
+    for exc in (rtl_gen.synth.SynthError("yosys synth_xilinx of xnt_part_1 failed (exit 1); log: /b/yosys.log\n"
+                                         "ERROR: Assert `GetSize(conn.first) == GetSize(conn.second)' failed"),
+                boards.ecp5.Ecp5Error("nextpnr-ecp5 failed; log: /b/nextpnr.log"),
+                host.simboard.SimBoardBuildError("verilator failed; log: /b/build.log")):
+        monkeypatch.setattr(cli, "cmd_config", lambda args, exc=exc: (_ for _ in ()).throw(exc))
+        assert main(["config"]) == 5
+        err = capsys.readouterr().err
+        assert err.startswith(f"xnortrain: error: {str(exc).splitlines()[0]}") and "Traceback" not in err, err
+        assert "/b/" in err and "internal error" not in err
 
 
 def test_verify_checks_its_data_path_before_elaborating(tmp_path, capsys):
