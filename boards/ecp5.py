@@ -337,7 +337,7 @@ def run_ecp5(verilog: str, top: str, *, workdir: str | os.PathLike, board: str |
     With ``check_fit`` the synthesised netlist is compared with the die and the package before place and route:
     :class:`rtl_gen.synth.DoesNotFitError` names every resource over the limit (LUT4, FF, EBR, MULT18, IO).
     ``place=False`` stops after synthesis and the fit check (a report without Fmax: ``synth`` only)."""
-    from rtl_gen.synth import DoesNotFitError
+    from rtl_gen.synth import DoesNotFitError, memory_init_files
     from rtl_gen.toolchain import run_yowasp
 
     brd = get_ecp5_board(board)
@@ -363,7 +363,11 @@ def run_ecp5(verilog: str, top: str, *, workdir: str | os.PathLike, board: str |
         cached = False
         for name in ("design.json", "stats.json", "pnr.json", "design.config", "xnortrain.bit", "meta.json"):
             (folder / name).unlink(missing_ok=True)
-        (folder / "design.v").write_text(verilog)
+        # large initial contents as $readmemh files, as the Xilinx flow does (rtl_gen.synth.memory_init_files)
+        text, init_files = memory_init_files(verilog)
+        for name, content in init_files.items():
+            (folder / name).write_text(content)
+        (folder / "design.v").write_text(text)
         (folder / "synth.ys").write_text(_synth_script(top))
         say(f"  yosys synth_ecp5 {top} ...")
         t0 = time.perf_counter()

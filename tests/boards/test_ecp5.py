@@ -295,3 +295,27 @@ def test_synthesis_only_stops_before_place_and_route(tmp_path, monkeypatch):
     rep = run_ecp5(verilog, "small", workdir=tmp_path / "w", place=False)
     assert calls == ["yosys"] and rep.fmax_mhz is None and not rep.timing_met
     assert (rep.synth["LUT4"], rep.synth["EBR"], rep.synth["IO"]) == (1000, 20, 9)
+
+
+def test_large_initial_contents_reach_yosys_as_readmemh_files(tmp_path, monkeypatch):
+    """A memory with more initial words than rtl_gen.synth.MEMINIT_FILE_WORDS goes to synth_ecp5 as $readmemh of a
+    file (the word-per-line form keeps YoWASP Yosys' reader busy for minutes); a small one stays as it is."""
+    from rtl_gen.synth import MEMINIT_FILE_WORDS
+
+    def design(words):
+        body = "".join(f"    mem[{i}] = 8'h{i % 251:02x};\n" for i in range(words))
+        return ("module rom(clk, a, q);\n  input clk;\n  input [15:0] a;\n  output reg [7:0] q;\n"
+                f"  reg [7:0] mem [0:{words - 1}];\n  initial begin\n{body}  end\n"
+                "  always @(posedge clk) q <= mem[a];\nendmodule\n")
+
+    calls = []
+    monkeypatch.setattr(toolchain, "run_yowasp", _fake_yosys({"LUT4": 10, "DP16KD": 2}, calls))
+    big = MEMINIT_FILE_WORDS + 5
+    run_ecp5(design(big), "rom", workdir=tmp_path / "big", place=False)
+    text = (tmp_path / "big" / "design.v").read_text()
+    assert 'initial $readmemh("meminit0.hex", mem);' in text and "mem[3] = " not in text
+    words = (tmp_path / "big" / "meminit0.hex").read_text().split()
+    assert len(words) == big and [int(w, 16) for w in words[:3]] == [0, 1, 2] and int(words[251], 16) == 0
+    run_ecp5(design(100), "rom", workdir=tmp_path / "small", place=False)
+    assert "mem[99] = 8'h63;" in (tmp_path / "small" / "design.v").read_text()
+    assert not list((tmp_path / "small").glob("meminit*.hex"))
