@@ -250,8 +250,10 @@ def pareto(points: list[Design], res: str) -> list[Design]:
 def explore(cfg, device: str | Device, *, model=None, grid: dict | None = None, log: Callable | None = None,
             max_front: int = 40) -> Exploration:
     """Search ``grid`` (default :data:`GRID`) for ``cfg`` on ``device``; ``log`` gets progress lines."""
+    from .plan import check_generator_support
     from .resource_model import load_model
 
+    check_generator_support(cfg)  # what no choice of lanes changes is said as it is, not as "nothing fits"
     t0 = time.perf_counter()
     dev = get_device(device)
     limits = limits_of(dev)

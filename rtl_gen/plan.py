@@ -23,7 +23,7 @@ from .rng import RngGeometry
 from .weight_memory import OptimizerSpec, SweepGeometry, WeightMemoryGeometry
 from .xnor_engine import XnorGeometry
 
-__all__ = ["HostQuantity", "LayerPlan", "SystemPlan", "TOP_NAME"]
+__all__ = ["HostQuantity", "LayerPlan", "SystemPlan", "TOP_NAME", "check_generator_support"]
 
 TOP_NAME = "xnortrain_top"
 
@@ -72,6 +72,27 @@ class LayerPlan:
         return self.batch * self.groups
 
 
+def check_generator_support(cfg) -> None:
+    """Raise a ConfigError naming the field when the RTL generator cannot build ``cfg`` whatever its lanes: a layer
+    other than dense with batch norm, an 8-bit first layer, the windowed sign gradient. ``SystemPlan`` and the
+    explorer call it first, so a search over lanes never reports such a configuration as "does not fit"."""
+    h = cfg.hw
+    if not hw_supported(cfg):
+        bad = next(s for s in cfg.layer_shapes() if not (s.spec.type == "dense" and s.spec.bn))
+        raise ConfigError(f"model.layers[{bad.index}]: the RTL generator supports dense layers with bn = true "
+                          f"only (got {bad.spec.type!r})")
+    if h.input_kind(cfg) != "binary":
+        given = ("hw.input = 'int8'" if h.input == "int8" else
+                 f"hw.input = 'auto' (int8 for model.input_format = {cfg.model.input_format!r})")
+        raise ConfigError(f"{given}: the generated RTL has no 8-bit first-layer engine yet; "
+                          "set hw.input = 'binary' (or model.input_format = 'binary'); "
+                          "benchmarks/int8_first_layer.py estimates what an 8-bit first layer would cost")
+    if h.dw_window:
+        raise ConfigError(f"hw.dw_window = {h.dw_window}: the generated RTL computes sgn(dW) from the full po2 "
+                          "sums only (hw.dw_window = 0); the windowed sign gradient is in the bit-exact model "
+                          "(docs/arithmetic.md 5.4), not yet in hardware")
+
+
 class SystemPlan(HostInterfacePlan):
     """What a configuration asks the hardware to be (pure Python; no Amaranth objects)."""
 
@@ -79,21 +100,8 @@ class SystemPlan(HostInterfacePlan):
         self.cfg = cfg
         self.name = name
         h = cfg.hw
-        if not hw_supported(cfg):
-            bad = next(s for s in cfg.layer_shapes() if not (s.spec.type == "dense" and s.spec.bn))
-            raise ConfigError(f"model.layers[{bad.index}]: the RTL generator supports dense layers with bn = true "
-                              f"only (got {bad.spec.type!r})")
+        check_generator_support(cfg)
         self.input_kind = h.input_kind(cfg)
-        if self.input_kind != "binary":
-            given = ("hw.input = 'int8'" if h.input == "int8" else
-                     f"hw.input = 'auto' (int8 for model.input_format = {cfg.model.input_format!r})")
-            raise ConfigError(f"{given}: the generated RTL has no 8-bit first-layer engine yet; "
-                              "set hw.input = 'binary' (or model.input_format = 'binary'); "
-                              "benchmarks/int8_first_layer.py estimates what an 8-bit first layer would cost")
-        if h.dw_window:
-            raise ConfigError(f"hw.dw_window = {h.dw_window}: the generated RTL computes sgn(dW) from the full po2 "
-                              "sums only (hw.dw_window = 0); the windowed sign gradient is in the bit-exact model "
-                              "(docs/arithmetic.md 5.4), not yet in hardware")
         # switch_undo: after the update the batch runs forward again (running statistics, logits and the correct
         # count kept from the first run); if its integer loss rose, every layer's weights are copied back
         self.undo = h.optimizer == "switch" and bool(h.switch_undo)

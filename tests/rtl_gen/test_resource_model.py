@@ -9,12 +9,13 @@ error of a 40-LUT unit means nothing for a device of 53,200. One documented exce
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from rtl_gen import resource_model as rm
 from rtl_gen.explore import _Cycles, explore, fits, limits_of, pareto, write_best
-from sim.config import apply_overrides, load_config
+from sim.config import ConfigError, apply_overrides, load_config
 
 
 @pytest.fixture(scope="module")
@@ -288,3 +289,14 @@ def test_the_zcu104_configuration_is_the_explorers_choice_for_the_xczu7ev(model)
     # only [hw] differs from the preset it names
     base = load_config("mlp")
     assert cfg.model == base.model and cfg.train == base.train and cfg.approx == base.approx
+
+
+@pytest.mark.parametrize("override, words", [
+    ("hw.dw_window=4", "hw.dw_window = 4: the generated RTL computes sgn(dW) from the full po2 sums only"),
+    ("hw.input=int8", "hw.input = 'int8': the generated RTL has no 8-bit first-layer engine yet"),
+])
+def test_explorer_says_what_no_lanes_can_change_instead_of_nothing_fits(override, words, model):
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        explore(apply_overrides(load_config("mlp"), [override]), "xc7z020", model=model, grid=SMALL_GRID)
+    with pytest.raises(ConfigError, match=re.escape("model.layers[0]: the RTL generator supports dense layers")):
+        explore(load_config("cnv"), "xc7z020", model=model, grid=SMALL_GRID)
