@@ -11,6 +11,8 @@ field of output column ``j`` over the batch):
 ``sign``      every nonzero code weighs 1: ``sgn(sum_b sgn(dy_bj) x_bi)``, one masked XNOR-popcount pass
 ``top{d}``    codes with ``field > F_j - d`` keep their weight ``2^(field-1)``, the rest become 0 (d passes)
 ``tern{d}``   the same window of ``d`` exponent planes, every kept code weighs 1 (one pass)
+``<v>+out``   variant ``v`` on the hidden layers, full codes for the output layer (its 10 columns are 0.6 % of
+              the dW products, small enough to stay on DSPs)
 
 Before training, one step of the patched ``full`` model is compared with the unpatched model (whole state and
 dW signs), and the patched function is counted on every run. During training the fraction of dW signs that
@@ -48,34 +50,34 @@ from sim.hw.engine import HwEngine  # noqa: E402
 from sim.hw.model import HwModel  # noqa: E402
 
 DEFAULT_VARIANTS = ("full", "sign", "tern2", "tern4", "tern8", "top1", "top2", "top3")
-_WINDOW = re.compile(r"(top|tern)([1-9][0-9]*)")
+_VARIANT = re.compile(r"(full|sign|(top|tern)([1-9][0-9]*))(\+out)?")
 
 
 def parse_variants(args: list[str]) -> list[str]:
     names = [v for arg in args for v in arg.split(",") if v] or list(DEFAULT_VARIANTS)
-    bad = [v for v in names if v not in ("full", "sign") and not _WINDOW.fullmatch(v)]
+    bad = [v for v in names if not _VARIANT.fullmatch(v)]
     if bad:
-        raise SystemExit(f"unknown variant {bad[0]!r}: full, sign, top<d> or tern<d> (d >= 1)")
+        raise SystemExit(f"unknown variant {bad[0]!r}: full, sign, top<d> or tern<d> (d >= 1), optionally +out")
     return names
 
 
 def engine_passes(name: str) -> int | None:
     """XNOR-popcount passes the variant's sgn(dW) would need (None for the DSP baseline)."""
-    if name == "full":
+    base, kind, d, _ = _VARIANT.fullmatch(name).groups()
+    if base == "full":
         return None
-    m = _WINDOW.fullmatch(name)
-    return int(m.group(2)) if m and m.group(1) == "top" else 1
+    return int(d) if kind == "top" else 1
 
 
 def reduce_codes(codes: A.Po2Codes, name: str) -> A.Po2Codes:
-    """The codes the variant ``name`` feeds to the dW product (same bias and unit exponent)."""
+    """The codes the variant ``name`` (without ``+out``) feeds to the dW product (same bias and unit exponent)."""
     if name == "full":
         return codes
     f = codes.field.astype(np.int16)
     keep = f > 0
     weighted = False
     if name != "sign":
-        kind, d = _WINDOW.fullmatch(name).groups()
+        _, kind, d, _ = _VARIANT.fullmatch(name).groups()
         keep &= f > f.max(axis=0, keepdims=True) - int(d)
         weighted = kind == "top"
     field = np.where(keep, f if weighted else 1, 0).astype(np.uint8)
@@ -85,20 +87,23 @@ def reduce_codes(codes: A.Po2Codes, name: str) -> A.Po2Codes:
 class DwPatch:
     """Installs a variant's ``po2_backward_dw`` in :mod:`sim.hw.arith` while the ``with`` block runs.
 
-    ``calls`` counts the calls. While ``measuring`` is set, every call also computes dW from the full codes
-    and appends the fraction of equal signs to ``row`` (the model calls it top layer first).
+    ``calls`` counts the calls; the model makes one per layer and step, output layer first (``layers`` of them).
+    While ``measuring`` is set, every call also computes dW from the full codes and appends the fraction of equal
+    signs to ``row`` (output layer first).
     """
 
-    def __init__(self, name: str):
-        self.name = name
+    def __init__(self, name: str, layers: int):
+        base, _, _, out = _VARIANT.fullmatch(name).groups()
+        self.base, self.full_output, self.layers = base, bool(out), layers
         self.calls = 0
         self.measuring = False
         self.row: list[float] = []
         self._real = A.po2_backward_dw
 
     def __call__(self, x, codes, p, x_max=1):
+        output = self.calls % self.layers == 0
         self.calls += 1
-        dw = self._real(x, reduce_codes(codes, self.name), p, x_max)
+        dw = self._real(x, reduce_codes(codes, "full" if output and self.full_output else self.base), p, x_max)
         if self.measuring:
             full = self._real(x, codes, p, x_max)
             self.row.append(float(np.mean(np.sign(dw) == np.sign(full))))
@@ -146,7 +151,7 @@ def check_patch(cfg) -> None:
     ref = HwModel(cfg)
     tr_ref = ref.train_step(x, y, lr=cfg.lr)
     model = HwModel(cfg)
-    with DwPatch("full") as patch:
+    with DwPatch("full", len(model.layers)) as patch:
         tr = model.train_step(x, y, lr=cfg.lr)
     assert A.po2_backward_dw is patch._real, "po2_backward_dw was not restored"
     assert patch.calls == len(model.layers), f"patched dW called {patch.calls} times, expected {len(model.layers)}"
@@ -159,13 +164,12 @@ def run(name: str, cfg, out: Path, every: int) -> dict:
     from sim.train_loop import run_training
 
     path = out / f"{name}-{cfg.train.epochs}ep.json"
-    with DwPatch(name) as patch:
+    with DwPatch(name, len(cfg.weight_layers())) as patch:
         engine = AgreementEngine(cfg, patch, every)
         t0 = time.perf_counter()
         hist = run_training(cfg, engine, progress=False, history_json=path)
         seconds = time.perf_counter() - t0
-    layers = len(engine.model.layers)
-    assert patch.calls == hist.total_steps * layers, f"{name}: patched dW called {patch.calls} times"
+    assert patch.calls == hist.total_steps * patch.layers, f"{name}: patched dW called {patch.calls} times"
     hist.meta.update(dw_variant=name, engine_passes=engine_passes(name), dw_sign_agreement=engine.agreement,
                      wall_seconds=seconds)
     hist.to_json(path)
