@@ -214,7 +214,7 @@ def summary(out: Path) -> list[dict]:
         name = h["meta"].get("dw_variant")
         if name and h["test_acc"]:
             rows.append(row(name, h, h["meta"].get("wall_seconds", sum(h["seconds"]))))
-    return rows
+    return sorted(rows, key=lambda r: (r["epochs"], r["variant"]))
 
 
 def main(argv=None) -> int:
