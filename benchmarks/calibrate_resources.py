@@ -48,28 +48,28 @@ _UNITS = tuple(k for k in _MAIN if k != "io")  # the small readers / writers (se
 #: a point must not move when the preset does, or its features stop describing its synthesis. Also the paper
 #: MLP as the earlier whole-design syntheses saw it (tests that check against those use it).
 PINNED = ["hw.switch_cutoff=63", "hw.update_lanes=16"]
-_PIN = PINNED
 
 #: name -> (preset, overrides, kinds synthesised or None for every kind)
 POINTS: dict[str, tuple[str, list[str], tuple[str, ...] | None]] = {
-    "base": ("mlp", _PIN, _UNITS),
-    "base_io": ("mlp", _PIN, ("io",)),
-    "li32_lo8": ("mlp", [*_PIN, "hw.lanes_in=32", "hw.lanes_out=8", "hw.dw_passes=4", "hw.po2_lanes=2",
+    "base": ("mlp", PINNED, _UNITS),
+    "base_io": ("mlp", PINNED, ("io",)),
+    "li32_lo8": ("mlp", [*PINNED, "hw.lanes_in=32", "hw.lanes_out=8", "hw.dw_passes=4", "hw.po2_lanes=2",
                          "hw.update_lanes=8", "hw.div_steps=2", "hw.loss_lanes=2", "hw.mul_steps=2"], _UNITS),
-    "li128_lo16": ("mlp", [*_PIN, "hw.lanes_in=128", "hw.lanes_out=16", "hw.dw_passes=8", "hw.po2_lanes=8",
+    "li128_lo16": ("mlp", [*PINNED, "hw.lanes_in=128", "hw.lanes_out=16", "hw.dw_passes=8", "hw.po2_lanes=8",
                            "hw.update_lanes=32", "hw.div_steps=8", "hw.loss_lanes=4", "hw.mul_steps=8"], _UNITS),
-    "fabric_dx": ("mlp", [*_PIN, "hw.lanes_in=128", "hw.lanes_out=8", "hw.dw_passes=4", "hw.dx_passes=8",
+    "fabric_dx": ("mlp", [*PINNED, "hw.lanes_in=128", "hw.lanes_out=8", "hw.dw_passes=4", "hw.dx_passes=8",
                           "hw.po2_lanes=8", "hw.update_lanes=64", "hw.div_steps=1", "hw.loss_lanes=8"], _UNITS),
-    "lo32": ("mlp", [*_PIN, "hw.lanes_in=64", "hw.lanes_out=32", "hw.dw_passes=8", "hw.dx_passes=2", "hw.po2_lanes=16",
-                     "hw.update_lanes=16", "hw.div_steps=4", "hw.loss_lanes=1", "hw.mul_steps=1"], _UNITS),
-    "wm_small": ("mlp", [*_PIN, SMALL], ("wmem", "rng")),
-    "wm_small_wide": ("mlp", [*_PIN, SMALL, "hw.lanes_in=128", "hw.lanes_out=32", "hw.update_lanes=64",
+    "lo32": ("mlp", [*PINNED, "hw.lanes_in=64", "hw.lanes_out=32", "hw.dw_passes=8", "hw.dx_passes=2",
+                     "hw.po2_lanes=16", "hw.update_lanes=16", "hw.div_steps=4", "hw.loss_lanes=1",
+                     "hw.mul_steps=1"], _UNITS),
+    "wm_small": ("mlp", [*PINNED, SMALL], ("wmem", "rng")),
+    "wm_small_wide": ("mlp", [*PINNED, SMALL, "hw.lanes_in=128", "hw.lanes_out=32", "hw.update_lanes=64",
                               "hw.dw_passes=4"], ("wmem", "rng")),
-    "wm_small_narrow": ("mlp", [*_PIN, SMALL, "hw.lanes_in=32", "hw.lanes_out=8", "hw.update_lanes=8",
+    "wm_small_narrow": ("mlp", [*PINNED, SMALL, "hw.lanes_in=32", "hw.lanes_out=8", "hw.update_lanes=8",
                                 "hw.dw_passes=4"], ("wmem", "rng")),
     # the paper MLP's own weight memory (a minute since large initial contents go through files)
-    "wm_paper": ("mlp", _PIN, ("wmem", "rng")),
-    "wm_paper_c31_u8": ("mlp", [*_PIN, "hw.switch_cutoff=31", "hw.update_lanes=8"], ("wmem", "rng")),
+    "wm_paper": ("mlp", PINNED, ("wmem", "rng")),
+    "wm_paper_c31_u8": ("mlp", [*PINNED, "hw.switch_cutoff=31", "hw.update_lanes=8"], ("wmem", "rng")),
 }
 
 

@@ -70,18 +70,19 @@ def engine_passes(name: str) -> int | None:
 
 
 def reduce_codes(codes: A.Po2Codes, name: str) -> A.Po2Codes:
-    """The codes the variant ``name`` (without ``+out``) feeds to the dW product (same bias and unit exponent)."""
+    """The codes the variant ``name`` (without ``+out``) feeds to the dW product (same bias and unit exponent):
+    the window of :func:`sim.hw.arith.dw_window_ternary` (what ``hw.dw_window`` computes), its codes weighing 1
+    (``tern``, ``sign``: a window wider than any field) or keeping their po2 weight (``top``)."""
     if name == "full":
         return codes
-    f = codes.field.astype(np.int16)
-    keep = f > 0
-    weighted = False
-    if name != "sign":
+    if name == "sign":
+        window, weighted = 256, False  # fields are 8-bit: every nonzero code is in the window
+    else:
         _, kind, d, _ = _VARIANT.fullmatch(name).groups()
-        keep &= f > f.max(axis=0, keepdims=True) - int(d)
-        weighted = kind == "top"
-    field = np.where(keep, f if weighted else 1, 0).astype(np.uint8)
-    return A.Po2Codes(codes.neg & keep, field, codes.bias, codes.unit_exp)
+        window, weighted = int(d), kind == "top"
+    t = A.dw_window_ternary(codes, window)
+    field = np.where(t != 0, codes.field if weighted else 1, 0).astype(np.uint8)
+    return A.Po2Codes(t < 0, field, codes.bias, codes.unit_exp)
 
 
 class DwPatch:
