@@ -403,8 +403,8 @@ class TileReader(wiring.Component):
     ``t * words + k`` of every bank of the activation buffer ``a`` and address ``t * groups + g`` of every bank
     of the code buffer ``c`` (both sample-banked: bank ``i`` of beat ``t`` holds sample ``t * banks + i``).
     Output ``o``: ``a`` (all banks), ``c`` (all banks), ``last`` (the tile's last beat of each pass); one beat
-    per cycle. No output queue (as :class:`MemoryReader`: the beat waits on the read ports, whose enable depends
-    on ``o.ready``)."""
+    per cycle; ``g_last``: the beat on ``o`` is the last of its group ``g`` (last tile, pass and beat). No output
+    queue (as :class:`MemoryReader`: the beat waits on the read ports, whose enable depends on ``o.ready``)."""
 
     def __init__(self, *, a_width: int, c_width: int, banks: int, words: int, groups: int, tiles: int,
                  passes: int = 1):
@@ -423,6 +423,7 @@ class TileReader(wiring.Component):
             "a_data": In(data.ArrayLayout(a_width, banks)),
             "c_data": In(data.ArrayLayout(c_width, banks)),
             "o": Out(stream.Signature(self._layout)),
+            "g_last": Out(1),
             "busy": Out(1),
         })
 
@@ -455,7 +456,8 @@ class TileReader(wiring.Component):
             self.o.payload.last.eq(s1_last),
         ]
         with m.If(issue):
-            m.d.sync += [have.eq(1), s1_last.eq(t == T - 1)]
+            m.d.sync += [have.eq(1), s1_last.eq(t == T - 1),
+                         self.g_last.eq((t == T - 1) & (p == P - 1) & (k == W - 1))]
         with m.Elif(self.o.ready):
             m.d.sync += have.eq(0)
         with m.If(issue):

@@ -87,10 +87,6 @@ def check_generator_support(cfg) -> None:
         raise ConfigError(f"{given}: the generated RTL has no 8-bit first-layer engine yet; "
                           "set hw.input = 'binary' (or model.input_format = 'binary'); "
                           "benchmarks/int8_first_layer.py estimates what an 8-bit first layer would cost")
-    if h.dw_window:
-        raise ConfigError(f"hw.dw_window = {h.dw_window}: the generated RTL computes sgn(dW) from the full po2 "
-                          "sums only (hw.dw_window = 0); the windowed sign gradient is in the bit-exact model "
-                          "(docs/arithmetic.md 5.4), not yet in hardware")
 
 
 class SystemPlan(HostInterfacePlan):

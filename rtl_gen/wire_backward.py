@@ -14,6 +14,7 @@ from .buffers import (
     RowWriter,
     TileReader,
 )
+from .code_window import CodeWindow
 from .weight_memory import UNDO, UPDATE
 
 __all__ = ["BackwardWiring"]
@@ -125,6 +126,13 @@ class BackwardWiring:
         for i in range(lb):
             ports[f"cb{i}_w"].add(c_take, addr=cw.w_addr, data=cw.w_data, en=cw.w_en[i])
         m.d.comb += done[key].eq((cw.count == lp.beats) & ~par.busy)
+        window = plan.cfg.hw.dw_window
+        if window:  # the columns' largest fields, for upd j's ternary codes (hw.dw_window)
+            cwin = sub(f"code_window{j}", CodeWindow(lanes=lo, groups=G, code_bits=plan.p.k, window=window,
+                                                     banks=lb))
+            self._code_windows = {**getattr(self, "_code_windows", {}), j: cwin}
+            m.d.comb += [cwin.clear.eq(st), cwin.track.eq(c_take),
+                         cwin.track_codes.as_value().eq(pu.codes.payload.as_value()[: lo * plan.p.k])]
 
     @staticmethod
     def _select_layer(m, plan, unit, j):
@@ -281,8 +289,12 @@ class BackwardWiring:
         with m.If(a):  # the engine may serve several layers
             self._select_layer(m, plan, u, j)
             m.d.comb += [u.xdy.valid.eq(tr.o.valid), u.dw.ready.eq(w.grad.ready)]
-        self._wide(m, a, [(u.xdy.payload.as_value(), Cat(tr.o.payload.a.as_value(), tr.o.payload.c.as_value(),
-                                                          tr.o.payload.last))])
+        codes = tr.o.payload.c.as_value()
+        if plan.cfg.hw.dw_window:  # the ternary codes of the windowed sign gradient, group by group
+            cwin = self._code_windows[j]
+            m.d.comb += [cwin.codes_in.as_value().eq(codes), cwin.advance.eq(a & tr.o.valid & tr.o.ready & tr.g_last)]
+            codes = cwin.codes_out.as_value()
+        self._wide(m, a, [(u.xdy.payload.as_value(), Cat(tr.o.payload.a.as_value(), codes, tr.o.payload.last))])
         m.d.comb += [tr.o.ready.eq(a & u.xdy.ready), w.grad.valid.eq(a & u.dw.valid), w.grad.payload.eq(u.dw.payload)]
         wiring.connect(m, g.u, w.rng)
         cmd_sent = Signal(name=f"upd_cmd_sent{j}")

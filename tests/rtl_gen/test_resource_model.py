@@ -292,7 +292,7 @@ def test_the_zcu104_configuration_is_the_explorers_choice_for_the_xczu7ev(model)
 
 
 @pytest.mark.parametrize("override, words", [
-    ("hw.dw_window=4", "hw.dw_window = 4: the generated RTL computes sgn(dW) from the full po2 sums only"),
+    ("hw.dw_window=4", "hw.dw_window = 4: the resource model is calibrated without the windowed sign gradient"),
     ("hw.input=int8", "hw.input = 'int8': the generated RTL has no 8-bit first-layer engine yet"),
 ])
 def test_explorer_says_what_no_lanes_can_change_instead_of_nothing_fits(override, words, model):

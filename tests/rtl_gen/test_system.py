@@ -274,7 +274,7 @@ def _check_tile_reader(banks, words, groups, tiles, passes):
             ctx.set(tr.o.ready, 1)
             if ctx.get(tr.o.valid):
                 p = ctx.get(tr.o.payload)
-                beats.append((list(p.a), list(p.c), p.last))
+                beats.append((list(p.a), list(p.c), p.last, ctx.get(tr.g_last)))
             if ctx.get(tr.r_en):
                 pa, pc = ctx.get(tr.a_addr), ctx.get(tr.c_addr)
             await ctx.tick()
@@ -282,8 +282,9 @@ def _check_tile_reader(banks, words, groups, tiles, passes):
     _run(tr, tiles_bench)
     want = [(g, k, t) for g in range(groups) for k in range(words) for _ in range(passes) for t in range(tiles)]
     assert len(beats) == len(want) == tr.beats
-    for (a, c, last), (g, k, t) in zip(beats, want, strict=True):
+    for i, ((a, c, last, g_last), (g, k, t)) in enumerate(zip(beats, want, strict=True)):
         assert a[0] == (t * words + k) * 16 and c[0] == (t * groups + g) % 16 and last == int(t == tiles - 1)
+        assert g_last == int(i == len(want) - 1 or want[i + 1][0] != g)
 
 
 def test_memory_reader_wrap_and_serializer():
@@ -428,6 +429,32 @@ def test_small_mlp_whole_steps_match_the_model():
     model = step_cycles(SystemPlan(cfg)).step
     for st in rep["steps"]:
         assert abs(st["cycles"] - model) <= 0.05 * model, (st["cycles"], model)
+
+
+ARRAY_SMALL = ["hw.lanes_b=1", 'model.layers=[{type="dense",units=32},{type="dense",units=32},{type="dense",units=10}]']
+
+
+@pytest.mark.rtl
+@pytest.mark.parametrize("over", [pytest.param([], id="fabric-dw"), pytest.param(ARRAY_SMALL, id="dsp-array")])
+def test_windowed_sign_gradient_whole_steps(over):
+    """hw.dw_window = 2 (sgn(dW) from the codes within 2 planes of their column's largest, docs/arithmetic.md
+    5.4) on the fabric dW unit (two samples a beat) and on the DSP array: two whole steps equal the model, with
+    the cycles of the full-sum design (the column maxima are kept as the codes are written, no extra pass). A
+    model with the full sums (hw.dw_window = 0) must see a mismatch: the hardware computes the window."""
+    from host.verify import run_system
+    from rtl_gen.toolchain import CocotbFailure
+
+    cfg = small_cfg(*over, "hw.dw_window=2")
+    plan = SystemPlan(cfg)
+    assert [plan.po2_array(j) for j in range(len(plan.layers))] == [bool(over)] * len(plan.layers)
+    rep = run_system(cfg, mode="train", steps=2)
+    _assert_steps(rep, 2)
+    model = step_cycles(plan).step
+    assert model == step_cycles(SystemPlan(small_cfg(*over))).step
+    for st in rep["steps"]:
+        assert abs(st["cycles"] - model) <= 0.05 * model, (st["cycles"], model)
+    with pytest.raises(CocotbFailure):
+        run_system(cfg, mode="train", steps=1, model_overrides=["hw.dw_window=0"])
 
 
 SHARED_LAYERS = ('model.layers=[{type="dense",units=32},{type="dense",units=32},{type="dense",units=32},'

@@ -1,0 +1,92 @@
+"""The codes of the windowed sign gradient, ``hw.dw_window = d`` (docs/arithmetic.md 5.4).
+
+``sgn(dW) = sgn(X^T t)`` with ``t`` ternary: in each column (output channel) of a layer's po2 codes, a code whose
+exponent field lies within ``d`` planes of the column's largest field over the batch counts as its sign (+-1),
+every other code as 0 (golden: :func:`sim.hw.arith.dw_window_ternary`). The dW engine needs no new arithmetic
+for it: a ternary value is the po2 code of field 1 (``+-2^0``) or the zero code, so the engine's exact sums of
+the rewritten codes are ``X^T t``.
+
+:class:`CodeWindow` does the rewriting for one layer in two steps that the step's phases already separate:
+
+- ``bwd j``: the po2 unit's code beats (sample by sample, groups ``0 .. G-1`` of ``lanes`` codes in turn) pass
+  ``track``; the unit keeps each column's largest field in a ring of ``G`` registers of ``lanes`` fields whose
+  head is the group of the beat: the head is raised to the beat's fields and moved to the tail, so the ring
+  turns once per beat and is back at group 0 after every sample (no ``G``-way multiplexer, no memory port);
+- ``upd j``: the dW operand stream goes through ``codes_in`` -> ``codes_out`` combinationally (``banks`` samples
+  a beat, each of ``lanes`` codes), rewritten against the head; its groups come in order (``g`` outer, as
+  :class:`rtl_gen.buffers.TileReader` reads them), and ``advance`` (the last beat of a group taken) turns the
+  ring once. After the ``G`` groups the ring is back at group 0.
+
+``clear`` (the start of ``bwd j``) sets every field to 0; the head's position needs no reset, since tracking
+starts at the head whatever group it held before. No cycle is added to any phase.
+"""
+
+from __future__ import annotations
+
+from amaranth import Module, Mux, Signal
+from amaranth.lib import data, wiring
+from amaranth.lib.wiring import In, Out
+
+__all__ = ["CodeWindow"]
+
+
+def _check(name: str, value: object, lo: int, hi: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise ValueError(f"{name} must be an integer in {lo}..{hi}, not {value!r}")
+    return value
+
+
+class CodeWindow(wiring.Component):
+    """Column maxima and the ternary rewrite of ``hw.dw_window`` for one layer (see the module docstring).
+
+    Parameters: ``lanes`` (codes a beat, the layer's ``lanes_out``), ``groups`` (``G``), ``code_bits`` (``k``:
+    ``k - 1`` field bits, then the sign; the codes buffer's lane layout), ``window`` (``d >= 1``), ``banks``
+    (samples a dW beat).
+
+    Ports: ``clear``, ``track``, ``track_codes`` (``lanes`` codes), ``advance``, ``codes_in`` / ``codes_out``
+    (``banks x lanes`` codes, bank-major, as the codes buffer's banks are concatenated)."""
+
+    def __init__(self, *, lanes: int, groups: int, code_bits: int, window: int, banks: int = 1):
+        self.lanes = _check("lanes", lanes, 1, 4096)
+        self.groups = _check("groups", groups, 1, 1 << 16)
+        self.code_bits = _check("code_bits", code_bits, 2, 8)
+        self.window = _check("window", window, 1, 255)
+        self.banks = _check("banks", banks, 1, 4096)
+        code = data.StructLayout({"field": code_bits - 1, "neg": 1})
+        self.code_layout = code
+        super().__init__({
+            "clear": In(1),
+            "track": In(1),
+            "track_codes": In(data.ArrayLayout(code, lanes)),
+            "advance": In(1),
+            "codes_in": In(data.ArrayLayout(code, lanes * banks)),
+            "codes_out": Out(data.ArrayLayout(code, lanes * banks)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        L, G, fw = self.lanes, self.groups, self.code_bits - 1
+        ring = [Signal(data.ArrayLayout(fw, L), name=f"colmax{i}") for i in range(G)]
+        head = ring[0]
+        raised = Signal.like(head, name="colmax_raised")
+        for lane in range(L):
+            f = self.track_codes[lane].field
+            m.d.comb += raised[lane].eq(Mux(f > head[lane], f, head[lane]))
+        turn = Signal()
+        m.d.comb += turn.eq(self.track | self.advance)
+        with m.If(self.clear):
+            m.d.sync += [r.eq(0) for r in ring]
+        with m.Elif(turn):
+            m.d.sync += [ring[i].eq(ring[i + 1]) for i in range(G - 1)]
+            m.d.sync += ring[G - 1].eq(Mux(self.track, raised, head))
+        for b in range(self.banks):
+            for lane in range(L):
+                c_in, c_out = self.codes_in[b * L + lane], self.codes_out[b * L + lane]
+                keep = Signal(name=f"keep{b}_{lane}")
+                # field > top - d, written without a subtraction: field + d > top
+                m.d.comb += [
+                    keep.eq((c_in.field != 0) & (c_in.field + self.window > head[lane])),
+                    c_out.field.eq(keep),
+                    c_out.neg.eq(keep & c_in.neg),
+                ]
+        return m
