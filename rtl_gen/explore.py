@@ -53,7 +53,9 @@ GRID: dict[str, tuple] = {
     "po2_lanes": (1, 2, 4, 8, 16),
     "update_lanes": (8, 16, 32, 64),
     "div_steps": (1, 2, 4, 8),
-    "mul_steps": (1, 2, 4, 8),
+    # 8 is left out: with 8 bits a cycle the po2 unit's sqrt2 multiplier closes at 96.5 MHz on the ECP5 proxy,
+    # below the 100 MHz every unit must reach (docs/results.md, "The ZCU104 design"); div_steps 8 closes.
+    "mul_steps": (1, 2, 4),
     "loss_lanes": (1, 2, 4, 8, 16),
 }
 MAIN = ("lanes_in", "lanes_out", "dw_passes", "dx_passes")
@@ -254,6 +256,10 @@ def explore(cfg, device: str | Device, *, model=None, grid: dict | None = None, 
     from .resource_model import load_model
 
     check_generator_support(cfg)  # what no choice of lanes changes is said as it is, not as "nothing fits"
+    if cfg.hw.dw_window:
+        raise ConfigError(f"hw.dw_window = {cfg.hw.dw_window}: the resource model is calibrated without the windowed "
+                          "sign gradient's column-maximum rings (rtl_gen.code_window); explore with hw.dw_window = 0 "
+                          "(same cycles) and set the window in the written file")
     t0 = time.perf_counter()
     dev = get_device(device)
     limits = limits_of(dev)
