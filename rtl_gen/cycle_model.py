@@ -160,7 +160,7 @@ def update_cycles(plan, j: int) -> int:
     per_tile = (lp.tiles + 1) * lp.dw_passes  # dW cycles per bank row: per pass the beats and a finish cycle
     tail = 0
     if plan.po2_array(j):  # the array's passes last at least their drain (one cycle per lane, one more per tile)
-        P, LO = lp.dw_passes, lp.lanes_out
+        P, LO = plan.dw_reads(j), lp.lanes_out
         per_tile = (P - 1) * max(lp.tiles + 1, LO) + max(lp.tiles + 1, LO + 1)
         tail = LO + 1  # the last drain and the push
     per_row = max(per_tile, per_row_sweep)

@@ -203,6 +203,11 @@ class SystemPlan(HostInterfacePlan):
         grp = next(g for g in self.backward_groups if j in g)
         return array_mode([self.po2_geometry(i) for i in grp])
 
+    def dw_reads(self, j: int) -> int:
+        """Times ``upd j`` streams each dW tile to the engine: ``dw_passes``, half on an array that takes the
+        ternary codes of ``hw.dw_window`` two lanes a slice (:attr:`Po2Geometry.dw_pairs`)."""
+        return self.po2_geometry(j).dw_reads if self.po2_array(j) else self.layers[j].dw_passes
+
     def _groups(self, key) -> list[list[int]]:
         """The layers partitioned by ``key(j)`` (equal keys: one group), in layer order."""
         out: list[list[int]] = []

@@ -125,7 +125,9 @@ class Po2Geometry:
     ``dw_width`` (dW accumulator bits); ``dw_passes`` (dW passes per tile) and ``dx_passes`` (dX passes per
     word), both dividing ``lanes_in``; ``dw_dsp``: build the dW accumulators as multiply-accumulates that
     synthesis maps to DSP48 slices, two weights per slice where the widths allow (:attr:`dsp_fields`);
-    ``dx_dsp``: compute dX on those slices too where the layers allow it (:func:`array_mode`).
+    ``dx_dsp``: compute dX on those slices too where the layers allow it (:func:`array_mode`); ``dw_ternary``:
+    the dW codes are ternary (``hw.dw_window``: field 0 or 1, any nonzero field counts as +-1), which lets the
+    array pack four weights into a slice (:attr:`dw_pairs`).
     :meth:`Po2Backward.from_config` takes the widths from :mod:`sim.hw.widths`.
     """
 
@@ -140,6 +142,7 @@ class Po2Geometry:
     dx_passes: int = 1
     dw_dsp: bool = False
     dx_dsp: bool = False
+    dw_ternary: bool = False
 
     def __post_init__(self):
         if not isinstance(self.bank, XnorGeometry):
@@ -182,6 +185,7 @@ class Po2Geometry:
             dx_passes=passes_for(cfg, "dx", lanes_in) if dx_passes is None else dx_passes,
             dw_dsp=cfg.hw.dw_dsp,
             dx_dsp=cfg.hw.dx_dsp if dx_dsp is None else dx_dsp,
+            dw_ternary=bool(cfg.hw.dw_window),
         )
 
     @property
@@ -199,6 +203,28 @@ class Po2Geometry:
         if F <= DSP_A_BITS - 2 and 2 * F <= DSP_P_BITS:
             return 2
         return 1 if F <= DSP_P_BITS else 0
+
+    @property
+    def ternary_field(self) -> int:
+        """Bits of a signed ternary dW sum, ``|X^T t| <= batch x_max``."""
+        return (self.batch * self.x_max).bit_length() + 1
+
+    @property
+    def dw_pairs(self) -> bool:
+        """On the array (:func:`array_mode`), ternary dW codes go two lanes to a slice: ``P += A v`` with ``A =
+        s_0 + s_1 2^Ft`` (two activation signs) and ``v = t_a + t_b 2^(2 Ft)`` (the ternary codes of lanes ``a``
+        and ``b = a + lanes_out / 2``), ``Ft`` = :attr:`ternary_field`: four weights a slice instead of two, so
+        the array runs the passes of a tile in pairs (:attr:`dw_reads`). Needs ``v`` within the B port (``2 Ft +
+        2 <= 18``: batch <= 127 for binary activations) and an even number of passes."""
+        ft = self.ternary_field
+        return (self.dw_ternary and self.x_max == 1 and self.lanes_b == 1 and self.dw_passes % 2 == 0
+                and self.bank.lanes_out % 2 == 0 and 2 * ft + 2 <= DSP_B_BITS)
+
+    @property
+    def dw_reads(self) -> int:
+        """Times an array (:func:`array_mode`) reads each dW tile: ``dw_passes``, half of it with :attr:`dw_pairs`
+        (the fabric dW unit always reads ``dw_passes`` times)."""
+        return self.dw_passes // 2 if self.dw_pairs else self.dw_passes
 
     @property
     def planes(self) -> int:
@@ -301,7 +327,7 @@ class Po2Geometry:
         """Array dW cycles for one batch with no stalls, from the first ``xdy`` transfer to the last ``dw``
         transfer: per pass the beats and a finish cycle, but at least the drain of the previous pass
         (``lanes_out`` cycles, one more after a tile's last pass, which pushes the tile)."""
-        LO, P, NB = self.bank.lanes_out, self.dw_passes, self.beats_per_tile
+        LO, P, NB = self.bank.lanes_out, self.dw_reads, self.beats_per_tile
         gap_after_last = max(NB + 1, LO + 1)
         gap = max(NB + 1, LO)
         n = self.bank.depth * P
@@ -339,9 +365,10 @@ class Po2Geometry:
             raise AssertionError("dx last flags do not mark each row's last beat")
         return vals[:, :-1].reshape(-1, b.words * b.lanes_in)[:, : b.n_in]
 
-    def xdy_beats(self, x, neg, field) -> list[int]:
+    def xdy_beats(self, x, neg, field, reads: int | None = None) -> list[int]:
         """``xdy`` payloads for activations ``x [batch, n_in]`` (bits or int8) and codes ``[batch, n_out]``:
-        tiles in bank-row order, each ``dw_passes`` times ``beats_per_tile`` beats, padding samples zero."""
+        tiles in bank-row order, each ``reads`` (default ``dw_passes``; an array with :attr:`dw_pairs` reads
+        :attr:`dw_reads`) times ``beats_per_tile`` beats, padding samples zero."""
         b = self.bank
         B, S, nb = self.batch, self.lanes_b, self.beats_per_tile
         x = np.asarray(x, dtype=np.int64)
@@ -361,7 +388,7 @@ class Po2Geometry:
                 xt = xs[:, :, k, :].reshape(nb, S * b.lanes_in)
                 ct = cs[:, :, g, :].reshape(nb, S * b.lanes_out)
                 last = (np.arange(nb) == nb - 1).astype(np.int64)[:, None]
-                rows.extend([np.concatenate([xt, ct, last], axis=1)] * self.dw_passes)
+                rows.extend([np.concatenate([xt, ct, last], axis=1)] * (reads or self.dw_passes))
         widths = [xw] * (S * b.lanes_in) + [self.dy_bits] * (S * b.lanes_out) + [1]
         return _pack(np.concatenate(rows, axis=0), widths)
 
@@ -475,7 +502,7 @@ def envelope(shapes) -> Po2Geometry:
     if not shapes or not all(isinstance(g, Po2Geometry) for g in shapes):
         raise TypeError("shapes must be a non-empty list of Po2Geometry")
     first = shapes[0]
-    for name in ("batch", "dy_bits", "x_max", "lanes_b", "dw_passes", "dx_passes", "dw_dsp", "dx_dsp"):
+    for name in ("batch", "dy_bits", "x_max", "lanes_b", "dw_passes", "dx_passes", "dw_dsp", "dx_dsp", "dw_ternary"):
         values = {getattr(g, name) for g in shapes}
         if len(values) > 1:
             raise ValueError(f"layers sharing a po2 backward engine must agree on {name}, not {sorted(values)}")
@@ -1052,6 +1079,13 @@ class _Array(_Dw):
     After a pass (dW) or a block (dX) a finish cycle copies the sums to capture registers, and the drain takes
     one lane per cycle (``lanes_out`` cycles) while the array goes on: dX writes the lane's ``LS`` values as one
     ``dx`` word (sample, part), dW keeps their signs until the tile's last pass and pushes the tile.
+
+    Ternary dW codes (:attr:`Po2Geometry.dw_pairs`, ``hw.dw_window``): the sums are at most ``B`` in size, so a
+    slice holds four ``Ft``-bit fields. Slice ``(c, l)`` takes ``A = s_(2c) + s_(2c+1) 2^Ft`` (activation signs
+    +-1 of pass ``2 p + (l >= H)``, ``H = lanes_out / 2``) and ``v = t_a + t_b 2^(2 Ft)`` (the ternary codes of
+    lanes ``a = l mod H`` and ``a + H``), loaded with ``2^(Ft-1)`` in each of the lower three fields, so one run
+    over the tile's beats computes two passes: the tile is read ``dw_passes / 2`` times. Draining slice row
+    ``l`` keeps the signs of both its lanes for its pass. dX is unchanged (the slices' operands are multiplexed).
     """
 
     def __init__(self, shapes):
@@ -1067,6 +1101,7 @@ class _Array(_Dw):
         K, G, D, LI, LO = bank.words, bank.groups, bank.depth, bank.lanes_in, bank.lanes_out
         P = geo.dw_passes
         LS, NS, F = LI // P, geo.array_samples, ARRAY_FIELD
+        pairs, PR, H, FT = geo.dw_pairs, geo.dw_reads, LO // 2, geo.ternary_field  # ternary dW, two lanes a slice
         NB = geo.beats_per_tile
         B = geo.batch
         NSB = -(-B // NS)  # dX sample blocks
@@ -1096,8 +1131,8 @@ class _Array(_Dw):
         adv = Signal()
         xmode = Signal()  # a dX job is issuing
 
-        # ---- Stage 0, dW: slot, pass and tile counters (as the dW unit) ----
-        tc = _TileCounters(m, sz, NB=NB, P=P, K=K, G=G)
+        # ---- Stage 0, dW: slot, pass and tile counters (as the dW unit; with dw_pairs ``pas`` counts pass pairs) ----
+        tc = _TileCounters(m, sz, NB=NB, P=PR, K=K, G=G)
         slot, pas, k, g, fin, take_w = tc.slot, tc.pas, tc.k, tc.g, tc.fin, tc.take
         m.d.comb += [self.xdy.ready.eq(adv & ~xmode & ~fin), take_w.eq(adv & ~xmode & (fin | self.xdy.valid))]
 
@@ -1236,17 +1271,28 @@ class _Array(_Dw):
                         m.d.comb += xcode[s].eq(Mux(s1_par, buf[1][s][oo], buf[0][s][oo]))
         o_pad = Signal()
         m.d.comb += o_pad.eq(s1_last_g & ~x_lane_ok.bit_select(s1_o, 1))
-        x1 = Signal(LS)  # dW: this pass's activations
-        if P > 1:
-            with m.Switch(s1_pass):
-                for p in range(P):
-                    with m.Case(p):
-                        m.d.comb += x1.eq(Cat(op.x[0][p * LS + i] for i in range(LS)))
-        else:
-            m.d.comb += x1.eq(Cat(op.x[0][i] for i in range(LS)))
-        bits = [Signal(LS, name=f"bits{q}") for q in range(P)]  # the sign bits of the lanes of part q
-        for q in range(P):
-            m.d.comb += bits[q].eq(Mux(s1_x, wcol[q * LS:(q + 1) * LS], x1))
+        # dW: this pass's activations; with dw_pairs the lanes below H take pass 2 pas, the others 2 pas + 1
+        x1 = [Signal(LS, name=f"x1_{h}" if pairs else "x1") for h in range(2 if pairs else 1)]
+        for h, xh in enumerate(x1):
+            if P > 1:
+                with m.Switch(s1_pass):
+                    for p in range(PR):
+                        with m.Case(p):
+                            q = 2 * p + h if pairs else p
+                            m.d.comb += xh.eq(Cat(op.x[0][q * LS + i] for i in range(LS)))
+            else:
+                m.d.comb += xh.eq(Cat(op.x[0][i] for i in range(LS)))
+        # the sign bits of the slices of part q (dX) and half h (dW pairs)
+        bits = {(q, h): Signal(LS, name=f"bits{q}_{h}" if pairs else f"bits{q}") for q in range(P)
+                for h in range(len(x1))}
+        for (q, h), b in bits.items():
+            m.d.comb += b.eq(Mux(s1_x, wcol[q * LS:(q + 1) * LS], x1[h]))
+        tern = []  # dW pairs: each lane's ternary code as a signed value
+        for lane in range(LO if pairs else 0):
+            t = Signal(signed(2), name=f"tern{lane}")
+            cd = op.dy[0][lane]
+            m.d.comb += t.eq(Mux(cd.field != 0, Mux(cd.neg, -1, 1), 0))
+            tern.append(t)
 
         step = Signal()
         m.d.comb += step.eq(adv & s1_valid & ~s1_fin)
@@ -1264,13 +1310,27 @@ class _Array(_Dw):
                 mag.eq(Mux(real, Const(1, vw) << code.field >> 1, 0)),
                 v.eq(Mux(code.neg, -mag, mag)),
             ]
+            bias = Const(1 << (F - 1), signed(DSP_P_BITS))
+            if pairs:  # v_t = t_a + t_b 2^(2 Ft) for lanes a = lane mod H, b = a + H; the lower three fields biased
+                v_t = Signal(signed(2 * FT + 2), name=f"v_t{lane}")
+                m.d.comb += v_t.eq(tern[lane % H] + (tern[lane % H + H] << (2 * FT)))
+                v_dw = Signal(signed(max(vw, 2 * FT + 2)), name=f"v_mux{lane}")
+                m.d.comb += v_dw.eq(Mux(s1_x, v, v_t))
+                bias = Mux(s1_x, bias, Const(sum(1 << (q * FT + FT - 1) for q in range(3)), signed(DSP_P_BITS)))
+            else:
+                v_dw = v
             for c in range(LS // 2):
-                b = bits[lane // NS]
+                b = bits[lane // NS, int(pairs and lane >= H)]
                 a = Signal(signed(DSP_A_BITS), name=f"dsp_a{c}_{lane}")
-                m.d.comb += a.eq(Cat(b[2 * c], Const(0, DSP_A_BITS - 2), b[2 * c + 1]))
+                a_dx = Cat(b[2 * c], Const(0, DSP_A_BITS - 2), b[2 * c + 1]).as_signed()
+                if pairs:  # A = s_0 + s_1 2^Ft, s = +-1 by the activation bits
+                    a_t = Mux(b[2 * c], 1, -1) + (Mux(b[2 * c + 1], 1, -1) << FT)
+                    m.d.comb += a.eq(Mux(s1_x, a_dx, a_t))
+                else:
+                    m.d.comb += a.eq(a_dx)
                 p_ = Signal(signed(DSP_P_BITS), name=f"dsp_p{c}_{lane}")
                 with m.If(step):
-                    m.d.sync += p_.eq(Mux(s1_first, 1 << (F - 1), p_) + a * v)
+                    m.d.sync += p_.eq(Mux(s1_first, bias, p_) + a * v_dw)
                 acc[c, lane] = p_
             t = Signal(signed(DSP_P_BITS), name=f"dsp_t{lane}")  # lower field: -T
             with m.If(step):
@@ -1325,7 +1385,7 @@ class _Array(_Dw):
             self.dx.payload.addr.eq(d_qbase + d_soff),
             d_go.eq(d_busy & ~(self.dx.valid & ~self.dx.ready)),
             last_lane.eq(dl == LO - 1),
-            pushes.eq(~d_x & (d_pass == P - 1)),
+            pushes.eq(~d_x & (d_pass == PR - 1)),
             d_free.eq((~d_busy | (d_go & last_lane & ~pushes)) & (~d_push | queue.i.ready)),
         ]
         for i in range(LS):
@@ -1349,19 +1409,23 @@ class _Array(_Dw):
         ]
         with m.If(d_push & queue.i.ready):
             m.d.sync += d_push.eq(0)
-        pad_bits = sz.pass_padding(m, d_pass, P)
-        lane_pad = Signal()
-        m.d.comb += lane_pad.eq(d_last_g & ~sz.lane_ok.bit_select(dl, 1))
-        signs = []
-        for i in range(LS):
-            sig = Signal(signed(2), name=f"sign{i}")
-            m.d.comb += sig.eq(Mux(lane_pad | (d_last_k & pad_bits[i]) | (vals[i] == 0), 0,
-                                   Mux(vals[i][-1], -1, 1)))
-            signs.append(sig)
-        for lane in range(LO):
-            for p in range(P):
-                with m.If(d_go & ~d_x & (dl == lane) & (d_pass == p)):
-                    m.d.sync += [kept.g[lane][p * LS + i].eq(signs[i]) for i in range(LS)]
+        if pairs:
+            self._drain_pairs(m, sz, kept, sel_p, dl, d_go & ~d_x, d_pass, d_last_g, d_last_k, LS=LS, LO=LO, P=P,
+                              FT=FT)
+        else:
+            pad_bits = sz.pass_padding(m, d_pass, P)
+            lane_pad = Signal()
+            m.d.comb += lane_pad.eq(d_last_g & ~sz.lane_ok.bit_select(dl, 1))
+            signs = []
+            for i in range(LS):
+                sig = Signal(signed(2), name=f"sign{i}")
+                m.d.comb += sig.eq(Mux(lane_pad | (d_last_k & pad_bits[i]) | (vals[i] == 0), 0,
+                                       Mux(vals[i][-1], -1, 1)))
+                signs.append(sig)
+            for lane in range(LO):
+                for p in range(P):
+                    with m.If(d_go & ~d_x & (dl == lane) & (d_pass == p)):
+                        m.d.sync += [kept.g[lane][p * LS + i].eq(signs[i]) for i in range(LS)]
         with m.If(cap):
             m.d.sync += [cap_p[key].eq(acc[key][: 2 * F]) for key in acc]
             m.d.sync += [cap_t[lane].eq(tacc[lane][:F]) for lane in range(LO)]
@@ -1372,6 +1436,36 @@ class _Array(_Dw):
             ]
         wiring.connect(m, queue.o, wiring.flipped(self.dw))
         return m
+
+    @staticmethod
+    def _drain_pairs(m, sz, kept, sel_p, dl, go, d_pass, d_last_g, d_last_k, *, LS, LO, P, FT):
+        """dW drain with :attr:`Po2Geometry.dw_pairs`: slice row ``dl`` holds lanes ``a = dl mod H`` and ``a + H``
+        (``H = LO / 2``) of pass ``2 d_pass + (dl >= H)``; slice ``c``'s fields ``0 .. 3`` (``FT`` bits each) are
+        the weights (input ``2c``, lane ``a``), (``2c + 1``, ``a``), (``2c``, ``a + H``), (``2c + 1``, ``a + H``),
+        the lower three biased by ``2^(FT-1)``, the top one signed. A drain cycle keeps both lanes' signs."""
+        H = LO // 2
+        hi = Signal(name="drain_hi")
+        la = Signal(range(max(H, 2)), name="drain_lane_a")
+        p_cur = Signal(range(max(P, 2)), name="drain_pass")
+        m.d.comb += [hi.eq(dl >= H), la.eq(Mux(hi, dl - H, dl)), p_cur.eq((d_pass << 1) | hi)]
+        pad_bits = sz.pass_padding(m, p_cur, P)
+        half = 1 << (FT - 1)
+        signs = {}
+        for side in range(2):  # lane a, lane a + H
+            lane_pad = Signal(name=f"lane_pad{side}")
+            m.d.comb += lane_pad.eq(d_last_g & ~sz.lane_ok.bit_select(la + side * H, 1))
+            for i in range(LS):
+                q = 2 * side + i % 2
+                raw = sel_p[i // 2][q * FT:(q + 1) * FT]
+                neg, zero = (raw[-1], raw == 0) if q == 3 else (~raw[-1], raw == half)
+                sig = Signal(signed(2), name=f"sign{side}_{i}")
+                m.d.comb += sig.eq(Mux(lane_pad | (d_last_k & pad_bits[i]) | zero, 0, Mux(neg, -1, 1)))
+                signs[side, i] = sig
+        for lane in range(LO):
+            side = int(lane >= H)
+            for p in range(P):
+                with m.If(go & (la == lane - side * H) & (p_cur == p)):
+                    m.d.sync += [kept.g[lane][p * LS + i].eq(signs[side, i]) for i in range(LS)]
 
 
 class Po2Backward(wiring.Component):

@@ -126,13 +126,19 @@ class BackwardWiring:
         for i in range(lb):
             ports[f"cb{i}_w"].add(c_take, addr=cw.w_addr, data=cw.w_data, en=cw.w_en[i])
         m.d.comb += done[key].eq((cw.count == lp.beats) & ~par.busy)
-        window = plan.cfg.hw.dw_window
-        if window:  # the columns' largest fields, for upd j's ternary codes (hw.dw_window)
-            cwin = sub(f"code_window{j}", CodeWindow(lanes=lo, groups=G, code_bits=plan.p.k, window=window,
-                                                     banks=lb))
-            self._code_windows = {**getattr(self, "_code_windows", {}), j: cwin}
+        if plan.cfg.hw.dw_window:  # the columns' largest fields, for upd j's ternary codes
+            cwin = self._code_window(m, sub, plan, lp, lb, a)
             m.d.comb += [cwin.clear.eq(st), cwin.track.eq(c_take),
                          cwin.track_codes.as_value().eq(pu.codes.payload.as_value()[: lo * plan.p.k])]
+
+    def _code_window(self, m, sub, plan, lp, lb, active):
+        """hw.dw_window: the :class:`CodeWindow` of layer ``lp``, one per geometry (lanes, groups), shared by the
+        layers that have it: a layer's ``bwd``, ``dx`` and ``upd`` all run before the next layer's ``bwd``
+        clears it. ``active``: the calling phase's."""
+        params = (lp.lanes_out, lp.groups, plan.p.k, plan.cfg.hw.dw_window, lb)
+        return self._pooled(m, sub, "code_window", params, lambda: CodeWindow(
+            lanes=lp.lanes_out, groups=lp.groups, code_bits=plan.p.k, window=plan.cfg.hw.dw_window, banks=lb),
+            active)
 
     @staticmethod
     def _select_layer(m, plan, unit, j):
@@ -279,7 +285,7 @@ class BackwardWiring:
         u, w, g, par = po2b[j], wm[j], rng[j], bnp[j]
         k_bits = plan.p.k
         tr = sub(f"tiles{j}", TileReader(a_width=li, c_width=lo * k_bits, banks=lb, words=W, groups=G,
-                                         tiles=lp.tiles, passes=lp.dw_passes))
+                                         tiles=lp.tiles, passes=plan.dw_reads(j)))
         m.d.comb += tr.start.eq(st)
         for i in range(lb):
             ports[f"xb{j}_{i}_r"].add(a, addr=tr.a_addr, en=tr.r_en)
@@ -291,7 +297,7 @@ class BackwardWiring:
             m.d.comb += [u.xdy.valid.eq(tr.o.valid), u.dw.ready.eq(w.grad.ready)]
         codes = tr.o.payload.c.as_value()
         if plan.cfg.hw.dw_window:  # the ternary codes of the windowed sign gradient, group by group
-            cwin = self._code_windows[j]
+            cwin = self._code_window(m, sub, plan, lp, lb, a)
             m.d.comb += [cwin.codes_in.as_value().eq(codes), cwin.advance.eq(a & tr.o.valid & tr.o.ready & tr.g_last)]
             codes = cwin.codes_out.as_value()
         self._wide(m, a, [(u.xdy.payload.as_value(), Cat(tr.o.payload.a.as_value(), codes, tr.o.payload.last))])

@@ -57,7 +57,7 @@ class HwConfig:
     # -- weight gradient -------------------------------------------------------------------------
     dw_window: int = opt(0, lo=0, hi=255, doc="sgn(dW) from the codes within this many exponent planes of each "
                          "column's largest, each counted +-1 (one signed popcount per weight); 0 = the full po2 "
-                         "sum (the generated RTL computes only this)")
+                         "sum")
     # -- random numbers ---------------------------------------------------------------------------
     rng_seed: int = opt(1, lo=0, hi=2**32 - 1, doc="seed of the xorshift32 generators (one per weight column block)")
     rng_block: int = opt(256, lo=1, hi=65536, doc="rows of one weight column served by one generator")

@@ -61,7 +61,9 @@ def ref_dx(neg, field, w) -> np.ndarray:
 
 
 def ref_dw_sign(x, neg, field) -> np.ndarray:
+    """With ternary dW codes (``hw.dw_window``) every nonzero field counts as +-1 (the system sends fields 0 / 1)."""
     xs = 2 * np.asarray(x, dtype=np.int64) - 1 if GEO.x_max == 1 else np.asarray(x, dtype=np.int64)
+    field = np.minimum(field, 1) if GEO.dw_ternary else field
     return np.sign(po2_backward_dw(xs, codes_of(neg, field), P, GEO.x_max)).astype(np.int8)
 
 
@@ -168,7 +170,7 @@ class TB(Bench):
         return dx, self.dx.stamps[-1] - start + 1 if len(self.dx.stamps) > first_out else 0
 
     async def run_dw(self, x, neg, field) -> tuple[np.ndarray, int]:
-        beats_in = GEO.xdy_beats(x, neg, field)
+        beats_in = GEO.xdy_beats(x, neg, field, GEO.dw_reads if ARRAY else GEO.dw_passes)
         first_in = len(self.xdy.stamps)
         sender = cocotb.start_soon(self.xdy.send(beats_in))
         out = await self.dw.receive(BANK.depth, max_cycles=30 * dw_model() + 500)

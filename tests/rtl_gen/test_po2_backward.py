@@ -190,6 +190,12 @@ ARRAY_CASES = [
     pytest.param(({**ARRAY, "train.batch_size": 5}, 1, 16, 8, 1, 4, 4, 0, 3), id="array-l1-b5-li16-lo8-p4"),
     # the paper MLP's hidden layer: 256 x 256, B = 100, 64 x 16 lanes, 4 passes (blocks of 4 samples)
     pytest.param(({}, 1, 64, 16, 1, 4, 4, 0, 1), id="array-mlp-l1-n256x256-li64-lo16-p4"),
+    # ternary dW codes (hw.dw_window): four weights a slice, the passes in pairs (Po2Geometry.dw_pairs)
+    pytest.param(({**ARRAY, "hw.dw_window": 3}, 1, 16, 8, 1, 4, 4, 0, 3), id="array-pairs-l1-n12x7-li16-lo8-p4"),
+    pytest.param(({**ARRAY, "hw.dw_window": 3, "train.batch_size": 5}, 1, 8, 8, 1, 2, 2, 0, 3),
+                 id="array-pairs-l1-b5-li8-lo8-p2"),
+    pytest.param(({**ARRAY, "hw.dw_window": 3, "train.batch_size": 127}, 1, 16, 8, 1, 4, 4, 0, 1),
+                 id="array-pairs-l1-b127-li16-lo8-p4"),
 ]
 BINARY = small_config(**{"model.input_format": "binary"})
 SHARED = [
@@ -219,6 +225,7 @@ def test_po2_backward_rtl(case, request):
     geo = shapes[shared.index(layer)]
     arr = array_mode(shapes)
     assert arr == ("array" in request.node.callspec.id)
+    assert (arr and geo.dw_pairs) == ("pairs" in request.node.callspec.id)
     assert geo.dsp_fields == (2 if lanes_b == 1 and geo.x_max == 1 and "fabric" not in request.node.callspec.id else 0)
     params = {"overrides": overrides, "layer": layer, "lanes_in": lanes_in, "lanes_out": lanes_out, "lanes_b": lanes_b,
               "dw_passes": dw_passes, "dx_passes": dx_passes, "shared": shared}
