@@ -42,7 +42,8 @@ KEYS = ("LUT", "LUTRAM", "FF", "BRAM36", "RAMB36E1", "RAMB18E1", "DSP", "CARRY4"
 #: A small network for the weight memory's logic.
 SMALL = 'model.layers=[{type="dense",units=64},{type="dense",units=64},{type="dense",units=10}]'
 _MAIN = tuple(k for k in KINDS if k != "wmem")
-_UNITS = tuple(k for k in _MAIN if k != "io")  # the small readers / writers (seconds of Yosys start-up each): twice
+# the small readers / writers (seconds of Yosys start-up each): twice; the dw_window rings: a point of their own
+_UNITS = tuple(k for k in _MAIN if k not in ("io", "code_window"))
 
 #: The hardware fields the paper preset sets today, at the values the points were synthesised with (the defaults):
 #: a point must not move when the preset does, or its features stop describing its synthesis. Also the paper
@@ -70,6 +71,8 @@ POINTS: dict[str, tuple[str, list[str], tuple[str, ...] | None]] = {
     # the paper MLP's own weight memory (a minute since large initial contents go through files)
     "wm_paper": ("mlp", PINNED, ("wmem", "rng")),
     "wm_paper_c31_u8": ("mlp", [*PINNED, "hw.switch_cutoff=31", "hw.update_lanes=8"], ("wmem", "rng")),
+    # hw.dw_window: the column-maximum rings (one per layer geometry) and the DSP array with ternary pairs
+    "window": ("mlp", [*PINNED, "hw.dw_window=3"], ("po2b", "code_window")),
 }
 
 

@@ -256,10 +256,6 @@ def explore(cfg, device: str | Device, *, model=None, grid: dict | None = None, 
     from .resource_model import load_model
 
     check_generator_support(cfg)  # what no choice of lanes changes is said as it is, not as "nothing fits"
-    if cfg.hw.dw_window:
-        raise ConfigError(f"hw.dw_window = {cfg.hw.dw_window}: the resource model is calibrated without the windowed "
-                          "sign gradient's column-maximum rings (rtl_gen.code_window); explore with hw.dw_window = 0 "
-                          "(same cycles) and set the window in the written file")
     t0 = time.perf_counter()
     dev = get_device(device)
     limits = limits_of(dev)

@@ -68,9 +68,10 @@ FLOOR = {"LUT": 50, "FF": 50, "BRAM36": 1.0, "DSP": 2}
 TOLERANCE = {("bn_bwd", "FF"): 0.15}
 
 #: Unit kinds, by the prefix of the part's name in the generated top level (``engine0_1_2_3_4`` ...).
-KINDS = ("engine", "bn_fwd", "bn_bwd", "po2", "po2b", "wmem", "rng", "bn_param", "logit", "loss", "top", "io")
+KINDS = ("engine", "bn_fwd", "bn_bwd", "po2", "po2b", "wmem", "rng", "bn_param", "logit", "loss", "top", "io",
+         "code_window")
 _PREFIXES = (("engine", "engine"), ("bn_fwd", "bn_fwd"), ("bn_bwd", "bn_bwd"), ("po2b_", "po2b"), ("po2_", "po2"),
-             ("wmem", "wmem"), ("rng", "rng"), ("bn_param", "bn_param"))
+             ("wmem", "wmem"), ("rng", "rng"), ("bn_param", "bn_param"), ("code_window", "code_window"))
 _NAMES = {"logit": "logit", "loss": "loss"}  # whole names (``logits_target`` is a host-path part)
 TOP_PART = "(top level)"  # rtl_gen.synth.TOP_PART
 
@@ -79,6 +80,7 @@ KIND_TITLES = {
     "po2b": "po2 backward / dW array", "wmem": "weight memory", "rng": "generator engine",
     "bn_param": "BN parameter unit", "logit": "logit unit", "loss": "loss unit",
     "top": "top level (own logic, buffers)", "io": "readers, writers, CSR, host sequencer",
+    "code_window": "column maxima of hw.dw_window",
 }
 
 
@@ -329,6 +331,15 @@ def _io(plan, grp):
     return {"one": 1, "layers": len(plan.layers)}
 
 
+def _code_window(plan, grp):
+    """``rtl_gen.code_window.CodeWindow``: ``lo (k - 1)`` field bits compared per tracked beat, a ring of ``groups``
+    such entries (its tail multiplexer only when ``groups > 1``) and the rewrite of ``lo x lanes_b`` codes."""
+    lp = plan.layers[grp[0]]
+    fields = lp.lanes_out * (plan.p.k - 1)
+    return {"one": 1, "fields": fields, "ring": fields if lp.groups > 1 else 0, "ring_bits": fields * lp.groups,
+            "codes": lp.lanes_out * lp.lanes_b}
+
+
 #: kind -> (features of an instance, resource -> the feature names its fit may use)
 FEATURES: Mapping[str, tuple[Callable, Mapping[str, tuple[str, ...]]]] = {
     "engine": (_engine, {"LUT": ("li_lo", "lo"), "FF": ("li_lo", "lo", "li", "one"), "DSP": ("one",)}),
@@ -350,6 +361,7 @@ FEATURES: Mapping[str, tuple[Callable, Mapping[str, tuple[str, ...]]]] = {
     "top": (_top, {"LUT": ("ydx_w", "li", "fabric_li", "one"), "FF": ("ydx_w", "li", "fabric_li", "one"),
                    "DSP": ("one",)}),
     "io": (_io, {"LUT": ("one",), "FF": ("one",), "DSP": ("one",), "BRAM36": ("one",)}),
+    "code_window": (_code_window, {"LUT": ("fields", "ring", "codes"), "FF": ("ring_bits",), "DSP": ("one",)}),
 }
 
 
@@ -388,6 +400,15 @@ def unit_instances(plan) -> list[UnitInstance]:
     add("loss", "loss", L)
     add("top", TOP_PART, L)
     add("io", "io", L)
+    if plan.cfg.hw.dw_window:  # one CodeWindow per layer geometry, named in the order the layers first use one
+        keys = []
+        for j in L:
+            key = (plan.layers[j].lanes_out, plan.layers[j].groups)
+            if key not in keys:
+                keys.append(key)
+        for n, key in enumerate(keys):
+            add("code_window", f"code_window_pool{n}",
+                [j for j in L if (plan.layers[j].lanes_out, plan.layers[j].groups) == key])
     return out
 
 

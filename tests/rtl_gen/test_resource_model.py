@@ -291,8 +291,20 @@ def test_the_zcu104_configuration_is_the_explorers_choice_for_the_xczu7ev(model)
     assert cfg.model == base.model and cfg.train == base.train and cfg.approx == base.approx
 
 
+def test_explorer_prices_the_windowed_gradient(model):
+    """hw.dw_window: the explorer prices the CodeWindow rings (one per layer geometry) and counts the array's
+    ternary pairs (even dW passes: half the reads of each tile)."""
+    cfg = apply_overrides(load_config("mlp"), ["hw.dw_window=3"])
+    res = explore(cfg, "xc7z020", model=model, grid=SMALL_GRID)
+    full = explore(load_config("mlp"), "xc7z020", model=model, grid=SMALL_GRID)
+    assert {u[0] for u in res.best.units} >= {"code_window"}
+    assert "code_window" not in {u[0] for u in full.best.units}
+    windows = [r for k, _, r in res.best.units if k == "code_window"]
+    assert len(windows) == 2 and all(r["FF"] > 0 and r["LUT"] > 0 for r in windows)  # 256-wide layers, output layer
+    assert res.best.cycles < full.best.cycles
+
+
 @pytest.mark.parametrize("override, words", [
-    ("hw.dw_window=4", "hw.dw_window = 4: the resource model is calibrated without the windowed sign gradient"),
     ("hw.input=int8", "hw.input = 'int8': the generated RTL has no 8-bit first-layer engine yet"),
 ])
 def test_explorer_says_what_no_lanes_can_change_instead_of_nothing_fits(override, words, model):
