@@ -61,9 +61,10 @@ def ref_dx(neg, field, w) -> np.ndarray:
 
 
 def ref_dw_sign(x, neg, field) -> np.ndarray:
-    """With ternary dW codes (``hw.dw_window``) every nonzero field counts as +-1 (the system sends fields 0 / 1)."""
+    """The array with ternary pairs (``hw.dw_window``) counts every nonzero field as +-1 (the system sends fields 0
+    / 1); the fabric dW unit sums any codes exactly."""
     xs = 2 * np.asarray(x, dtype=np.int64) - 1 if GEO.x_max == 1 else np.asarray(x, dtype=np.int64)
-    field = np.minimum(field, 1) if GEO.dw_ternary else field
+    field = np.minimum(field, 1) if ARRAY and GEO.dw_pairs else field
     return np.sign(po2_backward_dw(xs, codes_of(neg, field), P, GEO.x_max)).astype(np.int8)
 
 

@@ -31,6 +31,7 @@ def small_config(**overrides):
         "model.num_classes": 7,
         "train.batch_size": 13,
         "hw.input": "auto",  # the first layer's input follows model.input_format: 8-bit unless it says binary
+        "hw.dw_window": 0,  # full po2 sums (the ternary cases set a window)
     }
     d.update(overrides)
     return d
@@ -178,7 +179,7 @@ SWEEP = [
     # first layer: 8-bit activations (x_max 128), no dX unit, two dW passes
     pytest.param((small_config(), 0, 8, 4, 2, 2, 1, 0, 4), id="l0-int8-n37x10-li8-lo4-b2-p2"),
     # the MLP's hidden layer 256 x 256, B = 100, one dW and one dX pass
-    pytest.param(({}, 1, 32, 8, 4, 1, 1, 100, 1), id="mlp-l1-n256x256-li32-lo8-b4"),
+    pytest.param(({"hw.dw_window": 0}, 1, 32, 8, 4, 1, 1, 100, 1), id="mlp-l1-n256x256-li32-lo8-b4"),
 ]
 
 # dX and dW on one array of DSP48 slices (hw.dx_dsp, the default where the layers allow it): 37 -> 12 -> 7
@@ -189,7 +190,7 @@ ARRAY_CASES = [
     pytest.param((ARRAY, 1, 16, 8, 1, 4, 4, 0, 3), id="array-l1-n12x7-li16-lo8-p4"),
     pytest.param(({**ARRAY, "train.batch_size": 5}, 1, 16, 8, 1, 4, 4, 0, 3), id="array-l1-b5-li16-lo8-p4"),
     # the paper MLP's hidden layer: 256 x 256, B = 100, 64 x 16 lanes, 4 passes (blocks of 4 samples)
-    pytest.param(({}, 1, 64, 16, 1, 4, 4, 0, 1), id="array-mlp-l1-n256x256-li64-lo16-p4"),
+    pytest.param(({"hw.dw_window": 0}, 1, 64, 16, 1, 4, 4, 0, 1), id="array-mlp-l1-n256x256-li64-lo16-p4"),
     # ternary dW codes (hw.dw_window): four weights a slice, the passes in pairs (Po2Geometry.dw_pairs)
     pytest.param(({**ARRAY, "hw.dw_window": 3}, 1, 16, 8, 1, 4, 4, 0, 3), id="array-pairs-l1-n12x7-li16-lo8-p4"),
     pytest.param(({**ARRAY, "hw.dw_window": 3, "train.batch_size": 5}, 1, 8, 8, 1, 2, 2, 0, 3),

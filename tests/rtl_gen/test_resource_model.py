@@ -294,9 +294,10 @@ def test_the_zcu104_configuration_is_the_explorers_choice_for_the_xczu7ev(model)
 def test_explorer_prices_the_windowed_gradient(model):
     """hw.dw_window: the explorer prices the CodeWindow rings (one per layer geometry) and counts the array's
     ternary pairs (even dW passes: half the reads of each tile)."""
-    cfg = apply_overrides(load_config("mlp"), ["hw.dw_window=3"])
+    cfg = load_config("mlp")  # the preset takes hw.dw_window = 3
+    assert cfg.hw.dw_window == 3
     res = explore(cfg, "xc7z020", model=model, grid=SMALL_GRID)
-    full = explore(load_config("mlp"), "xc7z020", model=model, grid=SMALL_GRID)
+    full = explore(apply_overrides(load_config("mlp"), ["hw.dw_window=0"]), "xc7z020", model=model, grid=SMALL_GRID)
     assert {u[0] for u in res.best.units} >= {"code_window"}
     assert "code_window" not in {u[0] for u in full.best.units}
     windows = [r for k, _, r in res.best.units if k == "code_window"]

@@ -451,7 +451,7 @@ def test_windowed_sign_gradient_whole_steps(over):
     rep = run_system(cfg, mode="train", steps=2)
     _assert_steps(rep, 2)
     model = step_cycles(plan).step
-    full = step_cycles(SystemPlan(small_cfg(*over)))
+    full = step_cycles(SystemPlan(small_cfg(*over, "hw.dw_window=0")))
     assert model < full.step if over else model == full.step
     assert all(plan.po2_geometry(j).dw_pairs == bool(over) for j in range(len(plan.layers)))
     for st in rep["steps"]:
@@ -738,9 +738,9 @@ def test_switch_undo_whole_steps():
     steps exercise both outcomes; an undo sweep costs what the cycle model says, a skipped one a few cycles."""
     from host.verify import run_system
 
-    # cutoff 1: every step flips about a thousand weights; with this seed the loss rises after step 0's update
-    # (undone) and falls after the others
-    cfg = small_cfg("hw.switch_undo=true", "hw.switch_cutoff=1", "train.seed=1")
+    # cutoff 1: every step flips about a thousand weights; with this seed and the full po2 sums the loss rises
+    # after step 0's update (undone) and falls after the others
+    cfg = small_cfg("hw.switch_undo=true", "hw.switch_cutoff=1", "train.seed=1", "hw.dw_window=0")
     plan = SystemPlan(cfg)
     assert plan.phases()[-4:] == [("rfwd", 0), ("rfwd", 1), ("undo", 0), ("undo", 1)]
     assert "undo0" not in {q.key for q in plan.description().quantities}  # the undo copy is not state
