@@ -27,13 +27,9 @@ from amaranth import Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
+from .xnor_engine import _check_int as _check
+
 __all__ = ["CodeWindow"]
-
-
-def _check(name: str, value: object, lo: int, hi: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
-        raise ValueError(f"{name} must be an integer in {lo}..{hi}, not {value!r}")
-    return value
 
 
 class CodeWindow(wiring.Component):

@@ -203,6 +203,14 @@ class SystemPlan(HostInterfacePlan):
         grp = next(g for g in self.backward_groups if j in g)
         return array_mode([self.po2_geometry(i) for i in grp])
 
+    @property
+    def code_window_groups(self) -> list[list[int]]:
+        """``hw.dw_window``: the layers that share one ``CodeWindow`` (equal ``lanes_out`` and groups), in the order
+        the wiring creates them (``code_window_pool{n}``); empty without a window."""
+        if not self.cfg.hw.dw_window:
+            return []
+        return self._groups(lambda j: (self.layers[j].lanes_out, self.layers[j].groups))
+
     def dw_reads(self, j: int) -> int:
         """Times ``upd j`` streams each dW tile to the engine: ``dw_passes``, half on an array that takes the
         ternary codes of ``hw.dw_window`` two lanes a slice (:attr:`Po2Geometry.dw_pairs`)."""

@@ -400,15 +400,8 @@ def unit_instances(plan) -> list[UnitInstance]:
     add("loss", "loss", L)
     add("top", TOP_PART, L)
     add("io", "io", L)
-    if plan.cfg.hw.dw_window:  # one CodeWindow per layer geometry, named in the order the layers first use one
-        keys = []
-        for j in L:
-            key = (plan.layers[j].lanes_out, plan.layers[j].groups)
-            if key not in keys:
-                keys.append(key)
-        for n, key in enumerate(keys):
-            add("code_window", f"code_window_pool{n}",
-                [j for j in L if (plan.layers[j].lanes_out, plan.layers[j].groups) == key])
+    for n, grp in enumerate(plan.code_window_groups):  # hw.dw_window: one CodeWindow per layer geometry
+        add("code_window", f"code_window_pool{n}", grp)
     return out
 
 
