@@ -114,15 +114,17 @@ def _verilog(cfg, plan) -> str:
     return verilog
 
 
-_SERIAL = re.compile(r"\$(\d+)")
+_SERIAL = re.compile(r"([A-Za-z0-9_]*)((?:\$\d+)+)")
 
 
 def text_hash(text: str) -> str:
     """The hash of a part's Verilog with Amaranth's serial numbers (``$679``, ``port$18309$0``: counters over
     the whole design) renumbered in order of appearance, so that a change elsewhere in the design does not make
-    an unchanged part look changed."""
+    an unchanged part look changed. The key is the whole name (``abort$23``), not the number alone: two names
+    that happened to share a number in one elaboration (``abort$23``, ``$23``) and not in the next would
+    otherwise change the hash."""
     order: dict[str, int] = {}
-    text = _SERIAL.sub(lambda m_: f"${order.setdefault(m_.group(1), len(order))}", text)
+    text = _SERIAL.sub(lambda m_: f"{m_.group(1)}${order.setdefault(m_.group(0), len(order))}", text)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

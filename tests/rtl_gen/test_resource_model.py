@@ -169,6 +169,11 @@ def test_part_hash_ignores_serial_numbers_but_not_logic():
     assert text_hash(swapped) == text_hash(a)  # same structure, consistently renamed
     crossed = "assign x = { 1'h0, \\port$18309$0  };\nassign \\$679 = y & \\port$679$0 ;\n"
     assert text_hash(crossed) != text_hash(a)  # two names merged: different wiring
+    # two names that share a number in one elaboration and not in the next (a counter moved by a change elsewhere)
+    shared = "assign \\abort$23 = x;\nassign \\$23 = y & \\abort$23 ;\n"
+    apart = shared.replace("abort$23", "abort$24")
+    assert text_hash(shared) == text_hash(apart)
+    assert text_hash(shared) != text_hash(shared.replace("y & \\abort$23", "y & \\$23"))
 
 
 @pytest.mark.slow
