@@ -14,8 +14,9 @@ per-channel epilogues, ``bwd`` (BN backward and the po2 unit), which do ``O(B M)
 Two bounds for the target (``--target`` cycles per image, ``B`` times that per step):
 
 * **DSP ceiling**: a DSP48 slice holds at most two po2 accumulators (``Po2Geometry.dsp_fields``: 24-bit fields
-  for the worst-case sums of ``B`` codes), and the other units keep their slices (resource model); the slices
-  left bound dX + dW from below, whatever the fabric does for the rest.
+  for the worst-case sums of ``B`` codes), four ternary dW sums with ``hw.dw_window`` where the array packs
+  pairs (``Po2Geometry.dw_pairs``), and the other units keep their slices (resource model); the slices left
+  bound dX + dW from below, whatever the fabric does for the rest.
 * **the rest as it is**: if the engine and the non-array phases kept today's cycles, the multiply-accumulates
   per cycle dX + dW would need to fit the target, and the LUTs the part beyond the DSP slices would take in
   fabric at ``--fabric-lut-per-mac`` (the paper MLP's fabric dX unit: about 4,100 LUT more than the array
@@ -69,7 +70,10 @@ def bound(plan, device: str, target: float, fabric_lut_per_mac: float = FABRIC_L
     pred = load_model().predict(plan, dev.family)
     dsp_array = sum(r["DSP"] for inst, r in pred["units"] if inst.kind == "po2b")
     dsp_other = pred["total"]["DSP"] - dsp_array
-    fields = max(plan.po2_geometry(j).dsp_fields for j in range(len(plan.layers)))
+    geos = [plan.po2_geometry(j) for j in range(len(plan.layers))]
+    fields = max(g.dsp_fields for g in geos)
+    # with hw.dw_window the dW sums are ternary and at most B: four to a slice where the array packs pairs
+    dw_fields = 2 * fields if any(g.dw_pairs for g in geos) else fields
     macs = work["dx_macs"] + work["dw_macs"]
     budget = target * plan.batch
     dsp_free = dev.limits["DSP"] - dsp_other
@@ -79,8 +83,8 @@ def bound(plan, device: str, target: float, fabric_lut_per_mac: float = FABRIC_L
         "today": {k: split[k] for k in ("step", "array", "engine", "rest")},
         "today_per_image": split["step"] / plan.batch,
         "dsp": {"device": dev.limits["DSP"], "other_units": dsp_other, "array_today": dsp_array,
-                "fields_per_slice": fields},
-        "dsp_ceiling_cycles": macs / dsp_macs,
+                "fields_per_slice": fields, "dw_fields_per_slice": dw_fields},
+        "dsp_ceiling_cycles": work["dx_macs"] / dsp_macs + work["dw_macs"] / (dsp_free * dw_fields),
     }
     left = budget - split["engine"] - split["rest"]
     out["left_for_dx_dw"] = left
@@ -106,7 +110,8 @@ def format_text(b: dict) -> str:
         f"target {b['target_per_image']:,.0f} cycles per image = {b['budget_per_step']:,.0f} a step on the "
         f"{b['device']}",
         f"DSP ceiling: {d['device']} DSP48 - {d['other_units']:.0f} in other units = "
-        f"{d['device'] - d['other_units']:.0f} slices x {d['fields_per_slice']} accumulators: dX + dW alone "
+        f"{d['device'] - d['other_units']:.0f} slices x {d['fields_per_slice']} accumulators (dW: "
+        f"{d['dw_fields_per_slice']}): dX + dW alone "
         f"take at least {b['dsp_ceiling_cycles']:,.0f} cycles ({b['dsp_ceiling_cycles'] / b['budget_per_step']:.2f} "
         f"of the budget)",
     ]
