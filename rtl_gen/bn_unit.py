@@ -23,7 +23,7 @@ PASS2  ``y_replay`` (B*G beats): ``Ys``, ``Ns`` (split at ``t_mu``)
 EPI2   per channel (``beta`` consumed): ``S``, ``S' = max(S, 1)``, ``C``, ``theta``, ``theta_lo``,
        ``theta_hi`` (three divider runs)
 PASS3  ``y_replay`` again (B*G beats): ``x_hat`` and mask out; ``sum x_hat y``, ``sum x_hat``
-EPI3   per channel ``A`` and ``alpha_q`` (divider); one ``stats`` beat per channel
+EPI3   per channel ``A`` and ``alpha_q`` (divider, channels overlapped); one ``stats`` beat per channel
 ====== =====================================================================================================
 
 The divisions by the configuration constants are done on the shared sequential divider with narrow
@@ -46,6 +46,7 @@ from functools import cached_property
 
 from amaranth import Cat, Const, Module, Mux, Shape, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
@@ -54,7 +55,6 @@ from sim.hw.widths import LayerBounds, hw_supported, layer_bounds, signed_bits
 
 from .divider import Divider, ring_schedule
 from .divider import iterations as div_iterations
-from .divider import latency as div_latency
 from .divider import stages as div_stages
 from .shared import layer_port
 from .streams import StreamRegister
@@ -369,6 +369,10 @@ def pass_cycles(layer: BnLayer) -> int:
     return 2 * layer.batch if layer.groups == 1 else layer.beats + 1
 
 
+STATS_QUEUE_DEPTH = 4
+"""Entries of :class:`BnForwardCore`'s EPI3 queue (a channel's stats fields from its division's request to its
+response): more than the divider holds, so the queue never holds the requests back at the divider's rate."""
+
 BN_FWD_ACC_STAGES = 1
 """Stages of :class:`BnForwardCore`'s element passes after stage 1 (the compares): the accumulators are read,
 added to and written a cycle later (ECP5 timing proxy, docs/results.md), so each pass ends that many cycles after
@@ -481,13 +485,24 @@ def _divider_widths(layer: BnLayer) -> tuple[int, int, int]:
     return wd + wq, wd, wq
 
 
+def epi3_responses(layer: BnLayer, div_steps: int = 1) -> list[int]:
+    """The cycle (from EPI3's first) of each channel's stats beat in :class:`BnForwardUnit`'s EPI3 when every beat
+    is taken at once: per channel the lane's words, A's products and sum, the dividend (five cycles from the
+    previous request taken; the group's read first), one request; the beat with each response (the channel's
+    other fields wait in a queue)."""
+    wq = _divider_widths(layer)[2]
+    it, ring = div_iterations(wq, div_steps), div_stages(div_steps)
+    M, L = layer.channels, layer.lanes
+    return ring_schedule(ring, it, [5] + [6 if c % L == 0 else 5 for c in range(1, M)])
+
+
 def forward_cycles(layer: BnLayer, div_steps: int = 1) -> dict[str, int]:
     """Cycles of every phase of :class:`BnForwardUnit` and their ``total`` for one batch with no stalls (see
     there), for a divider resolving ``div_steps`` quotient bits per cycle."""
     wq = _divider_widths(layer)[2]
     _check_int("div_steps", div_steps, 1, wq)
-    it, lat, ring = div_iterations(wq, div_steps), div_latency(wq, div_steps), div_stages(div_steps)
-    M, G, L = layer.channels, layer.groups, layer.lanes
+    it, ring = div_iterations(wq, div_steps), div_stages(div_steps)
+    M, L = layer.channels, layer.lanes
     pc = pass_cycles(layer)
     # EPI1: a group's read, then one request a cycle while the divider takes them; done with the last response
     epi1 = ring_schedule(ring, it, [1] + [2 if c % L == 0 else 1 for c in range(1, M)])[-1] + 1
@@ -495,6 +510,7 @@ def forward_cycles(layer: BnLayer, div_steps: int = 1) -> dict[str, int]:
     # C -+ S' 2^Fb, saturation, dividends (the group's read first), then three requests back to back
     gaps = [g for c in range(M) for g in ((10 if c == 0 else 11 if c % L == 0 else 10), 1, 1)]
     epi2 = ring_schedule(ring, it, gaps)[-1] + 1
+    epi3 = epi3_responses(layer, div_steps)[-1] + 1
     pc += BN_FWD_ACC_STAGES
     out = {
         "pass1": pc,
@@ -502,7 +518,7 @@ def forward_cycles(layer: BnLayer, div_steps: int = 1) -> dict[str, int]:
         "pass2": pc,
         "epi2": epi2,
         "pass3": pc,
-        "epi3": G + M * (lat + 5),
+        "epi3": epi3,
     }
     out["total"] = sum(out.values())
     return out
@@ -857,17 +873,26 @@ class BnForwardCore(wiring.Component):
             chan_wr.data.zero.eq(S_r == 0),
             chan_wr.data.C.eq(c_r),
         ]
+        # EPI3 overlaps channels as EPI1 / EPI2 do: ``walk`` issues a channel's division (eval: no division) and
+        # queues the channel's other stats fields, ``rwalk`` sends a stats beat per response (eval: per queued
+        # entry) with alpha_q from the divider. The queue holds more entries than the divider holds divisions.
         stats = self.stats.payload
+        s_fields = {k: v for k, v in lay.stats_layout.members.items() if k not in ("alpha_q", "last")}
+        m.submodules.stats_queue = s_queue = SyncFIFOBuffered(width=data.StructLayout(s_fields).size,
+                                                              depth=STATS_QUEUE_DEPTH)
+        s_in = data.View(data.StructLayout(s_fields), s_queue.w_data)
+        s_out = data.View(data.StructLayout(s_fields), s_queue.r_data)
         m.d.comb += [
-            stats.sum_y.eq(sum_l),
-            stats.S.eq(Mux(chan_l.zero, 0, chan_l.S_eff)),
-            stats.S_eff.eq(chan_l.S_eff),
-            stats.theta.eq(thr_l.theta),
-            stats.theta_lo.eq(thr_l.lo),
-            stats.theta_hi.eq(thr_l.hi),
+            s_in.sum_y.eq(sum_l),
+            s_in.S.eq(Mux(chan_l.zero, 0, chan_l.S_eff)),
+            s_in.S_eff.eq(chan_l.S_eff),
+            s_in.theta.eq(thr_l.theta),
+            s_in.theta_lo.eq(thr_l.lo),
+            s_in.theta_hi.eq(thr_l.hi),
+            s_in.C.eq(chan_l.C),
+            *(getattr(stats, k).eq(getattr(s_out, k)) for k in s_fields),
             stats.alpha_q.eq(q_now),
-            stats.C.eq(chan_l.C),
-            stats.last.eq(walk.ch == ch.m1),
+            stats.last.eq(rwalk.ch == ch.m1),
         ]
 
         with m.If(~in_pass):
@@ -951,9 +976,9 @@ class BnForwardCore(wiring.Component):
                             m.d.sync += [ys_r.eq(ys_l), ns_r.eq(ns_l), est.eq(CH1)]
                         with m.Case(CH1):  # A = K sum(x_hat y) - C sum(x_hat); B S'
                             with m.If(self.eval_mode):  # the eval constants C', s_r' go out as they are (no alpha)
-                                m.d.comb += self.stats.valid.eq(1)
-                                with m.If(self.stats.ready):
-                                    channel_done(Phase.PASS1)
+                                m.d.comb += s_queue.w_en.eq(s_queue.w_rdy)
+                                with m.If(s_queue.w_rdy):
+                                    channel_issued()
                             with m.Else():
                                 m.d.sync += [
                                     ka_r.eq(mul_const(ys_r, K)),
@@ -971,14 +996,20 @@ class BnForwardCore(wiring.Component):
                                 est.eq(CH3),
                             ]
                             start_division(bs_r)
-                        with m.Case(CH3):
-                            m.d.comb += [
-                                self.div_req.valid.eq(nreq == 0),
-                                self.stats.valid.eq(self.div_resp.valid),
-                                self.div_resp.ready.eq(self.stats.ready),
-                            ]
-                            with m.If(resp_fire):
-                                channel_done(Phase.PASS1)
+                        with m.Case(CH3):  # the request and the queue entry together
+                            m.d.comb += [self.div_req.valid.eq(s_queue.w_rdy), s_queue.w_en.eq(req_fire)]
+                            with m.If(req_fire):
+                                channel_issued()
+                    # the response side: a stats beat per queued channel (with its division's response)
+                    s_go = Signal()
+                    m.d.comb += [
+                        self.stats.valid.eq(s_queue.r_rdy & (self.eval_mode | self.div_resp.valid)),
+                        self.div_resp.ready.eq(~self.eval_mode & s_queue.r_rdy & self.stats.ready),
+                        s_go.eq(self.stats.valid & self.stats.ready),
+                        s_queue.r_en.eq(s_go),
+                    ]
+                    with m.If(s_go):
+                        channel_answered(Phase.PASS1)
         return m
 
 
@@ -993,8 +1024,8 @@ class BnForwardUnit(wiring.Component):
     :func:`pass_cycles`, then :data:`BN_FWD_ACC_STAGES` more for the accumulators' write); EPI1 and EPI2 from
     :func:`rtl_gen.divider.ring_schedule` (one request a channel a cycle apart, the group's read between groups;
     three a channel ten cycles apart), about ``M I`` and ``3 M I`` once the divider's ring is the bound
-    (``I = ceil(Wq / div_steps)``); EPI3 ``G + M (L + 5)`` with ``L`` the divider's latency
-    ``1 + I ceil(div_steps / 2)``.
+    (``I = ceil(Wq / div_steps)``); EPI3 from :func:`epi3_responses` (one request a channel five cycles apart,
+    the group's read between groups), about ``max(5, I) M``.
     """
 
     def __init__(self, *, layer: BnLayer, div_steps: int = 1, channels=None):

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 
-from amaranth import Const, Module, Mux, Signal, signed, unsigned
+from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -146,6 +146,10 @@ def build_regmap(*, name: str, layers: int, batch: int, classes: int, input_int8
 SPACE_BETA, SPACE_M, SPACE_A, SPACE_MU, SPACE_S, SPACE_E = range(6)
 E_WIDTH = 16
 
+RUNNING_LATENCY = 5
+""":class:`BnParamUnit`'s running-statistics pipeline: cycles from a stats beat taken to its channel's update
+written (the beat and the reads, the dividends, the two cycles of rtl_gen.divider.const_divide, the sums)."""
+
 
 def bitlen_signal(m, value, width: int, name: str, offset: int = 0):
     """``int.bit_length`` of the unsigned ``value`` minus the constant ``offset`` (a priority encoder whose
@@ -187,25 +191,24 @@ def bn_param_sizes(layer, hw) -> dict:
     B, fr = layer.batch, p.running_frac
     ymax = layer.y_bound
     smax = layer.bounds.S
-    run_q = max((ymax << fr) + 2, (2 * ymax << fr) + 2).bit_length() + 1
     run_n = max(2 * B * (ymax << fr) + 2 * B, 2 * (smax << fr) + B * B).bit_length() + 1
     out["run_n"] = run_n
-    out["divider"] = (max(run_n, out["m"] + 11), max((2 * B * B).bit_length() + 1, out["a"] + 2), max(run_q, 10))
+    # the divider serves the beta update's ratio (|m| 2^9 + a) / 2a below 2^10; the running statistics divide by
+    # the constants 2B and 2B^2 without it (rtl_gen.divider.const_divide)
+    out["divider"] = (out["m"] + 11, out["a"] + 2, 10)
     return out
 
 
 def bn_param_cycles(layer, hw, div_steps: int) -> dict:
-    """Cycles of :class:`BnParamUnit`: ``running`` per channel (two divisions) and the beta ``update`` of
+    """Cycles of :class:`BnParamUnit`: ``running`` per channel (a stats beat a cycle) and the beta ``update`` of
     the layer (maxima pass, then per channel read, align, EMAs, ratio division, write)."""
-    from .divider import iterations, latency, ring_schedule, stages
+    from .divider import latency
 
     wq = bn_param_sizes(layer, hw)["divider"][2]
-    steps = min(div_steps, wq)
-    it, lat = iterations(wq, steps), latency(wq, steps)
+    lat = latency(wq, min(div_steps, wq))
     M = layer.channels
-    # running, per channel: idle (the stats beat taken), the two requests back to back, the two responses in
-    # order (the second in the cycle after the first when the ring holds both), back to idle
-    running = ring_schedule(stages(steps), it, [1, 1])[-1] + 1
+    # running: a stats beat a cycle (the divisions by constants are a pipeline)
+    running = 1
     # update: maxima pass (its reads and a registered |P1| before the comparisons), exponent (3 cycles) and the
     # aligner's amounts (2), M + 6 in all (measured in RTL, 784-12-10), then per channel read, align (4: m, a, g
     # through the two-cycle aligner), ema, ratio operands, |m|, request, the divider's latency (|r| taken with
@@ -294,7 +297,9 @@ class BnParamUnit(wiring.Component):
         return bn_param_cycles(lay, _HwView(self._sm, self._sa, self._bits), self._div_steps)
 
     def elaborate(self, platform):
-        from .divider import Divider
+        from .divider import CONST_DIV_LATENCY, Divider, const_divide
+
+        assert RUNNING_LATENCY == 3 + CONST_DIV_LATENCY
 
         lay, p = self._layer, self._p
         B = lay.batch
@@ -414,14 +419,70 @@ class BnParamUnit(wiring.Component):
             m.d.sync += p1_addr.eq(Mux(p1_addr == M - 1, 0, p1_addr + 1))
 
         # ---- running statistics -----------------------------------------------------------------------------
-        ch = Signal(range(Mmax))
-        sum_y = Signal(signed(len(self.stats.payload.sum_y)))
-        s_val = Signal(unsigned(len(self.stats.payload.S)))
-        neg = Signal()
-        mu_b = Signal(signed(wq + 1))
+        # mu_b = floor((2 sum_y 2^Fr + B) / 2B) (signed floor), s_b = floor((2 S 2^Fr + B^2) / 2B^2), then
+        # r += (b - r + half) >> shift: a pipeline taking a stats beat every cycle (the divisions are by
+        # constants: rtl_gen.divider.const_divide). Stage 0 takes the beat and reads mu, s; stage 1 forms the
+        # dividends and keeps the old values; the quotients follow CONST_DIV_LATENCY cycles later; then the sums,
+        # then the write. A channel's next write is a whole forward pass away.
+        ch = Signal(range(Mmax))  # the running statistics' channel; the beta update's channel
         sh = p.running_shift
         half = 1 << (sh - 1)
         req, resp = div.req.payload, div.resp.payload
+        run_ch = Signal(range(Mmax))
+        run_n = self._run_n
+        take = Signal()
+        fsm_idle = Signal()  # the beta update's FSM is idle
+        pending = Signal()  # an update pulse seen, the update not started
+        m.d.comb += [self.stats.ready.eq(fsm_idle & ~pending), take.eq(self.stats.valid & self.stats.ready)]
+        with m.If(take):
+            m.d.comb += [rd["mu"].addr.eq(base + run_ch), rd["mu"].en.eq(1),
+                         rd["s"].addr.eq(base + run_ch), rd["s"].en.eq(1)]
+            m.d.sync += run_ch.eq(Mux(run_ch == M - 1, 0, run_ch + 1))
+        depth = RUNNING_LATENCY  # stage 0, stage 1, the quotients, the sums, the write
+        v = [Signal(name=f"run_v{i}") for i in range(depth)]
+        addr = [Signal.like(wr["mu"].addr, name=f"run_addr{i}") for i in range(depth)]
+        m.d.sync += [v[0].eq(take), addr[0].eq(base + run_ch)]
+        m.d.sync += [v[i].eq(v[i - 1]) for i in range(1, depth)]
+        m.d.sync += [addr[i].eq(addr[i - 1]) for i in range(1, depth)]
+        run_busy = Signal()
+        m.d.comb += run_busy.eq(Cat(*v).any())
+        sum_y0 = Signal(signed(len(self.stats.payload.sum_y)))
+        s_val0 = Signal(unsigned(len(self.stats.payload.S)))
+        with m.If(take):
+            m.d.sync += [sum_y0.eq(self.stats.payload.sum_y), s_val0.eq(self.stats.payload.S)]
+        # stage 1: the dividends (a negative mu numerator as -n + 2B - 1, the quotient negated: a floor), the old
+        # values while the read words hold them
+        n1 = Signal(signed(run_n + 1))
+        m.d.comb += n1.eq((sum_y0 << (fr + 1)) + B)
+        n_mu = Signal(run_n)
+        n_s = Signal(run_n)
+        neg = [Signal(name=f"run_neg{i}") for i in range(CONST_DIV_LATENCY + 1)]
+        old_mu = [Signal(signed(self.run_width), name=f"run_mu_old{i}") for i in range(CONST_DIV_LATENCY + 1)]
+        old_s = [Signal(signed(self.run_width), name=f"run_s_old{i}") for i in range(CONST_DIV_LATENCY + 1)]
+        m.d.sync += [n_mu.eq(Mux(n1 < 0, -n1 + 2 * B - 1, n1)), n_s.eq((s_val0 << (fr + 1)) + B * B),
+                     neg[0].eq(n1 < 0), old_mu[0].eq(rd["mu"].data), old_s[0].eq(rd["s"].data)]
+        for i in range(1, CONST_DIV_LATENCY + 1):
+            m.d.sync += [neg[i].eq(neg[i - 1]), old_mu[i].eq(old_mu[i - 1]), old_s[i].eq(old_s[i - 1])]
+        q_mu = const_divide(m, n_mu, 2 * B, "run_mu")
+        q_s = const_divide(m, n_s, 2 * B * B, "run_s")
+        # the sums b - r + half (the old values two cycles behind the dividends, beside the quotients)
+        L_ = CONST_DIV_LATENCY
+        run_mu_sum = Signal(signed(max(len(q_mu), self.run_width) + sh + 3), name="run_mu_sum")
+        run_s_sum = Signal(signed(max(len(q_s), self.run_width) + sh + 3), name="run_s_sum")
+        mu_b = Signal(signed(len(q_mu) + 1))
+        m.d.comb += mu_b.eq(Mux(neg[L_], -q_mu, q_mu))
+        keep_mu, keep_s = Signal.like(old_mu[0], name="run_mu_keep"), Signal.like(old_s[0], name="run_s_keep")
+        m.d.sync += [run_mu_sum.eq(mu_b + (half - old_mu[L_])), run_s_sum.eq(q_s + (half - old_s[L_])),
+                     keep_mu.eq(old_mu[L_]), keep_s.eq(old_s[L_])]
+        with m.If(v[depth - 1]):
+            mu_new = Signal(signed(self.run_width + 2))
+            s_new = Signal(signed(self.run_width + 2))
+            m.d.comb += [
+                mu_new.eq(keep_mu + (run_mu_sum >> sh)),
+                s_new.eq(keep_s + (run_s_sum >> sh)),
+                wr["mu"].addr.eq(addr[depth - 1]), wr["mu"].data.eq(mu_new), wr["mu"].en.eq(1),
+                wr["s"].addr.eq(addr[depth - 1]), wr["s"].data.eq(s_new), wr["s"].en.eq(1),
+            ]
 
         # ---- beta update state ------------------------------------------------------------------------------------
         scale = Signal(signed(E_WIDTH))
@@ -453,7 +514,6 @@ class BnParamUnit(wiring.Component):
         a_zero = Signal()
 
         # an update request waits (``pending``) until the running-statistics work in flight is done
-        pending = Signal()
         with m.If(self.update):
             m.d.sync += [pending.eq(1), scale.eq(self.scale), lr_sh.eq(self.lr_shift)]
         shv = Signal(signed(8))  # the shift of r in the beta step, lr_sh + 8 - Fb (constant during an update)
@@ -492,57 +552,11 @@ class BnParamUnit(wiring.Component):
         al_out = _align_pipelined(m, al_x, al_amounts, al_ow, "al")
         with m.FSM() as fsm:
             with m.State("idle"):
-                with m.If(self.stats.valid):  # the beat is taken here: the producer moves on while this runs
-                    m.d.sync += [sum_y.eq(self.stats.payload.sum_y), s_val.eq(self.stats.payload.S)]
-                    m.d.comb += [rd["mu"].addr.eq(base + ch), rd["mu"].en.eq(1),
-                                 rd["s"].addr.eq(base + ch), rd["s"].en.eq(1), self.stats.ready.eq(1)]
-                    m.next = "run_mu"
-                with m.Elif(pending):
+                m.d.comb += fsm_idle.eq(1)
+                with m.If(pending & ~run_busy):
                     m.d.sync += [pending.eq(0), gmax.eq(0), amax.eq(0), c_issue.eq(0), c_seen.eq(0), rd_valid.eq(0),
                                  mx_valid.eq(0)]
                     m.next = "max"
-            # running: mu_b = floor((2 sum_y 2^Fr + B) / 2B) (signed floor), s_b = floor((2 S 2^Fr + B^2) / 2B^2);
-            # both requests back to back (the divider's ring holds both), then both responses in order
-            # half - mu_old and half - s_old registered while the divisions run (the read words hold), so each
-            # update is two adds after the response (timing: the response's multiplexer, the subtraction, the
-            # rounding add and the update's add into the s memory's write port closed at 95 MHz on the ECP5 proxy)
-            run_hm = Signal(signed(self.run_width + sh + 2), name="run_half_mu")
-            run_hs = Signal(signed(self.run_width + sh + 2), name="run_half_s")
-            # the updates are written a cycle after the last response, from registered sums, while the FSM is
-            # back in "idle" (timing: the response, the rounding add, the shift and the update's add into the
-            # write port closed at 98.6 MHz on the ECP5 proxy); the read words still hold the old values then
-            # (a new beat re-addresses the read ports, whose data change only at the next edge), and the
-            # next write of the same channel is a whole forward pass away
-            run_wb = Signal()
-            run_wb_addr = Signal.like(wr["mu"].addr)
-            run_mu_sum = Signal(signed(self.run_width + sh + 3), name="run_mu_sum")
-            run_s_sum = Signal(signed(self.run_width + sh + 3), name="run_s_sum")
-            with m.State("run_mu"):
-                m.d.sync += [run_hm.eq(half - rd["mu"].data), run_hs.eq(half - rd["s"].data)]
-                n1 = Signal(signed(self._run_n + 1))
-                m.d.comb += n1.eq((sum_y << (fr + 1)) + B)
-                m.d.comb += [div.req.valid.eq(1), req.divisor.eq(2 * B),
-                             req.dividend.eq(Mux(n1 < 0, -n1 + 2 * B - 1, n1))]
-                with m.If(div.req.ready):
-                    m.d.sync += neg.eq(n1 < 0)
-                    m.next = "run_s"
-            with m.State("run_s"):
-                m.d.comb += [div.req.valid.eq(1), req.divisor.eq(2 * B * B),
-                             req.dividend.eq((s_val << (fr + 1)) + B * B)]
-                with m.If(div.req.ready):
-                    m.next = "run_mu_wait"
-            with m.State("run_mu_wait"):
-                m.d.comb += div.resp.ready.eq(1)
-                with m.If(div.resp.valid):
-                    m.d.sync += mu_b.eq(Mux(neg, -resp.quotient, resp.quotient))
-                    m.next = "run_s_wait"
-            with m.State("run_s_wait"):
-                m.d.comb += div.resp.ready.eq(1)
-                with m.If(div.resp.valid):
-                    m.d.sync += [run_wb.eq(1), run_wb_addr.eq(base + ch),
-                                 run_mu_sum.eq(mu_b + run_hm), run_s_sum.eq(resp.quotient + run_hs)]
-                    m.d.sync += ch.eq(Mux(ch == M - 1, 0, ch + 1))
-                    m.next = "idle"
             # beta update pass 0: maxima of |P1| and a
             with m.State("max"):
                 with m.If(c_issue != M):
@@ -686,17 +700,7 @@ class BnParamUnit(wiring.Component):
                 with m.Else():
                     m.d.sync += ch.eq(ch + 1)
                     m.next = "read"
-        with m.If(run_wb):
-            mu_new = Signal(signed(self.run_width + 2))
-            s_new = Signal(signed(self.run_width + 2))
-            m.d.comb += [
-                mu_new.eq(rd["mu"].data + (run_mu_sum >> sh)),
-                s_new.eq(rd["s"].data + (run_s_sum >> sh)),
-                wr["mu"].addr.eq(run_wb_addr), wr["mu"].data.eq(mu_new), wr["mu"].en.eq(1),
-                wr["s"].addr.eq(run_wb_addr), wr["s"].data.eq(s_new), wr["s"].en.eq(1),
-            ]
-            m.d.sync += run_wb.eq(0)
-        m.d.comb += busy.eq(~fsm.ongoing("idle") | pending | (b_left != 0) | b_inflight | b_full | run_wb)
+        m.d.comb += busy.eq(~fsm.ongoing("idle") | pending | (b_left != 0) | b_inflight | b_full | run_busy)
         m.d.comb += self.busy.eq(busy)
         return m
 

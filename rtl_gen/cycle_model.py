@@ -29,6 +29,10 @@ PHASE_OVERHEAD = 3
 #: ``ifwd`` of the output layer: cycles after the logit unit's last beat until the phase is done.
 INFER_TAIL = 0
 
+#: ``ifwd``: cycles from a channel's entry into the BN forward unit's stats queue (EPI3 in evaluation mode, no
+#: division) to its beat (the queue's write, then its registered output).
+STATS_QUEUE_DELAY = 2
+
 
 @dataclass
 class CycleReport:
@@ -72,7 +76,7 @@ def forward_cycles(plan, j: int, *, infer: bool = False) -> int:
     ``infer`` (``ifwd j``): the same passes in evaluation mode: the thresholds without divisions (six cycles
     a channel), the per-channel constants without ``alpha`` or a running update (two cycles a channel), the
     logits without the loss unit."""
-    from .bn_unit import BN_FWD_ACC_STAGES, BnForwardUnit
+    from .bn_unit import BN_FWD_ACC_STAGES, BnForwardUnit, epi3_responses
     from .loss_unit import OutputGeometry
 
     lp = plan.layers[j]
@@ -81,38 +85,29 @@ def forward_cycles(plan, j: int, *, infer: bool = False) -> int:
     # BN pass 1 ends its stages after the engine's last beat: the compare stage, then the accumulators' write
     engine = lp.geometry.cycles(B) + BN_FWD_ACC_STAGES
     bn = BnForwardUnit(layer=plan.bn_unit_layer(j), div_steps=cfg.hw.div_steps).cycles()
-    from .controller import bn_param_cycles
+    from .controller import RUNNING_LATENCY
 
-    run_per_ch = bn_param_cycles(plan.bn_param_layer(j), cfg.hw, cfg.hw.div_steps)["running"]
-    epi3_per_ch = (bn["epi3"] - G) / M
-    stats_per_ch = max(epi3_per_ch, run_per_ch)
-    if not lp.top:
-        # a hidden layer's stats beats go to the running-statistics update alone, which takes each beat as it
-        # starts on it: the first beat after the BN core's epilogue for channel 0, each later one after the
-        # slower of that epilogue (a group's read first) and the update of the channel before; the phase ends
-        # with the last channel's update. Measured exact in RTL (784-12-10).
-        e3, L = int(epi3_per_ch), plan.bn_unit_layer(j).lanes
-        stats_sum = e3 + sum(max(e3 + (c % L == 0), run_per_ch) for c in range(1, M)) + run_per_ch
+    resp = epi3_responses(plan.bn_unit_layer(j), cfg.hw.div_steps)
     if infer:
         out = engine + 1 + bn["epi1"] + bn["pass2"] + (G + 6 * M) + bn["pass3"]
-        if not lp.top:  # a group's read, then two cycles a channel
-            return out + G + 2 * M + PHASE_OVERHEAD
+        if not lp.top:  # a group's read, then two cycles a channel; the last beat through the stats queue
+            return out + G + 2 * M + STATS_QUEUE_DELAY + PHASE_OVERHEAD
         geo = OutputGeometry.from_config(cfg, lanes=plan.loss_lanes, div_steps=cfg.hw.div_steps)
         # the first group's read and channel read, then the logit unit's pace (later groups' reads hide in it);
         # measured: 784-12-10 (two groups) and the paper's MLP (one group)
-        return out + 2 + geo.logit_cycles() + INFER_TAIL + PHASE_OVERHEAD
+        return out + 2 + STATS_QUEUE_DELAY + geo.logit_cycles() + INFER_TAIL + PHASE_OVERHEAD
     out = engine + 1 + bn["epi1"] + bn["pass2"] + bn["epi2"] + bn["pass3"]
     if lp.top:
         geo = OutputGeometry.from_config(cfg, lanes=plan.loss_lanes, div_steps=cfg.hw.div_steps)
-        stats_per_ch = max(stats_per_ch, geo.channel_cycles())
-        # the first stats beat after the BN core's epilogue for channel 0, one more cycle, then the channels at
-        # the slowest consumer's pace (measured in RTL, 784-12-10 with 2 and 4 quotient bits a cycle, and before
-        # the divider's ring with 4: the first channel's epilogue was 8 cycles then, and the model 7 short)
-        out += int(epi3_per_ch) + 1 + int(M * stats_per_ch)
+        # the first stats beat with channel 0's response, one more cycle, then the channels at the logit unit's
+        # pace (slower than EPI3's)
+        out += resp[0] + 1 + M * max(geo.channel_cycles(), 5)
         # third Y replay -> logits -> loss; the loss unit's per-sample period paces it for cross-entropy
         out += max(geo.logit_cycles() - M * geo.channel_cycles(), geo.loss_cycles(B)) + 4
     else:
-        out += stats_sum
+        # a hidden layer's stats beats go to the running-statistics pipeline, a beat a cycle: EPI3 paces them,
+        # and the phase ends when the last channel's update is written
+        out += resp[-1] + 1 + RUNNING_LATENCY
     return out + PHASE_OVERHEAD
 
 

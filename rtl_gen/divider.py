@@ -35,11 +35,11 @@ in flight. Responses come back in request order (:func:`ring_schedule` gives the
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Mux, Signal
+from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["Divider", "divide", "latency", "ring_schedule"]
+__all__ = ["CONST_DIV_LATENCY", "Divider", "const_divide", "const_reciprocal", "divide", "latency", "ring_schedule"]
 
 MAX_WIDTH = 256
 
@@ -338,3 +338,60 @@ def _slot_busy(entries: list[int], t: int, stages: int, period: int) -> bool:
         if (t - e) % stages == 0:
             return True
     return False
+
+
+# ---- division by a configuration constant -------------------------------------------------------------------------
+CONST_DIV_PART = 17
+"""Bits of the parts :func:`const_divide` cuts the dividend and the reciprocal into (a 17 x 17 unsigned product
+fits one 18 x 18 signed multiplier)."""
+
+CONST_DIV_LATENCY = 2
+"""Cycles from a dividend to its quotient in :func:`const_divide`: the partial products, then their sum."""
+
+
+def const_reciprocal(n_bits: int, d: int) -> tuple[int, int]:
+    """``(r, s)`` with ``floor(n / d) == (n * r) >> s`` for every ``0 <= n < 2**n_bits`` (``d >= 1``).
+
+    With ``l = ceil(log2 d)``, ``s = n_bits + l`` and ``r = floor(2^s / d) + 1``, the excess ``e = r d - 2^s`` is
+    ``d - (2^s mod d)``, in ``1 .. d <= 2^l``. Then ``n r / 2^s = n / d + n e / (d 2^s)``, and the second term is
+    below ``2^n_bits 2^l / (d 2^s) = 1 / d``; ``n / d`` is ``q + k / d`` with ``k <= d - 1``, so the sum stays
+    below ``q + 1`` and its floor is ``q``. A power of two ``d`` is a shift (``r = 1``)."""
+    _check_int("n_bits", n_bits, 1, MAX_WIDTH)
+    if not isinstance(d, int) or isinstance(d, bool) or d < 1:
+        raise ValueError(f"the constant divisor must be an integer >= 1, not {d!r}")
+    if d & (d - 1) == 0:
+        return 1, d.bit_length() - 1
+    lg = (d - 1).bit_length()
+    s = n_bits + lg
+    r = (1 << s) // d + 1
+    assert 0 < r * d - (1 << s) <= 1 << lg
+    return r, s
+
+
+def const_divide(m: Module, value, d: int, name: str):
+    """``floor(value / d)`` for the unsigned ``value`` and a configuration constant ``d >= 1``, as a Signal
+    :data:`CONST_DIV_LATENCY` cycles after ``value`` (a pipeline: it takes a new value every cycle). The product
+    with :func:`const_reciprocal`'s ``r`` is cut into :data:`CONST_DIV_PART`-bit parts of both operands whose
+    products are registered (one multiplier each), then summed into a register and shifted (timing: no product
+    and no addition in one cycle with the other)."""
+    n_bits = len(value)
+    r, s = const_reciprocal(n_bits, d)
+    P = CONST_DIV_PART
+    v_parts = [(value[lo:lo + P], lo) for lo in range(0, n_bits, P)]
+    r_parts = [(r >> lo) & ((1 << P) - 1) for lo in range(0, r.bit_length(), P)]
+    prods = []
+    for vp, vlo in v_parts:
+        for i, rp in enumerate(r_parts):
+            if rp == 0:
+                continue
+            reg = Signal(len(vp) + rp.bit_length(), name=f"{name}_pp{vlo}_{i}")
+            m.d.sync += reg.eq(vp * Const(rp, rp.bit_length()))
+            prods.append((reg, vlo + i * P))
+    total = Signal(n_bits + r.bit_length(), name=f"{name}_sum")
+    terms = [p << sh for p, sh in prods]
+    while len(terms) > 1:
+        terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i] for i in range(0, len(terms), 2)]
+    m.d.sync += total.eq(terms[0])
+    q = Signal(max(1, n_bits - (d.bit_length() - 1)), name=f"{name}_q")
+    m.d.comb += q.eq(total >> s)
+    return q

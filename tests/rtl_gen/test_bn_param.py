@@ -85,3 +85,67 @@ def test_beta_update_from_random_states(div_steps):
     # busy from the update pulse: the unit's cycles (every channel takes the same time) and a constant four more
     # (measured: every draw, both divider speeds); a cycle more or less per channel would move it by M
     assert [n - model_cycles for n in measured] == [4] * len(LR_SHIFTS), (measured, model_cycles)
+
+
+@pytest.mark.parametrize("preset", ["small", "paper"])
+def test_running_statistics_from_random_and_extreme_beats(preset):
+    """The running-statistics update (``mu_r``, ``s_r``; divisions by the constants 2B and 2B^2 in a pipeline)
+    against sim.hw.arith.running_update for two layers of one shared unit, three passes: random stats beats with
+    gaps and back to back, the extremes (sum_y = +-B Ymax, S = 0 and the largest S, sums on both sides of a
+    rounding step), random old values across the whole range; a beat a cycle is taken."""
+    from types import SimpleNamespace
+
+    from rtl_gen.controller import SPACE_MU, SPACE_S
+    from sim.hw.arith import running_update
+
+    cfg = load_config("mlp") if preset == "paper" else apply_overrides(load_config("mlp"), SMALL)
+    lays = [BnLayer.from_config(cfg, j, lanes=8) for j in (0, len(cfg.layer_shapes()) - 1)]
+    dut = BnParamUnit(layers=lays, hw=cfg.hw, div_steps=4)
+    p = lays[0].params
+    B, fr = lays[0].batch, p.running_frac
+    rng = np.random.default_rng(11)
+    taken = []
+
+    async def bench(ctx):
+        for step in range(3):
+            for li, lay in enumerate(lays):
+                M, ymax, smax = lay.channels, lay.y_bound, lay.bounds.S
+                ctx.set(dut.layer, li)
+                mu = rng.integers(-(ymax << fr), (ymax << fr) + 1, M)
+                s = rng.integers(0, (2 * ymax << fr) + 1, M)
+                for c in range(M):
+                    await bn_param_host(ctx, dut, SPACE_MU, c, mu[c])
+                    await bn_param_host(ctx, dut, SPACE_S, c, s[c])
+                sum_y = rng.integers(-B * ymax, B * ymax + 1, M)
+                S = rng.integers(0, smax + 1, M) >> rng.integers(0, 20, M)
+                ext = [B * ymax, -B * ymax, 0, -1, 1, -(B // 2), -(B // 2) - 1, B // 2]
+                sum_y[: min(M, len(ext))] = ext[:M]
+                S[: min(M, 3)] = [smax, 0, B * B // 2][: min(M, 3)]
+                for c in range(M):
+                    ctx.set(dut.stats.payload.sum_y, int(sum_y[c]))
+                    ctx.set(dut.stats.payload.S, int(S[c]))
+                    ctx.set(dut.stats.valid, 1)
+                    n = 0
+                    while True:
+                        await ctx.tick()
+                        n += 1
+                        if ctx.get(dut.stats.ready):  # ready is combinational on state: the beat went in
+                            break
+                    taken.append(n)
+                    if step == 1 and rng.random() < 0.5:  # gaps
+                        ctx.set(dut.stats.valid, 0)
+                        await ctx.tick().repeat(int(rng.integers(1, 4)))
+                ctx.set(dut.stats.valid, 0)
+                while ctx.get(dut.busy):
+                    await ctx.tick()
+                want_mu, want_s = running_update(mu, s, SimpleNamespace(n=B, sum_y=sum_y, S=S), p)
+                got_mu = [to_signed(await bn_param_host(ctx, dut, SPACE_MU, c), dut.run_width) for c in range(M)]
+                got_s = [to_signed(await bn_param_host(ctx, dut, SPACE_S, c), dut.run_width) for c in range(M)]
+                assert got_mu == list(want_mu), (preset, step, li)
+                assert got_s == list(want_s), (preset, step, li)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    assert set(taken) == {1}  # never a wait
