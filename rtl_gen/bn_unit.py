@@ -53,7 +53,7 @@ from amaranth.lib.wiring import In, Out
 from sim.hw.arith import ArithParams
 from sim.hw.widths import LayerBounds, hw_supported, layer_bounds, signed_bits
 
-from .divider import Divider, ring_schedule
+from .divider import CONST_DIV_LATENCY, Divider, const_divide, ring_schedule
 from .divider import iterations as div_iterations
 from .divider import stages as div_stages
 from .shared import layer_port
@@ -478,10 +478,9 @@ def _sum_tree(terms):
 
 def _divider_widths(layer: BnLayer) -> tuple[int, int, int]:
     """``(dividend, divisor, quotient)`` widths of the forward unit's divider (see :class:`BnForwardCore`)."""
-    B, ymax = layer.batch, layer.y_bound
-    t = ymax + 1
-    wd = max((B * layer.s_eff_max).bit_length(), (B * B).bit_length())
-    wq = max((2 * ymax).bit_length(), (2 * t).bit_length(), layer.widths["alpha_q"])
+    B = layer.batch
+    wd = (B * layer.s_eff_max).bit_length()
+    wq = layer.widths["alpha_q"]  # EPI3's alpha; EPI1 and EPI2 divide by constants without the divider
     return wd + wq, wd, wq
 
 
@@ -501,15 +500,14 @@ def forward_cycles(layer: BnLayer, div_steps: int = 1) -> dict[str, int]:
     there), for a divider resolving ``div_steps`` quotient bits per cycle."""
     wq = _divider_widths(layer)[2]
     _check_int("div_steps", div_steps, 1, wq)
-    it, ring = div_iterations(wq, div_steps), div_stages(div_steps)
     M, L = layer.channels, layer.lanes
     pc = pass_cycles(layer)
-    # EPI1: a group's read, then one request a cycle while the divider takes them; done with the last response
-    epi1 = ring_schedule(ring, it, [1] + [2 if c % L == 0 else 1 for c in range(1, M)])[-1] + 1
+    # EPI1: a group's read, then a channel a cycle (the division by B a pipeline); done with the last quotient
+    epi1 = 1 + sum(2 if c % L == 0 else 1 for c in range(1, M)) + CONST_DIV_LATENCY + 1
     # EPI2: per channel beta in with the channel's lane, the products of S, S, S' and the term of C, beta S', C,
-    # C -+ S' 2^Fb, saturation, dividends (the group's read first), then three requests back to back
-    gaps = [g for c in range(M) for g in ((10 if c == 0 else 11 if c % L == 0 else 10), 1, 1)]
-    epi2 = ring_schedule(ring, it, gaps)[-1] + 1
+    # C -+ S' 2^Fb, saturation, the three dividends over B^2 (the group's read first), the request: ten cycles a
+    # channel; done with the last channel's quotients
+    epi2 = 10 + sum(11 if c % L == 0 else 10 for c in range(1, M)) + CONST_DIV_LATENCY + 1
     epi3 = epi3_responses(layer, div_steps)[-1] + 1
     pc += BN_FWD_ACC_STAGES
     out = {
@@ -761,7 +759,6 @@ class BnForwardCore(wiring.Component):
 
         def channel_done(next_phase):
             walk.next_channel(m)
-            m.d.sync += [nreq.eq(0), nresp.eq(0)]
             with m.If(walk.last_lane):
                 m.d.sync += est.eq(RD)
                 with m.If(walk.last_group):
@@ -770,48 +767,38 @@ class BnForwardCore(wiring.Component):
                 m.d.sync += est.eq(CH0)
 
         def channel_issued():
-            """The issuing side of EPI1 / EPI2: the next channel (its group read first), WT after the last."""
+            """The issuing side of EPI1 / EPI2 / EPI3: the next channel (its group read first), WT after the last."""
             walk.next_channel(m)
-            m.d.sync += nreq.eq(0)
             with m.If(walk.last_lane):
                 m.d.sync += est.eq(Mux(walk.last_group, WT, RD))
             with m.Else():
                 m.d.sync += est.eq(CH0)
 
         def channel_answered(next_phase):
-            """The response side of EPI1 / EPI2: the last response of a channel was taken."""
+            """The response side of EPI1 / EPI2 / EPI3: a channel's result was taken."""
             rwalk.next_channel(m)
-            m.d.sync += nresp.eq(0)
             with m.If(rwalk.last_lane & rwalk.last_group):
                 m.d.sync += [phase.eq(next_phase), est.eq(RD)]
 
-        # Divider requests: up to three per channel, issued back to back; responses come back in order.
-        nreq = Signal(range(4))
-        nresp = Signal(range(4))
-        quot = [Signal(wq, name=f"quot{i}") for i in range(2)]
-        dividends = [Signal(wn, name=f"dividend{i}") for i in range(3)]
+        # EPI3's alpha division on the divider (one a channel; responses in order)
+        alpha_n = Signal(wn, name="alpha_dividend")
         divisor = Signal(wd, name="divisor_r")
-        m.d.comb += [
-            self.div_req.payload.dividend.eq(Mux(nreq == 0, dividends[0], Mux(nreq == 1, dividends[1], dividends[2]))),
-            self.div_req.payload.divisor.eq(divisor),
-        ]
+        m.d.comb += [self.div_req.payload.dividend.eq(alpha_n), self.div_req.payload.divisor.eq(divisor)]
         req_fire = Signal()
-        resp_fire = Signal()
-        m.d.comb += [
-            req_fire.eq(self.div_req.valid & self.div_req.ready),
-            resp_fire.eq(self.div_resp.valid & self.div_resp.ready),
-        ]
-        with m.If(req_fire):
-            m.d.sync += nreq.eq(nreq + 1)
+        m.d.comb += req_fire.eq(self.div_req.valid & self.div_req.ready)
         q_now = self.div_resp.payload.quotient
-        with m.If(resp_fire):
-            m.d.sync += nresp.eq(nresp + 1)
-            for i, reg in enumerate(quot):
-                with m.If(nresp == i):
-                    m.d.sync += reg.eq(q_now)
 
-        def start_division(divisor_value):
-            m.d.sync += [nreq.eq(0), nresp.eq(0), divisor.eq(divisor_value)]
+        # EPI1 and EPI2 divide by the constants B and B^2 (rtl_gen.divider.const_divide: a channel a cycle, the
+        # quotients CONST_DIV_LATENCY cycles after the request; responses in order)
+        n1_c = Signal((2 * B * ymax + B - 1).bit_length(), name="epi1_n_c")
+        m.d.comb += n1_c.eq(epi1_n)
+        q1 = const_divide(m, n1_c, B, "epi1_div")
+        n2 = [Signal(((2 * TK + K - 1) >> fb).bit_length(), name=f"epi2_n{i}") for i in range(3)]
+        q2 = [const_divide(m, n2[i], B * B, f"epi2_div{i}") for i in range(3)]
+        c_req = Signal()
+        c_pipe = [Signal(name=f"cdiv_v{i}") for i in range(CONST_DIV_LATENCY)]
+        m.d.sync += [c_pipe[0].eq(c_req), *(c_pipe[i].eq(c_pipe[i - 1]) for i in range(1, CONST_DIV_LATENCY))]
+        c_resp = c_pipe[-1]
 
         thr_word = Signal(lay.thr_layout)
         m.d.comb += thr_wr.addr.eq(Mux(self.eval_mode & (phase == Phase.EPI2), walk.g, rwalk.g))
@@ -902,16 +889,13 @@ class BnForwardCore(wiring.Component):
                 with m.Case(Phase.EPI1):
                     # t_mu + Ymax = floor((sum_y + B Ymax + B - 1) / B), in [0, 2 Ymax].
                     m.d.comb += [
-                        self.div_req.valid.eq(est == CH0),
-                        self.div_req.payload.dividend.eq(epi1_n),
-                        self.div_req.payload.divisor.eq(B),
-                        self.div_resp.ready.eq(1),
-                        thr_word.theta.eq(q_now - ymax),
-                        thr_wr.en.eq(Mux(resp_fire, 1 << rwalk.l, 0)),
+                        c_req.eq(est == CH0),
+                        thr_word.theta.eq(q1 - ymax),
+                        thr_wr.en.eq(Mux(c_resp, 1 << rwalk.l, 0)),
                     ]
-                    with m.If(req_fire):
+                    with m.If(est == CH0):
                         channel_issued()
-                    with m.If(resp_fire):
+                    with m.If(c_resp):
                         channel_answered(Phase.PASS2)
                 with m.Case(Phase.EPI2):
                     with m.Switch(est):
@@ -948,26 +932,20 @@ class BnForwardCore(wiring.Component):
                                 channel_done(Phase.PASS3)
                             with m.Else():
                                 m.d.sync += [*(v_r[i].eq(clamp(v_r[i])) for i in range(3)), est.eq(CH2B)]
-                        with m.Case(CH2B):  # offset dividends of the three thresholds; divisor B^2
+                        with m.Case(CH2B):  # offset dividends of the three thresholds over B^2 (they hold until
+                            # the next channel's, ten cycles on, past their quotients)
                             m.d.sync += [
-                                dividends[0].eq((v_r[0] + (TK + K - 1)) >> fb),  # ceil(C / K)
-                                dividends[1].eq((v_r[1] + (TK + K - 1)) >> fb),  # ceil((C - S' 2^Fb) / K)
-                                dividends[2].eq((v_r[2] + TK) >> fb),  # floor((C + S' 2^Fb) / K)
-                                divisor.eq(B * B),
+                                n2[0].eq((v_r[0] + (TK + K - 1)) >> fb),  # ceil(C / K)
+                                n2[1].eq((v_r[1] + (TK + K - 1)) >> fb),  # ceil((C - S' 2^Fb) / K)
+                                n2[2].eq((v_r[2] + TK) >> fb),  # floor((C + S' 2^Fb) / K)
                                 est.eq(CH3),
                             ]
                         with m.Case(CH3):
-                            m.d.comb += self.div_req.valid.eq(1)
-                            with m.If(req_fire & (nreq == 2)):
-                                channel_issued()
-                    with m.If(~self.eval_mode):  # responses: three per channel, in order
-                        m.d.comb += [
-                            self.div_resp.ready.eq(1),
-                            thr_word.theta.eq(quot[0] - T),
-                            thr_word.lo.eq(quot[1] - T),
-                            thr_word.hi.eq(q_now - T),
-                        ]
-                        with m.If(resp_fire & (nresp == 2)):
+                            m.d.comb += c_req.eq(1)
+                            channel_issued()
+                    with m.If(~self.eval_mode):  # the three quotients of a channel together, in channel order
+                        m.d.comb += [thr_word.theta.eq(q2[0] - T), thr_word.lo.eq(q2[1] - T), thr_word.hi.eq(q2[2] - T)]
+                        with m.If(c_resp):
                             m.d.comb += thr_wr.en.eq(1 << rwalk.l)
                             channel_answered(Phase.PASS3)
                 with m.Case(Phase.EPI3):
@@ -992,10 +970,10 @@ class BnForwardCore(wiring.Component):
                                          est.eq(CH2)]
                         with m.Case(CH2):  # alpha_q = floor(floor((A 2^(Fa+1) + B S' 2^Fb) / 2^(Fb+1)) / (B S'))
                             m.d.sync += [
-                                dividends[0].eq(((a_r << (fa + 1)) + (bs_r << fb)) >> (fb + 1)),
+                                alpha_n.eq(((a_r << (fa + 1)) + (bs_r << fb)) >> (fb + 1)),
                                 est.eq(CH3),
                             ]
-                            start_division(bs_r)
+                            m.d.sync += divisor.eq(bs_r)
                         with m.Case(CH3):  # the request and the queue entry together
                             m.d.comb += [self.div_req.valid.eq(s_queue.w_rdy), s_queue.w_en.eq(req_fire)]
                             with m.If(req_fire):

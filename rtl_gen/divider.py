@@ -39,7 +39,8 @@ from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["CONST_DIV_LATENCY", "Divider", "const_divide", "const_reciprocal", "divide", "latency", "ring_schedule"]
+__all__ = ["CONST_DIV_LATENCY", "CONST_DIV_PARTS", "Divider", "const_divide", "const_reciprocal", "divide", "latency",
+           "ring_schedule"]
 
 MAX_WIDTH = 256
 
@@ -341,12 +342,13 @@ def _slot_busy(entries: list[int], t: int, stages: int, period: int) -> bool:
 
 
 # ---- division by a configuration constant -------------------------------------------------------------------------
-CONST_DIV_PART = 17
-"""Bits of the parts :func:`const_divide` cuts the dividend and the reciprocal into (a 17 x 17 unsigned product
-fits one 18 x 18 signed multiplier)."""
+CONST_DIV_PARTS = (24, 17)
+"""Bits of the parts :func:`const_divide` cuts the dividend and the reciprocal into: a 24 x 17 unsigned product
+fits one DSP48E1 (25 x 18 signed)."""
 
-CONST_DIV_LATENCY = 2
-"""Cycles from a dividend to its quotient in :func:`const_divide`: the partial products, then their sum."""
+CONST_DIV_LATENCY = 3
+"""Cycles from a dividend to its quotient in :func:`const_divide`: the partial products, two of their sums, then
+the last sum, each registered."""
 
 
 def const_reciprocal(n_bits: int, d: int) -> tuple[int, int]:
@@ -370,28 +372,39 @@ def const_reciprocal(n_bits: int, d: int) -> tuple[int, int]:
 
 def const_divide(m: Module, value, d: int, name: str):
     """``floor(value / d)`` for the unsigned ``value`` and a configuration constant ``d >= 1``, as a Signal
-    :data:`CONST_DIV_LATENCY` cycles after ``value`` (a pipeline: it takes a new value every cycle). The product
-    with :func:`const_reciprocal`'s ``r`` is cut into :data:`CONST_DIV_PART`-bit parts of both operands whose
-    products are registered (one multiplier each), then summed into a register and shifted (timing: no product
-    and no addition in one cycle with the other)."""
-    n_bits = len(value)
-    r, s = const_reciprocal(n_bits, d)
-    P = CONST_DIV_PART
-    v_parts = [(value[lo:lo + P], lo) for lo in range(0, n_bits, P)]
-    r_parts = [(r >> lo) & ((1 << P) - 1) for lo in range(0, r.bit_length(), P)]
+    :data:`CONST_DIV_LATENCY` cycles after ``value`` (a pipeline: it takes a new value every cycle).
+
+    A power-of-two factor of ``d`` is a shift first (``floor(floor(n / 2^k) / o) = floor(n / (2^k o))``); the
+    product with :func:`const_reciprocal`'s ``r`` for the odd part is cut into :data:`CONST_DIV_PARTS` (at most
+    four partial products, each registered: one multiplier each), then summed in two registered levels and
+    shifted (timing: no product and no more than one addition in a cycle)."""
+    if not isinstance(d, int) or isinstance(d, bool) or d < 1:
+        raise ValueError(f"the constant divisor must be an integer >= 1, not {d!r}")
+    k = (d & -d).bit_length() - 1
+    odd = d >> k
+    v = value[k:] if k < len(value) else Const(0, 1)
+    n_bits = len(v)
+    r, s = const_reciprocal(n_bits, odd)
+    pv, pr = CONST_DIV_PARTS
+    v_parts = [(v[lo:lo + pv], lo) for lo in range(0, n_bits, pv)]
+    r_parts = [((r >> lo) & ((1 << pr) - 1), lo) for lo in range(0, r.bit_length(), pr)]
     prods = []
     for vp, vlo in v_parts:
-        for i, rp in enumerate(r_parts):
+        for rp, rlo in r_parts:
             if rp == 0:
                 continue
-            reg = Signal(len(vp) + rp.bit_length(), name=f"{name}_pp{vlo}_{i}")
+            reg = Signal(len(vp) + rp.bit_length(), name=f"{name}_pp{len(prods)}")
             m.d.sync += reg.eq(vp * Const(rp, rp.bit_length()))
-            prods.append((reg, vlo + i * P))
-    total = Signal(n_bits + r.bit_length(), name=f"{name}_sum")
-    terms = [p << sh for p, sh in prods]
-    while len(terms) > 1:
-        terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i] for i in range(0, len(terms), 2)]
-    m.d.sync += total.eq(terms[0])
-    q = Signal(max(1, n_bits - (d.bit_length() - 1)), name=f"{name}_q")
+            prods.append(reg << (vlo + rlo))
+    if len(prods) > 4:
+        raise ValueError(f"{name}: a {n_bits}-bit dividend over {odd} needs {len(prods)} partial products (at most 4)")
+    width = n_bits + r.bit_length()
+    halves = [Signal(width, name=f"{name}_half{i}") for i in range(2)]
+    for i, h in enumerate(halves):
+        terms = prods[2 * i:2 * i + 2]
+        m.d.sync += h.eq(sum(terms) if terms else 0)
+    total = Signal(width, name=f"{name}_sum")
+    m.d.sync += total.eq(halves[0] + halves[1])
+    q = Signal(max(1, n_bits - (odd.bit_length() - 1)), name=f"{name}_q")
     m.d.comb += q.eq(total >> s)
     return q

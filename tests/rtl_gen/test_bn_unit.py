@@ -64,25 +64,26 @@ def test_bad_parameters_are_rejected(kwargs, error, message):
 def test_cycle_models():
     cfg = apply_overrides(load_config("mlp"), ["hw.input=int8"])  # layer 0 at its widest
     fwd = BnForwardUnit(layer=BnLayer.from_config(cfg, 0, lanes=16))
-    # divider: quotient width max(bitlen(2 Ymax), bitlen(2 Ymax + 2), alpha 14) = 18 bits, 1 per cycle
-    assert fwd.div_widths[2] == 18 and fwd.div_iterations == 18
+    # divider: EPI3's alpha only, 14 quotient bits, 1 per cycle
+    assert fwd.div_widths[2] == 14 and fwd.div_iterations == 14
     c = fwd.cycles()
-    # one stage (latency 19): EPI1, EPI2 and EPI3 keep the stage busy, I = 18 cycles a division after the first
-    # request (EPI1 at cycle 1, entering at 2; EPI2 after ten steps, entering at 11; EPI3 after five, at 6)
-    assert (c["epi1"], c["epi2"], c["epi3"]) == (3 + 256 * 18, 12 + 3 * 256 * 18, 7 + 256 * 18)
+    # EPI1: a channel a cycle, a cycle more at each of the 15 later groups' reads, the first group's read, the
+    # constant division's three cycles and the last write; EPI2: ten cycles a channel (eleven at a later group's
+    # start) and the same tail
+    assert (c["epi1"], c["epi2"]) == (1 + 255 + 15 + 3 + 1, 10 + 255 * 10 + 15 + 3 + 1) == (275, 2579)
+    # EPI3, one stage (latency 15): the stage busy, I = 14 cycles a division after the first request (at 5,
+    # entering at 6)
+    assert c["epi3"] == 7 + 256 * 14
     # each pass: B G beats, the compare stage and the accumulators' write stage
-    assert c["total"] == 3 * (1600 + 1 + 1) + 4611 + 13836 + 4615 == 27868
+    assert c["total"] == 3 * (1600 + 1 + 1) + 275 + 2579 + c["epi3"] == 11251
     l0, l1 = BnLayer.from_config(cfg, 0, lanes=16), BnLayer.from_config(cfg, 1, lanes=16)
-    # 3 and 4 bits a cycle: two stages, 6 and 5 trips: two divisions per 12 and 10 cycles once the ring is full
+    # 3 and 4 bits a cycle: two stages, 5 and 4 trips: two divisions per 10 and 8 cycles once the ring is full, so
+    # EPI3's issue side (five cycles a channel, six at each of the 15 later groups' starts) paces it, the first
+    # division's latency (11 and 9) and the ring's slots (a division enters when its slot comes by) on top
     c3, c4 = forward_cycles(l0, 3), forward_cycles(l0, 4)
-    assert (c3["epi1"], c3["epi2"], c3["epi3"]) == (4 + 256 * 6, 13 + 3 * 256 * 6, 12 + 256 * 6)
-    # EPI3 at 4 bits: the issue side's five cycles a channel (six at each of the 15 later groups' starts) pace
-    # it; the first division's latency (11) and the ring's slots (a division enters when its slot comes by) on top
-    assert c4["epi1"] == 4 + 256 * 5 and 5 * 256 + 15 + 11 <= c4["epi3"] == 1308 <= 5 * 256 + 15 + 11 + 2
-    # EPI2: the issue side's 12 cycles a channel against the ring's 15 leave bubbles (a channel's requests come in
-    # a burst, the next channel's ten cycles later)
-    assert c4["epi2"] == 269 + 3 * 256 * 5
-    assert BnForwardUnit(layer=l1).div_iterations == 14  # alpha's 14 bits dominate
+    assert (c3["epi1"], c3["epi2"]) == (c4["epi1"], c4["epi2"]) == (275, 2579)
+    assert 5 * 256 + 15 + 9 <= c4["epi3"] == 1306 < c3["epi3"] == 1308 <= 5 * 256 + 15 + 11 + 2
+    assert BnForwardUnit(layer=l1).div_iterations == 14
     bwd = BnBackwardUnit(layer=l1)
     assert bwd.cycles()["total"] == 2 * 1600 + 16 + 256 + 5  # pass 1 drain 1, pass 2 drain 2 + 2 Q stages
 
