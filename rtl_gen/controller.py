@@ -148,7 +148,7 @@ E_WIDTH = 16
 
 RUNNING_LATENCY = 6
 """:class:`BnParamUnit`'s running-statistics pipeline: cycles from a stats beat taken to its channel's update
-written (the beat and the reads, the dividends, the two cycles of rtl_gen.divider.const_divide, the sums)."""
+written (the beat and the reads, the dividends, rtl_gen.divider.CONST_DIV_LATENCY cycles, the sums)."""
 
 
 def bitlen_signal(m, value, width: int, name: str, offset: int = 0):
@@ -424,7 +424,7 @@ class BnParamUnit(wiring.Component):
         # constants: rtl_gen.divider.const_divide). Stage 0 takes the beat and reads mu, s; stage 1 forms the
         # dividends and keeps the old values; the quotients follow CONST_DIV_LATENCY cycles later; then the sums,
         # then the write. A channel's next write is a whole forward pass away.
-        ch = Signal(range(Mmax))  # the running statistics' channel; the beta update's channel
+        ch = Signal(range(Mmax))  # the beta update's channel (run_ch: the running statistics')
         sh = p.running_shift
         half = 1 << (sh - 1)
         req, resp = div.req.payload, div.resp.payload
@@ -465,7 +465,7 @@ class BnParamUnit(wiring.Component):
             m.d.sync += [neg[i].eq(neg[i - 1]), old_mu[i].eq(old_mu[i - 1]), old_s[i].eq(old_s[i - 1])]
         q_mu = const_divide(m, n_mu, 2 * B, "run_mu")
         q_s = const_divide(m, n_s, 2 * B * B, "run_s")
-        # the sums b - r + half (the old values two cycles behind the dividends, beside the quotients)
+        # the sums b - r + half (the old values CONST_DIV_LATENCY cycles behind the dividends, beside the quotients)
         L_ = CONST_DIV_LATENCY
         run_mu_sum = Signal(signed(max(len(q_mu), self.run_width) + sh + 3), name="run_mu_sum")
         run_s_sum = Signal(signed(max(len(q_s), self.run_width) + sh + 3), name="run_s_sum")
