@@ -351,6 +351,11 @@ CONST_DIV_LATENCY = 3
 the last sum, each registered."""
 
 
+def _check_divisor(d: object) -> None:
+    if not isinstance(d, int) or isinstance(d, bool) or d < 1:
+        raise ValueError(f"the constant divisor must be an integer >= 1, not {d!r}")
+
+
 def const_reciprocal(n_bits: int, d: int) -> tuple[int, int]:
     """``(r, s)`` with ``floor(n / d) == (n * r) >> s`` for every ``0 <= n < 2**n_bits`` (``d >= 1``).
 
@@ -359,8 +364,7 @@ def const_reciprocal(n_bits: int, d: int) -> tuple[int, int]:
     below ``2^n_bits 2^l / (d 2^s) = 1 / d``; ``n / d`` is ``q + k / d`` with ``k <= d - 1``, so the sum stays
     below ``q + 1`` and its floor is ``q``. A power of two ``d`` is a shift (``r = 1``)."""
     _check_int("n_bits", n_bits, 1, MAX_WIDTH)
-    if not isinstance(d, int) or isinstance(d, bool) or d < 1:
-        raise ValueError(f"the constant divisor must be an integer >= 1, not {d!r}")
+    _check_divisor(d)
     if d & (d - 1) == 0:
         return 1, d.bit_length() - 1
     lg = (d - 1).bit_length()
@@ -378,8 +382,7 @@ def const_divide(m: Module, value, d: int, name: str):
     product with :func:`const_reciprocal`'s ``r`` for the odd part is cut into :data:`CONST_DIV_PARTS` (at most
     four partial products, each registered: one multiplier each), then summed in two registered levels and
     shifted (timing: no product and no more than one addition in a cycle)."""
-    if not isinstance(d, int) or isinstance(d, bool) or d < 1:
-        raise ValueError(f"the constant divisor must be an integer >= 1, not {d!r}")
+    _check_divisor(d)
     k = (d & -d).bit_length() - 1
     odd = d >> k
     v = value[k:] if k < len(value) else Const(0, 1)
