@@ -464,7 +464,9 @@ def plot(trace: PowerTrace, rep: EnergyReport, steps: list[StepWindow], path) ->
 
 def measure_main(args) -> int:
     """``xnortrain energy-measure``."""
-    from host.cli import EXIT_OK, _output_file, _write_json
+    from host.common import EXIT_OK
+    from host.common import output_file as _output_file
+    from host.common import write_json as _write_json
 
     rails = [r.strip() for r in args.rails.split(",") if r.strip()] if args.rails else None
     trace = load_power(args.power, rails=rails, time_offset=args.time_offset)

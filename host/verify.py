@@ -210,7 +210,7 @@ def verify(cfg, steps: int, *, data=None, log=print, stress: bool = False,
 def verify_main(args) -> int:
     """``xnortrain verify --config FILE --steps N [--data PATH]``: exit status 0 only when every step
     matched, 4 (a mismatch) when the comparison failed or the simulation did not finish the steps."""
-    from host.cli import EXIT_MISMATCH, EXIT_OK, build_config
+    from host.common import EXIT_MISMATCH, EXIT_OK, build_config
 
     cfg = build_config(args)
     check_data_arg(getattr(args, "data", None))
@@ -232,7 +232,7 @@ def _energy_resources(path) -> dict | None:
     """``verify --energy-estimate REPORT_JSON``: the resources of a generate report, read before anything runs."""
     if path is None:
         return None
-    from host.cli import UserError
+    from host.common import UserError
 
     from .energy_estimate import resources_from_report
 
@@ -247,7 +247,7 @@ def _energy_resources(path) -> dict | None:
 def check_data_arg(data) -> None:
     """``verify --data``: an ``.npz`` file holding ``x`` and ``y``, or a dataset folder; checked before the
     accelerator is elaborated (minutes), so a wrong path fails at once with one line."""
-    from host.cli import UserError
+    from host.common import UserError
 
     if data is None:
         return

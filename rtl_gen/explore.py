@@ -465,7 +465,7 @@ def plot(result: Exploration, path) -> None:
 
 def explore_main(args) -> int:
     """``xnortrain explore``."""
-    from host.cli import EXIT_DOES_NOT_FIT, EXIT_OK, build_config
+    from host.common import EXIT_DOES_NOT_FIT, EXIT_OK, build_config
 
     from .resource_model import load_model
 

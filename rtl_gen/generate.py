@@ -335,7 +335,7 @@ def generate_main(args) -> int:
     elaboration from the memory budget; after synthesis, the report names the resources)."""
     import sys
 
-    from host.cli import EXIT_DOES_NOT_FIT, EXIT_OK, build_config
+    from host.common import EXIT_DOES_NOT_FIT, EXIT_OK, build_config
 
     from .synth import DoesNotFitError
 

@@ -138,7 +138,8 @@ def test_refuses_before_place_and_route(tmp_path, monkeypatch):
 
 @pytest.mark.rtl  # elaborates a small accelerator (~10 s)
 def test_generate_ulx3s_refuses_with_exit_3_and_a_report(tmp_path, monkeypatch, capsys):
-    from host.cli import EXIT_DOES_NOT_FIT, main
+    from host.cli import main
+    from host.common import EXIT_DOES_NOT_FIT
     monkeypatch.setenv("XNORTRAIN_BUILD_DIR", str(tmp_path / "build"))
     calls = []
     monkeypatch.setattr(toolchain, "run_yowasp", _fake_yosys({"LUT4": 90_000, "DP16KD": 12}, calls))

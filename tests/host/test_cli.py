@@ -36,11 +36,12 @@ def _one_error_line(capsys) -> str:
 
 def test_exit_codes_are_the_shared_scheme_and_documented():
     import host.cli as cli
+    import host.common as common
 
-    assert (cli.EXIT_OK, cli.EXIT_INTERNAL, cli.EXIT_USER_ERROR, cli.EXIT_DOES_NOT_FIT, cli.EXIT_MISMATCH,
-            cli.EXIT_TOOL, cli.EXIT_INTERRUPTED) == (0, 1, 2, 3, 4, 5, 130)
+    assert (common.EXIT_OK, common.EXIT_INTERNAL, common.EXIT_USER_ERROR, common.EXIT_DOES_NOT_FIT,
+            common.EXIT_MISMATCH, common.EXIT_TOOL, common.EXIT_INTERRUPTED) == (0, 1, 2, 3, 4, 5, 130)
     text = cli.make_parser().format_help()
-    for code, _ in cli.EXIT_CODES:
+    for code, _ in common.EXIT_CODES:
         assert f"\n  {code} " in text, text
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     for code, _ in cli.EXIT_CODES:

@@ -10,7 +10,8 @@ import pytest
 
 pytestmark = pytest.mark.pynq
 
-BOARD_MODULES = ["host.cli", "host.board", "host.driver", "host.train_target", "host.energy", "sim.config",
+BOARD_MODULES = ["host.cli", "host.common", "host.board",
+                 "host.driver", "host.train_target", "host.energy", "sim.config",
                  "sim.schema", "sim.hw.model", "sim.hw.engine", "sim.train_loop", "rtl_gen.regmap"]
 
 

@@ -26,7 +26,8 @@ from test_synth import MemMulBlock  # same folder (pytest puts it on sys.path)
 from test_system import SMALL as SMALL_SET
 
 from boards.devices import get_device
-from host.cli import EXIT_DOES_NOT_FIT, EXIT_USER_ERROR, main
+from host.cli import main
+from host.common import EXIT_DOES_NOT_FIT, EXIT_USER_ERROR
 from rtl_gen import synth
 from rtl_gen.smoke import XnorPopcount
 from rtl_gen.synth import ClusterError, DoesNotFitError, SynthReport, check_fit, map_cells
