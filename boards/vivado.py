@@ -11,7 +11,7 @@ generated Verilog. ``make -C DIR/vivado`` runs ``vivado -mode batch -source buil
   mode with 32-bit streams and a buffer length register wide enough for the largest transfer of
   ``accelerator.json``, a ``proc_sys_reset`` and two AXI interconnects (GP0 -> the accelerator's and the
   DMA's AXI4-Lite; the DMA's two masters -> HP0); MM2S -> ``s_axis``, ``m_axis`` -> S2MM, ``irq`` ->
-  ``IRQ_F2P``; the cell names are :class:`host.driver.PynqTransport`'s defaults;
+  ``IRQ_F2P``; the cell names are :class:`host.transports.pynq.PynqTransport`'s defaults;
 - assigns addresses, validates, makes the HDL wrapper, runs synthesis and implementation to the bitstream
   and checks each run's status; writes utilisation, timing and power reports; fails when timing is not met
   (setup WNS or hold WHS below zero, the figure printed); copies the bitstream and the hardware handoff to
@@ -91,7 +91,7 @@ class DmaSizing:
 
 
 def dma_sizing(desc) -> DmaSizing:
-    """Transfer sizes of an :class:`host.driver.AcceleratorDescription` (as :meth:`PynqTransport.attach`
+    """Transfer sizes of an :class:`rtl_gen.contract.AcceleratorDescription` (as :meth:`PynqTransport.attach`
     sizes its buffers: one MM2S transfer per batch upload or restore, one S2MM transfer per read-back) and
     the smallest AXI DMA length width (at least the IP's default of 14 bits) that covers the largest.
     Raises :class:`VivadoBuildError` when a transfer exceeds the DMA's 26-bit limit."""

@@ -59,7 +59,9 @@ def check_config(cfg, desc) -> None:
 @contextlib.contextmanager
 def open_board(cfg, bitstream: str | None, *, log=print, step_log=None) -> Iterator:
     """Load the overlay and yield a connected :class:`host.driver.Driver` (identification checked)."""
-    from .driver import AcceleratorDescription, Driver, PynqTransport
+    from host.driver import Driver
+    from host.transports.pynq import PynqTransport
+    from rtl_gen.contract import AcceleratorDescription
 
     bit = Path(bitstream or "xnortrain.bit")
     if bit.suffix != ".bit":

@@ -381,7 +381,7 @@ def make_parser() -> argparse.ArgumentParser:
                         "measurement): the synthesised resources, the toggle activity of one step on the simulated "
                         "board built with Verilator toggle coverage (minutes), and the xc7z020 constants of "
                         "boards/power.py; needs the xc7z020 synthesis (not --no-synth, not an ECP5 board)")
-    p.set_defaults(func=_lazy("rtl_gen.generate", "generate_main"))
+    p.set_defaults(func=_lazy("host.generate", "generate_main"))
 
     p = sub.add_parser(
         "explore", help="search the lane parameters for the fewest cycles per image that fit a device",
@@ -397,7 +397,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--png", metavar="FILE", help="plot the two Pareto fronts to this .png file")
     p.add_argument("--json", nargs="?", const="-", metavar="OUT",
                    help="the search's result as JSON: to OUT, or alone on stdout (no table) without OUT")
-    p.set_defaults(func=_lazy("rtl_gen.explore", "explore_main"))
+    p.set_defaults(func=_lazy("host.explore", "explore_main"))
 
     p = sub.add_parser("verify", help="simulate training steps in Verilator and compare with the bit-exact model")
     _add_config_args(p)

@@ -29,7 +29,7 @@ from boards.vivado import (
     write_vivado_project,
 )
 from boards.zynq import BOARDS, get_board
-from host.driver import AcceleratorDescription
+from rtl_gen.contract import AcceleratorDescription
 from rtl_gen.top import PORT_ATTRS, TOP_NAME
 from tests.rtl_gen.test_system import paper_cfg, small_cfg
 
@@ -39,7 +39,7 @@ BOARD_NAMES = ("pynq-z2", "pynq-z1", "zedboard")
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory):
     """``generate --board pynq-z2 --no-synth`` of the small MLP: the folder, its Verilog and description."""
-    from rtl_gen.generate import generate
+    from host.generate import generate
 
     out = tmp_path_factory.mktemp("gen") / "acc"
     generate(small_cfg(), out, synth=False, board="pynq-z2", log=lambda *_: None)

@@ -19,22 +19,11 @@ from mock_accelerator import (
     random_state,
 )
 
-from host.driver import (
-    AcceleratorDescription,
-    AcceleratorError,
-    AcceleratorTimeout,
-    BlockingTransport,
-    Driver,
-    HardwareMismatch,
-    PynqTransport,
-    QuantityLayout,
-    Read,
-    Send,
-    StateError,
-    description_hash,
-    pack_words,
-    unpack_words,
-)
+from host.driver import Driver
+from host.errors import AcceleratorError, AcceleratorTimeout, HardwareMismatch, StateError
+from host.transports.base import BlockingTransport, Read, Send
+from host.transports.pynq import PynqTransport
+from rtl_gen.contract import AcceleratorDescription, QuantityLayout, description_hash, pack_words, unpack_words
 
 # --- packing --------------------------------------------------------------------------------------------
 

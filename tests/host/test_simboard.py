@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 from small_mlp import SMALL  # the small MLP of the system tests (tests/small_mlp.py)
 
-from host.driver import AcceleratorError, Driver, HardwareMismatch, TransferTimeout, description_hash
+from host.driver import Driver
+from host.errors import AcceleratorError, HardwareMismatch, TransferTimeout
+from rtl_gen.contract import description_hash
 from sim.config import apply_overrides, load_config
 
 
@@ -117,7 +119,7 @@ def test_streams_that_do_not_complete_raise_and_the_board_recovers(small):
     """A receive with no command running waits at most ``max_idle`` cycles and raises TransferTimeout; a
     receive of more words than a readback sends ends at its TLAST and raises; the board works afterwards."""
     cfg, board, _ = small
-    from host.simboard import SimTransport
+    from host.transports.simboard import SimTransport
 
     drv = Driver(board.description, board.transport)
     short = SimTransport(board, max_idle=500)

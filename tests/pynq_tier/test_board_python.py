@@ -28,7 +28,9 @@ def test_configurations_load_and_the_driver_reads_the_descriptions_configuration
     from test_pynq_driver import small
 
     from host.board import check_config
-    from host.driver import AcceleratorDescription, BlockingTransport, Driver
+    from host.driver import Driver
+    from host.transports.base import BlockingTransport
+    from rtl_gen.contract import AcceleratorDescription
     from sim.config import apply_overrides, load_config, tomllib
 
     assert tomllib.__name__ == ("tomllib" if sys.version_info >= (3, 11) else "tomli")

@@ -11,15 +11,10 @@ import pytest
 from mock_accelerator import ModelAccelerator
 from mock_board import CHANNEL_BASE, MockOverlay, MockZynq
 
-from host.driver import (
-    AcceleratorError,
-    ClockWarning,
-    Driver,
-    HardwareMismatch,
-    PynqTransport,
-    TransferTimeout,
-    description_hash,
-)
+from host.driver import Driver
+from host.errors import AcceleratorError, ClockWarning, HardwareMismatch, TransferTimeout
+from host.transports.pynq import PynqTransport
+from rtl_gen.contract import description_hash
 
 pytestmark = pytest.mark.pynq
 

@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from .toolchain import build_root
+from rtl_gen.toolchain import build_root
 
 __all__ = ["generate"]
 
@@ -84,9 +84,8 @@ def check_memory_budget(cfg, device: str = "xc7z020") -> dict:
     :mod:`boards.devices`; raises :class:`rtl_gen.synth.DoesNotFitError` saying by how much it is over, and
     returns the report otherwise."""
     from boards.devices import get_device
+    from rtl_gen.synth import DoesNotFitError
     from sim.hw.memory import memory_report
-
-    from .synth import DoesNotFitError
 
     dev = get_device(device)
     rep = memory_report(cfg)
@@ -185,11 +184,11 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
                           f"{ecp5.device.name if ecp5 is not None else dev.name}'s; drop --board / --device")
     check_memory_budget(cfg, device=ecp5.device.name if ecp5 is not None else dev.name)
     if cluster is not None:
-        from .synth import check_cluster
+        from rtl_gen.synth import check_cluster
 
         log(f"cluster {cluster}: {check_cluster(cluster)} workers")
-    from .cycle_model import step_cycles
-    from .top import Accelerator, SystemPlan
+    from rtl_gen.cycle_model import step_cycles
+    from rtl_gen.top import Accelerator, SystemPlan
 
     plan = SystemPlan(cfg)
     cyc = _unit_checked(step_cycles, plan)  # builds every unit's geometry: refuses what the units cannot be
@@ -229,7 +228,7 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
         else:
             log(f"  --no-synth: no ECP5 synthesis, place and route or bitstream for the {ecp5.title}")
     elif synth:
-        from .synth import synthesize, synthesize_units
+        from rtl_gen.synth import synthesize, synthesize_units
 
         how = "as a whole"
         if by_unit:
@@ -290,7 +289,7 @@ def _ecp5_flow(report: dict, lines: list, verilog: str, plan, board, out: Path, 
     log(f"ECP5 timing proxy on the {board.title}: yosys synth_ecp5 + nextpnr-ecp5 at {freq:g} MHz (minutes) ...")
     digest = hashlib.sha256(verilog.encode()).hexdigest()[:12]
     work = build_root() / "ecp5" / f"{plan.name}-{digest}"
-    from .synth import DoesNotFitError
+    from rtl_gen.synth import DoesNotFitError
 
     try:
         rep = run_ecp5(verilog, plan.name, workdir=work, board=board, freq_mhz=freq, bitstream=True, log=log)
@@ -336,8 +335,7 @@ def generate_main(args) -> int:
     import sys
 
     from host.common import EXIT_DOES_NOT_FIT, EXIT_OK, build_config
-
-    from .synth import DoesNotFitError
+    from rtl_gen.synth import DoesNotFitError
 
     cfg = build_config(args)
     check_out_dir(args.out, force=getattr(args, "force", False))
