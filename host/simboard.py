@@ -48,7 +48,7 @@ from pathlib import Path
 
 from host.errors import AcceleratorError
 from host.transports.simboard import BUS_CYCLES, MAX_IDLE, SimTransport
-from rtl_gen.contract import AcceleratorDescription
+from rtl_gen.contract import AcceleratorDescription, hardware_config
 
 __all__ = ["COVERAGE_ARGS", "COVERAGE_HARNESS", "COVERAGE_MAKE_VARS", "HARNESS", "VERILATOR_ARGS", "SimBoard",
            "SimBoardBuildError", "SimTransport", "build_library"]
@@ -176,11 +176,13 @@ def _generator_digest() -> str:
 
 def verilog_cache_path(cfg, top: str) -> Path:
     """Where the accelerator's Verilog for ``cfg`` is kept: elaborating the paper's MLP takes most of a minute,
-    so :meth:`SimBoard.build` reuses the text while the configuration (its resolved TOML) and the generator's
-    sources are unchanged."""
+    so :meth:`SimBoard.build` reuses the text while the configuration's hardware fields
+    (:func:`rtl_gen.contract.hardware_config`: a new seed, number of epochs, data limit or learning rate keeps the
+    text) and the generator's sources are unchanged."""
     from rtl_gen.toolchain import build_root
 
-    key = hashlib.sha256((cfg.to_toml() + "\n" + _generator_digest()).encode()).hexdigest()[:16]
+    hw = json.dumps(hardware_config(cfg.to_toml()), sort_keys=True)
+    key = hashlib.sha256((hw + "\n" + _generator_digest()).encode()).hexdigest()[:16]
     return build_root() / "verilog" / f"{top}-{key}.v"
 
 

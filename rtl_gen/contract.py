@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,15 +34,23 @@ from typing import Any
 
 import numpy as np
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10 (PYNQ board images): the same parser, published as tomli (a dependency there)
+    import tomli as tomllib
+
 __all__ = [
     "BEAT_BITS",
     "DESCRIPTION_FORMAT",
     "DESCRIPTION_VERSION",
     "HASH_REGISTER",
+    "HOST_ONLY_CONFIG",
+    "HOST_ONLY_SCHEDULE",
     "IDENTITY_REGISTERS",
     "AcceleratorDescription",
     "QuantityLayout",
     "description_hash",
+    "hardware_config",
     "pack_words",
     "unpack_words",
 ]
@@ -303,21 +312,60 @@ class AcceleratorDescription:
         return cls.from_dict(json.loads(text_or_path))
 
 
+#: Configuration fields that only the host uses (the training run, the data, the float reference and its optimiser):
+#: accelerator.json keeps them in ``config`` for the host, and :func:`description_hash` leaves them out, so changing
+#: one leaves the Verilog (and the simulated board built from it) as it is. A section name covers the whole section.
+#: Everything else (``model``, ``approx``, ``hw``, ``train.batch_size``, ``train.loss``, and any field added later)
+#: counts as hardware. ``tests/rtl_gen/test_description_hash.py`` elaborates a configuration with every one of them
+#: changed and compares the Verilog.
+HOST_ONLY_CONFIG = ("name", "preset", "data", "optimizer", "e2train", "train.epochs", "train.max_steps",
+                    "train.seed", "train.eval_batch_size", "train.lr")
+#: Schedule entries the generator copies from host-only fields (the learning rate the switch threshold anneals
+#: against, iir's alpha decay over the epochs): the driver computes the per-step constants from them.
+HOST_ONLY_SCHEDULE = ("lr0", "epochs", "alpha_decay", "decay_factor", "decay_every")
+
+
+def hardware_config(config: str | Mapping) -> dict:
+    """The part of a configuration that the hardware is built from: the configuration (TOML text, as in
+    accelerator.json's ``config``, or a dict) without :data:`HOST_ONLY_CONFIG`, as JSON types."""
+    if isinstance(config, str):
+        try:
+            d = tomllib.loads(config)
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"accelerator.json: its config is not TOML ({e})") from None
+    else:
+        d = json.loads(json.dumps(config))
+    for key in HOST_ONLY_CONFIG:
+        *path, last = key.split(".")
+        node = d
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+    return d
+
+
 def description_hash(desc: AcceleratorDescription | Mapping) -> int:
     """The 32-bit hash of an accelerator description (an :class:`AcceleratorDescription` or its ``to_dict()``,
     e.g. accelerator.json loaded): the generator builds it into the ``id_hash`` register, the driver compares
     the register with the hash of the description it was given (:meth:`host.driver.Driver.connect`).
 
-    Covered: everything ``to_dict()`` holds (geometry, every quantity layout, the batch and label formats, the
-    optimiser schedule, the register map, the configuration text) except the ``id_hash`` register's own value
-    (set to 0 here: the map holding the hash must hash like the map built with 0) and ``clock_mhz`` (a setting
-    of the bitstream build, not of the Verilog; :class:`host.transports.pynq.PynqTransport` compares it with the
-    overlay's clock).
-    The dict goes through a JSON round trip first, so a description and the same description read back from
-    accelerator.json hash alike; then SHA-256 of its canonical JSON text, first 4 bytes little-endian."""
+    Covered: what the hardware is: everything ``to_dict()`` holds (geometry, every quantity layout, the batch and
+    label formats, the optimiser schedule, the register map, the configuration) except the configuration's
+    host-only fields (:data:`HOST_ONLY_CONFIG`, :func:`hardware_config`) and the schedule entries taken from them
+    (:data:`HOST_ONLY_SCHEDULE`), the ``id_hash`` register's own value (set to 0 here: the map holding the hash must
+    hash like the map built with 0) and ``clock_mhz`` (a setting of the bitstream build, not of the Verilog;
+    :class:`host.transports.pynq.PynqTransport` compares it with the overlay's clock). So a new seed, number of
+    epochs, data limit or learning rate gives the same hash, hence the same Verilog, and a description of other
+    hardware another one. The dict goes through a JSON round trip first (the configuration as parsed, not as
+    text), so a description and the same description read back from accelerator.json hash alike; then SHA-256
+    of its canonical JSON text, first 4 bytes little-endian."""
     d = desc.to_dict() if isinstance(desc, AcceleratorDescription) else desc
     d = json.loads(json.dumps(d))  # a copy in JSON types (tuples -> lists, keys -> str)
     d.pop("clock_mhz", None)
+    d["config"] = hardware_config(d.get("config") or "")
+    for key in HOST_ONLY_SCHEDULE:
+        d.get("schedule", {}).pop(key, None)
     for reg in d.get("regmap", {}).get("registers", []):
         if reg.get("name") == HASH_REGISTER:
             reg["reset"] = 0

@@ -105,7 +105,7 @@ def build_regmap(*, name: str, layers: int, batch: int, classes: int, input_int8
             Field("batch", 16, reset=batch),
         ]),
         Register(HASH_REGISTER, "ro", width=32, reset=desc_hash,
-                 desc="hash of accelerator.json (host.driver.description_hash): the driver refuses another one"),
+                 desc="hash of accelerator.json (rtl_gen.contract.description_hash): the driver refuses another one"),
         Register("cmd", "pulse", desc="commands: write exactly one bit", fields=[
             Field(c, 1, desc=f"start {c}") for c in COMMANDS
         ]),
