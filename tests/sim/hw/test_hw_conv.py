@@ -32,65 +32,44 @@ def _pad(k, padding):
 # --- direct loop evaluations of the contract (Python ints, no vectorisation) -----------------------------------
 
 
+def _window_terms(x_shape, co, k, padding):
+    """Every term of the convolution: ``(b, o, h, v, c, i, j, hh, vv)`` where output ``(b, o, h, v)``'s window
+    reads input ``(b, c, hh, vv) = (b, c, h + i - pad, v + j - pad)`` with weight ``(o, c, i, j)``; padding
+    positions are no term."""
+    b_, ci, H, W = x_shape
+    pad = _pad(k, padding)
+    for b, o, h, v in np.ndindex(b_, co, H + 2 * pad - k + 1, W + 2 * pad - k + 1):
+        for c, i, j in np.ndindex(ci, k, k):
+            hh, vv = h + i - pad, v + j - pad
+            if 0 <= hh < H and 0 <= vv < W:
+                yield b, o, h, v, c, i, j, hh, vv
+
+
 def loop_conv(x, w, padding):
-    """``Y[b, o, h, v] = sum_{c, i, j} x[b, c, h + i - pad, v + j - pad] w[o, c, i, j]`` over the real inputs."""
-    b_, ci, H, W = x.shape
+    """``Y[b, o, h, v] = sum x[b, c, hh, vv] w[o, c, i, j]`` over the window's terms."""
     co, _, k, _ = w.shape
     pad = _pad(k, padding)
-    ho, wo = H + 2 * pad - k + 1, W + 2 * pad - k + 1
-    y = np.zeros((b_, co, ho, wo), dtype=object)
-    for b in range(b_):
-        for o in range(co):
-            for h in range(ho):
-                for v in range(wo):
-                    s = 0
-                    for c in range(ci):
-                        for i in range(k):
-                            for j in range(k):
-                                hh, vv = h + i - pad, v + j - pad
-                                if 0 <= hh < H and 0 <= vv < W:
-                                    s += int(x[b, c, hh, vv]) * int(w[o, c, i, j])
-                    y[b, o, h, v] = s
+    y = np.zeros((x.shape[0], co, x.shape[2] + 2 * pad - k + 1, x.shape[3] + 2 * pad - k + 1), dtype=object)
+    for b, o, h, v, c, i, j, hh, vv in _window_terms(x.shape, co, k, padding):
+        y[b, o, h, v] += int(x[b, c, hh, vv]) * int(w[o, c, i, j])
     return y
 
 
 def loop_dx(d, w, padding, hw):
     """The adjoint of :func:`loop_conv`: every output position scatters ``d w`` onto the inputs its window read."""
-    b_, co, ho, wo = d.shape
-    _, ci, k, _ = w.shape
-    pad = _pad(k, padding)
-    out = np.zeros((b_, ci, *hw), dtype=object)
-    for b in range(b_):
-        for o in range(co):
-            for h in range(ho):
-                for v in range(wo):
-                    for c in range(ci):
-                        for i in range(k):
-                            for j in range(k):
-                                hh, vv = h + i - pad, v + j - pad
-                                if 0 <= hh < hw[0] and 0 <= vv < hw[1]:
-                                    out[b, c, hh, vv] += int(d[b, o, h, v]) * int(w[o, c, i, j])
+    co, ci, k, _ = w.shape
+    out = np.zeros((d.shape[0], ci, *hw), dtype=object)
+    for b, o, h, v, c, i, j, hh, vv in _window_terms((d.shape[0], ci, *hw), co, k, padding):
+        out[b, c, hh, vv] += int(d[b, o, h, v]) * int(w[o, c, i, j])
     return out
 
 
 def loop_dw(x, d, k, padding):
-    """``dW[o, c, i, j] = sum_{b, h, v} x[b, c, h + i - pad, v + j - pad] d[b, o, h, v]`` (padding terms 0)."""
-    b_, ci, H, W = x.shape
-    _, co, ho, wo = d.shape
-    pad = _pad(k, padding)
-    out = np.zeros((co, ci, k, k), dtype=object)
-    for o in range(co):
-        for c in range(ci):
-            for i in range(k):
-                for j in range(k):
-                    s = 0
-                    for b in range(b_):
-                        for h in range(ho):
-                            for v in range(wo):
-                                hh, vv = h + i - pad, v + j - pad
-                                if 0 <= hh < H and 0 <= vv < W:
-                                    s += int(x[b, c, hh, vv]) * int(d[b, o, h, v])
-                    out[o, c, i, j] = s
+    """``dW[o, c, i, j] = sum x[b, c, hh, vv] d[b, o, h, v]`` over the batch and the positions."""
+    co = d.shape[1]
+    out = np.zeros((co, x.shape[1], k, k), dtype=object)
+    for b, o, h, v, c, i, j, hh, vv in _window_terms(x.shape, co, k, padding):
+        out[o, c, i, j] += int(x[b, c, hh, vv]) * int(d[b, o, h, v])
     return out
 
 
