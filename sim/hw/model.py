@@ -22,7 +22,7 @@ from ..schema import ConfigError
 from . import arith as A
 from . import optim as O
 from .rng import RngBank
-from .widths import layer_bounds, model_support_error, pools_after
+from .widths import check_widths, layer_bounds, model_support_error, pools_after
 
 __all__ = ["HwModel", "StepTrace", "StateError", "validate_state"]
 
@@ -57,6 +57,8 @@ class HwModel:
         why = model_support_error(cfg)
         if why:
             raise ConfigError(why)
+        if self.h.check_widths:
+            check_widths(cfg, conv=True)  # load time checked the dense topologies only
         self.layers = cfg.weight_layers()
         self.pools = pools_after(cfg)
         self.input_kind = self.h.input_kind(cfg)

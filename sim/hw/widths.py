@@ -190,9 +190,14 @@ def pools_after(cfg) -> list[int]:
     return out
 
 
-def check_widths(cfg) -> None:
-    """Raise ConfigError when a per-element register would need more than ``hw.max_acc_bits`` bits."""
-    if model_support_error(cfg) is not None:
+def check_widths(cfg, *, conv: bool = False) -> None:
+    """Raise ConfigError when a per-element register would need more than ``hw.max_acc_bits`` bits.
+
+    At load time (``HwConfig.check_against``) only the dense topologies the RTL builds are checked, so that
+    float-only runs of conv presets (CNV, BinaryNet) at any ``approx.dy_bits`` keep loading; ``conv=True``
+    (``HwModel``) checks every topology the bit-exact model runs.
+    """
+    if not (hw_supported(cfg) or (conv and model_support_error(cfg) is None)):
         return  # a topology the hardware model does not run (HwModel rejects it)
     limit = cfg.hw.max_acc_bits
     for b in layer_bounds(cfg):

@@ -275,14 +275,17 @@ def test_conv_worst_cases_reach_and_fit_the_derived_widths(padding):
     A.po2_quantise(q, np.ones(4, dtype=object), 0, P)  # the model's exponent path takes the worst operand
 
 
-def test_conv_widths_check_at_load():
-    """n = B H W makes a conv layer's sums wide: a configuration whose registers exceed hw.max_acc_bits is
-    refused at load time naming the register and the layer."""
+def test_conv_widths_checked_by_the_model():
+    """n = B H W makes a conv layer's sums wide: the bit-exact model refuses a configuration whose registers exceed
+    hw.max_acc_bits, naming the register and the layer. The configuration itself still loads (float-only runs of
+    conv presets at wide approx.dy_bits), and hw.check_widths = false lifts the check as for dense layers."""
     big = [{"type": "conv", "channels": 64, "padding": "same"}, {"type": "conv", "channels": 64, "padding": "same"},
            {"type": "dense", "units": 4}]
+    cfg = _conv_cfg(big, batch=256, shape=(1, 56, 56), **{"approx.dy_bits": 6})
     with pytest.raises(ConfigError, match=r"BN backward value Q of weight layer 0 .* batch 802816"):
-        _conv_cfg(big, batch=256, shape=(1, 56, 56), **{"approx.dy_bits": 6})
-    _conv_cfg(big, batch=256, shape=(1, 56, 56))  # k = 5 fits
+        HwModel(cfg)
+    HwModel(apply_overrides(cfg, ["hw.check_widths=false"]))
+    HwModel(apply_overrides(cfg, ["approx.dy_bits=5"]))
 
 
 # --- the whole step ------------------------------------------------------------------------------------------------
@@ -421,3 +424,17 @@ def test_small_mnist_conv_net_learns():
     (loss, correct, flips), (loss0, correct0, flips0) = res
     assert flips > 0 and flips0 == 0
     assert loss < 0.85 * loss0 and correct > correct0 + 40, res
+
+
+def test_conv_memory_report_counts_positions_and_pooling():
+    from sim.hw.memory import memory_report
+
+    B = 2048  # (the report rounds to 0.01 KiB)
+    cfg = _conv_cfg(batch=B, **{"hw.input": "binary"})  # 1x10x10 -> 6x10x10 -> pool 6x5x5 -> 8x3x3 -> pool 8x1x1
+    r = memory_report(cfg)
+    kib = {k.split(" (")[0]: v * 8 * 1024 for k, v in r["buffers"].items()}
+    assert kib["retained inputs X_hat"] == pytest.approx(B * (100 + 150 + 8), rel=1e-3)
+    assert kib["straight-through masks"] == pytest.approx(B * (150 + 8), rel=1e-3)
+    assert kib["signs before pooling"] == pytest.approx(B * (600 + 72), rel=1e-3)
+    assert kib["max-pool window indices"] == pytest.approx(B * (150 + 8) * 2, rel=1e-3)
+    assert r["n_weights"] == 6 * 9 + 8 * 6 * 9 + 8 * 4
