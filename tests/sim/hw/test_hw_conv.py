@@ -332,6 +332,25 @@ def test_conv_step_composes_the_components(window):
     assert tr.dw_sign[2].shape == (6, 1, 3, 3)
 
 
+def test_conv_inference_pools_the_largest_sign():
+    """Inference (running statistics): the pooled sign is the window's largest sign (= the sign at its first
+    largest Y, the threshold being monotone), and the logits are the dense output layer's eval form."""
+    cfg = _conv_cfg(**{"hw.input": "binary"})
+    m = HwModel(cfg)
+    for i in range(3):  # move the running statistics and the biases away from their initial values
+        m.train_step(*_batch(cfg, 8, seed=i), lr=1e-2)
+    x, _ = _batch(cfg, 8, seed=9)
+    cur = x.reshape(8, 1, 10, 10)
+    for j, pad in enumerate(("same", "valid")):
+        y = A.conv_xnor_popcount(cur, m.w[j], pad)
+        signs = A.bn_forward_eval(y, m.beta[j], m.mu_r[j], m.s_r[j], m.p, m.bounds[j].y)
+        b, c, h, w = signs.shape
+        cur = signs[:, :, : h // 2 * 2, : w // 2 * 2].reshape(b, c, h // 2, 2, w // 2, 2).max(axis=(3, 5))
+    y = A.xnor_popcount(cur.reshape(8, -1), m.w[2])
+    want = A.output_logits_eval(y, m.beta[2], m.mu_r[2], m.s_r[2], m.p)
+    assert np.array_equal(m.forward_eval(x), want)
+
+
 def test_conv_random_numbers_follow_the_matrix_view():
     """A conv layer's generators serve the matrix [Ci k k, Co] (rows = window positions (c, i, j)), as a dense
     layer's (in, out): the initial weight [o, c, i, j] is the top bit of number [(c k + i) k + j, o]."""
