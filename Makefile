@@ -20,8 +20,8 @@ INSTALLED = $(VENV)/.xnortrain-installed
 # - $(PYNQ301_VENV): the PYNQ-Z1/Z2 image v3.0.1 as a user meets it - its compiled packages ($(IMAGE_PACKAGES)) first,
 #   then xnortrain installed offline from `make board-wheels` (`pip install --no-index --find-links`), which must
 #   leave numpy and pynq as they were. numpy 1.21.2 is the oldest numpy with a wheel for Python 3.10 (the image has
-#   1.21.5 from apt); pycparser 2.21, matplotlib 3.5.1 and MarkupSafe 2.0.1 are Ubuntu 22.04's (pynq 3.0.1 imports
-#   pycparser.plyparser, gone in pycparser 3).
+#   1.21.5 from apt); pycparser 2.21, matplotlib 3.5.1, MarkupSafe 2.0.1 and pandas 1.3.5 are Ubuntu 22.04's (pynq
+#   3.0.1 imports pycparser.plyparser, gone in pycparser 3; pynq.DataRecorder needs pandas).
 # The tier prints which versions each venv has.
 PYNQ_VENV ?= .venv-pynq
 PYNQ_PY = $(PYNQ_VENV)/bin/python
@@ -31,7 +31,7 @@ PYNQ_PYTHON ?= $(shell for p in python3.10 $$(pyenv root 2>/dev/null)/versions/3
 PYNQ301_VENV ?= .venv-pynq301
 PYNQ301_INSTALLED = $(PYNQ301_VENV)/.xnortrain-pynq301-installed
 IMAGE_NUMPY = numpy==1.21.2
-IMAGE_PACKAGES = $(IMAGE_NUMPY) pynq==3.0.1 pycparser==2.21 matplotlib==3.5.1 MarkupSafe==2.0.1
+IMAGE_PACKAGES = $(IMAGE_NUMPY) pynq==3.0.1 pycparser==2.21 matplotlib==3.5.1 MarkupSafe==2.0.1 pandas==1.3.5
 # `make board-wheels`: the xnortrain wheel and its pure-Python dependencies, no numpy or pynq (boards/wheelhouse.py)
 BOARD_WHEELS ?= build/board-wheels
 PYNQ_INSTALLED = $(PYNQ_VENV)/.xnortrain-pynq-installed
@@ -90,7 +90,8 @@ test-notebooks: $(INSTALLED)
 
 $(PYNQ_INSTALLED): pyproject.toml
 	@test -x $(PYNQ_PY) || { echo "test-pynq: creating $(PYNQ_VENV) with $(PYNQ_PYTHON)"; $(PYNQ_PYTHON) -m venv $(PYNQ_VENV); }
-	$(PYNQ_PY) -m pip install -q --disable-pip-version-check -e '.[board]' 'pynq==4.0.0' 'pytest>=8' 'ruff>=0.6'
+	$(PYNQ_PY) -m pip install -q --disable-pip-version-check -e '.[board]' 'pynq==4.0.0' 'pandas<3' 'pytest>=8' \
+	  'ruff>=0.6'
 	@touch $@
 
 board-wheels: $(INSTALLED)

@@ -435,7 +435,11 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-offset", type=float, default=0.0, metavar="S",
                    help="seconds added to the power log's times (a log with relative times: its zero as Unix time)")
     p.add_argument("--rails", metavar="A,B",
-                   help="DataRecorder frame: the rails to sum (column <rail>_power), e.g. 12V")
+                   help="DataRecorder frame: the rails to sum (column <rail>_power), e.g. 12V; default the PL and PS "
+                        "rails (VCCINT, VCCBRAM, VCCAUX, ... and VCCPSINTFP, ...), each domain also reported apart")
+    p.add_argument("--energy-estimate", dest="energy_estimate", metavar="REPORT_JSON",
+                   help="print the PL energy estimate of `generate --energy-estimate` (its report.json) beside the "
+                        "measurement")
     p.add_argument("--min-samples", type=int, default=2, metavar="N",
                    help="power samples required inside every step window (default 2; 0 accepts interpolation)")
     p.add_argument("--json", metavar="OUT", help="also write the report as JSON")
