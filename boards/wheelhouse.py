@@ -68,13 +68,25 @@ def _pip(*args: str) -> None:
         raise WheelhouseError(f"{' '.join(cmd[2:])} failed: {tail}")
 
 
+def _clean_setuptools_build(source: Path) -> None:
+    """setuptools builds in the source tree's build/lib and build/bdist.*; the rest of build/ is the project's."""
+    import shutil
+
+    for d in [source / "build" / "lib", *(source / "build").glob("bdist.*")]:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def build_wheelhouse(out: Path, source: Path, *, log=print) -> list[Path]:
     """Build the xnortrain wheel of ``source`` into ``out`` and download its pure-Python dependencies beside it.
     Returns the wheels written."""
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.whl"):
         old.unlink()
-    _pip("wheel", "--no-deps", "-q", "-w", str(out), str(source))
+    _clean_setuptools_build(source)  # a stale build/lib would put files deleted since into the wheel
+    try:
+        _pip("wheel", "--no-deps", "-q", "-w", str(out), str(source))
+    finally:
+        _clean_setuptools_build(source)
     [own] = out.glob("xnortrain-*.whl")
     pure = ["--only-binary=:all:", "--platform", "any", "--implementation", "py", "--abi", "none",
             "--python-version", TARGET_ENV["python_version"]]
