@@ -275,7 +275,9 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
     }
     lines = [f"xnortrain accelerator {plan.name} for {cfg.name}: {len(plan.layers)} dense layers "
              f"{[plan.features] + [lp.n_out for lp in plan.layers]}, batch {plan.batch}, optimizer {cfg.hw.optimizer}",
-             "", cyc.format_text()]
+             "", cyc.format_text(),
+             f"throughput: {cyc.per_image:,.1f} cycles per image at {clock_mhz:g} MHz = "
+             f"{report['throughput']['images_per_s']:,.0f} images per second (--clock-mhz)"]
     if ecp5 is not None:
         if synth:
             _ecp5_flow(report, lines, verilog, plan, ecp5, out, by_unit=by_unit, log=log, jobs=jobs, freq=clock_mhz)

@@ -161,6 +161,7 @@ def test_generate_clock_sets_fclk0_description_and_throughput(tmp_path):
     rep = json.loads((out / "report.json").read_text())
     thr = rep["throughput"]
     assert thr["clock_mhz"] == 80.0 and thr["cycles_per_image"] == rep["cycles"]["per_image"]
+    assert f"at 80 MHz = {thr['images_per_s']:,.0f} images per second" in (out / "report.txt").read_text()
     assert thr["images_per_s"] == pytest.approx(80e6 / rep["cycles"]["per_image"], rel=1e-3)
     assert json.loads((out / "accelerator.json").read_text())["clock_mhz"] == 80.0
     tcl = (out / "vivado" / "build.tcl").read_text()
