@@ -9,7 +9,9 @@ when a board is opened: it exists on the board image, not in the development env
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -83,12 +85,12 @@ def open_board(cfg, bitstream: str | None, *, log=print, step_log=None) -> Itera
     desc_path = find_description(bit)
     desc = AcceleratorDescription.from_json(desc_path)
     check_config(cfg, desc)
-    try:
-        import pynq
-    except ImportError:
+    if "pynq" not in sys.modules and importlib.util.find_spec("pynq") is None:
         raise BoardError("--target board needs the pynq package (on a PYNQ board image; "
-                         "pip install xnortrain[board] there); off a board use --target sim") from None
-    require_root()
+                         "pip install xnortrain[board] there); off a board use --target sim")
+    require_root()  # before pynq is imported: as another user it may fail while loading the device
+    import pynq
+
     log(f"loading overlay {bit} (description {desc_path})")
     overlay = pynq.Overlay(str(bit))
     transport = PynqTransport(overlay)  # the overlay's clock; checked against desc.clock_mhz when attached
