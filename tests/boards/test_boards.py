@@ -167,6 +167,6 @@ def test_generate_clock_sets_fclk0_description_and_throughput(tmp_path):
     tcl = (out / "vivado" / "build.tcl").read_text()
     assert "CONFIG.PSU__CRL_APB__PL0_REF_CTRL__FREQMHZ {80}" in tcl and "set xnt_fclk_mhz 80\n" in tcl
     assert f"--config {out / 'config.toml'} --board zcu104 --out {out} --force --no-synth" in tcl
-    from rtl_gen.generate import check_clock_mhz
+    from host.generate import check_clock_mhz
 
     assert check_clock_mhz(None) == 100.0  # without --clock-mhz
