@@ -156,7 +156,7 @@ def test_arith_hw_optimizer_without_hardware_equivalent_is_refused(tmp_path, cap
 def _history(path):
     d = json.loads(Path(path).read_text())
     d.pop("seconds")
-    for k in ("resumed", "signal"):
+    for k in ("resumed", "signal", "outputs", "checkpoint"):  # the runs' own files differ
         d["meta"].pop(k, None)
     return d
 
@@ -204,9 +204,13 @@ def test_resume_with_another_configuration_is_refused(tmp_path, capsys):
                  "--no-progress"]) == 0
     ck = str(tmp_path / "h.ckpt.npz")
     capsys.readouterr()
-    assert main(["train", "--resume", ck, "--config", cfg, "--arith", "hw", "--epochs", "5"]) == 2
+    assert main(["train", "--resume", ck, "--config", cfg, "--arith", "hw", "--seed", "5"]) == 2
     err = capsys.readouterr().err
-    assert "train.epochs = 5 differs from the checkpoint's 3" in err and len(err.splitlines()) == 1
+    assert "train.seed = 5 differs from the checkpoint's 0" in err and len(err.splitlines()) == 1
+    # options alone are compared with the checkpoint's configuration, not with the default preset
+    assert main(["train", "--resume", ck, "--set", "data.dev_size=30"]) == 2
+    err = capsys.readouterr().err
+    assert "data.dev_size = 30 differs from the checkpoint's 40" in err and "name" not in err
     assert main(["train", "--resume", ck, "--arith", "float"]) == 2
     assert f"--arith float: {ck} was written with --arith hw" in capsys.readouterr().err
     assert main(["train", "--resume", str(tmp_path / "nope.npz")]) == 2
@@ -261,3 +265,20 @@ def test_target_options_that_do_not_fit_together_are_refused(tmp_path, capsys, n
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and msg in err[0], (argv, err)
         assert not no_training
+
+
+def test_resume_with_epochs_continues_the_same_run(tmp_path, capsys):
+    cfg = tiny_config(tmp_path, epochs=1)
+    js = tmp_path / "h.json"
+    assert main(["train", "--config", cfg, "--arith", "hw", "--json", str(js), "--no-progress"]) == 0
+    ck = tmp_path / "h.ckpt.npz"
+    first = load_checkpoint(ck)
+    assert first.stopped == "finished" and len(first.meta["history"]["epoch"]) == 1
+    capsys.readouterr()
+    assert main(["train", "--resume", str(ck), "--epochs", "2", "--json", str(js), "--no-progress"]) == 0
+    assert "nothing to resume" not in capsys.readouterr().out
+    after = load_checkpoint(ck)
+    assert after.meta["history"]["epoch"] == [1, 2] and after.step == 2 * first.step
+    assert after.config.train.epochs == 2 and json.loads(js.read_text())["epoch"] == [1, 2]
+    assert main(["train", "--resume", str(ck), "--epochs", "1", "--no-progress"]) == 2
+    assert "train.epochs = 1, but the run already finished 2 epochs" in capsys.readouterr().err
