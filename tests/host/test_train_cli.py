@@ -282,3 +282,105 @@ def test_resume_with_epochs_continues_the_same_run(tmp_path, capsys):
     assert after.config.train.epochs == 2 and json.loads(js.read_text())["epoch"] == [1, 2]
     assert main(["train", "--resume", str(ck), "--epochs", "1", "--no-progress"]) == 2
     assert "train.epochs = 1, but the run already finished 2 epochs" in capsys.readouterr().err
+
+
+def test_outputs_of_an_earlier_run_are_refused_unless_force_or_resume(tmp_path, capsys):
+    cfg = tiny_config(tmp_path, epochs=1)
+    js, png = tmp_path / "h.json", tmp_path / "h.png"
+    base = ["train", "--config", cfg, "--arith", "hw", "--no-progress"]
+    assert main([*base, "--json", str(js), "--plot", str(png)]) == 0
+    before = {p: p.read_bytes() for p in (js, png, tmp_path / "h.ckpt.npz")}
+    capsys.readouterr()
+    for extra, option in ((["--json", str(js)], "--json"), (["--json", str(tmp_path / "o.json"), "--plot", str(png)],
+                                                           "--plot"),
+                          (["--checkpoint", str(tmp_path / "h.ckpt.npz")], "--checkpoint")):
+        assert main([*base, *extra]) == 2, extra
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{option} " in err[0] and "holds an earlier run's results" in err[0], err
+    assert {p: p.read_bytes() for p in before} == before  # nothing of the earlier run was touched
+    # --resume names that run: its --json and --plot may be rewritten; --force overwrites
+    assert main(["train", "--resume", str(tmp_path / "h.ckpt.npz"), "--epochs", "2", "--json", str(js),
+                 "--plot", str(png), "--no-progress"]) == 0
+    assert json.loads(js.read_text())["epoch"] == [1, 2]
+    assert main([*base, "--json", str(js), "--force"]) == 0
+    assert json.loads(js.read_text())["epoch"] == [1]
+
+
+def test_the_continue_command_is_whole_and_continues_the_same_outputs(tmp_path, capsys, monkeypatch):
+    import shlex
+
+    from sim.hw.engine import HwEngine
+
+    cfg = tiny_config(tmp_path, epochs=2)
+    original, calls = HwEngine.train_step, [0]
+
+    def train_step(self, *a, **k):
+        calls[0] += 1
+        if calls[0] == 11:  # in the second epoch
+            raise KeyboardInterrupt
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(HwEngine, "train_step", train_step)
+    js, png = tmp_path / "out dir" / "h.json", tmp_path / "out dir" / "h.png"
+    assert main(["train", "--config", cfg, "--target", "model", "--eval-every", "4", "--json", str(js),
+                 "--plot", str(png), "--no-progress"]) == 130
+    line = next(x for x in capsys.readouterr().out.splitlines() if "continue with:" in x)
+    argv = shlex.split(line.split("continue with: ", 1)[1])
+    assert argv[:2] == ["xnortrain", "train"]
+    for option, value in (("--json", str(js)), ("--plot", str(png)), ("--eval-every", "4"), ("--target", "model"),
+                          ("--resume", str(js.with_suffix(".ckpt.npz")))):
+        assert argv[argv.index(option) + 1] == value, option
+    monkeypatch.undo()
+    assert main(argv[1:]) == 0
+    hist = json.loads(js.read_text())
+    assert hist["meta"]["stopped"] == "finished" and hist["epoch"] == [1, 2] and png.is_file()
+
+
+def test_output_paths_of_every_command_are_checked_against_each_other(tmp_path, capsys):
+    t = tmp_path
+    (t / "p.csv").write_text("time,power\n0,1\n")
+    (t / "s.jsonl").write_text("")
+    (t / "c.toml").write_text(TINY.replace("EPOCHS", "1"))
+    for argv, msg in [
+        (["explore", "--write", f"{t}/B.toml", "--json", f"{t}/B.toml"], "--write and --json name the same file"),
+        (["explore", "--png", f"{t}/x/../B.png", "--write", f"{t}/B.png"], "--write and --png name the same file"),
+        (["energy-measure", "--power", f"{t}/p.csv", "--steps", f"{t}/s.jsonl", "--json", f"{t}/p.csv"],
+         "--json " + f"{t}/p.csv is the --power input"),
+        (["memory", "--config", f"{t}/c.toml", "--json", f"{t}/c.toml"], "is the --config input"),
+        (["train", "--json", f"{t}/h.json", "--plot", f"{t}/h.json"], "the file is written as PNG"),
+        (["train", "--config", f"{t}/c.toml", "--json", f"{t}/c.toml"], "is the --config input"),
+        (["train", "--no-checkpoint", "--checkpoint", f"{t}/c.npz"], "--no-checkpoint and --checkpoint"),
+        (["generate", "--no-synth", "--synth-by-unit", "--out", f"{t}/g"], "--synth-by-unit and --no-synth"),
+        (["train", "--set", "name=../../escape", "--target", "model"], "name = '../../escape'"),
+        (["config", "--set", "name=a/b"], "name = 'a/b'"),
+    ]:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and msg in err[0], (argv, err)
+    assert not (t / "B.toml").exists() and not (t / "g").exists()
+
+
+def test_training_data_are_checked_before_the_simulator_is_built(tmp_path, capsys, monkeypatch):
+    import host.simboard
+
+    def build(*a, **k):
+        raise AssertionError("the simulator was built before the data were checked")
+
+    monkeypatch.setattr(host.simboard.SimBoard, "build", classmethod(build))
+    (tmp_path / "empty").mkdir()
+    assert main(["train", "--config", tiny_config(tmp_path), "--target", "sim", "--no-checkpoint",
+                 "--set", f"data.path={tmp_path / 'empty'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(tmp_path / "empty") in err[0], err
+
+
+def test_a_configuration_file_with_a_byte_order_mark_or_binary_content(tmp_path, capsys):
+    bom = tmp_path / "bom.toml"
+    bom.write_bytes(b"\xef\xbb\xbf" + TINY.replace("EPOCHS", "1").encode())
+    assert main(["config", "--config", str(bom)]) == 0 and 'name = "tiny"' in capsys.readouterr().out
+    for name, data, msg in (("bin.toml", b"\x00\x01\x02PK", "a binary file"),
+                            ("latin.toml", 'name = "caf\xe9"\n'.encode("latin-1"), "not a UTF-8 text file")):
+        (tmp_path / name).write_bytes(data)
+        assert main(["config", "--config", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and name in err[0] and msg in err[0], err
