@@ -18,27 +18,14 @@ import pytest
 
 from host.cli import main
 from sim.train_loop import load_checkpoint
+from tests.host.test_train_cli import tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
-TINY = """\
-preset = "mlp"
-name = "tiny"
-[model]
-layers = [{ type = "dense", units = 16 }, { type = "dense", units = 10 }]
-[data]
-train_limit = 240
-test_limit = 60
-[train]
-batch_size = 20
-epochs = EPOCHS
-"""
 
 
 def tiny(tmp_path: Path, epochs: int = 2) -> str:
-    path = tmp_path / "tiny.toml"
-    path.write_text(TINY.replace("EPOCHS", str(epochs)))
-    return str(path)
+    return tiny_config(tmp_path, epochs)
 
 
 def test_more_signals_during_the_final_save_leave_a_loadable_checkpoint(tmp_path, monkeypatch, capsys):
