@@ -384,3 +384,19 @@ def test_a_configuration_file_with_a_byte_order_mark_or_binary_content(tmp_path,
         assert main(["config", "--config", str(tmp_path / name)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and name in err[0] and msg in err[0], err
+
+
+def test_a_network_too_large_for_memory_and_a_float_batch_of_one_are_refused(tmp_path, capsys, no_training,
+                                                                            monkeypatch):
+    import host.cli
+
+    monkeypatch.setattr(host.cli, "_available_memory", lambda: 1 << 29)  # a machine with 0.5 GiB free
+    cfg = tiny_config(tmp_path)
+    huge = 'model.layers=[{type="dense",units=16384},{type="dense",units=10}]'  # 784 x 16384: about 1 GiB
+    for argv, msg in ((["--target", "model", "--set", huge], "model.layers[0] (dense) needs about"),
+                      (["--arith", "float", "--set", huge], "0.5 GiB available"),
+                      (["--arith", "float", "--batch-size", "1"], "train.batch_size = 1: the float reference")):
+        assert main(["train", "--config", cfg, "--no-checkpoint", *argv]) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and msg in err[0], (argv, err)
+    assert not no_training
