@@ -57,10 +57,99 @@ def _train_config(args, arith: str, base: Config | None = None) -> Config:
             )
         args = argparse.Namespace(**{**vars(args), "overrides": [f"hw.optimizer={hw_opt}", *args.overrides]})
     cfg = build_config(args, base)
+    if arith == "hw":
+        cfg = _hw_settings(cfg, args)
     if arith == "hw" and args.optimizer == "sgdm" and cfg.hw.sgd_momentum_shift == 0:
         raise UserError("--optimizer sgdm with --arith hw is hw sgd with momentum, but hw.sgd_momentum_shift = 0 "
                         "(no momentum); use --set hw.optimizer=sgd for plain sgd")
     return cfg
+
+
+_HW_ARITH = ("the hardware arithmetic is fixed (docs/arithmetic.md): L1 batch normalisation, power-of-two "
+             "gradient codes of approx.dy_bits bits, sign weight gradients, integer state")
+_HW_OPT = "the hardware optimiser (hw.optimizer, hw.* fields) has no such setting"
+#: float-reference fields that do nothing with the hardware arithmetic: what the hardware does instead
+_HW_FIXED = {
+    "approx.scheme": _HW_ARITH, "approx.bn": _HW_ARITH, "approx.dy": _HW_ARITH, "approx.dw": _HW_ARITH,
+    "approx.storage": _HW_ARITH,
+    "approx.bn_eps": "the hardware's L1 batch normalisation divides by the channel's mean |x| with no epsilon",
+    "e2train.psg": "the hardware takes sgn(dW) from the power-of-two codes (hw.dw_window), not from predictors",
+    "e2train.psg_msb_bits": "the hardware has no predictive sign gradient (e2train.psg)",
+    "e2train.psg_beta": "the hardware has no predictive sign gradient (e2train.psg)",
+    "optimizer.clip": "the hardware's weights are signs (and hw.sgd_latent_bits latent integers), never clipped",
+    "optimizer.beta_optimizer": "the hardware updates beta with its own sign EMAs (hw.beta_momentum_shift)",
+    "optimizer.adam.beta1": _HW_OPT, "optimizer.adam.beta2": _HW_OPT, "optimizer.adam.eps": _HW_OPT,
+    "optimizer.sgdm.weight_decay": _HW_OPT, "optimizer.bop.tau": "the hardware's bop flips at hw.bop_threshold",
+    "optimizer.switch.mode": "the hardware's switch optimiser is the accumulate mode (hw.switch_*)",
+    "optimizer.switch.momentum": _HW_OPT, "optimizer.switch.sigma_prime": _HW_OPT,
+}
+
+
+def _shift_of(rate: float, lo: int, hi: int) -> int | None:
+    """``s`` with ``rate == 2**-s`` and lo <= s <= hi, else None."""
+    import math
+
+    s = -math.log2(rate) if rate > 0 else math.inf
+    return int(s) if s == int(s) and lo <= s <= hi else None
+
+
+#: float-reference fields with a hardware twin: (hw field, value or None when the twin cannot hold it, the rule)
+_HW_TWIN = {
+    "optimizer.switch.lam": ("switch_lambda", lambda v: v, "the same probability"),
+    "optimizer.switch.sigma": ("switch_sigma", lambda v: v, "the same fraction"),
+    "optimizer.switch.undo": ("switch_undo", lambda v: v, "the same switch"),
+    "optimizer.switch.acc_cutoff": ("switch_cutoff", lambda v: v, "the same saturation"),
+    "approx.bn_momentum": ("running_shift", lambda v: _shift_of(v, 1, 12), "a rate 2**-s, s in 1..12"),
+    "optimizer.sgdm.momentum": ("sgd_momentum_shift", lambda v: _shift_of(1 - v, 1, 12), "1 - momentum = 2**-s"),
+    "optimizer.bop.gamma": ("bop_shift", lambda v: _shift_of(v, 1, 14), "a rate 2**-s, s in 1..14"),
+    "optimizer.iir.gamma": ("iir_gamma_shift", lambda v: _shift_of(v, 1, 14), "a rate 2**-s, s in 1..14"),
+    "optimizer.iir.alpha": ("iir_alpha_shift", lambda v: _shift_of(v, 1, 20), "a rate 2**-s, s in 1..20"),
+}
+
+
+def _hw_reference(cfg: Config) -> Config | None:
+    """What the float-only fields of ``cfg`` would be had nobody set them: its preset, or the defaults."""
+    from sim.config import PRESETS, config_from_dict, load_config
+
+    try:
+        if cfg.preset in PRESETS:
+            return load_config(cfg.preset)
+        d = cfg.to_dict()
+        return config_from_dict({k: d[k] for k in ("model", "data", "hw") if k in d})
+    except (ConfigError, ValueError):
+        return None
+
+
+def _hw_settings(cfg: Config, args) -> Config:
+    """With the hardware arithmetic, every float-reference field that differs from the preset's (or default)
+    value either maps onto its ``hw.*`` twin or is refused naming it and what the hardware does instead."""
+    from sim.config import apply_overrides
+    from sim.train_loop import _flatten
+
+    ref = _hw_reference(cfg)
+    if ref is None:
+        return cfg
+    now, was = _flatten(cfg.to_dict()), _flatten(ref.to_dict())
+    explicit = {o.split("=", 1)[0].strip() for o in args.overrides if "=" in o}
+    mapped = []
+    for key in list(_HW_FIXED) + list(_HW_TWIN):
+        if now.get(key) == was.get(key):
+            continue
+        value = now.get(key)
+        given = f"{key} = {value!r}" + (" (--scheme)" if key == "approx.scheme" and args.scheme else "")
+        if key in _HW_FIXED:
+            raise UserError(f"{given} does nothing with the hardware arithmetic (--target sim|model|board): "
+                            f"{_HW_FIXED[key]}; use --arith float for the float reference")
+        twin, convert, rule = _HW_TWIN[key]
+        hw_value = convert(value)
+        if hw_value is None:
+            raise UserError(f"{given}: its hardware twin hw.{twin} holds {rule}; give a value it can hold or set "
+                            f"hw.{twin} instead")
+        if f"hw.{twin}" in explicit and getattr(cfg.hw, twin) != hw_value:
+            raise UserError(f"{given} and hw.{twin} = {getattr(cfg.hw, twin)!r} contradict each other (the first "
+                            f"maps onto the second with the hardware arithmetic); give one")
+        mapped.append(f"hw.{twin}={str(hw_value).lower() if isinstance(hw_value, bool) else hw_value}")
+    return apply_overrides(cfg, mapped) if mapped else cfg
 
 
 def _train_outputs(args, cfg: Config, arith: str, resume) -> tuple[Path | None, Path | None, Path | None]:

@@ -400,3 +400,29 @@ def test_a_network_too_large_for_memory_and_a_float_batch_of_one_are_refused(tmp
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and msg in err[0], (argv, err)
     assert not no_training
+
+
+def test_float_only_settings_with_the_hardware_arithmetic_are_refused_or_mapped(tmp_path, capsys, no_training):
+    cfg = tiny_config(tmp_path)
+    for sets, msg in ((["--scheme", "standard"], "approx.scheme = 'standard' (--scheme) does nothing"),
+                      (["--set", "approx.bn=l2"], "approx.bn = 'l2' does nothing"),
+                      (["--set", "approx.bn_eps=0.001"], "approx.bn_eps = 0.001 does nothing"),
+                      (["--set", "approx.storage=float32"], "approx.storage = 'float32' does nothing"),
+                      (["--set", "e2train.psg=true"], "e2train.psg = True does nothing"),
+                      (["--set", "optimizer.clip=0.5"], "optimizer.clip = 0.5 does nothing"),
+                      (["--set", "approx.bn_momentum=0.3"], "approx.bn_momentum = 0.3: its hardware twin "
+                                                             "hw.running_shift holds a rate 2**-s"),
+                      (["--set", "optimizer.switch.lam=0.3", "--set", "hw.switch_lambda=0.2"], "contradict")):
+        for target in ("model", "sim"):
+            assert main(["train", "--config", cfg, "--target", target, "--no-checkpoint", *sets]) == 2, sets
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and msg in err[0], (sets, err)
+    assert not no_training
+    for sets, field, value in ((["--set", "optimizer.switch.lam=0.3"], "switch_lambda", 0.3),
+                               (["--set", "approx.bn_momentum=0.25"], "running_shift", 2),
+                               (["--set", "optimizer.sgdm.momentum=0.75"], "sgd_momentum_shift", 2)):
+        assert main(["train", "--config", cfg, "--target", "model", "--no-checkpoint", *sets]) == 0, sets
+        assert getattr(no_training[-1][0].hw, field) == value
+    # the float reference takes them all
+    assert main(["train", "--config", cfg, "--arith", "float", "--no-checkpoint", "--scheme", "standard",
+                 "--set", "optimizer.clip=0.5", "--set", "approx.bn=l2"]) == 0
