@@ -207,7 +207,7 @@ def verify_main(args) -> int:
     if int(args.steps) < 1:
         from host.common import UserError
 
-        raise UserError(f"--steps {args.steps}: must be >= 1")
+        raise UserError(f"--steps {args.steps}: steps = {args.steps} must be >= 1")
     load_data(cfg, int(args.steps), getattr(args, "data", None))  # the data checked before any build
     resources = _energy_resources(getattr(args, "energy_estimate", None))
     res = verify(cfg, int(args.steps), data=getattr(args, "data", None))
