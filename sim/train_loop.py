@@ -573,7 +573,7 @@ def _validate_meta(meta: dict, arrays: dict) -> None:
         st = _field(rngs, key, dict, "rngs.")
         try:
             np.random.Generator(np.random.PCG64()).bit_generator.state = st
-        except (TypeError, ValueError, KeyError) as e:
+        except (TypeError, ValueError, KeyError, OverflowError) as e:
             raise _Bad(f"rngs.{key} is not a PCG64 generator state ({e})") from None
     sched = meta["schedule"]
     for key in ("value", "best"):

@@ -81,6 +81,24 @@ def files():
     assert main(["train", "--config", f["tiny.toml"], "--target", "model", "--checkpoint", str(run / "c.npz"),
                  *BUDGET]) == 0
     f["ckpt"] = str(run / "c.npz")
+    # a run stopped inside its first epoch: a running epoch (position, accumulators, data order) to damage
+    from sim.config import apply_overrides, load_config
+    from sim.hw.engine import HwEngine
+    from sim.train_loop import run_training
+
+    class Cut(HwEngine):
+        steps = 0
+
+        def train_step(self, *a, **k):
+            Cut.steps += 1
+            if Cut.steps == 3:
+                raise KeyboardInterrupt
+            return super().train_step(*a, **k)
+
+    cfg = apply_overrides(load_config(f["tiny.toml"]), ["data.train_limit=120", "data.test_limit=40",
+                                                        "train.eval_batch_size=40"])
+    run_training(cfg, Cut(cfg), progress=False, log=None, state_file=run / "mid.npz", handle_signals=False)
+    f["mid"] = str(run / "mid.npz")
     f["report.json"] = str(root / "report.json")
     (root / "report.json").write_text('{"resources": {"LUT": "many"}}')
     return f
@@ -194,18 +212,26 @@ def test_resume_with_damaged_checkpoints(files, capsys, tmp_path_factory, data):
     from sim.train_loop import load_checkpoint, save_checkpoint
 
     where = fresh(tmp_path_factory.mktemp("resume"))
-    good = load_checkpoint(files["ckpt"])
+    good = load_checkpoint(files[data.draw(st.sampled_from(["mid", "ckpt"]))])
     meta = json.loads(json.dumps(good.meta, default=float))
-    # replace one field anywhere in the meta tree by another JSON value, or drop it
+    # replace one field of a section of the meta tree by another JSON value, or drop it
+    section = data.draw(st.sampled_from([[], ["loop"], ["loop", "running_epoch"], ["rngs"], ["schedule"],
+                                         ["history"], ["data"], ["config"], ["history", "meta"]]))
     paths = []
 
-    def walk(node, path):
+    def walk(node, path, depth):
         if isinstance(node, dict):
             for k, v in node.items():
                 paths.append(path + [k])
-                walk(v, path + [k])
+                if depth:
+                    walk(v, path + [k], depth - 1)
 
-    walk(meta, [])
+    node = meta
+    for k in section:
+        node = node.get(k) if isinstance(node, dict) else None
+    walk(node, list(section), 1)
+    if not paths:
+        return
     path = data.draw(st.sampled_from(paths))
     parent = meta
     for k in path[:-1]:
@@ -226,7 +252,7 @@ def test_resume_with_damaged_checkpoints(files, capsys, tmp_path_factory, data):
         save_checkpoint(ck, type(good)(meta, good.engine_state, arrays))
     except (TypeError, ValueError):
         return  # not writable as a checkpoint at all
-    run(["train", "--resume", str(ck), *BUDGET], capsys)
+    run(["train", "--resume", str(ck), "--no-progress"], capsys)
 
 
 @SETTINGS
