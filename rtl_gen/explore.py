@@ -425,12 +425,11 @@ def best_overrides(design: Design) -> list[str]:
 
 def write_best(cfg, design: Design, path) -> str:
     """The input configuration with the design's ``[hw]`` values, as TOML (``sim.config.load_config`` reads it)."""
-    from pathlib import Path
-
     from sim.config import apply_overrides
+    from sim.train_loop import atomic_write
 
     text = apply_overrides(cfg, {f"hw.{k}": v for k, v in {**design.hw, **FIXED}.items()}).to_toml()
-    Path(path).write_text(text)
+    atomic_write(path, lambda fh: fh.write(text.encode()))
     return text
 
 
@@ -488,9 +487,9 @@ def explore_main(args) -> int:
         if args.json == "-":
             print(text)
         else:
-            from pathlib import Path
+            from sim.train_loop import atomic_write
 
-            Path(args.json).write_text(text + "\n")
+            atomic_write(args.json, lambda fh: fh.write((text + "\n").encode()))
     if args.json != "-":
         print(format_text(result))
     if args.png and result.fronts:
