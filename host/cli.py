@@ -175,7 +175,8 @@ def _train_outputs(args, cfg: Config, arith: str, resume) -> tuple[Path | None, 
     check_distinct(named, inputs, allow=[("--checkpoint", "--resume")])
     allowed = [args.resume] if args.resume else []
     if resume is not None:  # the files of the run --resume continues
-        allowed += [p for p in resume.meta["history"]["meta"].get("outputs", {}).values() if isinstance(p, str)]
+        recorded = resume.meta["history"]["meta"].get("outputs")
+        allowed += [p for p in (recorded.values() if isinstance(recorded, dict) else ()) if isinstance(p, str)]
     refuse_existing(named, force=args.force, allowed=allowed)
     for _, path in named:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -225,7 +226,8 @@ def _train_kind(args, resume) -> tuple[str, str]:
     if args.arith == "hw":
         return "hw", "model"  # --arith hw alone: the bit-exact model, as before --target existed
     if resume is not None:
-        return "hw", resume.meta.get("history", {}).get("meta", {}).get("target") or "model"
+        was = resume.meta["history"]["meta"].get("target")
+        return "hw", was if was in ("sim", "board", "model") else "model"
     return "hw", _default_target()
 
 

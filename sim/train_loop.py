@@ -584,7 +584,10 @@ def _validate_meta(meta: dict, arrays: dict) -> None:
     lens = {key: len(_field(hist, key, list, "history.")) for key in _HISTORY_LISTS}
     if len(set(lens.values())) != 1:
         raise _Bad(f"history lists of different lengths ({lens})")
-    _field(hist, "meta", dict, "history.")
+    hmeta = _field(hist, "meta", dict, "history.")
+    for key, kind in (("resumed", list), ("target", str), ("stopped", str), ("outputs", dict)):
+        if key in hmeta and not isinstance(hmeta[key], kind):
+            raise _Bad(f"history.meta.{key} = {hmeta[key]!r} is not {kind.__name__}")
     if not all(isinstance(v, int) and v >= 0 for v in hist["steps"]) or sum(hist["steps"]) > step:
         raise _Bad(f"history.steps = {hist['steps']!r}: more steps than loop.step = {step}")
 
