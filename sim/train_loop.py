@@ -420,6 +420,8 @@ class Checkpoint:
 
         d = dict(self.meta["config"])
         preset = d.pop("preset", "")
+        if not isinstance(preset, str):
+            raise ConfigError(f"preset = {preset!r}: expected a string")
         cfg = config_from_dict(d)
         cfg.preset = preset
         return cfg
