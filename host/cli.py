@@ -11,6 +11,7 @@ in ``xnortrain --help`` and README.md.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -44,8 +45,9 @@ _TRAIN_CONFIG_OPTIONS = ("model", "config", "scheme", "optimizer", "batch_size",
 _HW_OPTIMIZER = {"switch": "switch", "bop": "bop", "iir": "iir", "sgdm": "sgd"}
 
 
-def _train_config(args, arith: str) -> Config:
-    """The configuration of ``xnortrain train``: ``--optimizer`` picks ``hw.optimizer`` with ``--arith hw``."""
+def _train_config(args, arith: str, base: Config | None = None) -> Config:
+    """The configuration of ``xnortrain train``: ``--optimizer`` picks ``hw.optimizer`` with ``--arith hw``.
+    ``base``: a resumed run's configuration, which the options change (unless --model / --config replace it)."""
     if arith == "hw" and args.optimizer:
         hw_opt = _HW_OPTIMIZER.get(args.optimizer)
         if hw_opt is None:
@@ -54,15 +56,107 @@ def _train_config(args, arith: str) -> Config:
                 "trains with switch, bop, iir or sgdm = hw sgd with momentum)"
             )
         args = argparse.Namespace(**{**vars(args), "overrides": [f"hw.optimizer={hw_opt}", *args.overrides]})
-    cfg = build_config(args)
+    cfg = build_config(args, base)
+    if arith == "hw":
+        cfg = _hw_settings(cfg, args)
     if arith == "hw" and args.optimizer == "sgdm" and cfg.hw.sgd_momentum_shift == 0:
         raise UserError("--optimizer sgdm with --arith hw is hw sgd with momentum, but hw.sgd_momentum_shift = 0 "
                         "(no momentum); use --set hw.optimizer=sgd for plain sgd")
     return cfg
 
 
-def _train_outputs(args, cfg: Config, arith: str) -> tuple[Path | None, Path | None, Path | None]:
-    """(--json, --plot, checkpoint) paths, all checked before training starts."""
+_HW_ARITH = ("the hardware arithmetic is fixed (docs/arithmetic.md): L1 batch normalisation, power-of-two "
+             "gradient codes of approx.dy_bits bits, sign weight gradients, integer state")
+_HW_OPT = "the hardware optimiser (hw.optimizer, hw.* fields) has no such setting"
+#: float-reference fields that do nothing with the hardware arithmetic: what the hardware does instead
+_HW_FIXED = {
+    "approx.scheme": _HW_ARITH, "approx.bn": _HW_ARITH, "approx.dy": _HW_ARITH, "approx.dw": _HW_ARITH,
+    "approx.storage": _HW_ARITH,
+    "approx.bn_eps": "the hardware's L1 batch normalisation divides by the channel's mean |x| with no epsilon",
+    "e2train.psg": "the hardware takes sgn(dW) from the power-of-two codes (hw.dw_window), not from predictors",
+    "e2train.psg_msb_bits": "the hardware has no predictive sign gradient (e2train.psg)",
+    "e2train.psg_beta": "the hardware has no predictive sign gradient (e2train.psg)",
+    "optimizer.clip": "the hardware's weights are signs (and hw.sgd_latent_bits latent integers), never clipped",
+    "optimizer.beta_optimizer": "the hardware updates beta with its own sign EMAs (hw.beta_momentum_shift)",
+    "optimizer.adam.beta1": _HW_OPT, "optimizer.adam.beta2": _HW_OPT, "optimizer.adam.eps": _HW_OPT,
+    "optimizer.sgdm.weight_decay": _HW_OPT, "optimizer.bop.tau": "the hardware's bop flips at hw.bop_threshold",
+    "optimizer.switch.mode": "the hardware's switch optimiser is the accumulate mode (hw.switch_*)",
+    "optimizer.switch.momentum": _HW_OPT, "optimizer.switch.sigma_prime": _HW_OPT,
+}
+
+
+def _shift_of(rate: float, lo: int, hi: int) -> int | None:
+    """``s`` with ``rate == 2**-s`` and lo <= s <= hi, else None."""
+    import math
+
+    s = -math.log2(rate) if rate > 0 else math.inf
+    return int(s) if s == int(s) and lo <= s <= hi else None
+
+
+#: float-reference fields with a hardware twin: (hw field, value or None when the twin cannot hold it, the rule)
+_HW_TWIN = {
+    "optimizer.switch.lam": ("switch_lambda", lambda v: v, "the same probability"),
+    "optimizer.switch.sigma": ("switch_sigma", lambda v: v, "the same fraction"),
+    "optimizer.switch.undo": ("switch_undo", lambda v: v, "the same switch"),
+    "optimizer.switch.acc_cutoff": ("switch_cutoff", lambda v: v, "the same saturation"),
+    "approx.bn_momentum": ("running_shift", lambda v: _shift_of(v, 1, 12), "a rate 2**-s, s in 1..12"),
+    "optimizer.sgdm.momentum": ("sgd_momentum_shift", lambda v: _shift_of(1 - v, 1, 12), "1 - momentum = 2**-s"),
+    "optimizer.bop.gamma": ("bop_shift", lambda v: _shift_of(v, 1, 14), "a rate 2**-s, s in 1..14"),
+    "optimizer.iir.gamma": ("iir_gamma_shift", lambda v: _shift_of(v, 1, 14), "a rate 2**-s, s in 1..14"),
+    "optimizer.iir.alpha": ("iir_alpha_shift", lambda v: _shift_of(v, 1, 20), "a rate 2**-s, s in 1..20"),
+}
+
+
+def _hw_reference(cfg: Config) -> Config | None:
+    """What the float-only fields of ``cfg`` would be had nobody set them: its preset, or the defaults."""
+    from sim.config import PRESETS, config_from_dict, load_config
+
+    try:
+        if cfg.preset in PRESETS:
+            return load_config(cfg.preset)
+        d = cfg.to_dict()
+        return config_from_dict({k: d[k] for k in ("model", "data", "hw") if k in d})
+    except (ConfigError, ValueError):
+        return None
+
+
+def _hw_settings(cfg: Config, args) -> Config:
+    """With the hardware arithmetic, every float-reference field that differs from the preset's (or default)
+    value either maps onto its ``hw.*`` twin or is refused naming it and what the hardware does instead."""
+    from sim.config import apply_overrides
+    from sim.train_loop import _flatten
+
+    ref = _hw_reference(cfg)
+    if ref is None:
+        return cfg
+    now, was = _flatten(cfg.to_dict()), _flatten(ref.to_dict())
+    explicit = {o.split("=", 1)[0].strip() for o in args.overrides if "=" in o}
+    mapped = []
+    for key in list(_HW_FIXED) + list(_HW_TWIN):
+        if now.get(key) == was.get(key):
+            continue
+        value = now.get(key)
+        given = f"{key} = {value!r}" + (" (--scheme)" if key == "approx.scheme" and args.scheme else "")
+        if key in _HW_FIXED:
+            raise UserError(f"{given} does nothing with the hardware arithmetic (--target sim|model|board): "
+                            f"{_HW_FIXED[key]}; use --arith float for the float reference")
+        twin, convert, rule = _HW_TWIN[key]
+        hw_value = convert(value)
+        if hw_value is None:
+            raise UserError(f"{given}: its hardware twin hw.{twin} holds {rule}; give a value it can hold or set "
+                            f"hw.{twin} instead")
+        if f"hw.{twin}" in explicit and getattr(cfg.hw, twin) != hw_value:
+            raise UserError(f"{given} and hw.{twin} = {getattr(cfg.hw, twin)!r} contradict each other (the first "
+                            f"maps onto the second with the hardware arithmetic); give one")
+        mapped.append(f"hw.{twin}={str(hw_value).lower() if isinstance(hw_value, bool) else hw_value}")
+    return apply_overrides(cfg, mapped) if mapped else cfg
+
+
+def _train_outputs(args, cfg: Config, arith: str, resume) -> tuple[Path | None, Path | None, Path | None]:
+    """(--json, --plot, checkpoint) paths, all checked before training starts: writable, distinct from each other
+    and from the inputs, and holding no earlier run's results unless --force or --resume names that run."""
+    from host.outputs import check_distinct, refuse_existing
+
     json_out = _output_file("--json", args.json) if args.json else None
     plot = _output_file("--plot", args.plot, ".png") if args.plot else None
     if args.no_checkpoint:
@@ -77,13 +171,31 @@ def _train_outputs(args, cfg: Config, arith: str) -> tuple[Path | None, Path | N
         default = Path("results") / f"{cfg.name}-{arith}.ckpt.npz"
         ckpt = _output_file("--checkpoint (default: results/)", str(default))
     named = [(o, p) for o, p in (("--json", json_out), ("--plot", plot), ("--checkpoint", ckpt)) if p is not None]
-    for i, (o1, p1) in enumerate(named):
-        for o2, p2 in named[i + 1 :]:
-            if p1.resolve() == p2.resolve():
-                raise UserError(f"{o1} and {o2} name the same file {p1}")
+    inputs = [("--config", args.config), ("--resume", args.resume), ("--bitstream", args.bitstream)]
+    check_distinct(named, inputs, allow=[("--checkpoint", "--resume")])
+    allowed = [args.resume] if args.resume else []
+    if resume is not None:  # the files of the run --resume continues
+        recorded = resume.meta["history"]["meta"].get("outputs")
+        allowed += [p for p in (recorded.values() if isinstance(recorded, dict) else ()) if isinstance(p, str)]
+    refuse_existing(named, force=args.force, allowed=allowed)
     for _, path in named:
         path.parent.mkdir(parents=True, exist_ok=True)
     return json_out, plot, ckpt
+
+
+def _continue_command(args, arith: str, target: str, json_out, plot, ckpt) -> str:
+    """The whole command that continues this run with the same outputs and options."""
+    import shlex
+
+    parts = ["xnortrain", "train", "--resume", str(ckpt)]
+    parts += ["--arith", "float"] if arith == "float" else ["--target", target]
+    for option, value in (("--bitstream", args.bitstream), ("--check-every", args.check_every or None),
+                          ("--eval-every", args.eval_every or None), ("--json", json_out), ("--plot", plot)):
+        if value is not None:
+            parts += [option, str(value)]
+    if args.no_progress:
+        parts.append("--no-progress")
+    return shlex.join(parts)
 
 
 def _default_target() -> str:
@@ -114,7 +226,8 @@ def _train_kind(args, resume) -> tuple[str, str]:
     if args.arith == "hw":
         return "hw", "model"  # --arith hw alone: the bit-exact model, as before --target existed
     if resume is not None:
-        return "hw", resume.meta.get("history", {}).get("meta", {}).get("target") or "model"
+        was = resume.meta["history"]["meta"].get("target")
+        return "hw", was if was in ("sim", "board", "model") else "model"
     return "hw", _default_target()
 
 
@@ -138,12 +251,15 @@ def _accelerator_engine(args, cfg: Config, target: str, stack):
 def cmd_train(args) -> int:
     import contextlib
 
-    from sim.train_loop import load_checkpoint, run_training
+    from host.outputs import OutputLock
+    from sim.train_loop import load_checkpoint, load_training_data, run_training
 
     if args.eval_every < 0:
         raise UserError(f"--eval-every {args.eval_every}: must be >= 0 (0 = after every epoch only)")
     if args.check_every < 0:
         raise UserError(f"--check-every {args.check_every}: must be >= 0 (0 = no comparison with the model)")
+    if args.no_checkpoint and args.checkpoint:
+        raise UserError(f"--no-checkpoint and --checkpoint {args.checkpoint} contradict each other; give one")
     resume = load_checkpoint(args.resume) if args.resume else None
     arith, target = _train_kind(args, resume)
     if args.check_every and target not in ("sim", "board"):
@@ -151,43 +267,46 @@ def cmd_train(args) -> int:
                         "has no accelerator (use --target sim or board)")
     if args.bitstream and target != "board":
         raise UserError(f"--bitstream is for --target board (this run: {target})")
-    given = any(getattr(args, k, None) not in (None, []) for k in _TRAIN_CONFIG_OPTIONS)
-    cfg = resume.config if resume is not None and not given else _train_config(args, arith)
-    json_out, plot, ckpt = _train_outputs(args, cfg, "float" if arith == "float" else
-                                          ("hw" if target == "model" else target))
+    cfg = _train_config(args, arith, base=resume.config if resume is not None else None)
+    if arith == "float" and cfg.train.batch_size < 2 and any(s.spec.type == "dense" for s in cfg.layer_shapes()):
+        raise UserError(f"train.batch_size = {cfg.train.batch_size}: the float reference normalises a dense layer "
+                        "with the batch's statistics, undefined for one image; give a batch of 2 or more")
+    if target in ("float", "model"):
+        _check_host_memory(cfg)
+    label = "float" if arith == "float" else ("hw" if target == "model" else target)
+    json_out, plot, ckpt = _train_outputs(args, cfg, label, resume)
+    outputs = {k: str(p.resolve()) for k, p in (("json", json_out), ("plot", plot), ("checkpoint", ckpt))
+               if p is not None}
     with contextlib.ExitStack() as stack:
-        if arith == "float":
-            from sim.reference.engine import ReferenceEngine
-
-            engine = ReferenceEngine(cfg)
-            what = f"float arithmetic, scheme {cfg.approx.scheme}, optimizer {cfg.optimizer.name}"
-        elif target == "model":
-            from sim.hw.engine import HwEngine
-
-            engine = HwEngine(cfg)
-            what = f"bit-exact hardware model, hw optimizer {cfg.hw.optimizer}"
-        else:
-            engine = _accelerator_engine(args, cfg, target, stack)
-            where = "simulated board (Verilator)" if target == "sim" else "PYNQ board"
-            check = f", compared with the bit-exact model every {args.check_every} steps" if args.check_every else ""
-            what = f"on the accelerator, {where}, hw optimizer {cfg.hw.optimizer}{check}; test accuracy by its infer"
+        stack.enter_context(OutputLock([("--json", json_out), ("--plot", plot), ("--checkpoint", ckpt)]))
+        try:
+            data = load_training_data(cfg)  # the data are checked before any elaboration or simulator build
+            engine, what = _train_engine(args, cfg, arith, target, stack)
+        except KeyboardInterrupt:
+            kept = f"; {args.resume} is unchanged" if args.resume else ""
+            print(f"xnortrain: interrupted before training started (loading the data or building the {target} "
+                  f"target): nothing was saved{kept}", file=sys.stderr)
+            return EXIT_INTERRUPTED
         print(
             f"xnortrain: training {cfg.name} ({what}, B={cfg.train.batch_size}, {cfg.train.epochs} epochs, "
             f"seed {cfg.train.seed}); checkpoint: {ckpt if ckpt is not None else 'none (--no-checkpoint)'}"
         )
-        if resume is not None and resume.stopped in ("finished", "max_steps"):
+        if (resume is not None and resume.stopped in ("finished", "max_steps")
+                and cfg.train.epochs == resume.config.train.epochs
+                and cfg.train.max_steps == resume.config.train.max_steps):
             print(f"{args.resume}: the run had stopped ({resume.stopped}) after {resume.step} steps; "
-                  "nothing to resume")
+                  "nothing to resume (give --epochs N to continue it to N epochs)")
         try:
-            history = run_training(cfg, engine, progress=not args.no_progress, history_json=json_out,
-                                   state_file=ckpt, resume=resume, eval_every=args.eval_every)
+            history = run_training(cfg, engine, data, progress=not args.no_progress, history_json=json_out,
+                                   state_file=ckpt, resume=resume, eval_every=args.eval_every,
+                                   meta={"outputs": outputs})
         except Exception as e:
             from host.train_target import TargetMismatch
 
             if not isinstance(e, TargetMismatch):
                 raise
             print(f"xnortrain: mismatch: {e}", file=sys.stderr)
-            if ckpt is not None:
+            if ckpt is not None and ckpt.is_file():
                 print(f"the last checkpoint written between whole steps is kept in {ckpt}", file=sys.stderr)
             return EXIT_MISMATCH
         cycles = getattr(engine, "cycles", 0)
@@ -209,14 +328,84 @@ def cmd_train(args) -> int:
             per = cycles / steps_here
             print(f"accelerator: {per:,.0f} cycles per training step, {per / cfg.train.batch_size:,.0f} per image")
     if history.meta.get("stopped") == "interrupted":
-        steps = history.meta.get("total_steps", 0)
-        if ckpt is None:
-            print(f"interrupted ({history.meta.get('signal')}) after {steps} steps; no checkpoint (--no-checkpoint)")
-        else:
-            print(f"interrupted ({history.meta.get('signal')}) after {steps} steps; training state saved to {ckpt}; "
-                  f"continue with: xnortrain train --resume {ckpt}")
-        return EXIT_INTERRUPTED
+        return _report_interrupt(args, history, arith, target, json_out, plot, ckpt)
     return EXIT_OK
+
+
+#: bytes of host memory per weight of a layer that the float reference and the bit-exact model hold (weights,
+#: latent weights, optimiser state, gradients; measured: 64-74 B for a 784 x 8192 layer, batch 100)
+_BYTES_PER_WEIGHT = 80
+#: bytes per activation element of one image (the forward values, their codes and the backward gradients)
+_BYTES_PER_ACTIVATION = 64
+
+
+def _available_memory() -> int | None:
+    """Bytes this machine can still give (Linux ``MemAvailable``), else None (no check)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _check_host_memory(cfg: Config) -> None:
+    """Refuse, before anything is allocated, a network whose training state cannot fit this machine's memory,
+    naming the largest layer and its size (a MemoryError traceback after minutes of swapping otherwise)."""
+    import math
+
+    have = _available_memory()
+    if have is None:
+        return
+    shapes = cfg.layer_shapes()
+    widest = max(math.prod(s.out_shape) for s in shapes)
+    # training holds every layer's activations of a batch; evaluation a couple of layers' at a time
+    sizes = [(s.index, s.spec.type, math.prod(s.weight_shape) * _BYTES_PER_WEIGHT
+              + math.prod(s.out_shape) * cfg.train.batch_size * _BYTES_PER_ACTIVATION) for s in shapes]
+    need = sum(b for *_, b in sizes) + widest * cfg.train.eval_batch_size * _BYTES_PER_ACTIVATION // 4
+    if need > have:
+        i, kind, big = max(sizes, key=lambda t: t[2])
+        gib = 1 << 30
+        raise UserError(f"model.layers[{i}] ({kind}) needs about {big / gib:,.1f} GiB of training state (the "
+                        f"network {need / gib:,.1f} GiB); this machine has {have / gib:,.1f} GiB available")
+
+
+def _train_engine(args, cfg: Config, arith: str, target: str, stack):
+    """(engine, description) of a training run."""
+    if arith == "float":
+        from sim.reference.engine import ReferenceEngine
+
+        return ReferenceEngine(cfg), f"float arithmetic, scheme {cfg.approx.scheme}, optimizer {cfg.optimizer.name}"
+    if target == "model":
+        from sim.hw.engine import HwEngine
+
+        return HwEngine(cfg), f"bit-exact hardware model, hw optimizer {cfg.hw.optimizer}"
+    engine = _accelerator_engine(args, cfg, target, stack)
+    where = "simulated board (Verilator)" if target == "sim" else "PYNQ board"
+    check = f", compared with the bit-exact model every {args.check_every} steps" if args.check_every else ""
+    return engine, f"on the accelerator, {where}, hw optimizer {cfg.hw.optimizer}{check}; test accuracy by its infer"
+
+
+def _report_interrupt(args, history, arith, target, json_out, plot, ckpt) -> int:
+    """What an interrupted run left: the checkpoint and the whole command that continues it, or that nothing
+    was saved and why."""
+    sig, steps = history.meta.get("signal"), history.meta.get("total_steps", 0)
+    saved = history.meta.get("checkpoint")
+    if ckpt is None:
+        print(f"interrupted ({sig}) after {steps} steps; no checkpoint (--no-checkpoint)")
+    elif saved:
+        cut = "" if saved["step"] == steps else f" (as it was after step {saved['step']}: the running step was cut)"
+        print(f"interrupted ({sig}) after {steps} steps; training state saved to {ckpt}{cut}; "
+              f"continue with: {_continue_command(args, arith, target, json_out, plot, ckpt)}")
+    else:
+        print(f"interrupted ({sig}) after {steps} steps; nothing was saved: the running step was cut on the "
+              "accelerator (a second signal) before this run wrote its first checkpoint")
+        if args.resume and Path(args.resume).is_file():
+            again = _continue_command(args, arith, target, json_out, plot, Path(args.resume))
+            print(f"{args.resume} still holds the state it was resumed from; continue with: {again} --force")
+    return EXIT_INTERRUPTED
 
 
 def _report_cmd(module_name: str):
@@ -318,6 +507,10 @@ def make_parser() -> argparse.ArgumentParser:
              "results/<config name>-<float|hw|sim|board>.ckpt.npz)",
     )
     p.add_argument("--no-checkpoint", action="store_true", help="save no training state")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite --json, --plot and checkpoint files that hold an earlier run's results (refused "
+                        "without it, unless --resume names that run); a file another running run writes is "
+                        "refused even so")
     p.add_argument(
         "--resume", metavar="FILE",
         help="continue the run saved in this checkpoint, bit-identically; its configuration is used unless "
@@ -481,7 +674,9 @@ def main(argv: list[str] | None = None) -> int:
     stderr with status 2; an unexpected exception (a bug) keeps its traceback and gives status 1."""
     parser = make_parser()
     args = parser.parse_args(argv)
+    old_term = _sigterm_as_interrupt()
     try:
+        _check_paths(args)
         return args.func(args)
     except (ConfigError, UserError, ValueError) as e:
         # ValueError covers DatasetError and other input mistakes raised with a clear message; a
@@ -499,7 +694,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"xnortrain: error: {_path_error(e)}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
-        print("xnortrain: interrupted", file=sys.stderr)
+        print("xnortrain: interrupted (the tools it had started are stopped too)", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as e:
         if _is_tool_failure(e):
@@ -507,6 +702,45 @@ def main(argv: list[str] | None = None) -> int:
             print(f"xnortrain: error: {e}", file=sys.stderr)
             return EXIT_TOOL
         return _internal_error()
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+
+
+def _raise_interrupt(signum, _frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _sigterm_as_interrupt():
+    """SIGTERM handled as Ctrl-C (exit 130, child processes stopped, training state saved); returns the handler
+    it replaced (None outside the main thread, where signals cannot be handled)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
+# The files each command reads and writes (argparse destinations): checked against each other before any work.
+_PATHS = {
+    "explore": (("write", "png", "json"), ("config",)),
+    "energy-measure": (("json", "plot"), ("power", "steps")),
+    "memory": (("json",), ("config",)),
+    "energy": (("json",), ("config",)),
+    "verify": ((), ("config", "data", "energy_estimate")),
+    "generate": (("out",), ("config",)),
+}
+
+
+def _check_paths(args) -> None:
+    """Two outputs of one command naming one file, or an output naming an input: refused before any work
+    (train checks its own, with the default checkpoint, in :func:`_train_outputs`)."""
+    from host.outputs import check_distinct
+
+    outs, ins = _PATHS.get(args.command, ((), ()))
+    name = lambda dest: "--" + dest.replace("_", "-")  # noqa: E731
+    outputs = [(name(d), getattr(args, d, None)) for d in outs if getattr(args, d, None) not in (None, "-")]
+    check_distinct(outputs, [(name(d), getattr(args, d, None)) for d in ins])
 
 
 def _is_tool_failure(e: BaseException) -> bool:

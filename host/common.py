@@ -49,8 +49,15 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 
-def build_config(args: argparse.Namespace) -> Config:
-    cfg = load_config(args.config) if getattr(args, "config", None) else load_config(args.model or "mlp")
+def build_config(args: argparse.Namespace, base: Config | None = None) -> Config:
+    """The configuration of a command line: ``--config`` / ``--model`` (else ``base``, else the ``mlp`` preset),
+    then the shortcuts, then ``--set``. ``base``: the configuration a resumed run was started with."""
+    if getattr(args, "config", None):
+        cfg = load_config(args.config)
+    elif getattr(args, "model", None) or base is None:
+        cfg = load_config(args.model or "mlp")
+    else:
+        cfg = base
     shortcuts = []
     if getattr(args, "scheme", None):
         shortcuts.append(f"approx.scheme={args.scheme}")
@@ -78,9 +85,11 @@ def write_json(path: str, data: dict, option: str = "--json") -> None:
     if existing is not None and not existing.is_dir():
         raise UserError(f"{option} {path}: {existing} is a file, not a folder")
     text = json.dumps(data, indent=2, default=json_default) + "\n"
+    from sim.train_loop import atomic_write
+
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
+        atomic_write(out, lambda fh: fh.write(text.encode()))
     except OSError as e:
         raise UserError(f"{option} {path}: cannot write ({e.strerror or e})") from None
 

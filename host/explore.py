@@ -35,9 +35,9 @@ def explore_main(args) -> int:
         if args.json == "-":
             print(text)
         else:
-            from pathlib import Path
+            from sim.train_loop import atomic_write
 
-            Path(args.json).write_text(text + "\n")
+            atomic_write(args.json, lambda fh: fh.write((text + "\n").encode()))
     if args.json != "-":
         print(format_text(result))
     if args.png and result.fronts:

@@ -219,6 +219,9 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
                              "files, e.g. a clone of XilinxBoardStore's boards/)")
     if not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"--jobs must be a whole number >= 1, not {jobs!r}")
+    if by_unit and not synth:
+        raise ValueError("--synth-by-unit and --no-synth contradict each other (the first synthesises unit by unit, "
+                         "the second skips synthesis); give one")
     if (jobs > 1 or cluster is not None) and not (synth and by_unit):
         raise ValueError(f"--{'cluster' if cluster is not None else 'jobs'} runs the per-unit synthesis in parallel: "
                          "give it with --synth-by-unit (and without --no-synth)")

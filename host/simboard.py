@@ -268,8 +268,10 @@ def build_library(verilog: str, top: str, *, log: Callable[[str], object] | None
 
 def _run(cmd: list[str], env: dict, folder: Path, what: str) -> None:
     logfile = folder / ("verilate.log" if what == "verilator" else "make.log")
-    with open(logfile, "w") as out:
-        proc = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
+    from rtl_gen.toolchain import run_group
+
+    with open(logfile, "w") as out:  # its own process group: an interrupt stops Verilator / make and their jobs
+        proc = run_group(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
         tail = "\n".join(logfile.read_text(errors="replace").splitlines()[-20:])
         raise SimBoardBuildError(f"{what} failed (exit {proc.returncode}) building the simulated board in {folder}; "

@@ -20,7 +20,7 @@ import numpy as np
 
 from rtl_gen.toolchain import COCOTB_MODEL_OPT, build_root, run_cocotb
 
-__all__ = ["VerifyResult", "run_system", "verify", "verify_main", "check_data_arg"]
+__all__ = ["VerifyResult", "run_system", "verify", "verify_main", "check_data_arg", "load_data"]
 
 
 def _batch_data(cfg, steps: int, data: str | os.PathLike | None, folder: Path) -> Path:
@@ -28,16 +28,7 @@ def _batch_data(cfg, steps: int, data: str | os.PathLike | None, folder: Path) -
     ``x``/``y``, or a dataset folder), default the configured dataset (vendored MNIST)."""
     B = cfg.train.batch_size
     need = B * steps
-    if data is not None and str(data).endswith(".npz"):
-        d = np.load(data)
-        x, y = d["x"], d["y"]
-    else:
-        from sim.datasets import load_dataset
-
-        ds = load_dataset(cfg.data.dataset, data if data is not None else (cfg.data.path or None))
-        x, y = ds.x_train, ds.y_train
-    if len(x) < need:
-        raise ValueError(f"the data has {len(x)} training samples; {steps} steps of {B} need {need}")
+    x, y = load_data(cfg, steps, data)
     rng = np.random.default_rng(cfg.train.seed)
     idx = rng.permutation(len(x))[:need]
     path = folder / f"batches-{steps}x{B}-{cfg.train.seed}.npz"
@@ -213,7 +204,11 @@ def verify_main(args) -> int:
     from host.common import EXIT_MISMATCH, EXIT_OK, build_config
 
     cfg = build_config(args)
-    check_data_arg(getattr(args, "data", None))
+    if int(args.steps) < 1:
+        from host.common import UserError
+
+        raise UserError(f"--steps {args.steps}: steps = {args.steps} must be >= 1")
+    load_data(cfg, int(args.steps), getattr(args, "data", None))  # the data checked before any build
     resources = _energy_resources(getattr(args, "energy_estimate", None))
     res = verify(cfg, int(args.steps), data=getattr(args, "data", None))
     if res.ok and resources is not None:
@@ -244,6 +239,52 @@ def _energy_resources(path) -> dict | None:
         raise UserError(f"--energy-estimate {e}") from None
 
 
+def load_data(cfg, steps: int, data) -> tuple[np.ndarray, np.ndarray]:
+    """The training images and labels ``verify`` feeds the accelerator, checked whole before anything is built:
+    ``data`` an ``.npz`` with ``x`` (uint8 images of the configuration's shape) and ``y`` (class indices, one per
+    image), or a dataset folder, or None (the configured dataset). Every problem is a :class:`UserError` (one
+    line naming the file and the array)."""
+    from host.common import UserError
+
+    what = f"--data {data}" if data is not None else f"the configured dataset ({cfg.data.dataset})"
+    if data is not None and str(data).endswith(".npz"):
+        check_data_arg(data)
+        import zipfile
+
+        try:
+            with np.load(data, allow_pickle=False) as d:
+                x, y = d["x"], d["y"]
+        except (OSError, ValueError, zipfile.BadZipFile) as e:
+            raise UserError(f"{what}: cannot read x and y ({str(e).splitlines()[0]})") from None
+    else:
+        check_data_arg(data)
+        from sim.datasets import load_dataset
+
+        ds = load_dataset(cfg.data.dataset, data if data is not None else (cfg.data.path or None))
+        x, y = ds.x_train, ds.y_train
+    shape = tuple(cfg.model.input_shape)
+    if x.dtype != np.uint8:
+        raise UserError(f"{what}: x holds {x.dtype} values; the images must be uint8 pixels 0..255")
+    if x.ndim != 4 or tuple(x.shape[1:]) != shape:
+        raise UserError(f"{what}: x has shape {list(x.shape)}; the configuration's images are "
+                        f"[N, {', '.join(map(str, shape))}] (model.input_shape)")
+    if y.ndim != 1:
+        hint = " (one-hot? give the class index of each image)" if y.ndim == 2 else ""
+        raise UserError(f"{what}: y has shape {list(y.shape)}; one class index per image was expected{hint}")
+    if y.dtype.kind not in "iu":
+        raise UserError(f"{what}: y holds {y.dtype} values; the labels must be whole class indices")
+    if len(y) != len(x):
+        raise UserError(f"{what}: {len(x)} images in x but {len(y)} labels in y")
+    k = cfg.model.num_classes
+    if len(y) and (int(y.min()) < 0 or int(y.max()) >= k):
+        bad = int(y.min()) if int(y.min()) < 0 else int(y.max())
+        raise UserError(f"{what}: label {bad} in y is outside 0..{k - 1} (model.num_classes = {k})")
+    need = cfg.train.batch_size * steps
+    if len(x) < need:
+        raise UserError(f"{what}: {len(x)} training images; {steps} steps of {cfg.train.batch_size} need {need}")
+    return x, y.astype(np.int64)
+
+
 def check_data_arg(data) -> None:
     """``verify --data``: an ``.npz`` file holding ``x`` and ``y``, or a dataset folder; checked before the
     accelerator is elaborated (minutes), so a wrong path fails at once with one line."""
@@ -259,7 +300,7 @@ def check_data_arg(data) -> None:
         import zipfile
 
         try:
-            with np.load(path) as d:
+            with np.load(path, allow_pickle=False) as d:
                 missing = sorted({"x", "y"} - set(d.files))
         except (OSError, ValueError, zipfile.BadZipFile) as e:
             raise UserError(f"--data {data}: not a readable .npz file ({e})") from None

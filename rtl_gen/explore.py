@@ -423,12 +423,11 @@ def best_overrides(design: Design) -> list[str]:
 
 def write_best(cfg, design: Design, path) -> str:
     """The input configuration with the design's ``[hw]`` values, as TOML (``sim.config.load_config`` reads it)."""
-    from pathlib import Path
-
     from sim.config import apply_overrides
+    from sim.train_loop import atomic_write
 
     text = apply_overrides(cfg, {f"hw.{k}": v for k, v in {**design.hw, **FIXED}.items()}).to_toml()
-    Path(path).write_text(text)
+    atomic_write(path, lambda fh: fh.write(text.encode()))
     return text
 
 

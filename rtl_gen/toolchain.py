@@ -10,6 +10,7 @@ the CLI do). The other helpers call it themselves.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import importlib.metadata
@@ -195,6 +196,32 @@ def to_verilog(component, name: str, **kwargs) -> str:
     return verilog.convert(component, name=name, **kwargs)
 
 
+def run_group(cmd: Sequence[str], *, input: str | None = None, **kwargs) -> subprocess.CompletedProcess:
+    """:func:`subprocess.run` with the child in a process group of its own, stopped whole (the tool and every
+    process it started: make's compiler jobs, Verilator's) when this process is interrupted (Ctrl-C, or SIGTERM
+    raised as KeyboardInterrupt by the command line) or fails while waiting; the exception then goes on."""
+    import signal
+
+    proc = subprocess.Popen(cmd, start_new_session=True, **kwargs)
+    try:
+        out, err = proc.communicate(input)
+    except BaseException:
+        for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:  # the group is already gone
+                break
+            try:
+                proc.wait(wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # grandchildren left after the leader exited
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 def run_yowasp(
     tool: str, args: Sequence[str], *, cwd: str | os.PathLike, capture: bool = True, check: bool = True
 ) -> subprocess.CompletedProcess:
@@ -216,7 +243,8 @@ def run_yowasp(
         if found is None:
             raise RuntimeError(f"{name} is not installed")
         exe = Path(found)
-    result = subprocess.run([str(exe), *args], cwd=cwd, capture_output=capture, text=True, check=False)
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE} if capture else {}
+    result = run_group([str(exe), *args], cwd=cwd, text=True, **pipes)
     if check and result.returncode != 0:
         detail = f"\n{result.stdout}\n{result.stderr}" if capture else ""
         raise RuntimeError(f"{name} exited with {result.returncode} in {cwd}{detail}")

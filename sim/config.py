@@ -347,6 +347,7 @@ class Config:
     hw: HwConfig = sub(HwConfig)
 
     def _validate(self, path):
+        check_name(self.name)
         shapes = self.layer_shapes()
         if not shapes[-1].spec.type == "dense" or shapes[-1].out_shape != (self.model.num_classes,):
             raise ConfigError(
@@ -457,12 +458,25 @@ def preset_path(name: str) -> Path:
     return CONFIG_DIR / PRESETS[name]
 
 
+def check_name(name: str) -> None:
+    """``name`` names files (the default checkpoint ``results/<name>-<target>.ckpt.npz``, build folders): one
+    plain file-name part, no folder separators, no ``..``, no control characters."""
+    if (not name or name in (".", "..") or "/" in name or "\\" in name or ".." in name
+            or any(ord(c) < 32 or ord(c) == 127 for c in name) or len(name) > 100):
+        raise ConfigError(f"name = {name!r}: names files, so it must be a plain name of 1-100 characters without "
+                          "'/', '\\', '..' or control characters")
+
+
 def _read_toml(path: Path) -> dict:
-    """The TOML file at ``path``; every way of not being a readable TOML file is a :class:`ConfigError`
-    naming the file."""
+    """The TOML file at ``path`` (UTF-8; a leading byte-order mark is accepted); every way of not being a
+    readable TOML file is a :class:`ConfigError` naming the file."""
     try:
         with open(path, "rb") as fh:
-            return tomllib.load(fh)
+            raw = fh.read()
+        if b"\0" in raw:
+            raise ConfigError(f"{path}: a binary file, not a TOML configuration (text)")
+        text = raw.decode("utf-8")
+        return tomllib.loads(text[1:] if text.startswith("\ufeff") else text)
     except FileNotFoundError:
         raise ConfigError(f"{path}: configuration file not found") from None
     except IsADirectoryError:

@@ -59,6 +59,7 @@ __all__ = [
     "dither_rng",
     "Checkpoint",
     "CheckpointError",
+    "atomic_write",
     "save_checkpoint",
     "load_checkpoint",
     "config_difference",
@@ -155,7 +156,7 @@ class History:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps(self.to_dict(), indent=1, default=_json_default) + "\n"
-        return _atomic_write(path, lambda fh: fh.write(text.encode()))
+        return atomic_write(path, lambda fh: fh.write(text.encode()))
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> History:
@@ -343,22 +344,38 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be read, or that belongs to another run (the message is one line)."""
 
 
-def _atomic_write(path: Path, write: Callable[[object], None]) -> Path:
-    """Write ``path`` through ``write(binary file)`` into ``<path>.tmp`` and rename it over ``path``.
+def atomic_write(path: str | os.PathLike, write: Callable[[object], None]) -> Path:
+    """Write ``path`` through ``write(binary file)``: into a temporary file of its own in the same folder
+    (a unique name, so two writers never share one), flushed to disk, then renamed over ``path`` and the folder
+    synced. A crash, a signal or an error leaves the old file (or none) and no temporary file behind."""
+    import tempfile
 
-    A crash or an error leaves the old file (or none) and no ``.tmp`` behind.
-    """
-    tmp = path.with_name(path.name + ".tmp")
+    path = Path(path)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(name)
     try:
-        with open(tmp, "wb") as fh:
+        with os.fdopen(fd, "wb") as fh:
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    with contextlib.suppress(OSError):  # the rename itself on disk (not every file system can sync a folder)
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 @dataclass
@@ -403,6 +420,8 @@ class Checkpoint:
 
         d = dict(self.meta["config"])
         preset = d.pop("preset", "")
+        if not isinstance(preset, str):
+            raise ConfigError(f"preset = {preset!r}: expected a string")
         cfg = config_from_dict(d)
         cfg.preset = preset
         return cfg
@@ -435,7 +454,7 @@ def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
     payload = {"meta": np.array(text)}
     payload.update({f"engine/{k}": np.asarray(v) for k, v in ckpt.engine_state.items()})
     payload.update({f"loop/{k}": np.asarray(v) for k, v in ckpt.arrays.items()})
-    return _atomic_write(Path(path), lambda fh: np.savez(fh, **payload))
+    return atomic_write(Path(path), lambda fh: np.savez(fh, **payload))
 
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
@@ -466,7 +485,134 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
         raise CheckpointError(f"{path}: checkpoint lacks the {missing[0]!r} section")
     engine = {k[len("engine/"):]: v for k, v in data.items() if k.startswith("engine/")}
     arrays = {k[len("loop/"):]: v for k, v in data.items() if k.startswith("loop/")}
-    return Checkpoint(meta, engine, arrays, path)
+    try:
+        _validate_meta(meta, arrays)
+    except _Bad as e:
+        raise CheckpointError(f"{path}: damaged checkpoint: {e}") from None
+    ckpt = Checkpoint(meta, engine, arrays, path)
+    try:
+        ckpt.config  # noqa: B018 - the configuration must load as it did when the run started
+    except (ConfigError, ValueError, TypeError, KeyError) as e:
+        raise CheckpointError(f"{path}: damaged checkpoint: its configuration: {str(e).splitlines()[0]}") from None
+    return ckpt
+
+
+class _Bad(Exception):
+    """A field of a checkpoint that is missing or of the wrong kind (the message names it)."""
+
+
+_EPOCH_INTS = ("index", "position", "correct", "seen", "n_steps", "dropped")
+_EPOCH_FLOATS = ("loss_sum", "flip_sum", "seconds")
+_HISTORY_LISTS = ("epoch", "lr", "loss", "train_acc", "test_loss", "test_acc", "best_test_acc", "dev_metric",
+                  "flip_ratio", "steps", "dropped", "seconds")
+
+
+def _field(d: dict, key: str, kind, where: str, *, minimum=None):
+    if not isinstance(d, dict) or key not in d:
+        raise _Bad(f"{where}{key} is missing")
+    v = d[key]
+    ok = (isinstance(v, int) and not isinstance(v, bool)) if kind is int else (
+        isinstance(v, (int, float)) and not isinstance(v, bool)) if kind is float else isinstance(v, kind)
+    if not ok:
+        raise _Bad(f"{where}{key} = {v!r} is not {getattr(kind, '__name__', kind)}")
+    if minimum is not None and v < minimum:
+        raise _Bad(f"{where}{key} = {v!r} is below {minimum}")
+    return v
+
+
+def _validate_meta(meta: dict, arrays: dict) -> None:
+    """Every field of a checkpoint's ``meta`` (and the loop's arrays) present and of its kind; the facts that
+    need the data (the epoch's length) are checked by the run that resumes (:func:`_check_resume`)."""
+    for key in ("engine",):
+        _field(meta, key, str, "")
+    for key in ("config", "data", "loop", "rngs", "schedule", "history"):
+        _field(meta, key, dict, "")
+    data = meta["data"]
+    _field(data, "fingerprint", str, "data.")
+    n = _field(data, "n", list, "data.")
+    if len(n) != 2 or not all(isinstance(v, int) and v >= 0 for v in n):
+        raise _Bad(f"data.n = {n!r} is not two image counts")
+    loop = meta["loop"]
+    epoch = _field(loop, "epoch", int, "loop.", minimum=0)
+    step = _field(loop, "step", int, "loop.", minimum=0)
+    _field(loop, "max_steps", int, "loop.", minimum=0)
+    reason = _field(loop, "stop_reason", str, "loop.")
+    if reason not in ("running", "max_steps", "finished"):
+        raise _Bad(f"loop.stop_reason = {reason!r} is not running, max_steps or finished")
+    if "running_epoch" not in loop:
+        raise _Bad("loop.running_epoch is missing")
+    run = loop["running_epoch"]
+    if run is not None:
+        if not isinstance(run, dict):
+            raise _Bad(f"loop.running_epoch = {run!r} is not a table")
+        for key in _EPOCH_INTS:
+            _field(run, key, int, "loop.running_epoch.", minimum=0)
+        for key in _EPOCH_FLOATS:
+            v = _field(run, key, float, "loop.running_epoch.")
+            if key != "seconds" and not math.isfinite(v) and run["seen"]:
+                raise _Bad(f"loop.running_epoch.{key} = {v!r} is not finite")
+        lrs = _field(run, "lr_used", list, "loop.running_epoch.")
+        extra = set(run) - set(_EPOCH_INTS) - set(_EPOCH_FLOATS) - {"lr_used"}
+        if extra:
+            raise _Bad(f"loop.running_epoch has an unknown field {sorted(extra)[0]!r}")
+        if run["index"] != epoch:
+            raise _Bad(f"loop.running_epoch.index = {run['index']} but loop.epoch = {epoch}")
+        if run["n_steps"] + run["dropped"] != run["position"] or len(lrs) != run["n_steps"]:
+            raise _Bad(f"loop.running_epoch: position {run['position']} is not its {run['n_steps']} steps and "
+                       f"{run['dropped']} dropped batches ({len(lrs)} learning rates)")
+        if run["correct"] > run["seen"] or run["n_steps"] > step:
+            raise _Bad("loop.running_epoch: more correct images than seen, or more steps than the run's")
+        for key in ("order", "drops"):
+            if key not in arrays:
+                raise _Bad(f"loop/{key} is missing")
+        order, drops = arrays["order"], arrays["drops"]
+        if order.ndim != 1 or order.dtype.kind not in "iu" or drops.ndim != 1 or drops.dtype.kind != "b":
+            raise _Bad(f"loop/order ({order.dtype}, {order.ndim}-d) or loop/drops ({drops.dtype}) of the wrong kind")
+        if len(order) and (np.sort(order) != np.arange(len(order))).any():
+            raise _Bad("loop/order is not a permutation of the training images")
+    rngs = meta["rngs"]
+    for key in ("dev", "shuffle", "smd"):
+        st = _field(rngs, key, dict, "rngs.")
+        try:
+            np.random.Generator(np.random.PCG64()).bit_generator.state = st
+        except (TypeError, ValueError, KeyError, OverflowError) as e:
+            raise _Bad(f"rngs.{key} is not a PCG64 generator state ({e})") from None
+    sched = meta["schedule"]
+    for key in ("value", "best"):
+        _field(sched, key, float, "schedule.")
+    for key in ("bad_epochs", "decays"):
+        _field(sched, key, int, "schedule.", minimum=0)
+    hist = meta["history"]
+    lens = {key: len(_field(hist, key, list, "history.")) for key in _HISTORY_LISTS}
+    if len(set(lens.values())) != 1:
+        raise _Bad(f"history lists of different lengths ({lens})")
+    hmeta = _field(hist, "meta", dict, "history.")
+    for key, kind in (("resumed", list), ("target", str), ("stopped", str), ("outputs", dict)):
+        if key in hmeta and not isinstance(hmeta[key], kind):
+            raise _Bad(f"history.meta.{key} = {hmeta[key]!r} is not {kind.__name__}")
+    if not all(isinstance(v, int) and v >= 0 for v in hist["steps"]) or sum(hist["steps"]) > step:
+        raise _Bad(f"history.steps = {hist['steps']!r}: more steps than loop.step = {step}")
+
+
+def _check_resume(ckpt: Checkpoint, *, per_epoch: int, n_train: int, epochs: int, limit: int) -> None:
+    """What :func:`_validate_meta` cannot know: the resumed run's epoch length and its limits."""
+    where = ckpt.path or "checkpoint"
+    loop = ckpt.meta["loop"]
+    run = loop["running_epoch"]
+    if run is not None:
+        if run["position"] > per_epoch:
+            raise CheckpointError(f"{where}: damaged checkpoint: loop.running_epoch.position = {run['position']} "
+                                  f"is past the epoch's {per_epoch} mini-batches")
+        if len(ckpt.arrays["order"]) != n_train or len(ckpt.arrays["drops"]) != per_epoch:
+            raise CheckpointError(f"{where}: damaged checkpoint: loop/order has {len(ckpt.arrays['order'])} images "
+                                  f"and loop/drops {len(ckpt.arrays['drops'])} batches; the epoch has {n_train} "
+                                  f"images in {per_epoch} batches")
+    finished = len(ckpt.meta["history"]["epoch"])
+    if epochs < max(finished, loop["epoch"]):
+        raise CheckpointError(f"{where}: train.epochs = {epochs}, but the run already finished "
+                              f"{max(finished, loop['epoch'])} epochs")
+    if limit and limit < loop["step"]:
+        raise CheckpointError(f"{where}: max_steps = {limit}, but the run already took {loop['step']} steps")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -479,12 +625,12 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def config_difference(a: dict, b: dict) -> tuple[str, object, object] | None:
+def config_difference(a: dict, b: dict, ignore: tuple[str, ...] = ()) -> tuple[str, object, object] | None:
     """The first field (dotted path) whose value differs between two ``Config.to_dict()`` trees, with both
-    values; ``None`` when they agree (the ``preset`` label is not compared)."""
+    values; ``None`` when they agree (the ``preset`` label and the ``ignore`` fields are not compared)."""
     fa, fb = _flatten(a), _flatten(b)
     for key in list(fa) + [k for k in fb if k not in fa]:
-        if key == "preset":
+        if key == "preset" or key in ignore:
             continue
         if key not in fa or key not in fb or fa[key] != fb[key]:
             return key, fa.get(key, "(absent)"), fb.get(key, "(absent)")
@@ -600,6 +746,7 @@ def run_training(
     checkpoint: str | os.PathLike | None = None,
     handle_signals: bool = True,
     eval_every: int = 0,
+    meta: dict | None = None,
 ) -> History:
     """Train ``engine`` for ``cfg.train.epochs`` epochs and return the :class:`History`.
 
@@ -618,6 +765,10 @@ def run_training(
     ``log``: called with one line per epoch (``None`` for silence).
     ``eval_every``: N > 0 also evaluates the test set after every N-th training step (``History.evals``, one
     log line each); evaluation leaves the training state untouched, so it does not change the run.
+    ``meta``: entries added to the history's ``meta`` (the command line records the run's output files).
+    A resumed run may be given more epochs or a larger ``max_steps`` than it was started with: it goes on to them.
+    The history's ``meta["checkpoint"]`` names the state on disk when the run stops ({"path", "step"}), or is
+    None when nothing was saved.
     """
     if int(eval_every) < 0:
         raise ConfigError(f"eval_every = {eval_every}: must be >= 0 (0 = evaluate after every epoch only)")
@@ -631,13 +782,14 @@ def run_training(
         ctl.install()
     try:
         return _train(cfg, engine, data, ctl, progress=progress, log=log, max_steps=max_steps,
-                      history_json=history_json, state_file=state_file, resume=resume, eval_every=int(eval_every))
+                      history_json=history_json, state_file=state_file, resume=resume, eval_every=int(eval_every),
+                      meta=meta)
     finally:
         ctl.restore()
 
 
 def _train(cfg, engine, data, ctl: _Control, *, progress, log, max_steps, history_json, state_file, resume,
-           eval_every=0):
+           eval_every=0, meta=None):
     data = load_training_data(cfg, data)
     rngs = seed_rngs(cfg.train.seed)
     x_train, y_train = data.x_train, data.y_train
@@ -673,7 +825,9 @@ def _train(cfg, engine, data, ctl: _Control, *, progress, log, max_steps, histor
         "dev_signal": "dev error" if x_dev is not None else "training loss",
         "config": cfg.to_dict(),
         "stopped": "running",
+        **(meta or {}),
     }
+    saved = None  # the checkpoint of this run on disk: {"path", "step"}
     # where the engine runs (float, model, sim, board); engines of one kind share checkpoints across targets
     target = getattr(engine, "target", engine_name)
     epoch, step, ep = 0, 0, None
@@ -683,17 +837,17 @@ def _train(cfg, engine, data, ctl: _Control, *, progress, log, max_steps, histor
         where = ckpt.path or "checkpoint"
         if ckpt.engine != engine_name:
             raise CheckpointError(f"{where}: written by the {ckpt.engine!r} engine; this run uses {engine_name!r}")
-        diff = config_difference(ckpt.meta["config"], cfg.to_dict())
+        # the length of the run may change (--epochs N / --max-steps N continue the same run to N)
+        diff = config_difference(ckpt.meta["config"], cfg.to_dict(), ignore=("train.epochs", "train.max_steps"))
         if diff is not None:
             key, was, now = diff
             raise CheckpointError(f"{where}: {key} = {now!r} differs from the checkpoint's {was!r}; "
                                   "resume with the configuration the run was started with")
         loop = ckpt.meta["loop"]
-        if int(loop["max_steps"]) != int(limit):
-            raise CheckpointError(f"{where}: max_steps = {limit} differs from the checkpoint's {loop['max_steps']}")
+        _check_resume(ckpt, per_epoch=per_epoch, n_train=len(x_train), epochs=epochs, limit=int(limit))
         if ckpt.meta["data"]["fingerprint"] != fingerprint:
             raise CheckpointError(f"{where}: the training data differ from the checkpoint's "
-                                  f"({ckpt.meta['data']['source']!r}, train/test {ckpt.meta['data']['n']})")
+                                  f"({ckpt.meta['data'].get('source', '')!r}, train/test {ckpt.meta['data']['n']})")
         try:
             engine.load_state_dict(ckpt.engine_state)
         except (ValueError, KeyError) as e:
@@ -705,9 +859,15 @@ def _train(cfg, engine, data, ctl: _Control, *, progress, log, max_steps, histor
         hist = History(**{k: v for k, v in ckpt.meta["history"].items() if k in History.__dataclass_fields__})
         hist.meta.pop("signal", None)
         hist.meta["stopped"] = "running"
+        hist.meta["config"] = cfg.to_dict()
+        hist.meta.update(meta or {})
         hist.meta.setdefault("resumed", []).append({"step": int(loop["step"]), "from": str(where),
                                                     "target": getattr(engine, "target", engine_name)})
         epoch, step, stop_reason = int(loop["epoch"]), int(loop["step"]), str(loop["stop_reason"])
+        if stop_reason != "running" and epoch < epochs and (not limit or step < limit):
+            stop_reason = "running"  # a longer run than the one that stopped: go on
+        if state_file is not None and Path(state_file).resolve() == Path(where).resolve():
+            saved = {"path": str(state_file), "step": step}
         if loop["running_epoch"] is not None:
             ep = _Epoch(order=np.asarray(ckpt.arrays["order"]), drops=np.asarray(ckpt.arrays["drops"]),
                         **loop["running_epoch"])
@@ -733,18 +893,31 @@ def _train(cfg, engine, data, ctl: _Control, *, progress, log, max_steps, histor
         return Checkpoint(meta, engine_state, arrays)
 
     def save(engine_state) -> None:
-        """Write the history JSON and the checkpoint (signals wait until both are on disk). ``engine_state``
-        None: a step was cut and cannot be rolled back (an engine without per-step snapshots); the checkpoint
-        already on disk, written between whole steps, is kept."""
+        """Write the checkpoint, then the history JSON (signals wait until both are on disk); the history's
+        ``meta["checkpoint"]`` says which state is on disk ({"path", "step"}, or None: nothing saved).
+        ``engine_state`` None: a step was cut and cannot be rolled back (an engine without per-step snapshots);
+        the checkpoint already on disk, written between whole steps, is kept, if there is one."""
+        nonlocal saved
         phase, ctl.phase = ctl.phase, "save"
         try:
+            if state_file is not None and engine_state is not None:
+                hist.meta["checkpoint"] = {"path": str(state_file), "step": step}
+                try:
+                    save_checkpoint(state_file, snapshot(engine_state))
+                except BaseException:
+                    hist.meta["checkpoint"] = saved
+                    raise
+                saved = hist.meta["checkpoint"]
+            else:
+                hist.meta["checkpoint"] = saved
+                if state_file is not None and saved is not None:
+                    log(f"the running step was cut and cannot be rolled back; the last checkpoint in {state_file} "
+                        f"(step {saved['step']}, between whole steps) is kept")
+                elif state_file is not None:
+                    log("the running step was cut and cannot be rolled back, and no checkpoint of this run was "
+                        f"written yet: nothing was saved to {state_file}")
             if history_json is not None:
                 hist.to_json(history_json)
-            if state_file is not None and engine_state is not None:
-                save_checkpoint(state_file, snapshot(engine_state))
-            elif state_file is not None:
-                log(f"the running step was cut and cannot be rolled back; the last checkpoint in {state_file} "
-                    "(written between whole steps) is kept")
         finally:
             ctl.phase = phase
 
@@ -862,6 +1035,7 @@ def _train(cfg, engine, data, ctl: _Control, *, progress, log, max_steps, histor
         if ctl.phase == "book":  # only without handle_signals: a step half booked; keep the last checkpoint
             _finish(hist, "interrupted", step, schedule)
             hist.meta["signal"] = "KeyboardInterrupt"
+            hist.meta["checkpoint"] = saved
             log(f"interrupted between a step and its bookkeeping at step {step}; the state is not saved")
             return hist
         engine_state = _settle(engine, ctl, pre_step, ep, t0)

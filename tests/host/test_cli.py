@@ -234,3 +234,33 @@ def test_generate_refuses_an_out_folder_it_cannot_write_before_elaborating(tmp_p
     monkeypatch.setattr(os, "access", lambda p, mode, **k: False if Path(p) == locked else real(p, mode, **k))
     assert main(["generate", "--no-synth", "--out", str(locked / "acc")]) == 2
     assert f"--out {locked / 'acc'}: folder {locked} is not writable" in _one_error_line(capsys)
+
+
+def test_verify_checks_its_data_before_building(tmp_path, capsys, monkeypatch):
+    import numpy as np
+
+    import host.verify as v
+
+    monkeypatch.setattr(v, "verify", lambda *a, **k: pytest.fail("verify ran on bad data"))
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (150, 1, 28, 28), dtype=np.uint8)
+    y = rng.integers(0, 10, 150)
+    cases = {
+        "float.npz": (dict(x=x.astype(np.float32) / 255, y=y), "x holds float32 values"),
+        "neg.npz": (dict(x=x, y=np.where(y == 3, -1, y)), "label -1 in y is outside 0..9"),
+        "big.npz": (dict(x=x, y=np.where(y == 3, 10, y)), "label 10 in y is outside 0..9"),
+        "onehot.npz": (dict(x=x, y=np.eye(10, dtype=np.int64)[y]), "one-hot?"),
+        "cifar.npz": (dict(x=rng.integers(0, 256, (150, 3, 32, 32), dtype=np.uint8), y=y), "x has shape [150, 3, 32"),
+        "flat.npz": (dict(x=x.reshape(150, -1), y=y), "x has shape [150, 784]"),
+        "fewer.npz": (dict(x=x, y=y[:120]), "150 images in x but 120 labels in y"),
+        "few.npz": (dict(x=x[:50], y=y[:50]), "50 training images; 1 steps of 100 need 100"),
+        "floaty.npz": (dict(x=x, y=y.astype(float)), "y holds float64 values"),
+    }
+    for name, (arrays, _) in cases.items():
+        np.savez(tmp_path / name, **arrays)
+    np.savez(tmp_path / "object.npz", x=np.array([x[0], "a"], dtype=object), y=y)
+    cases["object.npz"] = (None, "cannot read x and y")
+    for name, (_, msg) in cases.items():
+        assert main(["verify", "--steps", "1", "--data", str(tmp_path / name)]) == 2, name
+        line = _one_error_line(capsys)
+        assert f"--data {tmp_path / name}: " in line and msg in line, (name, line)

@@ -156,7 +156,7 @@ def test_arith_hw_optimizer_without_hardware_equivalent_is_refused(tmp_path, cap
 def _history(path):
     d = json.loads(Path(path).read_text())
     d.pop("seconds")
-    for k in ("resumed", "signal"):
+    for k in ("resumed", "signal", "outputs", "checkpoint"):  # the runs' own files differ
         d["meta"].pop(k, None)
     return d
 
@@ -204,9 +204,13 @@ def test_resume_with_another_configuration_is_refused(tmp_path, capsys):
                  "--no-progress"]) == 0
     ck = str(tmp_path / "h.ckpt.npz")
     capsys.readouterr()
-    assert main(["train", "--resume", ck, "--config", cfg, "--arith", "hw", "--epochs", "5"]) == 2
+    assert main(["train", "--resume", ck, "--config", cfg, "--arith", "hw", "--seed", "5"]) == 2
     err = capsys.readouterr().err
-    assert "train.epochs = 5 differs from the checkpoint's 3" in err and len(err.splitlines()) == 1
+    assert "train.seed = 5 differs from the checkpoint's 0" in err and len(err.splitlines()) == 1
+    # options alone are compared with the checkpoint's configuration, not with the default preset
+    assert main(["train", "--resume", ck, "--set", "data.dev_size=30"]) == 2
+    err = capsys.readouterr().err
+    assert "data.dev_size = 30 differs from the checkpoint's 40" in err and "name" not in err
     assert main(["train", "--resume", ck, "--arith", "float"]) == 2
     assert f"--arith float: {ck} was written with --arith hw" in capsys.readouterr().err
     assert main(["train", "--resume", str(tmp_path / "nope.npz")]) == 2
@@ -261,3 +265,164 @@ def test_target_options_that_do_not_fit_together_are_refused(tmp_path, capsys, n
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and msg in err[0], (argv, err)
         assert not no_training
+
+
+def test_resume_with_epochs_continues_the_same_run(tmp_path, capsys):
+    cfg = tiny_config(tmp_path, epochs=1)
+    js = tmp_path / "h.json"
+    assert main(["train", "--config", cfg, "--arith", "hw", "--json", str(js), "--no-progress"]) == 0
+    ck = tmp_path / "h.ckpt.npz"
+    first = load_checkpoint(ck)
+    assert first.stopped == "finished" and len(first.meta["history"]["epoch"]) == 1
+    capsys.readouterr()
+    assert main(["train", "--resume", str(ck), "--epochs", "2", "--json", str(js), "--no-progress"]) == 0
+    assert "nothing to resume" not in capsys.readouterr().out
+    after = load_checkpoint(ck)
+    assert after.meta["history"]["epoch"] == [1, 2] and after.step == 2 * first.step
+    assert after.config.train.epochs == 2 and json.loads(js.read_text())["epoch"] == [1, 2]
+    assert main(["train", "--resume", str(ck), "--epochs", "1", "--no-progress"]) == 2
+    assert "train.epochs = 1, but the run already finished 2 epochs" in capsys.readouterr().err
+
+
+def test_outputs_of_an_earlier_run_are_refused_unless_force_or_resume(tmp_path, capsys):
+    cfg = tiny_config(tmp_path, epochs=1)
+    js, png = tmp_path / "h.json", tmp_path / "h.png"
+    base = ["train", "--config", cfg, "--arith", "hw", "--no-progress"]
+    assert main([*base, "--json", str(js), "--plot", str(png)]) == 0
+    before = {p: p.read_bytes() for p in (js, png, tmp_path / "h.ckpt.npz")}
+    capsys.readouterr()
+    for extra, option in ((["--json", str(js)], "--json"), (["--json", str(tmp_path / "o.json"), "--plot", str(png)],
+                                                           "--plot"),
+                          (["--checkpoint", str(tmp_path / "h.ckpt.npz")], "--checkpoint")):
+        assert main([*base, *extra]) == 2, extra
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{option} " in err[0] and "holds an earlier run's results" in err[0], err
+    assert {p: p.read_bytes() for p in before} == before  # nothing of the earlier run was touched
+    # --resume names that run: its --json and --plot may be rewritten; --force overwrites
+    assert main(["train", "--resume", str(tmp_path / "h.ckpt.npz"), "--epochs", "2", "--json", str(js),
+                 "--plot", str(png), "--no-progress"]) == 0
+    assert json.loads(js.read_text())["epoch"] == [1, 2]
+    assert main([*base, "--json", str(js), "--force"]) == 0
+    assert json.loads(js.read_text())["epoch"] == [1]
+
+
+def test_the_continue_command_is_whole_and_continues_the_same_outputs(tmp_path, capsys, monkeypatch):
+    import shlex
+
+    from sim.hw.engine import HwEngine
+
+    cfg = tiny_config(tmp_path, epochs=2)
+    original, calls = HwEngine.train_step, [0]
+
+    def train_step(self, *a, **k):
+        calls[0] += 1
+        if calls[0] == 11:  # in the second epoch
+            raise KeyboardInterrupt
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(HwEngine, "train_step", train_step)
+    js, png = tmp_path / "out dir" / "h.json", tmp_path / "out dir" / "h.png"
+    assert main(["train", "--config", cfg, "--target", "model", "--eval-every", "4", "--json", str(js),
+                 "--plot", str(png), "--no-progress"]) == 130
+    line = next(x for x in capsys.readouterr().out.splitlines() if "continue with:" in x)
+    argv = shlex.split(line.split("continue with: ", 1)[1])
+    assert argv[:2] == ["xnortrain", "train"]
+    for option, value in (("--json", str(js)), ("--plot", str(png)), ("--eval-every", "4"), ("--target", "model"),
+                          ("--resume", str(js.with_suffix(".ckpt.npz")))):
+        assert argv[argv.index(option) + 1] == value, option
+    monkeypatch.undo()
+    assert main(argv[1:]) == 0
+    hist = json.loads(js.read_text())
+    assert hist["meta"]["stopped"] == "finished" and hist["epoch"] == [1, 2] and png.is_file()
+
+
+def test_output_paths_of_every_command_are_checked_against_each_other(tmp_path, capsys):
+    t = tmp_path
+    (t / "p.csv").write_text("time,power\n0,1\n")
+    (t / "s.jsonl").write_text("")
+    (t / "c.toml").write_text(TINY.replace("EPOCHS", "1"))
+    for argv, msg in [
+        (["explore", "--write", f"{t}/B.toml", "--json", f"{t}/B.toml"], "--write and --json name the same file"),
+        (["explore", "--png", f"{t}/x/../B.png", "--write", f"{t}/B.png"], "--write and --png name the same file"),
+        (["energy-measure", "--power", f"{t}/p.csv", "--steps", f"{t}/s.jsonl", "--json", f"{t}/p.csv"],
+         "--json " + f"{t}/p.csv is the --power input"),
+        (["memory", "--config", f"{t}/c.toml", "--json", f"{t}/c.toml"], "is the --config input"),
+        (["train", "--json", f"{t}/h.json", "--plot", f"{t}/h.json"], "the file is written as PNG"),
+        (["train", "--config", f"{t}/c.toml", "--json", f"{t}/c.toml"], "is the --config input"),
+        (["train", "--no-checkpoint", "--checkpoint", f"{t}/c.npz"], "--no-checkpoint and --checkpoint"),
+        (["generate", "--no-synth", "--synth-by-unit", "--out", f"{t}/g"], "--synth-by-unit and --no-synth"),
+        (["train", "--set", "name=../../escape", "--target", "model"], "name = '../../escape'"),
+        (["config", "--set", "name=a/b"], "name = 'a/b'"),
+    ]:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and msg in err[0], (argv, err)
+    assert not (t / "B.toml").exists() and not (t / "g").exists()
+
+
+def test_training_data_are_checked_before_the_simulator_is_built(tmp_path, capsys, monkeypatch):
+    import host.simboard
+
+    def build(*a, **k):
+        raise AssertionError("the simulator was built before the data were checked")
+
+    monkeypatch.setattr(host.simboard.SimBoard, "build", classmethod(build))
+    (tmp_path / "empty").mkdir()
+    assert main(["train", "--config", tiny_config(tmp_path), "--target", "sim", "--no-checkpoint",
+                 "--set", f"data.path={tmp_path / 'empty'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(tmp_path / "empty") in err[0], err
+
+
+def test_a_configuration_file_with_a_byte_order_mark_or_binary_content(tmp_path, capsys):
+    bom = tmp_path / "bom.toml"
+    bom.write_bytes(b"\xef\xbb\xbf" + TINY.replace("EPOCHS", "1").encode())
+    assert main(["config", "--config", str(bom)]) == 0 and 'name = "tiny"' in capsys.readouterr().out
+    for name, data, msg in (("bin.toml", b"\x00\x01\x02PK", "a binary file"),
+                            ("latin.toml", 'name = "caf\xe9"\n'.encode("latin-1"), "not a UTF-8 text file")):
+        (tmp_path / name).write_bytes(data)
+        assert main(["config", "--config", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and name in err[0] and msg in err[0], err
+
+
+def test_a_network_too_large_for_memory_and_a_float_batch_of_one_are_refused(tmp_path, capsys, no_training,
+                                                                            monkeypatch):
+    import host.cli
+
+    monkeypatch.setattr(host.cli, "_available_memory", lambda: 1 << 29)  # a machine with 0.5 GiB free
+    cfg = tiny_config(tmp_path)
+    huge = 'model.layers=[{type="dense",units=16384},{type="dense",units=10}]'  # 784 x 16384: about 1 GiB
+    for argv, msg in ((["--target", "model", "--set", huge], "model.layers[0] (dense) needs about"),
+                      (["--arith", "float", "--set", huge], "0.5 GiB available"),
+                      (["--arith", "float", "--batch-size", "1"], "train.batch_size = 1: the float reference")):
+        assert main(["train", "--config", cfg, "--no-checkpoint", *argv]) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and msg in err[0], (argv, err)
+    assert not no_training
+
+
+def test_float_only_settings_with_the_hardware_arithmetic_are_refused_or_mapped(tmp_path, capsys, no_training):
+    cfg = tiny_config(tmp_path)
+    for sets, msg in ((["--scheme", "standard"], "approx.scheme = 'standard' (--scheme) does nothing"),
+                      (["--set", "approx.bn=l2"], "approx.bn = 'l2' does nothing"),
+                      (["--set", "approx.bn_eps=0.001"], "approx.bn_eps = 0.001 does nothing"),
+                      (["--set", "approx.storage=float32"], "approx.storage = 'float32' does nothing"),
+                      (["--set", "e2train.psg=true"], "e2train.psg = True does nothing"),
+                      (["--set", "optimizer.clip=0.5"], "optimizer.clip = 0.5 does nothing"),
+                      (["--set", "approx.bn_momentum=0.3"], "approx.bn_momentum = 0.3: its hardware twin "
+                                                             "hw.running_shift holds a rate 2**-s"),
+                      (["--set", "optimizer.switch.lam=0.3", "--set", "hw.switch_lambda=0.2"], "contradict")):
+        for target in ("model", "sim"):
+            assert main(["train", "--config", cfg, "--target", target, "--no-checkpoint", *sets]) == 2, sets
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and msg in err[0], (sets, err)
+    assert not no_training
+    for sets, field, value in ((["--set", "optimizer.switch.lam=0.3"], "switch_lambda", 0.3),
+                               (["--set", "approx.bn_momentum=0.25"], "running_shift", 2),
+                               (["--set", "optimizer.sgdm.momentum=0.75"], "sgd_momentum_shift", 2)):
+        assert main(["train", "--config", cfg, "--target", "model", "--no-checkpoint", *sets]) == 0, sets
+        assert getattr(no_training[-1][0].hw, field) == value
+    # the float reference takes them all
+    assert main(["train", "--config", cfg, "--arith", "float", "--no-checkpoint", "--scheme", "standard",
+                 "--set", "optimizer.clip=0.5", "--set", "approx.bn=l2"]) == 0

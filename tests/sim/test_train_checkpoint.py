@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 
@@ -92,7 +93,7 @@ def _assert_same_history(a: History, b: History):
     for key in History.__dataclass_fields__:
         if key not in ("seconds", "meta"):
             assert getattr(a, key) == getattr(b, key), key
-    drop = {"resumed", "signal"}
+    drop = {"resumed", "signal", "checkpoint"}  # the runs write their own checkpoint files
     assert {k: v for k, v in a.meta.items() if k not in drop} == {k: v for k, v in b.meta.items() if k not in drop}
 
 
@@ -246,8 +247,8 @@ def test_resume_refuses_another_configuration_engine_or_data(tmp_path):
     cfg = small_cfg(**{"train.max_steps": 3})
     ck = tmp_path / "c.npz"
     run_training(cfg, make_engine("hw", cfg), small_data(), progress=False, log=None, state_file=ck)
-    other = small_cfg(**{"train.max_steps": 3, "train.epochs": 5})
-    with pytest.raises(CheckpointError, match=r"train\.epochs = 5 differs from the checkpoint's 4"):
+    other = small_cfg(**{"train.max_steps": 3, "train.seed": 5})
+    with pytest.raises(CheckpointError, match=r"train\.seed = 5 differs from the checkpoint's"):
         run_training(other, make_engine("hw", other), small_data(), progress=False, log=None, resume=ck)
     other = small_cfg(**{"train.max_steps": 3, "hw.bop_shift": 5})
     with pytest.raises(CheckpointError, match=r"hw\.bop_shift = 5 differs"):
@@ -256,8 +257,12 @@ def test_resume_refuses_another_configuration_engine_or_data(tmp_path):
         run_training(cfg, make_engine("float", cfg), small_data(), progress=False, log=None, resume=ck)
     with pytest.raises(CheckpointError, match="training data differ"):
         run_training(cfg, make_engine("hw", cfg), small_data(seed=1), progress=False, log=None, resume=ck)
-    with pytest.raises(CheckpointError, match="max_steps = 4 differs"):
-        run_training(cfg, make_engine("hw", cfg), small_data(), progress=False, log=None, resume=ck, max_steps=4)
+    with pytest.raises(CheckpointError, match="max_steps = 2, but the run already took 3 steps"):
+        run_training(cfg, make_engine("hw", cfg), small_data(), progress=False, log=None, resume=ck, max_steps=2)
+    # a longer run (train.epochs / max_steps) continues the same one
+    longer = run_training(cfg, make_engine("hw", cfg), small_data(), progress=False, log=None, resume=ck,
+                          max_steps=5)
+    assert longer.total_steps == 5 and longer.meta["stopped"] == "max_steps"
 
 
 def test_unreadable_or_foreign_checkpoints_are_refused_in_one_line(tmp_path):
@@ -265,6 +270,18 @@ def test_unreadable_or_foreign_checkpoints_are_refused_in_one_line(tmp_path):
     ck = tmp_path / "c.npz"
     run_training(cfg, make_engine("hw", cfg), small_data(), progress=False, log=None, state_file=ck)
     good = load_checkpoint(ck)
+    mid_ck = tmp_path / "mid.npz"  # a run stopped inside an epoch (a running epoch's order and position)
+    stop_at = [0]
+
+    class Stopping(type(make_engine("hw", cfg))):
+        def train_step(self, *a, **k):
+            stop_at[0] += 1
+            if stop_at[0] == 3:
+                raise KeyboardInterrupt
+            return super().train_step(*a, **k)
+
+    run_training(cfg, Stopping(cfg), small_data(), progress=False, log=None, state_file=mid_ck,
+                 handle_signals=False)
 
     cases = {}
     (tmp_path / "text.npz").write_text("not a zip")
@@ -280,6 +297,31 @@ def test_unreadable_or_foreign_checkpoints_are_refused_in_one_line(tmp_path):
     bad = dict(good.engine_state, acc0=np.full((16, 12), 40000, dtype=np.int64))
     save_checkpoint(tmp_path / "bad.npz", type(good)(good.meta, bad, good.arrays))
     cases["bad.npz"] = "state has 'acc0'"  # a bop run keeps no switch accumulator
+    # damaged loop, generator and history fields: each refused naming the field, before any training
+    def damaged(name, msg, change, arrays=None):
+        meta = json.loads(json.dumps(mid.meta))
+        change(meta)
+        save_checkpoint(tmp_path / name, type(mid)(meta, mid.engine_state, arrays or mid.arrays))
+        cases[name] = msg
+
+    mid = load_checkpoint(mid_ck)
+    def past(m):
+        run = m["loop"]["running_epoch"]
+        run.update(position=999, n_steps=999 - run["dropped"], lr_used=[0.1] * (999 - run["dropped"]))
+        m["loop"]["step"] = 5000
+
+    damaged("past.npz", "position = 999 is past the epoch", past)
+    damaged("noloss.npz", "loop.running_epoch.loss_sum is missing",
+            lambda m: m["loop"]["running_epoch"].pop("loss_sum"))
+    damaged("rng.npz", "rngs.shuffle is not a PCG64 generator state",
+            lambda m: m["rngs"]["shuffle"].update(state="many"))
+    damaged("rngtype.npz", "rngs.dev = [1, 2] is not dict", lambda m: m["rngs"].update(dev=[1, 2]))
+    damaged("order.npz", "loop/order is not a permutation", lambda m: None,
+            dict(mid.arrays, order=mid.arrays["order"][:-5]))
+    damaged("orderlen.npz", "loop/order has", lambda m: None,
+            dict(mid.arrays, order=np.arange(len(mid.arrays["order"]) - 5)))
+    damaged("hist.npz", "history lists of different lengths", lambda m: m["history"]["loss"].append(1.0))
+    damaged("reason.npz", "loop.stop_reason = 'later'", lambda m: m["loop"].update(stop_reason="later"))
     cases["missing.npz"] = "no such checkpoint file"
     cases[""] = "is a folder"
     for name, msg in cases.items():
