@@ -4,7 +4,7 @@ resources.
 For one configuration (default: the paper's MLP, 784-256-256-256-256-10, B = 100, binarised input) this
 script
 
-1. generates the accelerator (``rtl_gen.generate.generate``): Verilog, register map, cycle model and,
+1. generates the accelerator (``host.generate.generate``): Verilog, register map, cycle model and,
    unless ``--no-synth``, Yosys ``synth_xilinx`` resources for the xc7z020;
 2. runs ``--steps`` training steps on vendored MNIST in Verilator through the host driver
    (``host.verify.verify``), comparing with the bit-exact model after every step;
@@ -81,8 +81,8 @@ def main(argv=None) -> int:
     def save():
         path.write_text(json.dumps(result, indent=1) + "\n")
 
+    from host.generate import generate
     from host.verify import verify
-    from rtl_gen.generate import generate
 
     model_rep = step_cycles(SystemPlan(cfg))
     result["cycle_model"] = model_rep.to_dict()

@@ -99,8 +99,8 @@ def point_parts(name: str, *, every_kind: bool = False):
 
 
 def _verilog(cfg, plan) -> str:
-    """The accelerator's Verilog, through the simulated board's cache (``build/verilog``, keyed on the resolved
-    configuration and every generator source): elaborating the paper MLP takes a minute or more."""
+    """The accelerator's Verilog, through the simulated board's cache (``build/verilog``, keyed on the configuration's
+    hardware fields and every generator source): elaborating the paper MLP takes a minute or more."""
     from host.simboard import verilog_cache_path
 
     path = verilog_cache_path(cfg, plan.name)

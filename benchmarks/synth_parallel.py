@@ -1,7 +1,7 @@
 """Wall time of ``generate --synth-by-unit`` run serially, with ``--jobs N`` and on a local Dask cluster of N
 worker processes, each in an empty synthesis cache, and whether the three reports agree.
 
-Every mode calls :func:`rtl_gen.generate.generate` (what ``xnortrain generate`` runs) with its own
+Every mode calls :func:`host.generate.generate` (what ``xnortrain generate`` runs) with its own
 ``XNORTRAIN_BUILD_DIR`` under ``--work`` (default: a new temporary folder), so every part really runs Yosys; the
 cluster is a ``distributed.LocalCluster`` started here (``n_workers=N``, one thread each, processes). The
 reports are compared field by field without the fields that describe the run (``synth.elapsed_s``,
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rtl_gen.generate import generate  # noqa: E402
+from host.generate import generate  # noqa: E402
 from sim.config import apply_overrides, load_config  # noqa: E402
 
 # tests/rtl_gen/test_system.py's SMALL (read from there so the two never differ)

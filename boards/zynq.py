@@ -1,4 +1,5 @@
-"""Zynq-7020 boards the generated accelerators target: ZedBoard, PYNQ-Z1, PYNQ-Z2.
+"""Zynq boards the generated accelerators target: the Zynq-7020 ZedBoard, PYNQ-Z1 and PYNQ-Z2, and the Zynq
+UltraScale+ ZCU104 (xczu7ev) and KV260 (the K26 SOM, xck26).
 
 Plain data, looked up by name with :func:`get_board`. The accelerator sits in the programmable logic
 behind the PS7's AXI ports and is clocked by ``FCLK_CLK0``; nothing here depends on Vivado being
@@ -29,7 +30,7 @@ class UnknownBoardError(ValueError):
 
 @dataclass(frozen=True)
 class ZynqBoard:
-    """One Zynq-7000 board: part, clocks, PS7 configuration source, DDR and host access."""
+    """One Zynq board: part, clocks, PS configuration source, DDR and host access."""
 
     name: str
     """Lookup key, lower case (``zedboard``, ``pynq-z1``, ``pynq-z2``)."""
@@ -48,6 +49,13 @@ class ZynqBoard:
     pynq_image: bool
     """True if an official PYNQ SD-card image exists for the board."""
     host_access: str
+    family: str = "zynq7"
+    """``zynq7`` (the PS7, ``processing_system7``) or ``zynqmp`` (Zynq UltraScale+, ``zynq_ultra_ps_e``)."""
+    board_part_patterns: tuple[str, ...] = ()
+    """Further board-file names probed when :attr:`vivado_board_part` is not installed (``get_board_parts``
+    patterns, the newest match used): older board stores name some boards differently."""
+    ps_builtin_preset: str | None = None
+    """Without board files: the PS IP's own preset (``CONFIG.preset``) instead of :attr:`ps7_config`."""
     pl_clock_mhz: float = 100.0
     """Default ``FCLK_CLK0`` frequency for the accelerator (the PS7 presets' default)."""
     aliases: tuple[str, ...] = ()
@@ -56,7 +64,9 @@ class ZynqBoard:
     """Explicit ``processing_system7`` settings (``PCW_*`` name -> value) for a Vivado without the board's
     board files: PS_CLK, MIO bank voltages, the DDR part and width, and the PS peripherals the board's boot
     image uses (UART, SD, Ethernet, USB, QSPI) on the board's MIO pins. DDR training delays stay at Vivado's
-    defaults: a PYNQ image's boot loader configures the DDR, the overlay's bitstream only sets the PL side."""
+    defaults where the board file gives none: a PYNQ image's boot loader configures the DDR, the overlay's bitstream
+    only sets the PL side. Empty for the Zynq UltraScale+ boards: without board files their build sets only the PL
+    side of the PS (clock, ports, interrupt), for the same reason."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "notes", MappingProxyType(dict(self.notes)))
@@ -70,7 +80,7 @@ class ZynqBoard:
     @property
     def package(self) -> str:
         """Package code inside :attr:`part` (``clg484``)."""
-        rest = self.part.lower().removeprefix(self.device.name)
+        rest = self.part.lower().removeprefix(self.device.name).lstrip("-")  # xczu7ev-ffvc1156-2-e
         return rest.split("-")[0]
 
     @property
@@ -86,6 +96,9 @@ class ZynqBoard:
             "device": self.device.name,
             "package": self.package,
             "vivado_board_part": self.vivado_board_part,
+            "family": self.family,
+            "board_part_patterns": list(self.board_part_patterns),
+            "ps_builtin_preset": self.ps_builtin_preset,
             "ps7_preset": self.ps7_preset,
             "ps_clk_mhz": self.ps_clk_mhz,
             "pl_clock_mhz": self.pl_clock_mhz,
@@ -137,7 +150,11 @@ ZEDBOARD = ZynqBoard(
     maker="Avnet/Digilent",
     part="xc7z020clg484-1",
     vivado_board_part="avnet.com:zedboard:part0:1.4",
+    # older board stores (and scripts written for them) call it em.avnet.com:zed:part0:1.x
+    board_part_patterns=("em.avnet.com:zed:part0:*",),
     ps7_preset="ZedBoard (built-in PS7 preset; also applied by the board file's block automation)",
+    # without board files: the PS7 IP's own ZedBoard preset (DDR, MIO, clocks), not the values below
+    ps_builtin_preset="ZedBoard",
     ps_clk_mhz=33.333,
     ddr_mib=512,
     ddr_bus_bits=32,
@@ -169,6 +186,48 @@ ZEDBOARD = ZynqBoard(
     },
 )
 
+# PYNQ-Z2 without board files: TUL's own board file for it (XilinxBoardStore boards/TUL/pynq-z2/A.0/preset.xml):
+# a 16-bit DDR3 MT41J256M16 RE-125 (4 Gbit, DDR3_1066F, CL 7 / CWL 6, the timings and board delays below), the
+# QSPI feedback clock on MIO 8, Ethernet 0's PHY reset on MIO 9 (shared with USB0's on MIO 46), USB0 on MIO 28-39.
+_PYNQ_Z2_PS7 = {
+    **_PYNQ_PS7,
+    "PCW_UIPARAM_DDR_PARTNO": "MT41J256M16 RE-125",
+    "PCW_UIPARAM_DDR_MEMORY_TYPE": "DDR 3",
+    "PCW_UIPARAM_DDR_DRAM_WIDTH": "16 Bits",
+    "PCW_UIPARAM_DDR_DEVICE_CAPACITY": "4096 MBits",
+    "PCW_UIPARAM_DDR_SPEED_BIN": "DDR3_1066F",
+    "PCW_UIPARAM_DDR_BANK_ADDR_COUNT": "3",
+    "PCW_UIPARAM_DDR_ROW_ADDR_COUNT": "15",
+    "PCW_UIPARAM_DDR_COL_ADDR_COUNT": "10",
+    "PCW_UIPARAM_DDR_CL": "7",
+    "PCW_UIPARAM_DDR_CWL": "6",
+    "PCW_UIPARAM_DDR_T_RCD": "13.125",
+    "PCW_UIPARAM_DDR_T_RP": "13.125",
+    "PCW_UIPARAM_DDR_T_RC": "50.625",
+    "PCW_UIPARAM_DDR_T_RAS_MIN": "35.0",
+    "PCW_UIPARAM_DDR_T_FAW": "40.0",
+    "PCW_UIPARAM_DDR_AL": "0",
+    "PCW_UIPARAM_DDR_DQS_TO_CLK_DELAY_0": "-0.051",
+    "PCW_UIPARAM_DDR_DQS_TO_CLK_DELAY_1": "-0.006",
+    "PCW_UIPARAM_DDR_DQS_TO_CLK_DELAY_2": "-0.009",
+    "PCW_UIPARAM_DDR_DQS_TO_CLK_DELAY_3": "-0.033",
+    "PCW_UIPARAM_DDR_BOARD_DELAY0": "0.279",
+    "PCW_UIPARAM_DDR_BOARD_DELAY1": "0.260",
+    "PCW_UIPARAM_DDR_BOARD_DELAY2": "0.085",
+    "PCW_UIPARAM_DDR_BOARD_DELAY3": "0.092",
+    "PCW_UIPARAM_DDR_TRAIN_WRITE_LEVEL": "1",
+    "PCW_UIPARAM_DDR_TRAIN_READ_GATE": "1",
+    "PCW_UIPARAM_DDR_TRAIN_DATA_EYE": "1",
+    "PCW_QSPI_GRP_FBCLK_ENABLE": "1",
+    "PCW_QSPI_GRP_FBCLK_IO": "MIO 8",
+    "PCW_ENET_RESET_ENABLE": "1",
+    "PCW_ENET_RESET_SELECT": "Share reset pin",
+    "PCW_ENET0_RESET_ENABLE": "1",
+    "PCW_ENET0_RESET_IO": "MIO 9",
+    "PCW_USB0_USB0_IO": "MIO 28 .. 39",
+}
+
+
 PYNQ_Z1 = ZynqBoard(
     name="pynq-z1",
     title="PYNQ-Z1",
@@ -198,10 +257,32 @@ PYNQ_Z2 = ZynqBoard(
     pynq_image=True,
     host_access="official PYNQ SD-card image; the pynq package on the board loads the overlay",
     aliases=("pynqz2", "pynq_z2", "z2"),
-    ps7_config=_PYNQ_PS7,
+    ps7_config=_PYNQ_Z2_PS7,
 )
 
-BOARDS: Mapping[str, ZynqBoard] = MappingProxyType({b.name: b for b in (ZEDBOARD, PYNQ_Z1, PYNQ_Z2)})
+# Zynq UltraScale+ (zynq_ultra_ps_e): the PL clock 0, HPM0_FPD to the AXI4-Lite slaves, HP0_FPD for the DMA.
+# Board part and part: XilinxBoardStore boards/Xilinx/zcu104/1.1/board.xml (xczu7ev-ffvc1156-2-e) and
+# boards/Xilinx/kv260_som/1.4 (the KV260's K26 SOM, xck26-sfvc784-2LV-c).
+def _zynqmp_board(name: str, title: str, part: str, board_part: str, ddr_mib: int, host_access: str,
+                  aliases: tuple[str, ...]) -> ZynqBoard:
+    """A Zynq UltraScale+ board: 33.333 MHz PS reference clock, 64-bit DDR4, a PYNQ image, any version of its
+    board files probed."""
+    return ZynqBoard(name=name, title=title, maker="AMD/Xilinx", part=part, vivado_board_part=board_part,
+                     family="zynqmp", board_part_patterns=(board_part.rsplit(":", 1)[0] + ":*",),
+                     ps7_preset=f"board preset of {board_part} (block automation with apply_board_preset)",
+                     ps_clk_mhz=33.333, ddr_mib=ddr_mib, ddr_bus_bits=64, pynq_image=True, host_access=host_access,
+                     aliases=aliases)
+
+
+ZCU104 = _zynqmp_board("zcu104", "ZCU104", "xczu7ev-ffvc1156-2-e", "xilinx.com:zcu104:part0:1.1", 2048,
+                       "official PYNQ image for the ZCU104; PMBus power rails readable with pynq.get_rails()",
+                       ("zcu-104",))
+KV260 = _zynqmp_board("kv260", "KV260", "xck26-sfvc784-2LV-c", "xilinx.com:kv260_som:part0:1.4", 4096,
+                      "Kria-PYNQ on the Ubuntu image; pynq loads the overlay (its power sensors are not configured "
+                      "in pynq)", ("kria", "kv-260", "k26"))
+
+BOARDS: Mapping[str, ZynqBoard] = MappingProxyType({b.name: b for b in (ZEDBOARD, PYNQ_Z1, PYNQ_Z2, ZCU104,
+                                                                          KV260)})
 """Known Zynq boards by canonical name."""
 
 _LOOKUP = {key: b for b in BOARDS.values() for key in (b.name, b.title.lower(), *b.aliases)}

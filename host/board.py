@@ -9,10 +9,13 @@ when a board is opened: it exists on the board image, not in the development env
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["find_description", "open_board", "BoardError", "HARDWARE_SECTIONS"]
+__all__ = ["find_description", "open_board", "require_root", "BoardError", "HARDWARE_SECTIONS"]
 
 #: Configuration sections the accelerator is built from: a training configuration must agree with the
 #: bitstream's on these (the rest, e.g. epochs, schedule, data, may differ).
@@ -31,6 +34,16 @@ def find_description(bitstream: Path) -> Path:
             return cand
     raise BoardError(f"--bitstream {bitstream}: no accelerator.json beside it or one folder up (xnortrain generate "
                      "writes it into the --out folder, the bitstream into its vivado/ subfolder)")
+
+
+def require_root(euid: int | None = None) -> None:
+    """pynq maps the PL's registers through /dev/mem and loads bitstreams through the FPGA manager: root only (it
+    raises ``EnvironmentError("Root permissions required.")`` otherwise, pynq/pl_server/embedded_device.py). Say
+    so in one line, with what a user of the PYNQ image does, before pynq is touched."""
+    euid = os.geteuid() if euid is None else euid
+    if euid != 0:
+        raise BoardError("--target board: pynq needs root on the board; run `sudo -i`, then `source "
+                         "/etc/profile.d/pynq_venv.sh` (the pynq venv) and this command again")
 
 
 def check_config(cfg, desc) -> None:
@@ -59,7 +72,9 @@ def check_config(cfg, desc) -> None:
 @contextlib.contextmanager
 def open_board(cfg, bitstream: str | None, *, log=print, step_log=None) -> Iterator:
     """Load the overlay and yield a connected :class:`host.driver.Driver` (identification checked)."""
-    from .driver import AcceleratorDescription, Driver, PynqTransport
+    from host.driver import Driver
+    from host.transports.pynq import PynqTransport
+    from rtl_gen.contract import AcceleratorDescription
 
     bit = Path(bitstream or "xnortrain.bit")
     if bit.suffix != ".bit":
@@ -72,11 +87,12 @@ def open_board(cfg, bitstream: str | None, *, log=print, step_log=None) -> Itera
     desc_path = find_description(bit)
     desc = AcceleratorDescription.from_json(desc_path)
     check_config(cfg, desc)
-    try:
-        import pynq
-    except ImportError:
+    if "pynq" not in sys.modules and importlib.util.find_spec("pynq") is None:
         raise BoardError("--target board needs the pynq package (on a PYNQ board image; "
-                         "pip install xnortrain[board] there); off a board use --target sim") from None
+                         "pip install xnortrain[board] there); off a board use --target sim")
+    require_root()  # before pynq is imported: as another user it may fail while loading the device
+    import pynq
+
     log(f"loading overlay {bit} (description {desc_path})")
     overlay = pynq.Overlay(str(bit))
     transport = PynqTransport(overlay)  # the overlay's clock; checked against desc.clock_mhz when attached

@@ -370,18 +370,24 @@ def make_parser() -> argparse.ArgumentParser:
                      help="with --synth-by-unit: run the unit syntheses on the Dask cluster whose scheduler is at "
                           "ADDRESS (e.g. tcp://host:8786; workers: `dask worker ADDRESS --nworkers N --nthreads 1` in "
                           "this package's environment, extra `cluster`); same report. An unreachable address: exit 2")
-    p.add_argument("--board", choices=("pynq-z2", "pynq-z1", "zedboard", "ulx3s-85f"),
-                   help="pynq-z2|pynq-z1|zedboard: also write DIR/vivado/ (build.tcl + Makefile), the Vivado build of "
-                        "a PYNQ overlay (xnortrain.bit + xnortrain.hwh); `make -C DIR/vivado` needs Vivado. "
-                        "ulx3s-85f: instead of the xc7z020 estimate, place and route on the ECP5-85F with yosys "
-                        "synth_ecp5 + nextpnr-ecp5 (Fmax, utilisation, DIR/ecp5/xnortrain.bit): a timing proxy for "
-                        "another family, not the Zynq; with --synth-by-unit also each unit out of context")
+    p.add_argument("--board", choices=("pynq-z2", "pynq-z1", "zedboard", "zcu104", "kv260", "ulx3s-85f"),
+                   help="pynq-z2|pynq-z1|zedboard|zcu104|kv260: also write DIR/vivado/ (build.tcl + Makefile), the "
+                        "Vivado build of a PYNQ overlay (xnortrain.bit + xnortrain.hwh); `make -C DIR/vivado` needs "
+                        "Vivado. ulx3s-85f: instead of the xc7z020 estimate, place and route on the ECP5-85F with "
+                        "yosys synth_ecp5 + nextpnr-ecp5 (Fmax, utilisation, DIR/ecp5/xnortrain.bit): a timing proxy "
+                        "for another family, not the Zynq; with --synth-by-unit also each unit out of context")
+    p.add_argument("--board-repo", dest="board_repo", metavar="DIR",
+                   help="with a Zynq --board: a folder of Vivado board files the build searches first "
+                        "(set_param board.repoPaths); without the board's files the build sets the PS itself")
+    p.add_argument("--clock-mhz", dest="clock_mhz", type=float, metavar="F",
+                   help="the accelerator's clock in MHz (default 100): FCLK0 of the Vivado build, accelerator.json, "
+                        "and the clock report.json prices images per second and the energy estimate at")
     p.add_argument("--energy-estimate", dest="energy_estimate", action="store_true",
                    help="also estimate the PL energy per training step and per image (uJ; an estimate, not a "
                         "measurement): the synthesised resources, the toggle activity of one step on the simulated "
                         "board built with Verilator toggle coverage (minutes), and the xc7z020 constants of "
                         "boards/power.py; needs the xc7z020 synthesis (not --no-synth, not an ECP5 board)")
-    p.set_defaults(func=_lazy("rtl_gen.generate", "generate_main"))
+    p.set_defaults(func=_lazy("host.generate", "generate_main"))
 
     p = sub.add_parser(
         "explore", help="search the lane parameters for the fewest cycles per image that fit a device",
@@ -397,7 +403,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--png", metavar="FILE", help="plot the two Pareto fronts to this .png file")
     p.add_argument("--json", nargs="?", const="-", metavar="OUT",
                    help="the search's result as JSON: to OUT, or alone on stdout (no table) without OUT")
-    p.set_defaults(func=_lazy("rtl_gen.explore", "explore_main"))
+    p.set_defaults(func=_lazy("host.explore", "explore_main"))
 
     p = sub.add_parser("verify", help="simulate training steps in Verilator and compare with the bit-exact model")
     _add_config_args(p)
@@ -429,7 +435,11 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-offset", type=float, default=0.0, metavar="S",
                    help="seconds added to the power log's times (a log with relative times: its zero as Unix time)")
     p.add_argument("--rails", metavar="A,B",
-                   help="DataRecorder frame: the rails to sum (column <rail>_power), e.g. 12V")
+                   help="DataRecorder frame: the rails to sum (column <rail>_power), e.g. 12V; default the PL and PS "
+                        "rails (VCCINT, VCCBRAM, VCCAUX, ... and VCCPSINTFP, ...), each domain also reported apart")
+    p.add_argument("--energy-estimate", dest="energy_estimate", metavar="REPORT_JSON",
+                   help="print the PL energy estimate of `generate --energy-estimate` (its report.json) beside the "
+                        "measurement")
     p.add_argument("--min-samples", type=int, default=2, metavar="N",
                    help="power samples required inside every step window (default 2; 0 accepts interpolation)")
     p.add_argument("--json", metavar="OUT", help="also write the report as JSON")

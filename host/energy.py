@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["EnergyError", "EnergyReport", "PowerTrace", "StepLog", "StepWindow", "integrate", "load_power",
-           "load_steps", "measure", "measure_main"]
+           "load_steps", "measure", "measure_main", "rail_domain"]
 
 
 class EnergyError(ValueError):
@@ -119,6 +119,31 @@ class PowerTrace:
     p: np.ndarray
     columns: str
     source: str = ""
+    domains: dict = field(default_factory=dict)
+    """A DataRecorder frame's rails summed per domain: ``"PL"`` / ``"PS"`` -> a :class:`PowerTrace` of their sum
+    (:func:`rail_domain`); empty for a meter's log."""
+
+
+#: Times beyond this many seconds (the year 2286 as Unix time) are refused: no log or offset is that far out.
+MAX_TIME_S = 1e10
+
+# The Zynq UltraScale+ supplies by domain, as its PMBus regulators and INA226 monitors name them on the ZCU10x
+# boards (the ZCU102/ZCU104 user guides' power tables; Xilinx's "accurate design power measurement" article splits
+# them the same way): the programmable logic's core, block RAM and auxiliary supplies and its I/O and transceiver
+# rails; the processing system's full- and low-power domains, auxiliary, PLLs, DDR and its I/O and transceivers.
+PL_RAILS = frozenset({"VCCINT", "VCCBRAM", "VCCAUX", "VCCINTIO", "VCCAUXIO", "VCC1V2", "VCC1V8", "VCC3V3",
+                      "VADJFMC", "MGTAVCC", "MGTAVTT", "MGTVCCAUX", "VCCO"})
+PS_RAILS = frozenset({"VCCPSINTFP", "VCCPSINTLP", "VCCINTLP", "VCCPSINTFPDDR", "VCCPSAUX", "VCCPSPLL",
+                      "VCCPSDDR", "VCCPSDDRPLL", "VCCODDR", "VCCOPSDDR", "VCCOPSDDR504", "VCCOPS", "VCCOPS3",
+                      "VCCPSADC", "VCCPSBATT", "MGTRAVCC", "MGTRAVTT", "PSMGTRAVCC", "PSMGTRAVTT", "PSINTFP",
+                      "PSINTLP", "PSAUX", "PSPLL", "PSDDR", "PSDDRPLL"})
+
+
+def rail_domain(name: str) -> str | None:
+    """``"PL"``, ``"PS"`` or None (a supply input such as ``12V``, or a name not known) for a rail name, compared
+    upper-case without punctuation (``VCCPSINTFP``, ``VCC_PSINTFP``, ``VADJ_FMC``)."""
+    key = re.sub(r"[^A-Z0-9]", "", str(name).upper())
+    return "PL" if key in PL_RAILS else "PS" if key in PS_RAILS else None
 
 
 def _check_file(path, what: str) -> Path:
@@ -130,38 +155,64 @@ def _check_file(path, what: str) -> Path:
     return path
 
 
+def _read_text(path: Path, what: str) -> str:
+    """The file as UTF-8 text (a byte-order mark allowed); another encoding is refused naming the line."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise EnergyError(f"{what} {path} line {line}: not UTF-8 text (byte 0x{data[e.start]:02x}); save it as "
+                          "UTF-8") from None
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def load_steps(path) -> list[StepWindow]:
     """Read a step log (JSONL, one object per line with ``t_start`` and ``t_end`` or ``duration_s``,
-    ``batch``; ``step`` and ``cycles`` optional)."""
+    ``batch`` (a whole number); ``step`` and ``cycles`` (whole numbers) optional). Steps whose windows overlap
+    (a duplicated line, two logs pasted together) are refused: their energy would be counted twice."""
     path = _check_file(path, "--steps")
     steps: list[StepWindow] = []
-    with open(path, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise EnergyError(f"--steps {path} line {n}: not JSON ({e.msg})") from None
-            if not isinstance(rec, dict):
-                raise EnergyError(f"--steps {path} line {n}: expected a JSON object, got {type(rec).__name__}")
-            try:
-                t0 = float(rec["t_start"])
-                t1 = float(rec["t_end"]) if "t_end" in rec else t0 + float(rec["duration_s"])
-                batch = int(rec["batch"])
-            except KeyError as e:
-                raise EnergyError(f"--steps {path} line {n}: no {e.args[0]!r} field") from None
-            except (TypeError, ValueError):
-                raise EnergyError(f"--steps {path} line {n}: t_start/t_end/batch are not numbers") from None
-            if not (math.isfinite(t0) and math.isfinite(t1)) or t1 <= t0:
-                raise EnergyError(f"--steps {path} line {n}: the step ends ({t1}) before it starts ({t0})")
-            if batch < 1:
-                raise EnergyError(f"--steps {path} line {n}: batch {batch} must be >= 1")
-            cycles = rec.get("cycles")
-            steps.append(StepWindow(int(rec.get("step", len(steps))), t0, t1, batch,
-                                    None if cycles is None else int(cycles)))
+    lines: list[int] = []
+    for n, line in enumerate(_read_text(path, "--steps").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise EnergyError(f"--steps {path} line {n}: not JSON ({e.msg})") from None
+        if not isinstance(rec, dict):
+            raise EnergyError(f"--steps {path} line {n}: expected a JSON object, got {type(rec).__name__}")
+        try:
+            t0 = float(rec["t_start"])
+            t1 = float(rec["t_end"]) if "t_end" in rec else t0 + float(rec["duration_s"])
+            batch = rec["batch"]
+        except KeyError as e:
+            raise EnergyError(f"--steps {path} line {n}: no {e.args[0]!r} field") from None
+        except (TypeError, ValueError):
+            raise EnergyError(f"--steps {path} line {n}: t_start/t_end/duration_s are not numbers") from None
+        if not (math.isfinite(t0) and math.isfinite(t1)) or t1 <= t0:
+            raise EnergyError(f"--steps {path} line {n}: the step ends ({t1}) before it starts ({t0})")
+        if not _whole(batch) or batch < 1:
+            raise EnergyError(f"--steps {path} line {n}: batch {batch!r} must be a whole number of images >= 1")
+        cycles, step = rec.get("cycles"), rec.get("step", len(steps))
+        if cycles is not None and not (_whole(cycles) and cycles >= 0):
+            raise EnergyError(f"--steps {path} line {n}: cycles {cycles!r} must be a whole number >= 0 (or absent)")
+        if not (_whole(step) and step >= 0):
+            raise EnergyError(f"--steps {path} line {n}: step {step!r} must be a whole number >= 0")
+        steps.append(StepWindow(step, t0, t1, batch, cycles))
+        lines.append(n)
     if not steps:
         raise EnergyError(f"--steps {path}: no steps in the file")
+    order = sorted(range(len(steps)), key=lambda i: steps[i].t_start)
+    for i, j in zip(order[:-1], order[1:], strict=True):
+        if steps[j].t_start < steps[i].t_end:
+            raise EnergyError(f"--steps {path} lines {min(lines[i], lines[j])} and {max(lines[i], lines[j])}: "
+                              f"steps {steps[i].step} and {steps[j].step} overlap in time (a duplicated line?); "
+                              "each window would be counted twice")
     return steps
 
 
@@ -219,7 +270,10 @@ def load_power(path, *, rails: list[str] | None = None, time_offset: float = 0.0
     """Read a power log (see the module docstring and docs/energy.md for the accepted columns).
     ``time_offset`` (s) is added to every time: a log with relative times gets the wall time of its zero."""
     path = _check_file(path, "--power")
-    text = path.read_text(encoding="utf-8", errors="strict")
+    if not (isinstance(time_offset, (int, float)) and math.isfinite(time_offset) and abs(time_offset) <= MAX_TIME_S):
+        raise EnergyError(f"--time-offset {time_offset!r}: must be a finite number of seconds within "
+                          f"+-{MAX_TIME_S:.0e} (a Unix time now is about 1.7e9)")
+    text = _read_text(path, "--power")
     rows = [r for r in csv.reader(io.StringIO(text)) if any(c.strip() for c in r)]
     if len(rows) < 2:
         raise EnergyError(f"--power {path}: empty (needs a header line and at least 2 samples)")
@@ -248,11 +302,20 @@ def load_power(path, *, rails: list[str] | None = None, time_offset: float = 0.0
         except ValueError:
             raise EnergyError(f"--power {path}: column {header[i]!r} holds a value that is not a number") from None
 
+    groups: dict[str, tuple[list[str], np.ndarray]] = {}
     if recorder:
         rail_cols = {h[: -len("_power")]: i for i, h in enumerate(header) if h.endswith("_power")}
         if not rail_cols:
-            raise EnergyError(f"--power {path}: a DataRecorder frame with no *_power column (header: {header})")
-        chosen = rails or (list(rail_cols) if len(rail_cols) == 1 else None)
+            volts = [h for h in header if h.endswith("_voltage")]
+            raise EnergyError(f"--power {path}: a DataRecorder frame with no *_power column (header: {header})" +
+                              ("; its rails report voltage only: measure power with an external meter (docs/energy.md)"
+                               if volts else ""))
+        by_domain = {d: [r for r in rail_cols if rail_domain(r) == d] for d in ("PL", "PS")}
+        for d, names in by_domain.items():
+            if names:
+                groups[d] = (names, sum(column(rail_cols[r], 1.0) for r in names))
+        default = list(rail_cols) if len(rail_cols) == 1 else by_domain["PL"] + by_domain["PS"] if groups else None
+        chosen = rails or default
         if chosen is None:
             raise EnergyError(f"--power {path}: several rails ({', '.join(rail_cols)}); choose with --rails "
                               "(summing all would count a supply and the rails it feeds twice)")
@@ -261,6 +324,9 @@ def load_power(path, *, rails: list[str] | None = None, time_offset: float = 0.0
             raise EnergyError(f"--power {path}: no rail {missing[0]!r} (rails: {', '.join(rail_cols)})")
         p = sum(column(rail_cols[r], 1.0) for r in chosen)
         used = f"time={header[ti] or '(index)'}, power=sum of {', '.join(r + '_power' for r in chosen)} (W)"
+        left = [r for r in rail_cols if r not in chosen]
+        if left and not rails:
+            used += f"; not added: {', '.join(left)} (neither a PL nor a PS rail: a supply input feeds the others)"
     elif rails:
         raise EnergyError(f"--power {path}: --rails applies to a pynq DataRecorder frame (a 'Mark' column)")
     elif "power" in roles:
@@ -286,13 +352,19 @@ def load_power(path, *, rails: list[str] | None = None, time_offset: float = 0.0
                           "an ISO date-time") from None
     if not (np.all(np.isfinite(t)) and np.all(np.isfinite(p))):
         raise EnergyError(f"--power {path}: NaN or infinite values")
+    negative = np.flatnonzero(p < 0)
+    if negative.size:
+        k = int(negative[0])
+        raise EnergyError(f"--power {path} line {k + 2}: negative power {p[k]:g} W (a current sensor wired the wrong "
+                          "way round, or a signed reading)")
     if np.any(np.diff(t) <= 0):
         k = int(np.argmax(np.diff(t) <= 0)) + 3
         raise EnergyError(f"--power {path} line {k}: time {t[k - 2] - time_offset} does not increase")
     if tscale != 1.0:
         unit = {1e-3: "ms", 1e-6: "us"}.get(tscale, "")
         used = used.replace(f"time={header[ti]}", f"time={header[ti]} ({unit})", 1)
-    return PowerTrace(t, p, used, str(path))
+    return PowerTrace(t, p, used, str(path), {d: PowerTrace(t, gp, f"{d} rails: {', '.join(names)}", str(path))
+                                              for d, (names, gp) in groups.items()})
 
 
 # --- integration ----------------------------------------------------------------------------------------------
@@ -343,6 +415,11 @@ class EnergyReport:
     total_j: float = 0.0
     images: int = 0
     min_samples_per_step: int = 0
+    domains: dict = field(default_factory=dict)
+    """PL / PS rails of a DataRecorder frame apart: ``rails``, ``idle_w``, ``idle_how``, ``net_j`` per step,
+    ``mean_j_per_step``, ``mean_uj_per_image``."""
+    estimate: dict | None = None
+    """The PL *estimate* of ``generate --energy-estimate`` for the same design (its report.json), beside."""
     integration: str = ("trapezoidal rule over the samples in each window, power at the window edges "
                         "linearly interpolated from the samples either side")
 
@@ -365,14 +442,20 @@ def measure(trace: PowerTrace, steps: list[StepWindow], *, idle_window=None, idl
     """Net energy of every step (the report's ``steps``: ``step, t_start, duration_s, cycles, batch, samples,
     mean_w, gross_j, net_j, uj_per_image``). At most one of ``idle_window`` (``(start, end)`` or
     ``"START:END"``, seconds in the step log's clock), ``idle_seconds`` (the N s before the first step),
-    ``idle_watts``."""
+    ``idle_watts``. A trace with PL / PS rails (:attr:`PowerTrace.domains`) also gets each domain's net energy
+    (``EnergyReport.domains``), its idle taken over the same window (gross with ``idle_watts``: the figure is for
+    the whole sum)."""
     if sum(x is not None for x in (idle_window, idle_seconds, idle_watts)) > 1:
         raise EnergyError("give at most one of --idle-window, --idle-seconds, --idle-watts")
+    if not _whole(min_samples) or min_samples < 0:
+        raise EnergyError(f"--min-samples {min_samples!r}: must be a whole number >= 0 (0 accepts interpolated "
+                          "values)")
     steps = sorted(steps, key=lambda s: s.t_start)
     first = steps[0].t_start
+    window = None
     if idle_seconds is not None:
-        if not idle_seconds > 0:
-            raise EnergyError(f"--idle-seconds {idle_seconds}: must be > 0")
+        if not (math.isfinite(idle_seconds) and idle_seconds > 0):
+            raise EnergyError(f"--idle-seconds {idle_seconds}: must be a finite number > 0")
         idle_window = (first - idle_seconds, first)
         how_prefix = f"mean over the {idle_seconds:g} s before the first step"
     else:
@@ -387,6 +470,7 @@ def measure(trace: PowerTrace, steps: list[StepWindow], *, idle_window=None, idl
             if s.t_start < b and s.t_end > a:
                 raise EnergyError(f"idle window [{_fmt_t(a)}, {_fmt_t(b)}] overlaps step {s.step} "
                                   f"[{_fmt_t(s.t_start)}, {_fmt_t(s.t_end)}]")
+        window = (a, b)
         idle = integrate(trace, a, b) / (b - a)
         how = f"{how_prefix} [{_fmt_t(a)}, {_fmt_t(b)}] ({_samples_in(trace, a, b)} samples)"
     elif idle_watts is not None:
@@ -407,6 +491,10 @@ def measure(trace: PowerTrace, steps: list[StepWindow], *, idle_window=None, idl
         counts.append(n)
         dur = s.t_end - s.t_start
         gross = integrate(trace, s.t_start, s.t_end)
+        if idle_watts is not None and gross / dur < idle:
+            raise EnergyError(f"--idle-watts {idle_watts:g}: above the mean power of step {s.step} ({gross / dur:.6g} "
+                              "W), which would give negative energy; measure the baseline with --idle-window or "
+                              "--idle-seconds")
         net = gross - idle * dur
         rep.steps.append({"step": s.step, "t_start": s.t_start, "duration_s": dur, "cycles": s.cycles,
                           "batch": s.batch, "samples": n, "mean_w": gross / dur, "gross_j": gross, "net_j": net,
@@ -416,7 +504,26 @@ def measure(trace: PowerTrace, steps: list[StepWindow], *, idle_window=None, idl
     rep.mean_j_per_step = rep.total_j / len(steps)
     rep.mean_uj_per_image = rep.total_j / rep.images * 1e6
     rep.min_samples_per_step = min(counts)
+    for name, dom in trace.domains.items():
+        d_idle = integrate(dom, *window) / (window[1] - window[0]) if window else 0.0
+        nets = [integrate(dom, s.t_start, s.t_end) - d_idle * (s.t_end - s.t_start) for s in steps]
+        rep.domains[name] = {"rails": dom.columns.split(": ", 1)[1].split(", "), "idle_w": d_idle,
+                             "idle_how": how if window else "none: gross energy (an idle window measures it per "
+                             "domain)", "net_j": nets, "mean_j_per_step": sum(nets) / len(steps),
+                             "mean_uj_per_image": sum(nets) / rep.images * 1e6}
     return rep
+
+
+def load_estimate(path) -> dict:
+    """The PL energy estimate of a ``generate --energy-estimate`` report.json (``energy_estimate``)."""
+    path = _check_file(path, "--energy-estimate")
+    try:
+        est = json.loads(_read_text(path, "--energy-estimate")).get("energy_estimate")
+    except (json.JSONDecodeError, AttributeError):
+        raise EnergyError(f"--energy-estimate {path}: not a report.json of xnortrain generate") from None
+    if not isinstance(est, dict) or not all(k in est for k in ("per_step_uj", "per_image_uj", "clock_mhz")):
+        raise EnergyError(f"--energy-estimate {path}: no energy_estimate in it (generate it with --energy-estimate)")
+    return est
 
 
 def format_report(rep: EnergyReport, *, max_rows: int = 20) -> str:
@@ -435,8 +542,18 @@ def format_report(rep: EnergyReport, *, max_rows: int = 20) -> str:
         f"idle: {rep.idle_w:.6g} W ({rep.idle_how})",
         f"steps: {len(rep.steps)}, images: {rep.images}, fewest samples in a step: {rep.min_samples_per_step}",
         f"mean: {rep.mean_j_per_step:.6g} J/step, {rep.mean_uj_per_image:.6g} uJ/image "
-        "(whole board, PS included, minus idle)",
+        + ("(the rails above, minus idle)" if rep.domains else "(whole board, PS included, minus idle)"),
     ]
+    for name, d in rep.domains.items():
+        lines.append(f"{name} rails ({', '.join(d['rails'])}): idle {d['idle_w']:.6g} W; {d['mean_j_per_step']:.6g} "
+                     f"J/step, {d['mean_uj_per_image']:.6g} uJ/image")
+    if rep.estimate is not None:
+        e = rep.estimate
+        lo, hi = e.get("low_per_image_uj", float("nan")), e.get("high_per_image_uj", float("nan"))
+        lines.append(f"PL estimate (generate --energy-estimate, {e['clock_mhz']:g} MHz, {e.get('cycles', '?')} "
+                     f"cycles per step): {e['per_step_uj'] * 1e-6:.6g} J/step, {e['per_image_uj']:.6g} uJ/image "
+                     f"({lo:.6g} to {hi:.6g})" + ("" if "PL" in rep.domains else
+                                                  "; no PL rails measured here to set it beside"))
     return "\n".join(lines)
 
 
@@ -473,8 +590,10 @@ def measure_main(args) -> int:
     steps = load_steps(args.steps)
     json_out = _output_file("--json", args.json) if args.json else None
     png_out = _output_file("--plot", args.plot, ".png") if args.plot else None
+    estimate = load_estimate(args.energy_estimate) if getattr(args, "energy_estimate", None) else None
     rep = measure(trace, steps, idle_window=args.idle_window, idle_seconds=args.idle_seconds,
                   idle_watts=args.idle_watts, min_samples=args.min_samples)
+    rep.estimate = estimate
     print(format_report(rep))
     if json_out:
         _write_json(str(json_out), rep.to_dict())

@@ -3,7 +3,7 @@
 A PYNQ board in software. The accelerator's Verilog is compiled by Verilator together with a small C++
 bus harness (``host/simboard.cpp``: the clock loop, an AXI4-Lite master, the two 32-bit AXI-Streams
 with TLAST, a cycle counter) into a shared library that Python loads with :mod:`ctypes`. The host side is
-the real :class:`host.driver.Driver` on :class:`SimTransport`, a :class:`host.driver.BlockingTransport`; no
+the real :class:`host.driver.Driver` on :class:`SimTransport`, a :class:`host.transports.base.BlockingTransport`; no
 Python runs per clock cycle, so a training step runs at the speed of the Verilated model itself::
 
     from host.driver import Driver
@@ -25,10 +25,10 @@ its own cache folder, the normal build's key is unchanged): :meth:`SimBoard.cove
 switching activity).
 
 Every bus wait is bounded in cycles: an AXI4-Lite access that gets no response within ``bus_cycles``
-raises :class:`host.driver.AcceleratorTimeout`; a stream transfer that makes no progress for ``max_idle``
-cycles raises :class:`host.driver.TransferTimeout` naming the transfer (the driver then aborts the
-command), as :class:`host.driver.PynqTransport` does on the board. A stream the accelerator ends early
-(TLAST before the last word) raises :class:`host.driver.AcceleratorError`, as the DMA would report it.
+raises :class:`host.errors.AcceleratorTimeout`; a stream transfer that makes no progress for ``max_idle``
+cycles raises :class:`host.errors.TransferTimeout` naming the transfer (the driver then aborts the
+command), as :class:`host.transports.pynq.PynqTransport` does on the board. A stream the accelerator ends early
+(TLAST before the last word) raises :class:`host.errors.AcceleratorError`, as the DMA would report it.
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
-
-from .driver import AcceleratorDescription, AcceleratorError, AcceleratorTimeout, BlockingTransport, TransferTimeout
+from host.errors import AcceleratorError
+from host.transports.simboard import BUS_CYCLES, MAX_IDLE, SimTransport
+from rtl_gen.contract import AcceleratorDescription, hardware_config
 
 __all__ = ["COVERAGE_ARGS", "COVERAGE_HARNESS", "COVERAGE_MAKE_VARS", "HARNESS", "VERILATOR_ARGS", "SimBoard",
            "SimBoardBuildError", "SimTransport", "build_library"]
@@ -81,10 +81,6 @@ COVERAGE_ARGS = ("--coverage-toggle", "--coverage-max-width", "4096")
 #: few steps it measures, so compile time matters more than speed.
 COVERAGE_MAKE_VARS = {"OPT_FAST": "-O0", "OPT_SLOW": "-O0", "OPT_GLOBAL": "-O0"}
 
-#: Cycles an AXI4-Lite access may wait for its response (the register file answers in a few cycles).
-BUS_CYCLES = 10_000
-#: Cycles a stream transfer may go without moving a word before it is given up.
-MAX_IDLE = 1_000_000
 
 
 class SimBoardBuildError(RuntimeError):
@@ -180,11 +176,13 @@ def _generator_digest() -> str:
 
 def verilog_cache_path(cfg, top: str) -> Path:
     """Where the accelerator's Verilog for ``cfg`` is kept: elaborating the paper's MLP takes most of a minute,
-    so :meth:`SimBoard.build` reuses the text while the configuration (its resolved TOML) and the generator's
-    sources are unchanged."""
+    so :meth:`SimBoard.build` reuses the text while the configuration's hardware fields
+    (:func:`rtl_gen.contract.hardware_config`: a new seed, number of epochs, data limit or learning rate keeps the
+    text) and the generator's sources are unchanged."""
     from rtl_gen.toolchain import build_root
 
-    key = hashlib.sha256((cfg.to_toml() + "\n" + _generator_digest()).encode()).hexdigest()[:16]
+    hw = json.dumps(hardware_config(cfg.to_toml()), sort_keys=True)
+    key = hashlib.sha256((hw + "\n" + _generator_digest()).encode()).hexdigest()[:16]
     return build_root() / "verilog" / f"{top}-{key}.v"
 
 
@@ -308,73 +306,10 @@ def _load(path: Path) -> ctypes.CDLL:
     return lib
 
 
-class SimTransport(BlockingTransport):
-    """The driver's bus on a :class:`SimBoard` (register accesses and stream transfers run in C++).
-
-    ``bus_cycles``: an AXI4-Lite access without a response within this many cycles raises
-    :class:`AcceleratorTimeout`; ``max_idle``: a stream transfer that moves no word for this many cycles
-    in a row raises :class:`TransferTimeout`. A non-OKAY response (SLVERR) raises :class:`AcceleratorError`."""
-
-    def __init__(self, board: SimBoard, *, bus_cycles: int = BUS_CYCLES, max_idle: int = MAX_IDLE):
-        for name, v in (("bus_cycles", bus_cycles), ("max_idle", max_idle)):
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} = {v!r}: expected a positive number of cycles")
-        self.board = board
-        self.bus_cycles = bus_cycles
-        self.max_idle = max_idle
-
-    def read(self, addr: int) -> int:
-        b = self.board
-        data, resp = ctypes.c_uint32(), ctypes.c_uint32()
-        if b._lib.sb_read(b._handle(), int(addr), self.bus_cycles, ctypes.byref(data), ctypes.byref(resp)):
-            raise AcceleratorTimeout(f"AXI4-Lite read of {int(addr):#x}: no response within {self.bus_cycles} cycles")
-        if resp.value:
-            raise AcceleratorError(f"AXI4-Lite read of {int(addr):#x} answered {resp.value} (not OKAY)")
-        return data.value
-
-    def write(self, addr: int, value: int) -> None:
-        b = self.board
-        resp = ctypes.c_uint32()
-        if b._lib.sb_write(b._handle(), int(addr), int(value) & 0xFFFFFFFF, 0xF, self.bus_cycles, ctypes.byref(resp)):
-            raise AcceleratorTimeout(f"AXI4-Lite write of {int(addr):#x}: no response within {self.bus_cycles} cycles")
-        if resp.value:
-            raise AcceleratorError(f"AXI4-Lite write of {int(addr):#x} answered {resp.value} (not OKAY)")
-
-    def send(self, words: np.ndarray) -> None:
-        b = self.board
-        words = np.ascontiguousarray(np.asarray(words).reshape(-1), dtype=np.uint32)
-        n = len(words)
-        if n == 0:
-            return
-        ptr = words.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32))
-        took = b._lib.sb_send(b._handle(), ptr, n, 1, self.max_idle)
-        if took != n:
-            raise TransferTimeout(f"stream send of {n} words: the accelerator took {took} and then was not ready for "
-                                  f"{self.max_idle} cycles")
-
-    def receive(self, count: int) -> np.ndarray:
-        b = self.board
-        count = int(count)
-        out = np.zeros(count, np.uint32)
-        if count == 0:
-            return out
-        last = ctypes.c_int64()
-        got = b._lib.sb_receive(b._handle(), out.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)), count,
-                                self.max_idle, ctypes.byref(last))
-        if got != count:
-            if last.value >= 0:
-                raise AcceleratorError(f"stream receive of {count} words: the stream ended (TLAST) after {got} words")
-            raise TransferTimeout(f"stream receive of {count} words: {got} came, then none for {self.max_idle} cycles")
-        return out
-
-    def sleep(self, cycles: int) -> None:
-        self.board.run(int(cycles))
-
-
 class SimBoard:
     """A simulated PYNQ board: the accelerator's Verilated model in a shared library (:func:`build_library`).
 
-    ``description``: the accelerator's :class:`host.driver.AcceleratorDescription`; ``transport``: a
+    ``description``: the accelerator's :class:`rtl_gen.contract.AcceleratorDescription`; ``transport``: a
     :class:`SimTransport` for :class:`host.driver.Driver`; ``cycles``: clock cycles simulated since the board
     was opened. The model comes out of reset when the board is opened; :meth:`close` (or the ``with`` block's
     end) frees it."""

@@ -1,6 +1,6 @@
 """Running the generated accelerator in simulation and checking it against the bit-exact model.
 
-- :func:`run_system`: one cocotb run of ``sim/tb/system_tb.py`` on the whole accelerator (Verilator with VPI; the
+- :func:`run_system`: one cocotb run of ``tb/system_tb.py`` on the whole accelerator (Verilator with VPI; the
   host driver on a cocotb transport, with random stalls and backpressure when asked): the testbenches' runner;
 - :func:`verify` (``xnortrain verify``): build the accelerator, run training steps on real batches through the host
   driver, compare every read-back quantity with :class:`sim.hw.model.HwModel` after every step.
@@ -71,13 +71,13 @@ def run_system(cfg, *, mode: str = "train", steps: int = 1, data=None, stress: b
                name: str | None = None, lr: float | None = None, waves: bool = False, verbose: bool = False,
                timeout_cycles: int | None = None, model_overrides: list[str] | None = None,
                lrs=None, progress=None, state=None, tb_params: dict | None = None) -> dict:
-    """Build the accelerator for ``cfg`` and run ``sim/tb/system_tb.py`` in ``mode``; returns its report.
+    """Build the accelerator for ``cfg`` and run ``tb/system_tb.py`` in ``mode``; returns its report.
 
     ``lr`` (one learning rate for every step) or ``lrs`` (one per step) and ``progress`` (one per step, the
     iir alpha decay's position) give the schedule of ``mode="train"``, default the configuration's initial rate
     at progress 0. ``state``: a :meth:`sim.hw.model.HwModel.state_dict` (e.g. of a model trained in Python) that
     the run starts from, restored into the model and the accelerator, instead of the power-on state.
-    ``tb_params``: more testbench parameters (sim/tb/system_tb.py), e.g. ``infer_n`` for ``mode="infer"``.
+    ``tb_params``: more testbench parameters (tb/system_tb.py), e.g. ``infer_n`` for ``mode="infer"``.
 
     ``model_overrides`` (for tests of the comparison itself) give the testbench's bit-exact model a configuration
     that differs from the hardware's by these ``key=value`` settings: a setting the datapath depends on must then

@@ -66,10 +66,14 @@ import pynq
 from host.board import open_board
 
 driver = stack.enter_context(open_board(cfg, BITSTREAM, step_log=StepLog(steps_path)))
-rails = pynq.get_rails()
-if rails and not METER_CSV:  # boards with PMBus sensors: record every rail's power while training
-    recorder = pynq.DataRecorder(*[r.power for r in rails.values() if getattr(r, "power", None) is not None])
+# boards with PMBus sensors (ZCU104): record every rail that reports power while training; energy-measure adds the
+# PL rails and the PS rails and reports each apart. Rails that report only a voltage (power None) measure nothing.
+power_sensors = [r.power for r in pynq.get_rails().values() if getattr(r, "power", None) is not None]
+if power_sensors and not METER_CSV:
+    recorder = pynq.DataRecorder(*power_sensors)
     stack.enter_context(recorder.record(0.01))
+elif not METER_CSV:
+    print("this board has no rail that reports power: log an external meter and set METER_CSV (docs/energy.md)")
 
 # %%
 if driver is None:  # no board: the simulated board; its steps are timed the same way

@@ -3,7 +3,7 @@
 The host path (:mod:`rtl_gen.top`) moves every quantity as *memory words*: a quantity lives in one
 memory, or in several banks read at the same address whose outputs concatenate into one word, and a
 word of ``W`` bits travels as ``ceil(W / 32)`` 32-bit beats, least significant first (the format
-``host.driver.QuantityLayout`` decodes). Three blocks do all of it:
+``rtl_gen.contract.QuantityLayout`` decodes). Three blocks do all of it:
 
 - :class:`BeatWriter`: stream beats in, whole words out as sequential memory writes, with the TLAST
   checks of the ``framing`` error (upload and restore);

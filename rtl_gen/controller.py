@@ -1,7 +1,7 @@
 """The accelerator's control registers (declared once) and the command controller.
 
 :func:`build_regmap` declares every register the host sees; the map is exported as JSON with the
-accelerator description (``host.driver.AcceleratorDescription``) and implemented by
+accelerator description (``rtl_gen.contract.AcceleratorDescription``) and implemented by
 :class:`rtl_gen.axil.AXI4LiteCSR` in :mod:`rtl_gen.top`.
 
 Commands (``cmd``, one pulse field each; write exactly one bit):
@@ -45,12 +45,12 @@ from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from host.driver import HASH_REGISTER
 from rtl_gen.regmap import Field, Register, RegisterMap
 from sim.hw.optim import PROB_BITS
 from sim.hw_config import LAYER_FIELD_BITS
 
 from .buffers import SplitMemory
+from .contract import HASH_REGISTER
 from .shared import layer_port, per_layer
 
 __all__ = [
@@ -83,7 +83,7 @@ def build_regmap(*, name: str, layers: int, batch: int, classes: int, input_int8
                  desc_hash: int = 0) -> RegisterMap:
     """The accelerator's register map (12-bit address space: one 4 KiB AXI window). ``loss_bits``: width of the
     loss unit's integer loss (``loss``, and ``loss_hi`` for the bits above 32). ``desc_hash``: the value of the
-    read-only ``id_hash`` register, :func:`host.driver.description_hash` of the accelerator's description (which
+    read-only ``id_hash`` register, :func:`rtl_gen.contract.description_hash` of the accelerator's description (which
     leaves this value out, so it can be computed from the map built with 0)."""
     if not 1 <= layers < (1 << layer_bits):
         raise ValueError(f"layers = {layers} does not fit the {layer_bits}-bit layer field")
@@ -105,7 +105,7 @@ def build_regmap(*, name: str, layers: int, batch: int, classes: int, input_int8
             Field("batch", 16, reset=batch),
         ]),
         Register(HASH_REGISTER, "ro", width=32, reset=desc_hash,
-                 desc="hash of accelerator.json (host.driver.description_hash): the driver refuses another one"),
+                 desc="hash of accelerator.json (rtl_gen.contract.description_hash): the driver refuses another one"),
         Register("cmd", "pulse", desc="commands: write exactly one bit", fields=[
             Field(c, 1, desc=f"start {c}") for c in COMMANDS
         ]),

@@ -1,6 +1,6 @@
 """The host's view of a :class:`rtl_gen.plan.SystemPlan`: every quantity the host can read back or restore (its
 stream layout, the unit and storage space that hold it), the batch and label formats, the register map and the
-description written to ``accelerator.json`` (:class:`host.driver.AcceleratorDescription`) with its hash.
+description written to ``accelerator.json`` (:class:`rtl_gen.contract.AcceleratorDescription`) with its hash.
 :class:`HostInterfacePlan` is mixed into :class:`~rtl_gen.plan.SystemPlan`, whose layers and geometries it reads.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from host.driver import AcceleratorDescription, QuantityLayout, description_hash
 from sim.hw.optim import PROB_BITS
 
+from .contract import AcceleratorDescription, QuantityLayout, description_hash
 from .controller import (
     SPACE_A,
     SPACE_BETA,
@@ -174,7 +174,7 @@ class HostInterfacePlan:
 
     @property
     def desc_hash(self) -> int:
-        """The ``id_hash`` register's value: :func:`host.driver.description_hash` of :meth:`description` (which
+        """The ``id_hash`` register's value: :func:`rtl_gen.contract.description_hash` of :meth:`description` (which
         leaves the register's own value out, so the description with the map built with 0 gives it)."""
         if getattr(self, "_desc_hash", None) is None:
             self._desc_hash = description_hash(self._description(self._regmap(0)))

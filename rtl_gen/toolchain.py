@@ -50,7 +50,7 @@ __all__ = [
 REPO_ROOT = Path(__file__).resolve().parent.parent
 """The checkout this package was imported from (editable install)."""
 
-TB_DIR = REPO_ROOT / "sim" / "tb"
+TB_DIR = REPO_ROOT / "tb"
 """Where cocotb testbench modules live; always on the simulator's Python path."""
 
 #: Variables added to MAKEFLAGS for every ``make`` that Verilator's build runs (fixes 2 and 3).
@@ -308,7 +308,7 @@ def run_cocotb(
     generate the Verilog afresh for every call (a cache of generated Verilog keyed on a list of generator
     files goes stale when a file missing from the list changes).
 
-    Testbench modules are imported from :data:`TB_DIR` (``sim/tb``), the repository root, ``python_path``
+    Testbench modules are imported from :data:`TB_DIR` (``tb/``), the repository root, ``python_path``
     and the caller's ``sys.path``. ``extra_env`` reaches the simulation (e.g. parameters for the
     testbench). ``testcase`` selects tests by function name; ``test_filter`` is a regular expression on
     the full name, needed for ``cocotb.parametrize`` variants (``module.test/param=i``).

@@ -33,7 +33,6 @@ from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from host.driver import HASH_REGISTER
 from sim.hw.arith import loss_grad_scale
 
 from .axil import AXI4LiteCSR, AXI4LiteSignature, vivado_ports
@@ -48,6 +47,7 @@ from .buffers import (
     WordSerializer,
     beats_for,
 )
+from .contract import HASH_REGISTER
 from .host_interface import E_WIDTH
 from .loss_unit import LossGradUnit, OutputLogitUnit
 from .plan import TOP_NAME, LayerPlan, SystemPlan

@@ -35,6 +35,8 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10 (PYNQ board images): the same parser, published as tomli (a dependency there)
     import tomli as tomllib
 
+import tomli_w
+
 from .hw_config import HwConfig
 from .schema import ConfigError, build, key_name, opt, sub
 
@@ -428,55 +430,11 @@ def _layer_to_dict(spec: LayerSpec) -> dict:
     return {k: getattr(spec, k) for k in keep}
 
 
-#: TOML basic-string escapes; other control characters are written as \uXXXX
-_TOML_ESCAPES = {"\\": "\\\\", '"': '\\"', "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
-
-
-def _toml_string(v: str) -> str:
-    """``v`` as a TOML basic string that reads back as ``v`` (every control character escaped)."""
-    out = []
-    for ch in v:
-        if ch in _TOML_ESCAPES:
-            out.append(_TOML_ESCAPES[ch])
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\u{ord(ch):04X}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
-
-
-def _toml_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return _toml_string(v)
-    if isinstance(v, float):
-        return repr(v)
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
-    if v is None:
-        raise ConfigError("cannot write None to TOML")
-    raise ConfigError(f"cannot write {v!r} to TOML")
-
-
-def _to_toml(d: dict, prefix: str = "") -> str:
-    lines, tables = [], []
-    for k, v in d.items():
-        if isinstance(v, dict):
-            tables.append((k, v))
-        elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
-            lines.append(f"{k} = [\n" + "".join(f"  {_toml_value(x)},\n" for x in v) + "]")
-        else:
-            lines.append(f"{k} = {_toml_value(v)}")
-    out = "\n".join(lines) + ("\n" if lines else "")
-    for k, v in tables:
-        name = f"{prefix}{k}"
-        out += f"\n[{name}]\n" + _to_toml(v, name + ".")
-    return out
+def _to_toml(d: dict) -> str:
+    try:
+        return tomli_w.dumps(d)
+    except TypeError as e:  # a value TOML cannot hold (None)
+        raise ConfigError(f"cannot write the configuration as TOML: {e}") from None
 
 
 # ---------------------------------------------------------------------------

@@ -14,7 +14,7 @@ Everything here is plain NumPy; no downloads happen. Four datasets are known:
     ``test_batch.bin``); not vendored.
 ``svhn``
     SVHN cropped digits (``train_32x32.mat``, ``test_32x32.mat``); not vendored.
-    Read with a small built-in MAT v5 reader (:func:`read_mat`), so SciPy is not needed.
+    Read with ``scipy.io.loadmat`` (:func:`read_mat`; the ``datasets`` extra).
 
 All loaders return a :class:`Dataset` with images as ``uint8 [N, C, H, W]`` and
 labels as ``int64 [N]``. :func:`preprocess` turns the images into what the trainer
@@ -411,160 +411,49 @@ def load_cifar10(path: str | os.PathLike) -> Dataset:
 
 # --------------------------------------------------------------------------- MAT v5 (for SVHN)
 
-# MAT v5 data types (mi*) that carry numbers, and numeric array classes (mx*).
-_MI_TYPES = {1: "i1", 2: "u1", 3: "i2", 4: "u2", 5: "i4", 6: "u4", 7: "f4", 9: "f8", 12: "i8", 13: "u8"}
-_MI_MATRIX, _MI_COMPRESSED = 14, 15
-_MX_NUMERIC = {6: "f8", 7: "f4", 8: "i1", 9: "u1", 10: "i2", 11: "u2", 12: "i4", 13: "u4", 14: "i8", 15: "u8"}
-_MX_NAMES = {1: "cell", 2: "struct", 3: "object", 4: "char", 5: "sparse", 16: "function handle", 17: "opaque"}
 _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
-
-
-class _MatReader:
-    def __init__(self, path: Path, order: str):
-        self.path, self.order = path, order
-
-    def fail(self, msg):
-        raise DatasetError(f"{self.path}: {msg}")
-
-    def u32(self, buf, off):
-        return int.from_bytes(buf[off : off + 4], "little" if self.order == "<" else "big")
-
-    def element(self, buf, off, where):
-        """One tagged data element at ``off``: (type, payload, offset of the next element)."""
-        if off + 8 > len(buf):
-            self.fail(f"{where}: data element tag at byte {off} runs past the end (truncated?)")
-        word = self.u32(buf, off)
-        if word >> 16:  # small data element: type and size share the first word, data in the second
-            mdtype, n = word & 0xFFFF, word >> 16
-            if n > 4:
-                self.fail(f"{where}: small data element at byte {off} claims {n} bytes (at most 4 fit)")
-            return mdtype, buf[off + 4 : off + 4 + n], off + 8
-        n = self.u32(buf, off + 4)
-        end = off + 8 + n
-        if end > len(buf):
-            self.fail(
-                f"{where}: data element at byte {off} declares {n} bytes but only "
-                f"{len(buf) - off - 8} remain (truncated?)"
-            )
-        return word, buf[off + 8 : end], off + 8 + (n + 7) // 8 * 8
-
-    def numbers(self, mdtype, payload, count, where):
-        if mdtype not in _MI_TYPES:
-            self.fail(f"{where}: numeric data stored with unsupported MAT data type {mdtype}")
-        dt = np.dtype(self.order + _MI_TYPES[mdtype])
-        if len(payload) != count * dt.itemsize:
-            self.fail(
-                f"{where}: expected {count} values of {dt.itemsize} bytes ({count * dt.itemsize} bytes) "
-                f"but the element holds {len(payload)} bytes"
-            )
-        return np.frombuffer(payload, dtype=dt, count=count)
-
-    def matrix(self, buf, where):
-        """Parse the body of an miMATRIX element: (name, array or None, class description)."""
-        mdtype, flags_b, off = self.element(buf, 0, where)
-        if mdtype != 6 or len(flags_b) < 8:
-            self.fail(f"{where}: array flags sub-element missing or malformed")
-        flags = self.u32(flags_b, 0)
-        cls, is_complex, is_logical = flags & 0xFF, bool(flags & 0x800), bool(flags & 0x200)
-        mdtype, dims_b, off = self.element(buf, off, where)
-        if mdtype not in (5, 6) or len(dims_b) < 8 or len(dims_b) % 4:  # int32; some writers use uint32
-            self.fail(f"{where}: dimensions sub-element missing or malformed")
-        dims = tuple(int(d) for d in np.frombuffer(dims_b, dtype=self.order + "i4"))
-        mdtype, name_b, off = self.element(buf, off, where)
-        if mdtype not in (1, 2, 16):  # int8 as the format says; uint8 / utf8 from some writers
-            self.fail(f"{where}: array name sub-element missing")
-        name = bytes(name_b).decode("ascii", "replace")
-        where = f"variable {name!r}"
-        if cls not in _MX_NUMERIC:
-            return name, None, _MX_NAMES.get(cls, f"class {cls}")
-        if any(d < 0 for d in dims):
-            self.fail(f"{where}: negative dimension in {dims}")
-        count = math.prod(dims)
-        mdtype, real_b, off = self.element(buf, off, where)
-        arr = self.numbers(mdtype, real_b, count, where).astype(_MX_NUMERIC[cls])
-        if is_complex:
-            mdtype, imag_b, off = self.element(buf, off, where)
-            imag = self.numbers(mdtype, imag_b, count, where)
-            arr = (arr + 1j * imag).astype(np.complex64 if cls == 7 else np.complex128)
-        if is_logical:
-            arr = arr.astype(bool)
-        return name, arr.reshape(dims, order="F"), "numeric"
+#: What a skipped variable is, by the type SciPy reads it as (numeric arrays are kept).
+_MAT_KINDS = {"U": "char", "S": "char", "O": "cell", "V": "struct"}
 
 
 def read_mat(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Read the numeric arrays of a MATLAB v5 (``-v6`` / ``-v7``) MAT-file.
+    """Read the numeric arrays of a MATLAB v5 (``-v6`` / ``-v7``) MAT-file with ``scipy.io.loadmat`` (the
+    ``datasets`` extra: SVHN is the only dataset in this format, and a board never reads it).
 
-    A deliberately small reader, enough for the SVHN cropped-digit files: plain and
-    zlib-compressed (miCOMPRESSED) top-level arrays of the numeric classes (double,
-    single, (u)int8..64, logical, complex), either byte order. Arrays come back in
-    MATLAB's shape (column-major data, so ``X(i,j,k)`` is ``arr[i-1, j-1, k-1]``).
-    Cell arrays, structs, strings, sparse matrices and the like are skipped; asking
-    :func:`load_svhn` for one gives an error naming its class. HDF5-based v7.3 files
-    and v4 files are rejected with a message saying so.
+    Arrays come back in MATLAB's shape and type (``X(i,j,k)`` is ``arr[i-1, j-1, k-1]``, no squeezing). Cell
+    arrays, structs, strings, sparse matrices and the like are skipped; asking :func:`load_svhn` for one gives an
+    error naming its class. HDF5-based v7.3 files and files SciPy cannot read are refused in one line naming the file.
     """
     return _read_mat(Path(path))[0]
 
 
 def _read_mat(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """:func:`read_mat`, plus the names and classes of the variables it skipped."""
-    data = path.read_bytes()
-    if data.startswith(_HDF5_MAGIC) or data[512:520] == _HDF5_MAGIC:
+    with open(path, "rb") as fh:
+        head = fh.read(520)
+    if head.startswith(_HDF5_MAGIC) or head[512:520] == _HDF5_MAGIC:
         raise DatasetError(
             f"{path}: this is a MATLAB v7.3 (HDF5) MAT-file, which this reader does not "
             f"handle; re-save it with save(..., '-v7')"
         )
-    if len(data) < 128:
-        raise DatasetError(
-            f"{path}: {len(data)} bytes, too short for the 128-byte MAT v5 header "
-            f"(MAT v4 and other formats are not supported)"
-        )
-    marker = data[126:128]
-    if marker == b"IM":
-        order = "<"
-    elif marker == b"MI":
-        order = ">"
-    else:
-        raise DatasetError(
-            f"{path}: no MAT v5 endian marker ('IM'/'MI') at byte 126; not a MAT v5 file "
-            f"(MAT v4 and other formats are not supported)"
-        )
-    reader = _MatReader(path, order)
-    version = int.from_bytes(data[124:126], "little" if order == "<" else "big")
-    if version != 0x0100:
-        reader.fail(f"MAT header version 0x{version:04x}; expected 0x0100")
-    view = memoryview(data)
+    try:
+        from scipy.io import loadmat
+    except ImportError:
+        raise DatasetError(f"{path}: reading a MAT-file needs SciPy: pip install 'xnortrain[datasets]'") from None
+    try:
+        raw = loadmat(path, squeeze_me=False, chars_as_strings=False, mat_dtype=False)
+    except Exception as e:  # noqa: BLE001 (SciPy raises ValueError, TypeError, zlib.error, ... on a damaged file)
+        raise DatasetError(f"{path}: not a readable MAT v5 file ({type(e).__name__}: {e})") from None
     out: dict[str, np.ndarray] = {}
     skipped: dict[str, str] = {}
-    off = 128
-    index = 0
-    while off < len(data):
-        where = f"top-level element {index} at byte {off}"
-        if off + 8 > len(data):
-            reader.fail(f"{where}: {len(data) - off} stray bytes at the end of the file (truncated?)")
-        mdtype = reader.u32(view, off)
-        n = reader.u32(view, off + 4)
-        body = view[off + 8 : off + 8 + n]
-        if len(body) < n:
-            reader.fail(f"{where}: element declares {n} bytes but only {len(body)} remain (truncated?)")
-        off += 8 + n  # top-level elements follow each other directly (compressed ones are not padded)
-        index += 1
-        if mdtype == _MI_COMPRESSED:
-            try:
-                inner = memoryview(zlib.decompress(body))
-            except zlib.error as e:
-                reader.fail(f"{where}: corrupt zlib-compressed element ({e})")
-            mdtype, body, _ = reader.element(inner, 0, where + " (decompressed)")
-        if mdtype != _MI_MATRIX:
-            continue  # not an array (MATLAB writes nothing else at top level); ignore
-        if len(body) == 0:
-            continue  # an empty array with no sub-elements
-        name, arr, kind = reader.matrix(body, where)
-        if not name:
-            continue  # MATLAB's nameless function workspace, not a variable
-        if arr is None:
-            skipped[name] = kind
+    for name, value in raw.items():
+        if name.startswith("__"):  # the header, version and globals SciPy adds
+            continue
+        if isinstance(value, np.ndarray) and value.dtype.kind in "biufc":
+            out[name] = value
         else:
-            out[name] = arr
+            kind = getattr(value, "dtype", None)
+            skipped[name] = _MAT_KINDS.get(kind.kind, str(kind)) if kind is not None else type(value).__name__
     return out, skipped
 
 

@@ -14,7 +14,14 @@ component's cocotb test can compare against it:
 :func:`po2_backward_dx`          ``dX = dY_po2 W_hat^T`` (shift, sign flip, add)
 :func:`po2_backward_dw`          ``dW = X^T dY_po2``
 :func:`po2_backward_dw_window`   ``X^T t``, ``t`` the windowed ternary codes (``hw.dw_window``)
+:func:`conv_xnor_popcount`       the XNOR-popcount over sliding windows (stride 1, valid / same padding)
+:func:`maxpool_argmax`           first maximum of each pooling window of ``Y``; ``maxpool_select`` / ``_route``
+:func:`po2_backward_dx_conv`     ``dX``: the transposed convolution of the po2 codes with the weights
+:func:`po2_backward_dw_conv`     ``dW``: the correlation of the input with the po2 codes over batch and positions
 ===============================  =====================================================
+
+Conv activations are channels-first ``[B, C, H, W]`` and conv weights ``[Co, Ci, k, k]`` (the float
+reference's layout); per-channel BN quantities of a conv layer are taken over ``n = B H W`` values.
 
 All datapath values are integers (int64 per element; per-channel quantities of the
 BN unit, computed once per channel per batch, as exact Python ints). Matrix products
@@ -58,6 +65,14 @@ __all__ = [
     "po2_backward_dw_window",
     "dw_window_ternary",
     "div_round",
+    "conv_windows",
+    "conv_xnor_popcount",
+    "maxpool_argmax",
+    "maxpool_select",
+    "maxpool_route",
+    "po2_backward_dx_conv",
+    "po2_backward_dw_conv",
+    "po2_backward_dw_window_conv",
 ]
 
 
@@ -167,37 +182,77 @@ def sqrt2_thresholds(m_d: int) -> tuple[int, int]:
     return q + 1, q // 2 + 1
 
 
-def round_log2_ratio(num: np.ndarray, den, width: int | None = None) -> np.ndarray:
-    """``[log2(num / den)]`` (round to nearest) for positive integers, exactly, as int64.
+def round_log2_ratio(num: np.ndarray, den, width: int | None = None, mult: int = 1) -> np.ndarray:
+    """``[log2(num mult / den)]`` (round to nearest) for positive integers, exactly, as int64.
 
-    ``num``: int64 array ``[..., C]``; ``den``: per-channel positive ints ``[C]`` (broadcast).
-    Hardware form: leading-one position ``n`` of ``num`` and ``d`` of ``den``; both
-    left-aligned to ``W`` bits (``M_N``, ``M_D``); with the per-channel constants
-    ``T_hi = ceil(sqrt2 M_D)`` and ``T_lo = ceil(M_D / sqrt2)``::
+    ``num``: int64 array ``[..., C]``; ``den``: per-channel positive ints ``[C]`` (broadcast); ``mult``: a
+    positive configuration constant (``n`` of a conv layer, folded into the per-channel constants so that the
+    per-element operand stays ``num``). Hardware form: leading-one position ``n`` of ``num``, mantissa ``M_N``
+    (``num`` left-aligned to ``W`` bits); per channel ``d = floor(log2(den / mult))`` and the thresholds
+    ``T_hi = ceil(sqrt2 X)``, ``T_lo = ceil(X / sqrt2)`` of ``X = den 2^(W-1-d) / mult`` (in ``[2^(W-1), 2^W)``)::
 
-        [log2(num/den)] = n - d + (M_N >= T_hi) - (M_N < T_lo)
+        [log2(num mult / den)] = n - d + (M_N >= T_hi) - (M_N < T_lo)
 
-    No tie is possible: ``num/den = sqrt2 * 2**j`` has no integer solution.
+    With ``mult = 1``, ``d`` is ``den``'s leading-one position and ``X`` its left-aligned mantissa ``M_D``.
+    No tie is possible: ``num mult / den = sqrt2 * 2**j`` has no integer solution.
     Entries with ``num <= 0`` give meaningless values.
     """
     num = np.asarray(num, dtype=np.int64)
+    mult = int(mult)
+    if mult < 1:
+        raise ValueError("round_log2_ratio: the constant factor must be >= 1")
     den_list = [int(v) for v in np.asarray(den, dtype=object).reshape(-1)]
     if any(v < 1 for v in den_list):
         raise ValueError("round_log2_ratio: denominators must be >= 1")
     bn = bit_length(np.maximum(num, 1))
-    bd = np.array([v.bit_length() for v in den_list], dtype=np.int64)
-    w = int(max(int(bn.max()) if bn.size else 1, int(bd.max()) if bd.size else 1)) if width is None else int(width)
+    bd = [v.bit_length() for v in den_list]
+    if width is None:  # the dense form aligns both operands to the wider; any W >= bitlen(num) is exact
+        w = max(int(bn.max()) if bn.size else 1, max(bd, default=1) if mult == 1 else 1)
+    else:
+        w = int(width)
     if w > 61:
         raise OverflowError(f"round_log2_ratio: operands of {w} bits exceed the 61-bit model limit")
     m_n = np.maximum(num, 1) << (w - bn)
     t_hi = np.empty(len(den_list), dtype=np.int64)
     t_lo = np.empty(len(den_list), dtype=np.int64)
+    d_pos = np.empty(len(den_list), dtype=np.int64)
     for i, v in enumerate(den_list):
-        hi, lo = sqrt2_thresholds(v << (w - v.bit_length()))
-        t_hi[i], t_lo[i] = hi, lo
+        d = _floor_log2_ratio(v, mult)
+        a = w - 1 - d  # X = v 2^a / mult
+        up, down = (a, 0) if a >= 0 else (0, -a)
+        r = math.isqrt(2 * (v << up) ** 2)  # floor(sqrt2 v 2^up): sqrt2 v 2^up is irrational
+        t_hi[i] = r // (mult << down) + 1  # ceil(sqrt2 X) (X sqrt2 is irrational)
+        t_lo[i] = r // (2 * mult << down) + 1  # ceil(X / sqrt2)
+        d_pos[i] = d
     shape = (1,) * (num.ndim - 1) + (-1,)
     rho = (m_n >= t_hi.reshape(shape)).astype(np.int64) - (m_n < t_lo.reshape(shape)).astype(np.int64)
-    return bn - bd.reshape(shape) + rho
+    return bn - 1 - d_pos.reshape(shape) + rho
+
+
+def _floor_log2_ratio(a: int, b: int) -> int:
+    """``floor(log2(a / b))`` for positive integers, exactly."""
+    t = a.bit_length() - b.bit_length()
+    return t if (a >= b << t if t >= 0 else a << -t >= b) else t - 1
+
+
+def _rows(a: np.ndarray) -> np.ndarray:
+    """A channels-first ``[B, C, H, W]`` tensor as the ``[B H W, C]`` matrix of its per-channel values (rows
+    ordered b, h, w); a ``[B, C]`` matrix unchanged."""
+    a = np.asarray(a)
+    return a.transpose(0, 2, 3, 1).reshape(-1, a.shape[1]) if a.ndim == 4 else a
+
+
+def _unrows(a: np.ndarray, shape: tuple) -> np.ndarray:
+    """Inverse of :func:`_rows` for a tensor of ``shape``."""
+    if len(shape) != 4:
+        return a
+    b, c, h, w = shape
+    return np.ascontiguousarray(a.reshape(b, h, w, c).transpose(0, 3, 1, 2))
+
+
+def _chan(v, ndim: int) -> np.ndarray:
+    """A per-channel vector ``[C]`` shaped to broadcast against a ``[B, C]`` or ``[B, C, H, W]`` tensor."""
+    return np.asarray(v).reshape((1, -1) + (1,) * (ndim - 2))
 
 
 # ---------------------------------------------------------------------------
@@ -217,8 +272,8 @@ def xnor_popcount(x: np.ndarray, w: np.ndarray, x_max: int = 1) -> np.ndarray:
 class BnForward:
     """What the BN unit computes for one layer in training mode (per channel unless noted)."""
 
-    x_hat: np.ndarray  # int8 [B, M] +-1 (per element)
-    mask: np.ndarray  # bool [B, M]: straight-through mask |x| <= 1 (per element)
+    x_hat: np.ndarray  # int8 [B, M] (conv: [B, M, H, W]) +-1 (per element)
+    mask: np.ndarray  # bool, shape of x_hat: straight-through mask |x| <= 1 (per element)
     sum_y: np.ndarray  # int64: sum over the batch of y
     S: np.ndarray  # int64: sum |B y - sum_y| = B^2 * s (the l1 scale, exact)
     S_eff: np.ndarray  # object: max(S, 1)
@@ -231,7 +286,8 @@ class BnForward:
 
     @property
     def n(self) -> int:
-        return int(self.x_hat.shape[0])
+        """Values per channel: ``B`` (dense) or ``B H W`` (conv)."""
+        return int(self.x_hat.size // max(self.x_hat.shape[1], 1))
 
     @property
     def zero(self) -> np.ndarray:
@@ -246,7 +302,8 @@ def _clamp_thresholds(t, y_bound: int) -> np.ndarray:
 
 
 def bn_forward(y: np.ndarray, beta_q: np.ndarray, p: ArithParams, y_bound: int) -> BnForward:
-    """Training-mode l1 BN of integer ``y`` ([B, M]) with bias ``beta_q`` (Q.beta_frac), threshold form.
+    """Training-mode l1 BN of integer ``y`` ([B, M], or [B, M, H, W] of a conv layer, whose ``B`` below is the
+    number of values per channel, ``n = B H W``) with bias ``beta_q`` (Q.beta_frac), threshold form.
 
     Exact: with ``sum_y``, ``d_b = B y_b - sum_y``, ``S = sum |d_b|`` (so mu = sum_y / B and
     s = S / B^2 exactly), ``x_b = (y_b - mu)/s + beta = z_b / (S 2^Fb)`` where
@@ -263,7 +320,8 @@ def bn_forward(y: np.ndarray, beta_q: np.ndarray, p: ArithParams, y_bound: int) 
     ``S = 0`` (all ``y`` equal) is replaced by 1, which gives ``x = beta`` exactly; such a channel passes no
     gradient backwards (:attr:`BnForward.zero`, the ``zero`` argument of :func:`bn_backward`).
     """
-    y = np.asarray(y, dtype=np.int64)
+    shape = np.shape(y)
+    y = _rows(np.asarray(y, dtype=np.int64))  # conv: per channel over the batch and the positions
     n = int(y.shape[0])
     fb = p.beta_frac
     sum_y = y.sum(axis=0)
@@ -285,6 +343,7 @@ def bn_forward(y: np.ndarray, beta_q: np.ndarray, p: ArithParams, y_bound: int) 
     n_x = x_hat.astype(np.int64).sum(axis=0)
     A = K * _obj(y_x) - C * _obj(n_x)
     alpha_q = div_round(A * (1 << p.alpha_frac), n * one)
+    x_hat, mask = _unrows(x_hat, shape), _unrows(mask, shape)
     return BnForward(x_hat, mask, sum_y, S, s_eff, theta, theta_lo, theta_hi, alpha_q, C, K)
 
 
@@ -300,7 +359,8 @@ def bn_forward_eval(
     num = _obj(mu_r) * (1 << p.beta_frac) - _obj(beta_q) * s_eff
     sh = 1 << (p.running_frac + p.beta_frac)
     theta = _clamp_thresholds(-((-num) // sh), y_bound)
-    return np.where(np.asarray(y, dtype=np.int64) >= theta, np.int8(1), np.int8(-1))
+    y = np.asarray(y, dtype=np.int64)
+    return np.where(y >= _chan(theta, y.ndim), np.int8(1), np.int8(-1))
 
 
 def running_update(mu_r, s_r, fwd: BnForward, p: ArithParams) -> tuple[np.ndarray, np.ndarray]:
@@ -422,7 +482,7 @@ def loss_grad_scale(p: ArithParams) -> int:
 def bn_backward(
     dx: np.ndarray, x_hat: np.ndarray, alpha_q, p: ArithParams, zero=None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Algorithm 2 lines 10-12 in integers: ``(Q, P1)``.
+    """Algorithm 2 lines 10-12 in integers: ``(Q, P1)`` (conv: ``dx`` [B, M, H, W], sums over ``n = B H W``).
 
     With ``P1 = sum_b dx_b`` (= dbeta, line 12) and ``P2 = sum_b dx_b x_hat_b``::
 
@@ -438,9 +498,10 @@ def bn_backward(
     The 1/s is applied exactly inside :func:`po2_quantise`, which needs only ``log2|dy|``:
     no per-element multiply or divide.
     """
-    dx = np.asarray(dx, dtype=np.int64)
+    shape = np.shape(dx)
+    dx = _rows(np.asarray(dx, dtype=np.int64))  # conv: per channel over the batch and the positions
     n = dx.shape[0]
-    xh = np.asarray(x_hat, dtype=np.int64)
+    xh = _rows(np.asarray(x_hat, dtype=np.int64))
     p1 = dx.sum(axis=0)
     p2 = (dx * xh).sum(axis=0)
     aq = np.asarray(alpha_q, dtype=np.int64)
@@ -450,7 +511,7 @@ def bn_backward(
         if zero.shape != (q.shape[1],):
             raise ValueError(f"bn_backward: zero has shape {zero.shape}; expected ({q.shape[1]},): one flag a channel")
         q = np.where(zero, 0, q)
-    return q, p1
+    return _unrows(q, shape), p1
 
 
 @dataclass
@@ -485,21 +546,27 @@ def po2_quantise(q: np.ndarray, s_eff, scale_exp: int, p: ArithParams, times_bat
     and the caller adds 1 to ``scale_exp`` for the 2);
     bias ``b = e_max - max(e_raw)`` over the layer (rounding is monotone, so this is
     ``[log2 max|dy|]``); ``e = max(e_raw + b, e_min)``; field ``e - e_min + 1``; ``Q = 0`` -> field 0.
-    An all-zero layer has ``b = 0`` and all fields 0.
+    An all-zero layer has ``b = 0`` and all fields 0. A conv layer's ``q`` is ``[B, M, H, W]`` with ``B`` read as
+    ``n = B H W``; its operand is ``|Q|`` and ``n`` enters the per-channel thresholds
+    (``round_log2_ratio(..., mult=n)``): the same exponents, ``bitlen(n)`` fewer bits per element.
     """
-    q = np.asarray(q, dtype=np.int64)
+    shape = np.shape(q)
+    q = _rows(np.asarray(q, dtype=np.int64))
     n = q.shape[0]
     nz = q != 0
-    neg = q < 0
+    neg = _unrows(q < 0, shape)
     if not np.any(nz):
-        return Po2Codes(neg, np.zeros(q.shape, dtype=np.uint8), 0, p.e_min)
-    num = np.abs(q) * n if times_batch else np.abs(q)
-    e_raw = round_log2_ratio(num, s_eff) + (scale_exp - p.alpha_frac)
+        return Po2Codes(neg, np.zeros(shape, dtype=np.uint8), 0, p.e_min)
+    if len(shape) == 4:  # conv: operand |Q|, the factor n = B H W folded into the per-channel thresholds
+        e_raw = round_log2_ratio(np.abs(q), s_eff, mult=n if times_batch else 1)
+    else:
+        e_raw = round_log2_ratio(np.abs(q) * n if times_batch else np.abs(q), s_eff)
+    e_raw = e_raw + (scale_exp - p.alpha_frac)
     top = int(e_raw[nz].max())
     b = p.e_max - top
     e = np.maximum(e_raw + b, p.e_min)
     field = np.where(nz, e - p.e_min + 1, 0).astype(np.uint8)
-    return Po2Codes(neg, field, b, p.e_min - b)
+    return Po2Codes(neg, _unrows(field, shape), b, p.e_min - b)
 
 
 def po2_values(codes: Po2Codes) -> np.ndarray:
@@ -530,7 +597,7 @@ def dw_window_ternary(codes: Po2Codes, window: int) -> np.ndarray:
     if window < 1:
         raise ValueError(f"dw_window = {window}: the windowed gradient needs at least one plane")
     f = codes.field.astype(np.int64)
-    top = f.max(axis=0, keepdims=True)
+    top = f.max(axis=(0, 2, 3) if f.ndim == 4 else 0, keepdims=True)  # conv: over the batch and the positions
     keep = (f > 0) & (f > top - window)
     return np.where(keep, np.where(codes.neg, -1, 1), 0).astype(np.int64)
 
@@ -540,3 +607,133 @@ def po2_backward_dw_window(x: np.ndarray, codes: Po2Codes, window: int, x_max: i
     masked XNOR-popcount pass for binary ``x``); only its sign is kept, as of :func:`po2_backward_dw`."""
     t = dw_window_ternary(codes, window)
     return exact_matmul(np.asarray(x).T, t, int(x.shape[0]) * int(x_max))
+
+
+# ---------------------------------------------------------------------------
+# Convolution (stride 1, valid or same zero padding) and max pooling
+
+
+def _conv_pad(k: int, padding: str) -> int:
+    if padding == "valid":
+        return 0
+    if padding == "same" and k % 2:
+        return (k - 1) // 2
+    raise ValueError(f"conv padding = {padding!r} with kernel {k}: allowed 'valid', or 'same' with an odd kernel")
+
+
+def conv_windows(x: np.ndarray, k: int, padding: str) -> np.ndarray:
+    """The sliding ``k x k`` windows of ``x`` ([B, C, H, W] integers) as the matrix ``[B Ho Wo, C k k]``: rows
+    ordered (b, h, w), columns (c, i, j) like ``w.reshape(Co, -1)``; ``same`` padding adds ``(k-1)/2`` zeros on
+    each side, and a zero is a skipped term of the sum (never -1 or +1)."""
+    x = np.asarray(x)
+    if x.ndim != 4:
+        raise ValueError(f"conv input has shape {x.shape}; expected [B, C, H, W]")
+    pad = _conv_pad(k, padding)
+    xt = x.transpose(0, 2, 3, 1)
+    xt = np.pad(xt, ((0, 0), (pad, pad), (pad, pad), (0, 0))) if pad else xt
+    win = np.lib.stride_tricks.sliding_window_view(xt, (k, k), axis=(1, 2))  # [B, Ho, Wo, C, k, k]
+    b, ho, wo, c = win.shape[:4]
+    return win.reshape(b * ho * wo, c * k * k)
+
+
+def _conv_out_hw(x_shape: tuple, k: int, padding: str) -> tuple[int, int]:
+    pad = _conv_pad(k, padding)
+    return x_shape[2] + 2 * pad - k + 1, x_shape[3] + 2 * pad - k + 1
+
+
+def _check_conv_weights(w: np.ndarray, c_in: int) -> None:
+    if w.ndim != 4 or w.shape[1] != c_in or w.shape[2] != w.shape[3]:
+        raise ValueError(f"conv weights have shape {w.shape}; expected [Co, {c_in}, k, k]")
+
+
+def conv_xnor_popcount(x: np.ndarray, w: np.ndarray, padding: str = "valid", x_max: int = 1) -> np.ndarray:
+    """``Y[b, o, h, v] = sum_{c, i, j} x_pad[b, c, h + i, v + j] w[o, c, i, j]`` ([B, Co, Ho, Wo] int64).
+
+    ``x`` [B, Ci, H, W] (+-1, or 8-bit with ``|x| <= x_max`` for the first layer), ``w`` [Co, Ci, k, k] +-1;
+    stride 1; ``x_pad`` is ``x`` with ``(k-1)/2`` zeros around it for ``same`` padding. For +-1 input each
+    output is ``2 popcount(XNOR) - N_valid`` over the window's ``N_valid`` unpadded positions:
+    ``|Y| <= N x_max`` with ``N = Ci k k``.
+    """
+    x = np.asarray(x)
+    w = np.asarray(w)
+    _check_conv_weights(w, x.shape[1])
+    co, ci, k, _ = w.shape
+    ho, wo = _conv_out_hw(x.shape, k, padding)
+    y = exact_matmul(conv_windows(x, k, padding), w.reshape(co, -1).T, ci * k * k * int(x_max))
+    return np.ascontiguousarray(y.reshape(x.shape[0], ho, wo, co).transpose(0, 3, 1, 2))
+
+
+def po2_backward_dx_conv(codes: Po2Codes, w: np.ndarray, padding: str, p: ArithParams) -> tuple[np.ndarray, int]:
+    """``dX`` of a conv layer, the transposed convolution ([B, Ci, H, W] int64, units ``2^unit_exp``)::
+
+        dX[b, c, h, v] = sum_{o, i, j} d[b, o, h + pad - i, v + pad - j] w[o, c, i, j]
+
+    over the output positions that exist (``d`` the po2 values, ``pad`` 0 or ``(k-1)/2``): the codes padded by
+    ``k - 1 - pad`` zeros correlated with the kernel flipped in both spatial axes. At most ``Co min(k, Ho)
+    min(k, Wo)`` addends of ``2^(f-1)`` each.
+    """
+    d = codes.int_values()
+    w = np.asarray(w)
+    _check_conv_weights(w, w.shape[1])
+    co, ci, k, _ = w.shape
+    if d.ndim != 4 or d.shape[1] != co:
+        raise ValueError(f"conv dY codes have shape {d.shape}; expected [B, {co}, Ho, Wo]")
+    e = k - 1 - _conv_pad(k, padding)
+    dpad = np.pad(d, ((0, 0), (0, 0), (e, e), (e, e)))
+    flipped = w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)  # [Ci, Co, k, k]
+    return conv_xnor_popcount(dpad, flipped, "valid", 1 << p.span), codes.unit_exp
+
+
+def po2_backward_dw_conv(x: np.ndarray, codes: Po2Codes, k: int, padding: str, p: ArithParams, x_max: int = 1,
+                         t: np.ndarray | None = None) -> np.ndarray:
+    """``dW[o, c, i, j] = sum_{b, h, v} x_pad[b, c, h + i, v + j] d[b, o, h, v]`` ([Co, Ci, k, k] int64, units
+    ``2^unit_exp``): the correlation of the layer input with the po2 values over the batch and the positions
+    (``n = B Ho Wo`` addends, padding terms 0). With ``t`` (the ternary codes of ``hw.dw_window``) the same sum of
+    ``t`` instead of the po2 values. Only its sign is kept."""
+    x = np.asarray(x)
+    d = codes.int_values() if t is None else np.asarray(t)
+    co = d.shape[1]
+    cols = conv_windows(x, k, padding)  # [n, Ci k k]
+    bound = cols.shape[0] * int(x_max) * (1 if t is not None else 1 << p.span)
+    dw = exact_matmul(cols.T, _rows(d), bound)  # [Ci k k, Co]
+    return np.ascontiguousarray(dw.T.reshape(co, x.shape[1], k, k))
+
+
+def po2_backward_dw_window_conv(x: np.ndarray, codes: Po2Codes, window: int, k: int, padding: str,
+                                p: ArithParams, x_max: int = 1) -> np.ndarray:
+    """:func:`po2_backward_dw_conv` of the windowed ternary codes (:func:`dw_window_ternary`: each channel's
+    largest exponent field over the batch and the positions sets its window)."""
+    return po2_backward_dw_conv(x, codes, k, padding, p, x_max, t=dw_window_ternary(codes, window))
+
+
+def maxpool_argmax(y: np.ndarray, pool: int) -> np.ndarray:
+    """Per non-overlapping ``pool x pool`` window of ``y`` ([B, C, H, W]; stride ``pool``, trailing rows and
+    columns dropped): the index ``i pool + j`` (row-major within the window) of its **first** largest value, uint8
+    [B, C, H // pool, W // pool]. Ties (frequent: ``Y`` is an integer popcount) go to the lowest index."""
+    y = np.asarray(y)
+    b, c, h, w = y.shape
+    ho, wo = h // pool, w // pool
+    blocks = y[:, :, : ho * pool, : wo * pool].reshape(b, c, ho, pool, wo, pool).transpose(0, 1, 2, 4, 3, 5)
+    return blocks.reshape(b, c, ho, wo, pool * pool).argmax(axis=-1).astype(np.uint8)
+
+
+def maxpool_select(a: np.ndarray, idx: np.ndarray, pool: int) -> np.ndarray:
+    """The values of ``a`` ([B, C, H, W]) at each window's index ``idx`` (:func:`maxpool_argmax`)."""
+    a = np.asarray(a)
+    b, c, ho, wo = idx.shape
+    blocks = a[:, :, : ho * pool, : wo * pool].reshape(b, c, ho, pool, wo, pool).transpose(0, 1, 2, 4, 3, 5)
+    blocks = blocks.reshape(b, c, ho, wo, pool * pool)
+    return np.take_along_axis(blocks, idx.astype(np.intp)[..., None], axis=-1)[..., 0]
+
+
+def maxpool_route(d: np.ndarray, idx: np.ndarray, shape: tuple, pool: int) -> np.ndarray:
+    """Max-pool backward: ``d`` ([B, C, Ho, Wo]) placed at each window's index ``idx``, 0 at every other
+    position of ``shape`` ([B, C, H, W], including rows and columns the pooling dropped)."""
+    d = np.asarray(d)
+    b, c, ho, wo = idx.shape
+    blocks = np.zeros((b, c, ho, wo, pool * pool), dtype=d.dtype)
+    np.put_along_axis(blocks, idx.astype(np.intp)[..., None], d[..., None], axis=-1)
+    out = np.zeros(shape, dtype=d.dtype)
+    out[:, :, : ho * pool, : wo * pool] = (
+        blocks.reshape(b, c, ho, wo, pool, pool).transpose(0, 1, 2, 4, 3, 5).reshape(b, c, ho * pool, wo * pool))
+    return out

@@ -3,8 +3,11 @@
 :class:`HwModel` holds exactly the on-chip state (binary weights, optimiser state, BN
 biases and their momentum, running BN statistics, RNG states) and runs
 :meth:`HwModel.train_step` / :meth:`HwModel.evaluate` with the integer functions of
-:mod:`sim.hw.arith` and :mod:`sim.hw.optim`. Only dense layers with batch norm are
-modelled (the paper's MLP); other topologies are rejected with a clear message.
+:mod:`sim.hw.arith` and :mod:`sim.hw.optim`. Dense and conv layers with batch norm, max pooling
+after a conv layer and a dense output layer are modelled (:func:`sim.hw.widths.model_support_error`
+names what is not). Conv weights and their optimiser state are ``[Co, Ci, k, k]``; the random
+generators serve them as the matrix ``[Ci k k, Co]`` (rows = window positions (c, i, j), columns
+= output channels), the dense layers' ``(in, out)`` layout.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from ..schema import ConfigError
 from . import arith as A
 from . import optim as O
 from .rng import RngBank
-from .widths import layer_bounds
+from .widths import check_widths, layer_bounds, model_support_error, pools_after
 
 __all__ = ["HwModel", "StepTrace", "StateError", "validate_state"]
 
@@ -34,7 +37,8 @@ class StepTrace:
     grad_q: np.ndarray | None = None
     q: list = field(default_factory=list)  # BN backward Q per layer (top first)
     codes: list = field(default_factory=list)  # A.Po2Codes per layer (top first)
-    dw_sign: list = field(default_factory=list)  # sign(dW) per layer (top first)
+    dw_sign: list = field(default_factory=list)  # sign(dW) per layer (top first), in the weights' layout
+    pool_idx: list = field(default_factory=list)  # per layer: maxpool_argmax of Y (None without pooling)
     dbeta_sign: list = field(default_factory=list)
     dbeta: list = field(default_factory=list)  # P1 per layer (top first): dbeta = P1 2^scale (/ B for the top)
     dx_scale: list = field(default_factory=list)  # scale exponent of dx per layer (top first)
@@ -50,20 +54,19 @@ class HwModel:
         self.cfg = cfg
         self.h = cfg.hw
         self.p = A.ArithParams.from_config(cfg)
-        shapes = cfg.layer_shapes()
-        for s in shapes:
-            if s.spec.type != "dense":
-                raise ConfigError(
-                    f"model.layers[{s.index}]: the hardware model supports dense layers only (got {s.spec.type!r})"
-                )
-            if not s.spec.bn:
-                raise ConfigError(f"model.layers[{s.index}].bn = false: the hardware model needs BN on every layer")
+        why = model_support_error(cfg)
+        if why:
+            raise ConfigError(why)
+        if self.h.check_widths:
+            check_widths(cfg, conv=True)  # load time checked the dense topologies only
         self.layers = cfg.weight_layers()
+        self.pools = pools_after(cfg)
         self.input_kind = self.h.input_kind(cfg)
         self.x_max = [128 if (j == 0 and self.input_kind == "int8") else 1 for j in range(len(self.layers))]
         self.bounds = layer_bounds(cfg)
         self.wshapes = [tuple(s.weight_shape) for s in self.layers]
-        self.n_weights = int(sum(n * m for n, m in self.wshapes))
+        self.mshapes = [(s.fan_in, s.out_channels) for s in self.layers]  # the generators' matrix view
+        self.n_weights = int(sum(math.prod(s) for s in self.wshapes))
         self.lr0 = float(cfg.lr)
         self.total_epochs = int(cfg.train.epochs)
         self.reset()
@@ -72,8 +75,8 @@ class HwModel:
     def reset(self) -> None:
         """Power-on state: weights drawn from the generators (one sweep), everything else zero."""
         h, p = self.h, self.p
-        self.rng = RngBank(self.wshapes, h.rng_seed, h.rng_block)
-        u0 = self.rng.sweep()
+        self.rng = RngBank(self.mshapes, h.rng_seed, h.rng_block)
+        u0 = self._sweep()
         self.w = [np.where(u < np.uint32(1 << 31), 1, -1).astype(np.int8) for u in u0]
         m = [s.out_channels for s in self.layers]
         self.beta = [np.zeros(c, dtype=np.int64) for c in m]
@@ -103,6 +106,12 @@ class HwModel:
             if h.sgd_momentum_shift > 0:  # without momentum there is no second state field (optim.state_bits)
                 self.opt["m"] = [np.zeros(s, dtype=np.int32) for s in self.wshapes]
         self.steps = 0
+
+    def _sweep(self) -> list[np.ndarray]:
+        """One number per weight (:meth:`RngBank.sweep`), in the weights' layout: a conv layer's matrix
+        ``[Ci k k, Co]`` of numbers becomes ``[Co, Ci, k, k]``."""
+        return [u if len(shape) == 2 else np.ascontiguousarray(u.T.reshape(shape))
+                for u, shape in zip(self.rng.sweep(), self.wshapes, strict=True)]
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """All on-chip state as named arrays (weights as int8 +-1); :func:`validate_state` lists the keys."""
@@ -148,26 +157,44 @@ class HwModel:
         L = len(self.layers)
         logits = None
         for j in range(L):
-            y = A.xnor_popcount(cur, w[j], self.x_max[j])
+            xin, y = self._layer_y(j, cur, w[j])
             fwd = A.bn_forward(y, self.beta[j], p, self.bounds[j].y)
             trace.y.append(y)
             trace.bn.append(fwd)
-            saved.append((cur, fwd, y))
+            pool = self.pools[j]
+            idx = A.maxpool_argmax(y, pool) if pool else None
+            trace.pool_idx.append(idx)
+            # the next layer's input and its straight-through mask: at each window's first largest Y when pooled
+            mask = A.maxpool_select(fwd.mask, idx, pool) if pool else fwd.mask
+            saved.append((xin, fwd, y, idx, mask))
             if j == L - 1:
                 logits = A.output_logits(y, fwd, p)
             else:
-                cur = fwd.x_hat
+                cur = A.maxpool_select(fwd.x_hat, idx, pool) if pool else fwd.x_hat
         return saved, logits
+
+    def _layer_y(self, j: int, cur: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Layer ``j``'s input in its own shape (``[B, N]`` dense, ``[B, C, H, W]`` conv) and its ``Y``."""
+        s = self.layers[j]
+        b = cur.shape[0]
+        if s.spec.type == "conv":
+            xin = cur.reshape(b, *s.in_shape)
+            return xin, A.conv_xnor_popcount(xin, w, s.spec.padding, self.x_max[j])
+        xin = cur.reshape(b, -1)
+        return xin, A.xnor_popcount(xin, w, self.x_max[j])
 
     def forward_eval(self, x: np.ndarray) -> np.ndarray:
         p = self.p
         cur = np.asarray(x)
         L = len(self.layers)
         for j in range(L):
-            y = A.xnor_popcount(cur, self.w[j], self.x_max[j])
+            _, y = self._layer_y(j, cur, self.w[j])
             if j == L - 1:
                 return A.output_logits_eval(y, self.beta[j], self.mu_r[j], self.s_r[j], p)
             cur = A.bn_forward_eval(y, self.beta[j], self.mu_r[j], self.s_r[j], p, self.bounds[j].y)
+            pool = self.pools[j]
+            if pool:  # the sign at the first largest Y of each window (= the window's largest sign)
+                cur = A.maxpool_select(cur, A.maxpool_argmax(y, pool), pool)
         raise AssertionError("unreachable")
 
     # ------------------------------------------------------------------ step
@@ -176,7 +203,7 @@ class HwModel:
         p, h = self.p, self.h
         trace = StepTrace()
         saved, logits = self.forward_train(x, trace)
-        for j, (_, fwd, _) in enumerate(saved):
+        for j, (_, fwd, *_) in enumerate(saved):
             self.mu_r[j], self.s_r[j] = A.running_update(self.mu_r[j], self.s_r[j], fwd, p)
         g, loss, correct = A.loss_grad(logits, labels, p)
         trace.logits_q, trace.grad_q, trace.loss, trace.correct = logits, g, loss, correct
@@ -189,14 +216,11 @@ class HwModel:
         p1s: list = [None] * L
         scales: list = [0] * L
         for j in reversed(range(L)):
-            xin, fwd, _ = saved[j]
+            xin, fwd, *_ = saved[j]
             q, p1 = A.bn_backward(dx, fwd.x_hat, fwd.alpha_q, p, fwd.zero)
             codes = A.po2_quantise(q, fwd.S_eff, scale, p, times_batch=not top)
             top = False
-            if h.dw_window:
-                dw = A.po2_backward_dw_window(xin, codes, h.dw_window, self.x_max[j])
-            else:
-                dw = A.po2_backward_dw(xin, codes, p, self.x_max[j])
+            dw = self._dw(j, xin, codes)
             dw_signs[j] = np.sign(dw).astype(np.int8)
             p1s[j] = p1
             scales[j] = scale
@@ -207,8 +231,15 @@ class HwModel:
             trace.dbeta.append(p1)
             trace.dx_scale.append(scale)
             if j > 0:
-                dX, scale = A.po2_backward_dx(codes, self.w[j], p)
-                dx = dX * saved[j - 1][1].mask
+                s = self.layers[j]
+                if s.spec.type == "conv":
+                    dX, scale = A.po2_backward_dx_conv(codes, self.w[j], s.spec.padding, p)
+                else:
+                    dX, scale = A.po2_backward_dx(codes, self.w[j], p)
+                _, _, y_below, idx, mask = saved[j - 1]
+                dx = dX.reshape(mask.shape) * mask
+                if idx is not None:  # max-pool backward: to each window's first largest Y
+                    dx = A.maxpool_route(dx, idx, y_below.shape, self.pools[j - 1])
         # update
         old_w = [w.copy() for w in self.w] if h.switch_undo else None
         flips = self._update_weights(dw_signs, lr, progress)
@@ -229,6 +260,18 @@ class HwModel:
         self.steps += 1
         return trace
 
+    def _dw(self, j: int, xin: np.ndarray, codes: A.Po2Codes) -> np.ndarray:
+        """Layer ``j``'s ``dW`` (or ``X^T t`` of ``hw.dw_window``) in the weights' layout; only its sign is kept."""
+        h, p, s = self.h, self.p, self.layers[j]
+        if s.spec.type == "conv":
+            k, pad = s.spec.kernel, s.spec.padding
+            if h.dw_window:
+                return A.po2_backward_dw_window_conv(xin, codes, h.dw_window, k, pad, p, self.x_max[j])
+            return A.po2_backward_dw_conv(xin, codes, k, pad, p, self.x_max[j])
+        if h.dw_window:
+            return A.po2_backward_dw_window(xin, codes, h.dw_window, self.x_max[j])
+        return A.po2_backward_dw(xin, codes, p, self.x_max[j])
+
     def _loss_q(self, logits: np.ndarray, labels: np.ndarray) -> int:
         """Integer loss the undo function compares: squared hinge ``sum m^2``, or for cross-entropy
         ``sum (2^Fp - p_label)`` (the probability mass not on the label)."""
@@ -240,7 +283,7 @@ class HwModel:
     def _update_weights(self, dw_signs, lr: float, progress: float) -> int:
         h = self.h
         ratio = lr / self.lr0 if self.lr0 > 0 else 1.0
-        us = self.rng.sweep()
+        us = self._sweep()
         flips = 0
         if h.optimizer == "switch":
             table = O.switch_table_at(h.switch_cutoff, h.switch_sigma, h.switch_lambda, h.switch_anneal, ratio)
@@ -347,9 +390,9 @@ def state_limits(cfg_or_model) -> dict[str, _Limit]:
     }[h.optimizer]
     mb = _m_beta_bits(h)
     for j, wshape in enumerate(model.wshapes):
-        M = (wshape[1],)
+        M = (model.layers[j].out_channels,)
         run = model.bounds[j].running
-        out[f"w{j}"] = _Limit(wshape, -1, 1, "binary weights are -1 or +1 (rows = inputs)")
+        out[f"w{j}"] = _Limit(wshape, -1, 1, "binary weights are -1 or +1 (dense rows = inputs; conv [Co, Ci, k, k])")
         out[f"beta{j}"] = _Limit(M, p.beta_lo, p.beta_hi,
                                  f"beta is Q{p.beta_int}.{p.beta_frac} (hw.beta_int_bits, hw.beta_frac_bits)")
         out[f"m_beta{j}"] = _Limit(M, -(1 << (mb - 1)), (1 << (mb - 1)) - 1,

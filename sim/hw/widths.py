@@ -16,6 +16,9 @@ from .arith import ArithParams
 
 __all__ = [
     "hw_supported",
+    "model_support_error",
+    "pools_after",
+    "dx_cover",
     "LayerBounds",
     "signed_bits",
     "unsigned_bits",
@@ -55,8 +58,8 @@ class LayerBounds:
     dx: int  # gradient reaching this layer's BN output (from above / loss)
     P: int  # P1, P2 = sums of dx over the batch
     Q: int  # BN-backward integer
-    po2_num: int  # |Q| B: the operand of the leading-one detector
-    dX: int  # dY_po2 W^T accumulator (0 for the first layer: not computed)
+    po2_num: int  # |Q| B (conv: |Q|, n folded into the per-channel thresholds): the leading-one detector's operand
+    dX: int  # dY_po2 W^T accumulator (conv: the transposed convolution; 0 for the first layer: not computed)
     dW: int  # X^T dY_po2 accumulator
     running: int  # running mean / scale in Q.running_frac
 
@@ -109,11 +112,12 @@ def layer_bounds(cfg) -> list[LayerBounds]:
         if last:
             dx = (1 << p.prob_frac) if p.loss == "cross_entropy" else (1 << p.logit_frac) + logit_q
         else:
-            dx = wl[j + 1].out_channels * wl[j + 1].spatial * (1 << p.span)  # dX of the layer above
+            dx = wl[j + 1].out_channels * dx_cover(wl[j + 1]) * (1 << p.span)  # dX of the layer above
         P = n * dx
         Q = (1 << p.alpha_frac) * (n * dx + P) + alpha_q * P
-        po2_num = Q if last else Q * n  # output layer: the loss's 1/B cancels the B
-        dX = 0 if first else m * s.spatial * (1 << p.span)
+        # output layer: the loss's 1/B cancels the B; conv: n = B H W goes into the per-channel thresholds
+        po2_num = Q if (last or s.spec.type == "conv") else Q * n
+        dX = 0 if first else m * dx_cover(s) * (1 << p.span)
         dW = n * x_max * (1 << p.span)
         running = (2 * y + 1) << p.running_frac
         out.append(
@@ -121,6 +125,15 @@ def layer_bounds(cfg) -> list[LayerBounds]:
                         po2_num, dX, dW, running)
         )
     return out
+
+
+def dx_cover(s) -> int:
+    """Most addends of one ``dX`` value per output channel: 1 for a dense layer; for a conv layer (stride 1) the
+    output positions whose window covers one input position, ``min(k, Ho) min(k, Wo)`` (valid or same)."""
+    if s.spec.type != "conv":
+        return 1
+    k = s.spec.kernel
+    return min(k, s.out_shape[1]) * min(k, s.out_shape[2])
 
 
 def derive_widths(cfg) -> list[dict[str, int]]:
@@ -136,7 +149,7 @@ NAMES = {
     "dx": "BN input gradient dx",
     "P": "BN backward sums P1/P2",
     "Q": "BN backward value Q",
-    "po2_num": "po2 leading-one operand |Q| B",
+    "po2_num": "po2 leading-one operand (|Q| B; conv |Q|)",
     "dX": "dX accumulator",
     "dW": "dW accumulator",
     "running": "running BN statistics",
@@ -145,14 +158,47 @@ NAMES = {
 
 
 def hw_supported(cfg) -> bool:
-    """Whether the hardware model covers this topology: dense layers only, each with batch norm."""
+    """Whether the generated RTL covers this topology: dense layers only, each with batch norm
+    (``rtl_gen.plan.check_generator_support``). The bit-exact model covers more: :func:`model_support_error`."""
     return all(s.spec.type == "dense" and s.spec.bn for s in cfg.layer_shapes())
 
 
-def check_widths(cfg) -> None:
-    """Raise ConfigError when a per-element register would need more than ``hw.max_acc_bits`` bits."""
-    if not hw_supported(cfg):
-        return  # conv / pooling / BN-free topologies: not modelled yet (HwModel rejects them)
+def model_support_error(cfg) -> str | None:
+    """Why the bit-exact model cannot run this topology (one line naming the layer), or None.
+
+    It runs dense and conv layers (stride 1, valid / same padding), each with batch norm, a maxpool directly after
+    a conv layer (pooling the BN output before the sign, as the float reference).
+    """
+    shapes = cfg.layer_shapes()
+    for i, s in enumerate(shapes):
+        where = f"model.layers[{s.index}]"
+        if s.spec.has_weights and not s.spec.bn:
+            return f"{where}.bn = false: the hardware model needs BN on every layer"
+        if s.spec.type == "maxpool" and (i == 0 or shapes[i - 1].spec.type != "conv"):
+            return f"{where}: the hardware model pools only the output of a conv layer (maxpool right after a conv)"
+    return None  # the configuration itself requires a dense output layer of num_classes units
+
+
+def pools_after(cfg) -> list[int]:
+    """Per weight layer: the window of the maxpool that follows it (0: none)."""
+    out = []
+    for s in cfg.layer_shapes():
+        if s.spec.has_weights:
+            out.append(0)
+        elif out:
+            out[-1] = s.spec.pool
+    return out
+
+
+def check_widths(cfg, *, conv: bool = False) -> None:
+    """Raise ConfigError when a per-element register would need more than ``hw.max_acc_bits`` bits.
+
+    At load time (``HwConfig.check_against``) only the dense topologies the RTL builds are checked, so that
+    float-only runs of conv presets (CNV, BinaryNet) at any ``approx.dy_bits`` keep loading; ``conv=True``
+    (``HwModel``) checks every topology the bit-exact model runs.
+    """
+    if not (hw_supported(cfg) or (conv and model_support_error(cfg) is None)):
+        return  # a topology the hardware model does not run (HwModel rejects it)
     limit = cfg.hw.max_acc_bits
     for b in layer_bounds(cfg):
         for key, bits in b.per_element().items():

@@ -104,6 +104,69 @@ def test_board_aliases(alias, name):
 
 
 def test_unknown_board_lists_known():
-    with pytest.raises(UnknownBoardError, match="'zybo'.*known boards: zedboard, pynq-z1, pynq-z2"):
+    with pytest.raises(UnknownBoardError, match="'zybo'.*known boards: zedboard, pynq-z1, pynq-z2, zcu104, kv260"):
         get_board("zybo")
-    assert set(BOARDS) == {"zedboard", "pynq-z1", "pynq-z2"}
+    assert set(BOARDS) == {"zedboard", "pynq-z1", "pynq-z2", "zcu104", "kv260"}
+
+
+def test_ultrascale_plus_boards_as_data():
+    """Parts and board parts of XilinxBoardStore's zcu104/1.1 and kv260_som/1.4 board files."""
+    zcu, kv = get_board("zcu104"), get_board("KV260")
+    assert (zcu.part, zcu.device.name, zcu.package) == ("xczu7ev-ffvc1156-2-e", "xczu7ev", "ffvc1156")
+    assert (kv.part, kv.device.name, kv.package) == ("xck26-sfvc784-2LV-c", "xck26", "sfvc784")
+    assert zcu.vivado_board_part == "xilinx.com:zcu104:part0:1.1"
+    assert kv.vivado_board_part == "xilinx.com:kv260_som:part0:1.4"
+    for b in (zcu, kv):
+        assert b.family == "zynqmp" and b.to_dict()["family"] == "zynqmp" and b.pynq_image
+        assert not b.ps7_config  # without board files only the PL side of the PS is set
+
+
+def _generate_cli(tmp_path, *extra):
+    from host.cli import main
+    from tests.rtl_gen.test_system import small_cfg
+
+    cfg = tmp_path / "small.toml"
+    cfg.write_text(small_cfg().to_toml())
+    return main(["generate", "--config", str(cfg), "--no-synth", "--out", str(tmp_path / "acc"), *extra])
+
+
+@pytest.mark.parametrize("clock", ["0", "-5", "nan", "inf", "251", "1e300"])
+def test_generate_refuses_a_clock_outside_the_ps_range(tmp_path, capsys, clock):
+    from host.cli import EXIT_USER_ERROR
+
+    assert _generate_cli(tmp_path, "--board", "pynq-z2", f"--clock-mhz={clock}") == EXIT_USER_ERROR
+    err = capsys.readouterr().err
+    assert "--clock-mhz" in err and "250" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "acc").exists()
+
+
+def test_generate_refuses_a_board_repo_that_is_no_folder_or_has_no_zynq_board(tmp_path, capsys):
+    from host.cli import EXIT_USER_ERROR
+
+    assert _generate_cli(tmp_path, "--board", "kv260", "--board-repo", str(tmp_path / "nope")) == EXIT_USER_ERROR
+    assert "--board-repo" in capsys.readouterr().err
+    assert _generate_cli(tmp_path, "--board-repo", str(tmp_path)) == EXIT_USER_ERROR
+    assert "--board-repo" in capsys.readouterr().err and not (tmp_path / "acc").exists()
+
+
+def test_generate_clock_sets_fclk0_description_and_throughput(tmp_path):
+    """--clock-mhz F: FCLK0 of the Vivado build, accelerator.json's clock_mhz, and report.json's images per second
+    (cycles per image, clock and images/s side by side); the failed-timing message's command rebuilds the folder."""
+    import json
+
+    from host.cli import EXIT_OK
+
+    assert _generate_cli(tmp_path, "--board", "zcu104", "--clock-mhz", "80") == EXIT_OK
+    out = tmp_path / "acc"
+    rep = json.loads((out / "report.json").read_text())
+    thr = rep["throughput"]
+    assert thr["clock_mhz"] == 80.0 and thr["cycles_per_image"] == rep["cycles"]["per_image"]
+    assert f"at 80 MHz = {thr['images_per_s']:,.0f} images per second" in (out / "report.txt").read_text()
+    assert thr["images_per_s"] == pytest.approx(80e6 / rep["cycles"]["per_image"], rel=1e-3)
+    assert json.loads((out / "accelerator.json").read_text())["clock_mhz"] == 80.0
+    tcl = (out / "vivado" / "build.tcl").read_text()
+    assert "CONFIG.PSU__CRL_APB__PL0_REF_CTRL__FREQMHZ {80}" in tcl and "set xnt_fclk_mhz 80\n" in tcl
+    assert f"--config {out / 'config.toml'} --board zcu104 --out {out} --force --no-synth" in tcl
+    from host.generate import check_clock_mhz
+
+    assert check_clock_mhz(None) == 100.0  # without --clock-mhz

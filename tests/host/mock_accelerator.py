@@ -9,7 +9,8 @@ import asyncio
 
 import numpy as np
 
-from host.driver import AcceleratorDescription, AsyncTransport, BlockingTransport, QuantityLayout, description_hash
+from host.transports.base import AsyncTransport, BlockingTransport
+from rtl_gen.contract import AcceleratorDescription, QuantityLayout, description_hash
 from rtl_gen.controller import build_regmap
 from rtl_gen.regmap import RegisterFile
 

@@ -128,8 +128,8 @@ def test_generate_refuses_a_design_over_the_memory_budget_before_elaborating(tmp
 
 
 def test_generate_and_verify_exit_with_the_does_not_fit_and_mismatch_codes(monkeypatch, tmp_path):
+    import host.generate as g
     import host.verify as v
-    import rtl_gen.generate as g
 
     monkeypatch.setattr(g, "generate", lambda *a, **k: {"fits": False})
     assert main(["generate", "--out", str(tmp_path / "a")]) == 3

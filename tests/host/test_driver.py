@@ -19,22 +19,11 @@ from mock_accelerator import (
     random_state,
 )
 
-from host.driver import (
-    AcceleratorDescription,
-    AcceleratorError,
-    AcceleratorTimeout,
-    BlockingTransport,
-    Driver,
-    HardwareMismatch,
-    PynqTransport,
-    QuantityLayout,
-    Read,
-    Send,
-    StateError,
-    description_hash,
-    pack_words,
-    unpack_words,
-)
+from host.driver import Driver
+from host.errors import AcceleratorError, AcceleratorTimeout, HardwareMismatch, StateError
+from host.transports.base import BlockingTransport, Read, Send
+from host.transports.pynq import PynqTransport
+from rtl_gen.contract import AcceleratorDescription, QuantityLayout, description_hash, pack_words, unpack_words
 
 # --- packing --------------------------------------------------------------------------------------------
 
@@ -271,7 +260,7 @@ def test_description_hash_ignores_its_own_register_and_the_clock_and_survives_th
     lambda d: d.update(layers=[[F, 16], [16, C]]),  # a hidden layer's width
     lambda d: d["quantities"][0].update(elems_per_word=4),  # a lane count (elements per word of w0)
     lambda d: d["batch_layout"].update(elem_bits=2),  # the batch format
-    lambda d: d.update(config=d["config"] + "# edited\n"),  # the configuration text
+    lambda d: d.update(config=d["config"] + "[hw]\nlanes_in = 32\n"),  # a hardware field of the configuration
     lambda d: d["schedule"].update(switch_cutoff=62),
     lambda d: d["regmap"]["registers"][-1].update(addr=d["regmap"]["registers"][-1]["addr"] + 4),  # the map
 ])
@@ -280,6 +269,15 @@ def test_description_hash_changes_with_anything_the_host_relies_on(edit):
     h = description_hash(d)
     edit(d)
     assert description_hash(d) != h
+
+
+def test_description_hash_leaves_out_what_only_the_host_uses():
+    d = make_desc().to_dict()
+    d.update(config="[train]\nbatch_size = 4\n")
+    h = description_hash(d)
+    d.update(config="# run 2\nname = 'run2'\n[data]\ntrain_limit = 9\n[train]\nbatch_size = 4\nseed = 3\nepochs = 2\n")
+    d["schedule"].update(lr0=0.5, epochs=2)
+    assert description_hash(d) == h
 
 
 def test_connect_refuses_a_description_of_another_width_by_its_hash():

@@ -10,7 +10,17 @@ from mock_accelerator import MockAccelerator, MockTransport, batch, make_desc
 
 from host.cli import EXIT_OK, EXIT_USER_ERROR, main
 from host.driver import Driver
-from host.energy import EnergyError, PowerTrace, StepLog, StepWindow, integrate, load_power, load_steps, measure
+from host.energy import (
+    EnergyError,
+    PowerTrace,
+    StepLog,
+    StepWindow,
+    format_report,
+    integrate,
+    load_power,
+    load_steps,
+    measure,
+)
 
 T0 = 1_700_000_000.0  # an epoch time, as time.time() gives
 
@@ -122,10 +132,87 @@ def test_pynq_datarecorder_frame_sums_chosen_rails(tmp_path):
     path.write_text(",Mark,VCCINT_power,VCCAUX_power,12V_power\n" + "".join(",".join(r) + "\n" for r in rows))
     tr = load_power(path, rails=["VCCINT", "VCCAUX"])
     assert rel(integrate(tr, T0 + 0.5, T0 + 1.5), 1.5) < 1e-9
-    with pytest.raises(EnergyError, match="several rails"):
-        load_power(path)
+    # without --rails: the PL (and PS) rails, never the 12 V input that feeds them
+    tr = load_power(path)
+    assert rel(integrate(tr, T0 + 0.5, T0 + 1.5), 1.5) < 1e-9 and "not added: 12V" in tr.columns
     with pytest.raises(EnergyError, match="no rail 'PSINT'"):
         load_power(path, rails=["PSINT"])
+    path.write_text(",Mark,12V_power,5V_power\n" + "".join(f"{r[0]},0,9.0,1.0\n" for r in rows))
+    with pytest.raises(EnergyError, match="several rails"):  # rails of no known domain: the user chooses
+        load_power(path)
+
+
+# --- PMBus rails of a Zynq UltraScale+ board (ZCU104), PL apart from PS ----------------------------------------
+
+PMBUS = {  # rail: (idle W, W while a step runs)
+    "VCCINT": (1.0, 1.6), "VCCBRAM": (0.2, 0.25), "VCCAUX": (0.3, 0.3), "VCC3V3": (0.05, 0.05),
+    "VCCPSINTFP": (0.8, 1.0), "VCCPSAUX": (0.1, 0.1), "VCCO_PSDDR_504": (0.2, 0.3), "12V": (6.0, 7.0),
+}
+
+
+def write_recorder_frame(path, windows, rails=PMBUS, dt_ms=5, n=2000, voltage_only=()):
+    """A pynq.DataRecorder frame as frame.to_csv() writes it: each rail's power a square wave on the steps."""
+    from datetime import datetime, timedelta, timezone
+
+    base = datetime.fromtimestamp(T0, timezone.utc).replace(tzinfo=None)  # noqa: UP017
+    cols = [f"{r}_power" for r in rails] + [f"{r}_voltage" for r in voltage_only]
+    lines = [",Mark," + ",".join(cols)]
+    for i in range(n):
+        t = dt_ms * i / 1000
+        busy = any(a <= T0 + t <= b for a, b in windows)
+        vals = [rails[r][busy] for r in rails] + [0.85] * len(voltage_only)
+        lines.append(f"{(base + timedelta(milliseconds=dt_ms * i)).isoformat(sep=' ')},0," +
+                     ",".join(repr(v) for v in vals))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_pmbus_frame_reports_pl_and_ps_rails_apart(tmp_path):
+    """Known integrals: the PL rails rise by 0.65 W and the PS rails by 0.3 W during each step; the 12 V input is
+    not added; idle subtracted per domain; J per step and uJ per image."""
+    windows = [(T0 + 2.0 + k, T0 + 2.4 + k) for k in range(3)]  # on 5 ms sample edges
+    tr = load_power(write_recorder_frame(tmp_path / "rec.csv", windows))
+    assert set(tr.domains) == {"PL", "PS"}
+    rep = measure(tr, load_steps(write_steps(tmp_path / "s.jsonl", windows, batch=100)),
+                  idle_window=(T0 + 0.5, T0 + 1.5))
+    pl, ps = rep.domains["PL"], rep.domains["PS"]
+    assert pl["rails"] == ["VCCINT", "VCCBRAM", "VCCAUX", "VCC3V3"]
+    assert ps["rails"] == ["VCCPSINTFP", "VCCPSAUX", "VCCO_PSDDR_504"]
+    assert rel(pl["idle_w"], 1.55) < 1e-9 and rel(ps["idle_w"], 1.1) < 1e-9
+    # the ramps at the window edges are outside the windows (sampled on the edges): exact
+    assert all(rel(j, 0.65 * 0.4) < 1e-6 for j in pl["net_j"]), pl
+    assert all(rel(j, 0.3 * 0.4) < 1e-6 for j in ps["net_j"]), ps
+    assert rel(pl["mean_uj_per_image"], 0.65 * 0.4 / 100 * 1e6) < 1e-6
+    assert rel(rep.mean_j_per_step, 0.95 * 0.4) < 1e-6  # the total is PL + PS, not the 12 V input as well
+    text = format_report(rep)
+    assert "PL rails (VCCINT, VCCBRAM, VCCAUX, VCC3V3)" in text and "PS rails (VCCPSINTFP" in text
+
+
+def test_voltage_only_rails_are_refused_saying_why(tmp_path):
+    path = write_recorder_frame(tmp_path / "rec.csv", [], rails={}, voltage_only=("VCCINT", "VCCAUX"))
+    with pytest.raises(EnergyError, match="voltage only: measure power with an external meter"):
+        load_power(path)
+
+
+def test_energy_estimate_beside_the_measurement(tmp_path, capsys):
+    windows = [(T0 + 2.0 + k, T0 + 2.4 + k) for k in range(2)]
+    power = write_recorder_frame(tmp_path / "rec.csv", windows)
+    steps = write_steps(tmp_path / "s.jsonl", windows, batch=100)
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"energy_estimate": {"per_step_uj": 2500.0, "per_image_uj": 25.0, "clock_mhz": 80.0,
+                                                      "cycles": 276_300, "low_per_image_uj": 20.0,
+                                                      "high_per_image_uj": 31.0}}))
+    rc = main(["energy-measure", "--power", str(power), "--steps", str(steps), "--idle-seconds", "1",
+               "--energy-estimate", str(report)])
+    out = capsys.readouterr().out
+    assert rc == EXIT_OK, out
+    assert "PL rails (VCCINT" in out
+    assert "PL estimate (generate --energy-estimate, 80 MHz, 276300 cycles per step): 0.0025 J/step, 25 uJ/image" \
+        in out
+    report.write_text(json.dumps({"cycles": {}}))
+    rc, err = _run_err(capsys, ["energy-measure", "--power", str(power), "--steps", str(steps),
+                                "--energy-estimate", str(report)])
+    assert rc == EXIT_USER_ERROR and "no energy_estimate" in err and str(report) in err
 
 
 @pytest.mark.parametrize("stamp,seconds", [("2023-11-14 22:13:20", 0.0), ("2023-11-14 22:13:20.25", 0.25),
@@ -263,6 +350,60 @@ def test_cli_errors_are_one_line_exit_2(tmp_path, capsys, case):
     assert rc == EXIT_USER_ERROR
     assert len(err.splitlines()) == 1 and expect in err, err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("case", ["batch_fraction", "batch_string", "duplicate_step", "overlapping_steps",
+                                  "idle_above_step", "negative_power", "min_samples_negative", "offset_nan",
+                                  "offset_huge", "latin1", "cycles_word", "cycles_fraction"])
+def test_cli_inputs_refused_naming_file_line_or_option(tmp_path, capsys, case):
+    """Issue 34's energy-measure inputs: each refused in one line naming the file and line, or the option."""
+    power = write_csv(tmp_path / "p.csv", ["t", "w"], [(T0 + i * 0.01, 2.0) for i in range(200)])
+    steps = write_steps(tmp_path / "s.jsonl", [(T0 + 0.5, T0 + 0.7), (T0 + 1.0, T0 + 1.2)])
+    argv = ["energy-measure", "--power", str(power), "--steps", str(steps)]
+    lines = steps.read_text().splitlines()
+    if case == "batch_fraction":
+        steps.write_text(lines[0] + "\n" + lines[1].replace('"batch": 4', '"batch": 2.7') + "\n")
+        expect = f"--steps {steps} line 2: batch 2.7 must be a whole number"
+    elif case == "batch_string":
+        steps.write_text(lines[0].replace('"batch": 4', '"batch": "4"') + "\n")
+        expect = f"--steps {steps} line 1: batch '4'"
+    elif case == "duplicate_step":
+        steps.write_text(lines[0] + "\n" + lines[1] + "\n" + lines[1] + "\n")
+        expect = f"--steps {steps} lines 2 and 3: steps 1 and 1 overlap"
+    elif case == "overlapping_steps":
+        write_steps(steps, [(T0 + 0.5, T0 + 0.7), (T0 + 0.6, T0 + 0.8)])
+        expect = f"--steps {steps} lines 1 and 2"
+    elif case == "idle_above_step":
+        argv += ["--idle-watts", "2.5"]
+        expect = "--idle-watts 2.5: above the mean power of step 0 (2 W)"
+    elif case == "negative_power":
+        write_csv(power, ["t", "w"], [(T0 + i * 0.01, -0.3 if i == 7 else 2.0) for i in range(200)])
+        expect = f"--power {power} line 9: negative power -0.3 W"
+    elif case == "min_samples_negative":
+        argv += ["--min-samples", "-5"]
+        expect = "--min-samples -5: must be a whole number >= 0"
+    elif case in ("offset_nan", "offset_huge"):
+        argv += [f"--time-offset={'nan' if case == 'offset_nan' else '1e300'}"]
+        expect = "--time-offset " + ("nan" if case == "offset_nan" else "1e+300") + ": must be a finite number"
+    elif case == "latin1":
+        power.write_bytes(b"t,w\n" + "# mesure à 1 kHz\n".encode("latin-1"))
+        expect = f"--power {power} line 2: not UTF-8 text (byte 0xe0)"
+    elif case == "cycles_word":
+        steps.write_text(lines[0].replace('"cycles": 1000', '"cycles": "many"') + "\n")
+        expect = f"--steps {steps} line 1: cycles 'many' must be a whole number"
+    elif case == "cycles_fraction":
+        steps.write_text(lines[0].replace('"cycles": 1000', '"cycles": 10.5') + "\n")
+        expect = f"--steps {steps} line 1: cycles 10.5"
+    rc, err = _run_err(capsys, argv)
+    assert rc == EXIT_USER_ERROR, err
+    assert len(err.splitlines()) == 1 and expect in err, err
+    assert "Traceback" not in err
+
+
+def test_a_utf8_file_with_a_byte_order_mark_is_read(tmp_path):
+    power = tmp_path / "p.csv"
+    power.write_bytes(b"\xef\xbb\xbft,w\n" + b"".join(f"{i * 0.01},2.0\n".encode() for i in range(10)))
+    assert load_power(power).columns == "time=t, power=w (W)"
 
 
 def test_integrate_is_exact_for_piecewise_linear_sampled_trace():

@@ -1,4 +1,4 @@
-"""host.driver.PynqTransport against a fake of the pynq objects it uses (``pynq.allocate`` buffers, the
+"""host.transports.pynq.PynqTransport against a fake of the pynq objects it uses (``pynq.allocate`` buffers, the
 accelerator's MMIO, an AXI DMA with pynq 3.x's ``_SDMAChannel`` attributes ``transfer``/``idle``/``running``/
 ``error``/``start`` and the DMA's register MMIO), with the mock accelerator behind the streams: every wait is
 bounded in wall time and names the transfer, buffers are allocated once, and no buffer is freed while the
@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 from mock_accelerator import C, MockAccelerator, batch, make_desc, random_state
 
-from host.driver import AcceleratorError, ClockWarning, Driver, HardwareMismatch, PynqTransport, TransferTimeout
+from host.driver import Driver
+from host.errors import AcceleratorError, ClockWarning, HardwareMismatch, TransferTimeout
+from host.transports.pynq import PynqTransport
 
 DMACR = {"send": 0x00, "receive": 0x30}
 

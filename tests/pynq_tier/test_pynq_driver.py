@@ -11,15 +11,10 @@ import pytest
 from mock_accelerator import ModelAccelerator
 from mock_board import CHANNEL_BASE, MockOverlay, MockZynq
 
-from host.driver import (
-    AcceleratorError,
-    ClockWarning,
-    Driver,
-    HardwareMismatch,
-    PynqTransport,
-    TransferTimeout,
-    description_hash,
-)
+from host.driver import Driver
+from host.errors import AcceleratorError, ClockWarning, HardwareMismatch, TransferTimeout
+from host.transports.pynq import PynqTransport
+from rtl_gen.contract import description_hash
 
 pytestmark = pytest.mark.pynq
 
@@ -56,8 +51,14 @@ class Board:
         self.decoy = MockZynq(ModelAccelerator(acc_desc or desc, cfg), "decoy", dram_base=0x3000_0000)
         monkeypatch.setattr(pynq.Device, "_active_device", self.decoy, raising=False)
         # pynq.Clocks reads the PS clock registers of its device (the board's; its instance is made afresh)
-        monkeypatch.setattr(pynq.Clocks, "device", self.dev)
         monkeypatch.delattr(pynq.Clocks, "_real_instance", raising=False)
+        if hasattr(pynq.Clocks, "device"):  # pynq 4.0.0
+            monkeypatch.setattr(pynq.Clocks, "device", self.dev)
+        else:  # pynq 3.0.1: a Zynq-7000's clocks (chosen by the CPU's architecture) on the active device at first use
+            monkeypatch.setattr(pynq.ps, "CPU_ARCH", pynq.ps.ZYNQ_ARCH)
+            monkeypatch.setattr(pynq.Device, "_active_device", self.dev, raising=False)
+            monkeypatch.setattr(pynq.Clocks, "_real_instance", pynq.ps._ClocksZynq(), raising=False)
+            monkeypatch.setattr(pynq.Device, "_active_device", self.decoy, raising=False)
         self.overlay = MockOverlay(self.dev, length_width=length_width)
         assert isinstance(self.overlay.xnortrain_0.mmio, pynq.MMIO)
 

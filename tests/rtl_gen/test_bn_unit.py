@@ -17,7 +17,7 @@ from rtl_gen.toolchain import run_cocotb, to_verilog
 from sim.config import apply_overrides, load_config
 from sim.hw.arith import ArithParams, bn_backward, bn_forward, bn_forward_eval
 from sim.hw.widths import layer_bounds
-from sim.tb.bn_unit_tb import small_config
+from tb.bn_unit_tb import small_config
 
 # --- geometry -------------------------------------------------------------------------------------------------
 

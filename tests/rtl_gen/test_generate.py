@@ -1,5 +1,5 @@
 # amaranth: UnusedElaboratable=no
-"""The generate flow (rtl_gen.generate), verify (host.verify) and their commands.
+"""The generate flow (host.generate), verify (host.verify) and their commands.
 
 Fast: ``xnortrain generate --no-synth`` writes the Verilog, the register map and a report whose cycle figures
 are the cycle model's; configuration mistakes stop with the field named; the mismatch finder reports the
@@ -16,12 +16,12 @@ import pytest
 from test_system import SMALL  # same folder (pytest puts it on sys.path)
 
 from host.cli import EXIT_USER_ERROR, main
-from host.driver import AcceleratorDescription
+from rtl_gen.contract import AcceleratorDescription
 from rtl_gen.cycle_model import step_cycles
 from rtl_gen.regmap import RegisterMap
 from rtl_gen.top import SystemPlan
 from sim.config import apply_overrides, load_config
-from sim.tb.system_tb import first_mismatch
+from tb.system_tb import first_mismatch
 
 SMALL_SET = SMALL  # the small MLP of the system tests
 
@@ -107,7 +107,7 @@ def test_generate_with_synthesis_reports_resources_and_fit(tmp_path):
     """``generate`` with Yosys: report.json holds the xc7z020 resource counts and percentages, and the fit
     verdict agrees with them and names every resource over the device. (Measured: this small MLP needs
     about 66,000 LUTs, 125 % of the device, so the verdict here is "does not fit", naming LUT.)"""
-    from rtl_gen.generate import generate
+    from host.generate import generate
 
     cfg = apply_overrides(load_config("mlp"), SMALL_SET)
     rep = generate(cfg, tmp_path / "acc", log=lambda *_: None)

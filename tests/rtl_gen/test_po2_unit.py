@@ -18,7 +18,7 @@ from rtl_gen.po2_unit import Po2Unit, carry_save_step, normalise, sqrt2_constant
 from rtl_gen.toolchain import run_cocotb, to_verilog
 from sim.config import load_config
 from sim.hw.arith import po2_quantise, sqrt2_thresholds
-from sim.tb.bn_unit_tb import small_config
+from tb.bn_unit_tb import small_config
 
 
 def _t_by_multiplier(s_eff: int, s_width: int, width: int, steps: int) -> int:

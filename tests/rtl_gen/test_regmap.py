@@ -232,7 +232,7 @@ def test_axi_lite_register_bank_rtl():
 
 
 def test_the_generated_map_holds_the_hash_of_the_description_without_its_own_value():
-    from host.driver import description_hash
+    from rtl_gen.contract import description_hash
     from rtl_gen.controller import build_regmap
     from rtl_gen.top import SystemPlan
     from sim.config import apply_overrides, load_config

@@ -318,7 +318,7 @@ def test_generate_refusals(tmp_path, capsys, args, message):
 def test_memory_budget_counts_ultraram_and_names_the_device(tmp_path, capsys):
     """A design whose weights and optimiser state exceed the xc7z020's block RAM fits the memory budget of the
     UltraScale+ dies (UltraRAM counted); one beyond the xczu7ev's is refused naming it, before elaborating."""
-    from rtl_gen.generate import check_memory_budget
+    from host.generate import check_memory_budget
     from sim.config import apply_overrides, load_config
 
     def layers(*units):

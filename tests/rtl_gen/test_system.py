@@ -651,7 +651,8 @@ def test_driver_schedule_words_equal_the_models_constants(name):
     shift, sgd's lr shift, and for switch the accumulation gate switch_gate(lr / lr0, hw.switch_rate) with the
     configured (unscaled) switch table. (The driver once scaled lambda in the table instead of gating the
     accumulation.)"""
-    from host.driver import BlockingTransport, Driver
+    from host.driver import Driver
+    from host.transports.base import BlockingTransport
 
     cfg = small_cfg(*SCHEDULE_CASES[name], "optimizer.iir.alpha_decay=cosine")
     drv = Driver(SystemPlan(cfg).description(), BlockingTransport(), check=False)  # no hardware behind it

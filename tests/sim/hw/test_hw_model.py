@@ -120,8 +120,14 @@ def test_binary_input_and_undo():
 
 
 def test_hw_model_rejects_unsupported_topologies():
-    with pytest.raises(ConfigError, match="dense layers only"):
-        HwModel(load_config("cnv"))
+    conv = {"type": "conv", "channels": 4}
+    for layers, match in (
+        ([{"type": "maxpool"}, {"type": "dense", "units": 4}], r"model\.layers\[0\]: .* pools only the output"),
+        ([conv, {"type": "maxpool"}, {"type": "maxpool", "pool": 1}, {"type": "dense", "units": 4}],
+         r"model\.layers\[2\]: .* pools only"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            HwModel(config_from_dict(dict(SMALL, model=dict(SMALL["model"], layers=layers))))
     d = dict(SMALL, model=dict(SMALL["model"], layers=[{"type": "dense", "units": 8, "bn": False},
                                                       {"type": "dense", "units": 4}]))
     with pytest.raises(ConfigError, match="bn = false"):

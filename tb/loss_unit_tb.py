@@ -24,7 +24,7 @@ from cocotb.triggers import FallingEdge, ReadOnly, RisingEdge
 from rtl_gen.loss_unit import OutputGeometry
 from sim.config import apply_overrides, load_config
 from sim.hw.arith import bn_forward, loss_grad, output_logits, softmax_q
-from sim.tb.common import Bench, StreamSink, StreamSource, tb_params
+from tb.common import Bench, StreamSink, StreamSource, tb_params
 
 PARAMS = tb_params()
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from pathlib import Path
 
-from .toolchain import build_root
+from rtl_gen.toolchain import build_root
 
 __all__ = ["generate"]
 
@@ -77,6 +78,40 @@ def check_out_dir(out_dir, *, force: bool = False) -> Path:
     return out
 
 
+DEFAULT_CLOCK_MHZ = 100.0
+#: PL clock 0 of both PS families runs up to 250 MHz here (boards/vivado.py checks the board's own limit)
+MAX_CLOCK_MHZ = 250.0
+
+
+def check_clock_mhz(clock_mhz) -> float:
+    """``--clock-mhz``: a finite number of MHz in (0, 250]; ``None`` is the default 100 MHz."""
+    if clock_mhz is None:
+        return DEFAULT_CLOCK_MHZ
+    try:
+        f = float(clock_mhz)
+    except (TypeError, ValueError):
+        f = float("nan")
+    if not (math.isfinite(f) and 0 < f <= MAX_CLOCK_MHZ):
+        raise ValueError(f"--clock-mhz {clock_mhz!r}: give the accelerator's clock in MHz, above 0 and at most "
+                         f"{MAX_CLOCK_MHZ:g} (PL clock 0 of the Zynq PS)")
+    return f
+
+
+def rebuild_command(args) -> str:
+    """The ``xnortrain generate`` command that rewrites ``args.out`` for the same board from its own
+    ``config.toml`` (the resolved configuration), without ``--clock-mhz``: build.tcl appends the clock that meets."""
+    import shlex
+
+    out = Path(args.out)
+    parts = ["xnortrain", "generate", "--config", str(out / "config.toml"), "--board", str(args.board),
+             "--out", str(out), "--force"]
+    if getattr(args, "board_repo", None):
+        parts += ["--board-repo", str(args.board_repo)]
+    if getattr(args, "no_synth", False):
+        parts.append("--no-synth")
+    return " ".join(shlex.quote(p) for p in parts)
+
+
 def check_memory_budget(cfg, device: str = "xc7z020") -> dict:
     """Refuse, before any elaboration, a design whose weights and optimiser state alone need more on-chip memory
     bits than ``device`` has: every block RAM and UltraRAM plus every LUT that can be distributed RAM (a bound
@@ -84,9 +119,8 @@ def check_memory_budget(cfg, device: str = "xc7z020") -> dict:
     :mod:`boards.devices`; raises :class:`rtl_gen.synth.DoesNotFitError` saying by how much it is over, and
     returns the report otherwise."""
     from boards.devices import get_device
+    from rtl_gen.synth import DoesNotFitError
     from sim.hw.memory import memory_report
-
-    from .synth import DoesNotFitError
 
     dev = get_device(device)
     rep = memory_report(cfg)
@@ -128,7 +162,8 @@ def _unit_checked(build, plan):
 
 def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=print, force: bool = True,
              board=None, device=None, jobs: int = 1, cluster: str | None = None,
-             energy: bool = False) -> dict:
+             energy: bool = False, clock_mhz: float | None = None, board_repo=None,
+             rebuild_command: str | None = None) -> dict:
     """Write the accelerator for ``cfg`` to ``out_dir``: ``<top>.v``, ``regmap.json``, ``accelerator.json``
     (the host description), ``config.toml``, ``report.txt`` and ``report.json`` (cycles per step and per
     image from :mod:`rtl_gen.cycle_model`; with ``synth``, Yosys ``synth_xilinx`` resources for the xc7z020
@@ -143,7 +178,11 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
     and ``cluster`` (a Dask scheduler address, checked before elaboration) sends them to a cluster's workers;
     the report is the same either way. ``energy``: with the xc7z020 synthesis, also the PL energy estimate of
     :mod:`host.energy_estimate`, ``report["energy_estimate"]``, from the toggle activity of one step on the
-    coverage simulated board. Returns the report dict.
+    coverage simulated board. ``clock_mhz`` (default 100): the clock the accelerator is built for, FCLK0 of the
+    Vivado build, ``accelerator.json``'s ``clock_mhz``, and what ``report["throughput"]`` (cycles per image, the
+    clock and images per second side by side) and the energy estimate are priced at. ``board_repo``: a folder of
+    Vivado board files (:func:`boards.vivado.write_vivado_project`); ``rebuild_command``: the command a failed
+    timing check of the Vivado build prints with a clock that meets. Returns the report dict.
 
     Nothing is created until the design is built: the output folder is checked first (:func:`check_out_dir`;
     ``force=False`` refuses a non-empty one, as ``xnortrain generate`` does without ``--force``), then the memory
@@ -153,6 +192,7 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
     import time
 
     out = check_out_dir(out_dir, force=force)
+    clock_mhz = check_clock_mhz(clock_mhz)
     if energy and not synth:
         from sim.schema import ConfigError
 
@@ -170,6 +210,13 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
 
             board = get_board(board)
     dev = _synth_device(device, board, ecp5)
+    if board_repo is not None:
+        if board is None:
+            raise ValueError(f"--board-repo {board_repo}: Vivado board files are for a Zynq --board "
+                             "(pynq-z2, pynq-z1, zedboard, zcu104, kv260)")
+        if not Path(board_repo).is_dir():
+            raise ValueError(f"--board-repo {board_repo}: no such folder (give the folder that holds the board "
+                             "files, e.g. a clone of XilinxBoardStore's boards/)")
     if not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"--jobs must be a whole number >= 1, not {jobs!r}")
     if (jobs > 1 or cluster is not None) and not (synth and by_unit):
@@ -185,11 +232,11 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
                           f"{ecp5.device.name if ecp5 is not None else dev.name}'s; drop --board / --device")
     check_memory_budget(cfg, device=ecp5.device.name if ecp5 is not None else dev.name)
     if cluster is not None:
-        from .synth import check_cluster
+        from rtl_gen.synth import check_cluster
 
         log(f"cluster {cluster}: {check_cluster(cluster)} workers")
-    from .cycle_model import step_cycles
-    from .top import Accelerator, SystemPlan
+    from rtl_gen.cycle_model import step_cycles
+    from rtl_gen.top import Accelerator, SystemPlan
 
     plan = SystemPlan(cfg)
     cyc = _unit_checked(step_cycles, plan)  # builds every unit's geometry: refuses what the units cannot be
@@ -202,12 +249,15 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
     (out / f"{plan.name}.v").write_text(verilog)
     plan.regmap.write_json(out / "regmap.json")
     (out / "regmap.md").write_text(plan.regmap.to_markdown())
-    plan.description().write_json(out / "accelerator.json")
+    desc = plan.description()
+    desc.clock_mhz = clock_mhz  # not in id_hash: the same bitstream contents at any clock
+    desc.write_json(out / "accelerator.json")
     (out / "config.toml").write_text(cfg.to_toml())
     if board is not None:
         from boards.vivado import write_vivado_project
 
-        tcl = write_vivado_project(out / "vivado", board, plan.description(), out / f"{plan.name}.v", top=plan.name)
+        tcl = write_vivado_project(out / "vivado", board, desc, out / f"{plan.name}.v", top=plan.name,
+                                   clock_mhz=clock_mhz, board_repo=board_repo, rebuild_command=rebuild_command)
         log(f"  Vivado build for the {board.title}: {tcl} (make -C {tcl.parent}; needs Vivado)")
     report = {
         "name": plan.name,
@@ -218,18 +268,22 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
         "cycles": {"per_step": cyc.step, "per_image": round(cyc.per_image, 1), "phases": cyc.phases,
                    "infer": cyc.infer, "infer_per_image": round(cyc.infer_per_image, 1),
                    "source": "rtl_gen.cycle_model (checked against RTL simulation in tests/rtl_gen/test_system.py)"},
+        "throughput": {"cycles_per_image": round(cyc.per_image, 1), "clock_mhz": clock_mhz,
+                       "images_per_s": round(clock_mhz * 1e6 / cyc.per_image, 1)},
         "targets": targets(dev),
     }
     lines = [f"xnortrain accelerator {plan.name} for {cfg.name}: {len(plan.layers)} dense layers "
              f"{[plan.features] + [lp.n_out for lp in plan.layers]}, batch {plan.batch}, optimizer {cfg.hw.optimizer}",
-             "", cyc.format_text()]
+             "", cyc.format_text(),
+             f"throughput: {cyc.per_image:,.1f} cycles per image at {clock_mhz:g} MHz = "
+             f"{report['throughput']['images_per_s']:,.0f} images per second (--clock-mhz)"]
     if ecp5 is not None:
         if synth:
-            _ecp5_flow(report, lines, verilog, plan, ecp5, out, by_unit=by_unit, log=log, jobs=jobs)
+            _ecp5_flow(report, lines, verilog, plan, ecp5, out, by_unit=by_unit, log=log, jobs=jobs, freq=clock_mhz)
         else:
             log(f"  --no-synth: no ECP5 synthesis, place and route or bitstream for the {ecp5.title}")
     elif synth:
-        from .synth import synthesize, synthesize_units
+        from rtl_gen.synth import synthesize, synthesize_units
 
         how = "as a whole"
         if by_unit:
@@ -258,7 +312,7 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
             from host.energy_estimate import estimate_energy, measure_activity, resources_from_synth
 
             act = measure_activity(cfg, log=log)
-            est = estimate_energy(resources_from_synth(rep), act, clock_mhz=plan.description().clock_mhz,
+            est = estimate_energy(resources_from_synth(rep), act, clock_mhz=clock_mhz,
                                   batch=plan.batch)
             report["energy_estimate"] = est.to_dict()
             lines += ["", est.format_text()]
@@ -277,7 +331,7 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
 
 
 def _ecp5_flow(report: dict, lines: list, verilog: str, plan, board, out: Path, *, by_unit: bool, log,
-               jobs: int = 1) -> None:
+               jobs: int = 1, freq: float = 100.0) -> None:
     """``generate --board ulx3s-85f``: the ECP5 place-and-route proxy (:mod:`boards.ecp5`) of the whole design,
     with a bitstream in ``out/ecp5/xnortrain.bit``, and with ``by_unit`` every top-level submodule placed and
     routed out of context. Fills ``report["ecp5"]`` and ``report["fits"]``; raises ``DoesNotFitError`` (before
@@ -286,11 +340,11 @@ def _ecp5_flow(report: dict, lines: list, verilog: str, plan, board, out: Path, 
 
     from boards.ecp5 import run_ecp5, run_ecp5_units
 
-    freq = float(plan.description().clock_mhz)
+    freq = float(freq)
     log(f"ECP5 timing proxy on the {board.title}: yosys synth_ecp5 + nextpnr-ecp5 at {freq:g} MHz (minutes) ...")
     digest = hashlib.sha256(verilog.encode()).hexdigest()[:12]
     work = build_root() / "ecp5" / f"{plan.name}-{digest}"
-    from .synth import DoesNotFitError
+    from rtl_gen.synth import DoesNotFitError
 
     try:
         rep = run_ecp5(verilog, plan.name, workdir=work, board=board, freq_mhz=freq, bitstream=True, log=log)
@@ -336,8 +390,7 @@ def generate_main(args) -> int:
     import sys
 
     from host.common import EXIT_DOES_NOT_FIT, EXIT_OK, build_config
-
-    from .synth import DoesNotFitError
+    from rtl_gen.synth import DoesNotFitError
 
     cfg = build_config(args)
     check_out_dir(args.out, force=getattr(args, "force", False))
@@ -346,7 +399,9 @@ def generate_main(args) -> int:
                           by_unit=getattr(args, "synth_by_unit", False), force=getattr(args, "force", False),
                           board=getattr(args, "board", None), device=getattr(args, "device", None),
                           jobs=getattr(args, "jobs", 1), cluster=getattr(args, "cluster", None),
-                          energy=getattr(args, "energy_estimate", False))
+                          energy=getattr(args, "energy_estimate", False),
+                          clock_mhz=getattr(args, "clock_mhz", None), board_repo=getattr(args, "board_repo", None),
+                          rebuild_command=rebuild_command(args) if getattr(args, "board", None) else None)
     except DoesNotFitError as e:
         print(f"xnortrain: {e}", file=sys.stderr)
         return EXIT_DOES_NOT_FIT

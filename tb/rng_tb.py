@@ -17,7 +17,7 @@ from cocotb.triggers import FallingEdge, ReadOnly
 from rtl_gen.rng import RngGeometry, layer_offset
 from sim.config import apply_overrides, load_config
 from sim.hw.rng import RngBank
-from sim.tb.common import Bench, StreamSink, StreamSource, tb_params
+from tb.common import Bench, StreamSink, StreamSource, tb_params
 
 PARAMS = tb_params()
 if PARAMS:

@@ -17,7 +17,7 @@ from cocotb.triggers import FallingEdge, ReadOnly
 
 from rtl_gen.xnor_engine import XnorGeometry
 from sim.hw.arith import xnor_popcount
-from sim.tb.common import Bench, StreamSink, StreamSource, pack, tb_params, to_signed, unpack
+from tb.common import Bench, StreamSink, StreamSource, pack, tb_params, to_signed, unpack
 
 PARAMS = tb_params()
 GEO = XnorGeometry(**{k: PARAMS[k] for k in ("n_in", "n_out", "lanes_in", "lanes_out")}) if PARAMS else None

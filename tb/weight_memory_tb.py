@@ -24,7 +24,7 @@ from sim.hw import optim as O
 from sim.hw.arith import xnor_popcount
 from sim.hw.model import HwModel
 from sim.hw.rng import RngBank
-from sim.tb.common import Bench, StreamSink, StreamSource, tb_params
+from tb.common import Bench, StreamSink, StreamSource, tb_params
 
 PARAMS = tb_params()
 if PARAMS:

@@ -22,8 +22,8 @@ import numpy as np
 from rtl_gen.bn_unit import BnLayer
 from rtl_gen.po2_unit import SCALE_WIDTH, Po2Unit
 from sim.hw.arith import bn_backward, po2_quantise, round_log2_ratio
-from sim.tb.bn_unit_tb import StreamPorts, backward_batch, beat_words, unpack_lanes_word
-from sim.tb.common import Bench, tb_params, to_signed
+from tb.bn_unit_tb import StreamPorts, backward_batch, beat_words, unpack_lanes_word
+from tb.common import Bench, tb_params, to_signed
 
 PARAMS = tb_params()
 LAYER = BnLayer.from_dict(PARAMS["layer"]) if PARAMS else None

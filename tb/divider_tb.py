@@ -13,7 +13,7 @@ from pathlib import Path
 import cocotb
 
 from rtl_gen.divider import Divider, divide
-from sim.tb.common import Bench, StreamSink, StreamSource, tb_params
+from tb.common import Bench, StreamSink, StreamSource, tb_params
 
 PARAMS = tb_params()
 DIV = (

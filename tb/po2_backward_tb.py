@@ -24,7 +24,7 @@ from rtl_gen.po2_backward import Po2Geometry, array_mode, envelope
 from sim.config import apply_overrides, load_config
 from sim.hw.arith import ArithParams, Po2Codes, po2_backward_dw, po2_backward_dx
 from sim.hw.widths import layer_bounds
-from sim.tb.common import Bench, StreamSink, StreamSource, pack, tb_params, to_signed
+from tb.common import Bench, StreamSink, StreamSource, pack, tb_params, to_signed
 
 PARAMS = tb_params()
 HAS_DX = ARRAY = False

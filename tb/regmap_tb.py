@@ -14,7 +14,7 @@ from cocotb.triggers import FallingEdge, ReadOnly
 
 from rtl_gen.axil import RESP_OKAY, RESP_SLVERR
 from rtl_gen.regmap import RegisterFile, RegisterMap
-from sim.tb.common import AxiLiteChecker, AxiLiteMaster, Bench, tb_params
+from tb.common import AxiLiteChecker, AxiLiteMaster, Bench, tb_params
 
 PARAMS = tb_params()
 REGMAP = RegisterMap.from_json(PARAMS["regmap"]) if "regmap" in PARAMS else None

@@ -23,7 +23,7 @@ from cocotb.triggers import FallingEdge, ReadOnly
 from rtl_gen.bn_unit import BnBackwardUnit, BnForwardUnit, BnLayer
 from sim.config import apply_overrides, load_config
 from sim.hw.arith import bn_backward, bn_forward
-from sim.tb.common import Bench, tb_params, to_signed
+from tb.common import Bench, tb_params, to_signed
 
 PARAMS = tb_params()
 LAYER = BnLayer.from_dict(PARAMS["layer"]) if PARAMS else None
@@ -231,7 +231,7 @@ def alpha_words(lay: BnLayer, alpha, zero) -> list[int]:
 class StreamPorts:
     """Every stream port of a unit driven from one coroutine: one ``FallingEdge`` and one ``ReadOnly`` per cycle
     for all of them, and a signal written only when its value changes (simulator accesses dominate long runs of
-    multi-port units). Same timing discipline as :class:`sim.tb.common.StreamSource` / ``StreamSink``: a source
+    multi-port units). Same timing discipline as :class:`tb.common.StreamSource` / ``StreamSink``: a source
     offers with probability ``1 - p_idle`` and then holds its word until it is taken; after a transfer its payload
     turns to random junk until the next offer; a sink is ready with probability ``1 - p_stall``.
     ``stamps[name]`` collects :attr:`Bench.cycle` of every transfer."""

@@ -1,0 +1,124 @@
+"""Accuracy of the binary CNN for MNIST (``configs/cnn_mnist.toml``) in the bit-exact model and the float reference.
+
+Trains the same network with ``sim.hw.engine.HwEngine`` (``--arith hw``, the integer datapath of
+docs/arithmetic.md, conv layers and max pooling included) and ``sim.reference.engine.ReferenceEngine``
+(``--arith float``, the float reference of Algorithm 2 with the configuration's ``approx`` switches) through the
+shared ``sim.train_loop.run_training``, and writes ``<out>/<arith>.json`` (history: accuracy, loss and wall time
+per epoch, written after every epoch; the training state beside it as ``.ckpt.npz``) and ``.png`` (curves). It
+prints the on-chip memory of the configuration (``sim.hw.memory.memory_report``) first, then one JSON line per
+run: best and final test accuracy, epochs and seconds per epoch. Issue 37 asks for >= 98.5 % best test accuracy
+of the bit-exact model within 30 epochs, within 0.5 points of the float reference.
+
+Commands (at most two runs at a time on 2 cores)::
+
+    OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/cnn_accuracy.py --arith hw --out results/cnn
+    OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/cnn_accuracy.py --arith float --out results/cnn
+    .venv/bin/python benchmarks/cnn_accuracy.py --memory-only
+    .venv/bin/python benchmarks/cnn_accuracy.py --summary --out results/cnn     # table of finished runs
+
+``--set key=value`` applies configuration overrides, e.g. ``--set train.epochs=1 --set data.train_limit=6000``
+for a quick look; ``--resume`` continues each run from its checkpoint.
+
+Measured with configs/cnn_mnist.toml as of 9020acb (vendored MNIST: 1,418 steps of B = 16 per epoch; 2 cores
+shared with other jobs): one epoch takes 186 s in the bit-exact model and 124 s in the float reference when run
+alone, 280-320 s and 200-240 s with the other run beside it. Test accuracy after epochs 1-5 (``--set
+train.epochs=5``): bit-exact 88.61, 90.30, 53.15 % (stopped there); float 86.26, 87.98, 78.49, 91.93, 91.17 %;
+training accuracy 76-84 % in both. The preset is far from 98.5 % and its test accuracy swings in both models
+alike. Neither a slower running average (``hw.running_shift = 6``: 14.79, 88.59, 49.53 %) nor undithered
+input (``data.dither = false``: bit-exact 88.83, 91.61 %; float 10.38, 51.33 %) removes the swing, and the
+model of the ``running_shift = 6`` run after epoch 3 classifies 45 % of 2,000 test images with its running
+statistics but 82 % with batch statistics (batches of 16). The BN of the output layer over 16 samples is the
+first suspect; the network and batch are a candidate, not a result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from sim.config import apply_overrides, load_config  # noqa: E402
+from sim.hw.memory import memory_report  # noqa: E402
+
+CONFIG = ROOT / "configs" / "cnn_mnist.toml"
+
+
+def make_config(path: str, overrides: list[str]):
+    return apply_overrides(load_config(path), overrides)
+
+
+def run(arith: str, cfg, out: Path, resume: bool) -> dict:
+    from sim.train_loop import run_training
+
+    if arith == "hw":
+        from sim.hw.engine import HwEngine as Engine
+    else:
+        from sim.reference.engine import ReferenceEngine as Engine
+    hist_path = out / f"{arith}.json"
+    state = out / f"{arith}.ckpt.npz"
+    hist = run_training(cfg, Engine(cfg), progress=False, history_json=hist_path, state_file=state,
+                        resume=state if resume and state.exists() else None)
+    hist.meta["title"] = f"{cfg.name}, {'bit-exact model' if arith == 'hw' else 'float reference'}"
+    hist.to_json(hist_path)
+    hist.plot(out / f"{arith}.png")
+    res = {
+        "arith": arith,
+        "epochs": len(hist.epoch),
+        "steps": hist.total_steps,
+        "best_test_acc": hist.best,
+        "final_test_acc": hist.test_acc[-1] if hist.test_acc else None,
+        "seconds_per_epoch": round(sum(hist.seconds) / max(len(hist.seconds), 1), 1),
+    }
+    print(json.dumps(res), flush=True)
+    return res
+
+
+def summary(out: Path) -> None:
+    print(f"{'run':<8}{'epochs':>7}{'final %':>9}{'best %':>9}{'s/epoch':>9}")
+    for arith in ("hw", "float"):
+        p = out / f"{arith}.json"
+        if not p.exists():
+            continue
+        d = json.loads(p.read_text())
+        if not d.get("test_acc"):
+            continue
+        sec = sum(d["seconds"]) / len(d["seconds"])
+        print(f"{arith:<8}{len(d['epoch']):>7}{100 * d['test_acc'][-1]:>9.2f}{100 * max(d['test_acc']):>9.2f}"
+              f"{sec:>9.0f}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default=str(CONFIG), help="configuration (default configs/cnn_mnist.toml)")
+    ap.add_argument("--arith", choices=("hw", "float"), action="append", help="model to train (repeatable; "
+                    "default both, one after the other)")
+    ap.add_argument("--out", default="results/cnn", help="output folder")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], help="config override key=value")
+    ap.add_argument("--resume", action="store_true", help="continue each run from its checkpoint in --out")
+    ap.add_argument("--memory-only", action="store_true", help="only print the on-chip memory")
+    ap.add_argument("--summary", action="store_true", help="print accuracies of finished runs in --out")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    if args.summary:
+        summary(out)
+        return 0
+    cfg = make_config(args.config, args.overrides)
+    mem = memory_report(cfg)
+    print(json.dumps({k: mem[k] for k in ("n_weights", "weights_state_kib", "buffers_kib", "total_kib",
+                                          "budget_kib", "fits")}), flush=True)
+    if args.memory_only:
+        print(json.dumps(mem["buffers"], indent=1))
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    for arith in args.arith or ["hw", "float"]:
+        run(arith, cfg, out, args.resume)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
