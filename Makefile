@@ -11,7 +11,7 @@ PYTEST  = $(PY) -m pytest -n $(JOBS)
 APT_PACKAGES = build-essential perl liblz4-dev zlib1g-dev iverilog ccache
 
 DEFAULT_MARKERS = not slow and not rtl_slow and not synth and not random_configs and not paper and not notebooks \
-	and not pynq
+	and not pynq and not timing
 INSTALLED = $(VENV)/.xnortrain-installed
 
 # The pynq tier runs what a board runs in two venvs of their own (pynq pins numpy<2, so it never enters $(VENV)), both
@@ -50,7 +50,8 @@ define pytest_tier
 endef
 
 .DEFAULT_GOAL := test
-.PHONY: setup system-packages test test-paper test-notebooks test-pynq board-wheels test-slow test-rtl-slow test-synth test-random \
+.PHONY: setup system-packages test test-paper test-timing test-notebooks test-pynq board-wheels test-slow test-rtl-slow \
+	test-synth test-random \
 	test-all lint clean distclean
 
 setup: system-packages $(INSTALLED)
@@ -128,6 +129,12 @@ test-pynq: $(PYNQ_INSTALLED) $(PYNQ301_INSTALLED)
 	    --deselect tests/host/test_driver.py::test_pynq_is_never_imported || exit 1; \
 	done
 	$(PYNQ_VENV)/bin/ruff check --select E9 --target-version py310 $(BOARD_SOURCES)
+
+# The timing guard: Yosys synth_ecp5 of the SMALL whole design (configs/timing_small.toml) and its deepest
+# register-to-register path in LUT levels against the calibrated limit (tests/rtl_gen/test_timing.py), and a
+# path planted across two units that must exceed it. About 5 min on 2 cores with an empty cache.
+test-timing: $(INSTALLED)
+	$(PYTEST) -m timing tests/rtl_gen/test_timing.py
 
 test-slow: $(INSTALLED)
 	$(call pytest_tier,slow)

@@ -484,15 +484,20 @@ def _divider_widths(layer: BnLayer) -> tuple[int, int, int]:
     return wd + wq, wd, wq
 
 
+EPI3_ISSUE = 6
+"""BN forward EPI3: cycles from one channel's division request to the next one's (within a group): the lane's
+words, the channel's word registered, the products, their sum, the dividend, the request."""
+
+
 def epi3_responses(layer: BnLayer, div_steps: int = 1) -> list[int]:
     """The cycle (from EPI3's first) of each channel's stats beat in :class:`BnForwardUnit`'s EPI3 when every beat
-    is taken at once: per channel the lane's words, A's products and sum, the dividend (five cycles from the
-    previous request taken; the group's read first), one request; the beat with each response (the channel's
-    other fields wait in a queue)."""
+    is taken at once: per channel the lane's words, the channel's word registered, A's products and sum, the
+    dividend (:data:`EPI3_ISSUE` cycles from the previous request taken; the group's read first), one request;
+    the beat with each response (the channel's other fields wait in a queue)."""
     wq = _divider_widths(layer)[2]
     it, ring = div_iterations(wq, div_steps), div_stages(div_steps)
     M, L = layer.channels, layer.lanes
-    return ring_schedule(ring, it, [5] + [6 if c % L == 0 else 5 for c in range(1, M)])
+    return ring_schedule(ring, it, [EPI3_ISSUE] + [EPI3_ISSUE + 1 if c % L == 0 else EPI3_ISSUE for c in range(1, M)])
 
 
 def forward_cycles(layer: BnLayer, div_steps: int = 1) -> dict[str, int]:
@@ -730,8 +735,8 @@ class BnForwardCore(wiring.Component):
         # EPI1 and EPI2 overlap channels: ``walk`` issues a channel's divisions and moves on (WT once every
         # channel's are issued), ``rwalk`` takes the responses in order and writes each channel's thresholds.
         rwalk = _LaneWalker(m, ch, "resp")
-        est = Signal(range(12), name="est")  # step within the epilogue: a group's read, then a channel's steps
-        RD, CH0, CH1, CH2, CH3, WT, CH2A, CH2B, CH0B, CH1B, CH1C, CH0C = range(12)
+        est = Signal(range(13), name="est")  # step within the epilogue: a group's read, then a channel's steps
+        RD, CH0, CH1, CH2, CH3, WT, CH2A, CH2B, CH0B, CH1B, CH1C, CH0C, CH1R = range(13)
         epi_rd = Signal()
         m.d.comb += epi_rd.eq(~in_pass & (est == RD))
         # in a pass the thresholds are read in stage 0, the accumulators in stage 1
@@ -814,6 +819,9 @@ class BnForwardCore(wiring.Component):
         a_r = Signal(unsigned(w["A"]))
         bs_r = Signal(unsigned(wd))
         chan_l = chan_rd.data
+        # EPI3: the channel's word registered as it leaves chan_mem, before B S' and C Ns (timing: the memory's
+        # output straight into the constant product B S' closed at 65 MHz at the paper's widths on the ECP5 proxy)
+        chan_q = Signal.like(chan_l, name="chan_q")
         # products and their operands registered apart (timing: a multiplier and the subtraction after it in one
         # cycle closed at 62 MHz on the ECP5 proxy)
         # the channel's lane of the group words, registered (timing: the lane multiplexer in front of a multiplier)
@@ -835,7 +843,7 @@ class BnForwardCore(wiring.Component):
         # C Ns as products of C's 17-bit parts (the top part signed), each within one 18x18 multiplier and
         # registered apart; joined in the subtraction of A (timing: the multiplier and the adder joining its parts
         # closed at 102 MHz on the ECP5 proxy)
-        c_parts = _mul_parts(m, chan_l.C, "c_part")
+        c_parts = _mul_parts(m, chan_q.C, "c_part")
         pa_r = [Signal((part * ns_l).shape(), name=f"c_ns{i}") for i, (part, _) in enumerate(c_parts)]
         v_r = [Signal(signed(w["C"] + 1), name=f"v_thr{i}") for i in range(3)]  # C, C -+ S' 2^Fb, then saturated
 
@@ -958,12 +966,13 @@ class BnForwardCore(wiring.Component):
                                 with m.If(s_queue.w_rdy):
                                     channel_issued()
                             with m.Else():
-                                m.d.sync += [
-                                    ka_r.eq(mul_const(ys_r, K)),
-                                    *(r.eq(part * ns_r) for r, (part, _) in zip(pa_r, c_parts, strict=True)),
-                                    bs_r.eq(mul_const(chan_l.S_eff, B)),
-                                    est.eq(CH1B),
-                                ]
+                                m.d.sync += [ka_r.eq(mul_const(ys_r, K)), chan_q.eq(chan_l), est.eq(CH1R)]
+                        with m.Case(CH1R):  # the products of the registered channel word
+                            m.d.sync += [
+                                *(r.eq(part * ns_r) for r, (part, _) in zip(pa_r, c_parts, strict=True)),
+                                bs_r.eq(mul_const(chan_q.S_eff, B)),
+                                est.eq(CH1B),
+                            ]
                         with m.Case(CH1B):
                             m.d.sync += [a_r.eq(_sum_tree([ka_r, *(-(r << sh) for r, (_, sh) in
                                                                   zip(pa_r, c_parts, strict=True))])),
@@ -1002,8 +1011,8 @@ class BnForwardUnit(wiring.Component):
     :func:`pass_cycles`, then :data:`BN_FWD_ACC_STAGES` more for the accumulators' write); EPI1 and EPI2 from
     :func:`rtl_gen.divider.ring_schedule` (one request a channel a cycle apart, the group's read between groups;
     three a channel ten cycles apart), about ``M I`` and ``3 M I`` once the divider's ring is the bound
-    (``I = ceil(Wq / div_steps)``); EPI3 from :func:`epi3_responses` (one request a channel five cycles apart,
-    the group's read between groups), about ``max(5, I) M``.
+    (``I = ceil(Wq / div_steps)``); EPI3 from :func:`epi3_responses` (one request a channel EPI3_ISSUE cycles apart,
+    the group's read between groups), about ``max(EPI3_ISSUE, I) M``.
     """
 
     def __init__(self, *, layer: BnLayer, div_steps: int = 1, channels=None):

@@ -210,10 +210,11 @@ def bn_param_cycles(layer, hw, div_steps: int) -> dict:
     # running: a stats beat a cycle (the divisions by constants are a pipeline)
     running = 1
     # update: maxima pass (its reads and a registered |P1| before the comparisons), exponent (3 cycles) and the
-    # aligner's amounts (2), M + 6 in all (measured in RTL, 784-12-10), then per channel read, align (4: m, a, g
-    # through the two-cycle aligner), ema, ratio operands, |m|, request, the divider's latency (|r| taken with
-    # the response), the sign of r, delta (the learning-rate shift of r), beta - delta, apply
-    return {"running": running, "update": M + 6 + M * (lat + 13)}
+    # aligner's amounts (2), M + 6 in all (measured in RTL, 784-12-10), then per channel read, the read words
+    # registered, align (4: m, a, g through the two-cycle aligner), ema, ratio operands, |m|, request, the
+    # divider's latency (|r| taken with the response), the sign of r, delta (the learning-rate shift of r),
+    # beta - delta, apply
+    return {"running": running, "update": M + 6 + M * (lat + 14)}
 
 
 class BnParamUnit(wiring.Component):
@@ -550,6 +551,7 @@ class BnParamUnit(wiring.Component):
             m.d.sync += [a.eq(v) for a, v in zip(al_amounts, al_sets[i], strict=True)]
 
         al_out = _align_pipelined(m, al_x, al_amounts, al_ow, "al")
+        wq = {name: Signal.like(rd[name].data, name=f"upd_{name}_q") for name in ("m", "a", "beta", "p1")}
         with m.FSM() as fsm:
             with m.State("idle"):
                 m.d.comb += fsm_idle.eq(1)
@@ -601,20 +603,26 @@ class BnParamUnit(wiring.Component):
             with m.State("read"):
                 for name in ("m", "a", "beta", "p1"):
                     m.d.comb += [rd[name].addr.eq(base + ch), rd[name].en.eq(1)]
+                m.next = "read_q"
+            # the channel's words registered as they leave the memories, before the aligner and beta - delta
+            # (timing: a_mem's output, the operand multiplexer and the rounding add in one cycle closed at 77 MHz
+            # at the paper's widths on the ECP5 proxy)
+            with m.State("read_q"):
+                m.d.sync += [wq[name].eq(rd[name].data) for name in wq]
                 al_choose(0)
                 m.next = "align"
             # the aligner takes two cycles (_align_pipelined): each result is taken a state after its operand
             with m.State("align"):
-                m.d.comb += al_x.eq(rd["m"].data)
+                m.d.comb += al_x.eq(wq["m"])
                 al_choose(1)
                 m.next = "align_a"
             with m.State("align_a"):
-                m.d.comb += al_x.eq(rd["a"].data)
+                m.d.comb += al_x.eq(wq["a"])
                 al_choose(2)
                 m.d.sync += mv.eq(al_out)
                 m.next = "align_g"
             with m.State("align_g"):
-                m.d.comb += al_x.eq(rd["p1"].data)
+                m.d.comb += al_x.eq(wq["p1"])
                 m.d.sync += av.eq(al_out)
                 m.next = "align_end"
             # the EMAs' rounding terms less the old values registered while g is aligned, and |g| as a choice of
@@ -684,7 +692,7 @@ class BnParamUnit(wiring.Component):
                     m.d.sync += delta.eq(0)  # |r| <= 256: (r + 2^(sh-1)) >> sh = 0 for sh >= 10
                 m.next = "apply_diff"
             with m.State("apply_diff"):  # beta - delta registered (timing: with the clamp and the write, 72 MHz)
-                m.d.sync += diff.eq(rd["beta"].data - delta)
+                m.d.sync += diff.eq(wq["beta"] - delta)
                 m.next = "apply"
             with m.State("apply"):
                 m.d.comb += beta_new.eq(Mux(diff < p.beta_lo, p.beta_lo, Mux(diff > p.beta_hi, p.beta_hi, diff)))

@@ -7,7 +7,7 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["StreamFIFO", "StreamRegister"]
+__all__ = ["SkidBuffer", "StreamFIFO", "StreamRegister"]
 
 
 class StreamFIFO(wiring.Component):
@@ -90,4 +90,36 @@ class StreamRegister(wiring.Component):
             m.d.sync += [full.eq(1), held.eq(self.i.payload)]
         with m.Elif(self.o.ready):
             m.d.sync += full.eq(0)
+        return m
+
+
+class SkidBuffer(wiring.Component):
+    """A registered slice between two :mod:`amaranth.lib.stream` interfaces: ``o.valid``, ``o.payload`` and
+    ``i.ready`` all come from flip-flops, so neither the payload nor the consumer's ``ready`` crosses it in one
+    cycle (docs/architecture.md, "Timing discipline": where a ``ready`` travels back across units). One transfer a
+    cycle; a beat taken on ``i`` is offered on ``o`` from the next cycle on (one cycle of latency).
+
+    Two entries: the output register and the skid register, which catches the beat that was already on its way
+    when ``o.ready`` fell (``i.ready`` is "the skid register is empty", registered).
+    """
+
+    def __init__(self, *, shape):
+        self._shape = shape
+        super().__init__({"i": In(stream.Signature(shape)), "o": Out(stream.Signature(shape))})
+
+    def elaborate(self, platform):
+        m = Module()
+        width = Shape.cast(self._shape).width
+        out_valid, skid_valid = Signal(), Signal()
+        out_data, skid_data = Signal(width), Signal(width)
+        m.d.comb += [self.o.valid.eq(out_valid), self.o.payload.eq(out_data), self.i.ready.eq(~skid_valid)]
+        take = Signal()
+        m.d.comb += take.eq(self.i.valid & ~skid_valid)
+        with m.If(~out_valid | self.o.ready):  # the output register is free this cycle
+            with m.If(skid_valid):
+                m.d.sync += [out_valid.eq(1), out_data.eq(skid_data), skid_valid.eq(0)]
+            with m.Else():
+                m.d.sync += [out_valid.eq(take), out_data.eq(self.i.payload)]
+        with m.Elif(take):  # the output register holds: the incoming beat goes to the skid register
+            m.d.sync += [skid_valid.eq(1), skid_data.eq(self.i.payload)]
         return m

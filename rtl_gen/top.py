@@ -55,6 +55,7 @@ from .po2_backward import Po2Backward
 from .po2_unit import Po2Unit
 from .ports import OffsetPort, PackedPort, PortMux
 from .rng import RngEngine
+from .streams import SkidBuffer
 from .weight_memory import WeightMemory
 from .wire_backward import BackwardWiring
 from .wire_forward import ForwardWiring
@@ -163,25 +164,40 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
         training = Signal()
         ph = Signal(range(max(n_ph, 2)))
         ph_start = Signal()  # first cycle of the current phase
+        # the phase activity as a one-hot set of registers (docs/architecture.md, "Timing discipline"): ``act[key]``
+        # is ``training & ph == i`` and ``start[key]`` its first cycle, each a flip-flop of its own, loaded from
+        # ``act_next`` / ``start_next`` (the controller FSM below drives them), so that no decode of ``ph`` sits
+        # between the controller and the units' enables and start pulses
         act = {}
         start = {}
         done = {}
-        for i, key in enumerate(phases):
+        act_next = {}
+        start_next = {}
+        for key in phases:
             a = Signal(name=f"act_{key[0]}{key[1]}")
             s = Signal(name=f"start_{key[0]}{key[1]}")
-            m.d.comb += [a.eq(training & (ph == i)), s.eq(a & ph_start)]
-            act[key], start[key] = a, s
+            an = Signal(name=f"act_next_{key[0]}{key[1]}")
+            sn = Signal(name=f"start_next_{key[0]}{key[1]}")
+            m.d.comb += [an.eq(a), sn.eq(0)]
+            m.d.sync += [a.eq(an), s.eq(sn)]
+            act[key], start[key], act_next[key], start_next[key] = a, s, an, sn
             done[key] = Signal(name=f"done_{key[0]}{key[1]}")
+        self._act_next, self._start_next = act_next, start_next
 
         # ---- per-layer units ---------------------------------------------------------------------------------
         po2b = {}
         self.unit_names = []  # the shared units' submodule names
         self._pool = {}  # (name, params) -> [unit, uses]: readers shared by the phases of several layers (_pooled)
         self._wide_driven = set()  # ids of shared units' wide inputs that already have a default driver (_wide)
-        fwd_act = {lp.index: act[("fwd", lp.index)] | act.get(("rfwd", lp.index), 0) | act[("ifwd", lp.index)]
-                   for lp in LP}
-        bwd_act = {lp.index: act[("bwd", lp.index)] for lp in LP}
-        upd_act = {lp.index: act[("upd", lp.index)] for lp in LP}
+        def fwd_keys(j):
+            return [k for k in (("fwd", j), ("rfwd", j), ("ifwd", j)) if k in act]
+
+        def unit_act(name, j, kinds):
+            """A register of the unit's own that is high while layer ``j``'s phases of ``kinds`` run (a copy per
+            unit: no OR of phase registers, and no one register fanning out to every unit)."""
+            keys = [k for kind in kinds for k in ([*fwd_keys(j)] if kind == "fwd" else [(kind, j)]) if k in act]
+            return self._phase_reg(keys, f"{name}_phase{j}")
+
         # units that keep every layer's state (in their memories, one region per layer) and take the layer
         # at their ``layer`` input: one BN parameter unit for all layers, one generator engine per group of
         # layers with equal update lanes; the host reaches them through the same facades (host_sel, driven
@@ -191,27 +207,27 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
         # weight memories: layer j's is read in fwd j (XNOR engine) and dx j (po2 backward engine) and swept in
         # upd j; one memory (banks, state, sweep datapath) per group of layers with equal lanes
         wm = self._shared_state(m, sub, "wmem", plan.wmem_groups,
-                                lambda j: (fwd_act[j] | act.get(("dx", j), 0) | upd_act[j] | act.get(("undo", j), 0)
-                                           | host_sel[("wm", j)]),
+                                lambda j: unit_act("wmem", j, ("fwd", "dx", "upd", "undo")) | host_sel[("wm", j)],
                                 lambda grp: WeightMemory(geometries=[plan.wmem_geometry(j) for j in grp]))
         bnp = self._shared_state(m, sub, "bn_param", [[lp.index for lp in LP]],
-                                 lambda j: fwd_act[j] | bwd_act[j] | upd_act[j] | host_sel[("bnp", j)],
+                                 lambda j: unit_act("bn_param", j, ("fwd", "bwd", "upd")) | host_sel[("bnp", j)],
                                  lambda grp: plan.bn_param_unit())
-        rng = self._shared_state(m, sub, "rng", plan.rng_groups, lambda j: upd_act[j] | host_sel[("rng", j)],
+        rng = self._shared_state(m, sub, "rng", plan.rng_groups,
+                                 lambda j: unit_act("rng", j, ("upd",)) | host_sel[("rng", j)],
                                  lambda grp: RngEngine(geometries=[plan.rng_geometry(j) for j in grp]))
         groups = plan.unit_groups
-        eng = self._shared_state(m, sub, "engine", groups["engine"], lambda j: fwd_act[j],
+        eng = self._shared_state(m, sub, "engine", groups["engine"], lambda j: unit_act("engine", j, ("fwd",)),
                                  lambda grp: XnorEngineCore(geometries=[LP[j].geometry for j in grp]))
         def chans(grp):
             return [LP[j].n_out for j in grp]
 
-        bnf = self._shared_state(m, sub, "bn_fwd", groups["bn"], lambda j: fwd_act[j],
+        bnf = self._shared_state(m, sub, "bn_fwd", groups["bn"], lambda j: unit_act("bn_fwd", j, ("fwd",)),
                                  lambda grp: BnForwardUnit(layer=plan.bn_envelope(grp), div_steps=cfg.hw.div_steps,
                                                            channels=chans(grp)))
-        bnb = self._shared_state(m, sub, "bn_bwd", groups["bn"], lambda j: bwd_act[j],
+        bnb = self._shared_state(m, sub, "bn_bwd", groups["bn"], lambda j: unit_act("bn_bwd", j, ("bwd",)),
                                  lambda grp: BnBackwardUnit(layer=plan.bn_envelope(grp), channels=chans(grp),
                                                             pass2_lanes=plan.po2_lanes(LP[grp[0]].lanes_out)))
-        po2 = self._shared_state(m, sub, "po2_", groups["bn"], lambda j: bwd_act[j],
+        po2 = self._shared_state(m, sub, "po2_", groups["bn"], lambda j: unit_act("po2", j, ("bwd",)),
                                  lambda grp: Po2Unit(layer=plan.bn_envelope(grp), mul_steps=cfg.hw.mul_steps,
                                                      channels=chans(grp), tops=[LP[j].top for j in grp],
                                                      pass1_lanes=plan.po2_lanes(LP[grp[0]].lanes_out)))
@@ -436,7 +452,13 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
                     m.d.comb += tsel.eq(targets.index(hq.target))
         host_on = Signal()  # the host sequencer owns the targets
         m.d.comb += host_on.eq(restoring | reading)
-        self._connect_targets(m, plan, seq, targets, tsel, host_on, wm, rng, bnp, host_sel,
+        # the requests reach the targets through a registered slice: a target's ready (a unit's busy state) ends
+        # there instead of running through the sequencer into the beat writer and the stream input's ready
+        # (emptied with every new command as well: a request left in it by a refused transfer belongs to no target)
+        req_skid = SkidBuffer(shape=seq.request_layout)
+        m.submodules.host_req_skid = ResetInserter({"sync": abort | seq.start})(req_skid)
+        wiring.connect(m, seq.req, req_skid.i)
+        self._connect_targets(m, plan, req_skid.o, seq, targets, tsel, host_on, wm, rng, bnp, host_sel,
                               {"logits": lgb_r, "plog": plog_r, "labels": lab_r},
                               ports)
         # restore words from the beat writer go to the sequencer
@@ -494,10 +516,7 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
                 with m.Case(i):
                     m.d.comb += phase_layer.eq(key[1])
         phase_done = Signal()
-        with m.Switch(ph):
-            for i, key in enumerate(phases):
-                with m.Case(i):
-                    m.d.comb += phase_done.eq(done[key])
+        m.d.comb += phase_done.eq(Cat(*[act[key] & done[key] for key in phases]).any())
 
         with m.FSM():
             with m.State("idle"):
@@ -522,6 +541,7 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
                         with m.Else():
                             m.d.sync += [cycles.eq(0), counting.eq(1), batch_loaded.eq(0), ph.eq(0),
                                          training.eq(1), ph_start.eq(1)]
+                            m.d.comb += [act_next[phases[0]].eq(1), start_next[phases[0]].eq(1)]
                             m.next = "train"
                     with m.Elif(cmds["infer"]):  # the eval forward pass over all B rows (past n: stale, ignored)
                         with m.If(~batch_loaded):
@@ -529,6 +549,7 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
                         with m.Else():
                             m.d.sync += [cycles.eq(0), counting.eq(1), batch_loaded.eq(0), ph.eq(n_train),
                                          training.eq(1), ph_start.eq(1)]
+                            m.d.comb += [act_next[phases[n_train]].eq(1), start_next[phases[n_train]].eq(1)]
                             m.next = "train"
                     with m.Else():  # readback / restore
                         with m.If(regs.arg.layer >= L):
@@ -582,9 +603,14 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
                 m.d.sync += ph_start.eq(0)
                 with m.If(abort):
                     m.d.sync += [counting.eq(0), training.eq(0)]
+                    m.d.comb += [act_next[k].eq(0) for k in phases]
                     m.next = "idle"
                 with m.Elif(phase_done & ~ph_start):
                     m.d.comb += [plog_wp.addr.eq(ph), plog_wp.data.eq(cycles + 1), plog_wp.en.eq(1)]
+                    # the one-hot activity moves on (off after the last phase of a train or an infer)
+                    for i, key in enumerate(phases):
+                        prev = act[phases[i - 1]] if i not in (0, n_train) else 0
+                        m.d.comb += [act_next[key].eq(prev), start_next[key].eq(prev)]
                     with m.If(ph == n_train - 1):
                         m.d.sync += [counting.eq(0), training.eq(0), steps.eq(steps + 1)]
                         m.d.comb += done_set["train"].eq(1)
@@ -614,7 +640,7 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
                         m.next = "restore_drain"
             with m.State("restore_drain"):  # the last word may still be on its way into the unit
                 m.d.comb += [busy.eq(1), state_code.eq(7), restoring.eq(1)]
-                with m.If(~seq.busy):
+                with m.If(~seq.busy & ~req_skid.o.valid):
                     m.d.comb += done_set["restore"].eq(1)
                     m.next = "idle"
         with m.If(busy & any_cmd & ~abort):
@@ -626,6 +652,17 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
         self.debug = {"training": training, "ph": ph, "cycles": cycles, "done": done, "act": act, "wm": wm,
                       "rng": rng, "bnp": bnp, "po2b": po2b, "po2": po2, "bnb": bnb, "bnf": bnf}
         return m
+
+    def _phase_reg(self, keys, name: str, *, start: bool = False):
+        """A register equal to the OR of the phase activities ``act[k]`` (``k`` in ``keys``; with ``start``: of
+        their start pulses), loaded from their next values: the same value in every cycle as the OR, from a
+        flip-flop of its own (each caller gets its own copy where the sets differ; Yosys merges copies with equal
+        inputs)."""
+        m = self._m
+        reg = Signal(name=name)
+        nxt = [(self._start_next if start else self._act_next)[k] for k in keys]
+        m.d.sync += reg.eq(Cat(*nxt).any() if nxt else 0)
+        return reg
 
     def _shared(self, m, sub, name, groups, active, make):
         """One unit per group of layers (``make(group)``). A layer alone talks to its
@@ -693,8 +730,10 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
         return self._facade(m, unit, f"{name}_use{len(self._pool)}_{uses}", uses == 0, active)
 
     # ---- host targets -----------------------------------------------------------------------------------------
-    def _connect_targets(self, m, plan, seq, targets, tsel, host_on, wm, rng, bnp, host_sel, mems, ports):
-        req = seq.req.payload
+    def _connect_targets(self, m, plan, hreq, seq, targets, tsel, host_on, wm, rng, bnp, host_sel, mems, ports):
+        """The host requests ``hreq`` (the sequencer's, through a registered slice) and the responses into ``seq``
+        to and from the selected target."""
+        req = hreq.payload
         resp_valid = Signal()
         resp_data = Signal(len(seq.resp.payload))
         req_ready = Signal()
@@ -706,7 +745,7 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
                 hp = u.host.payload
                 m.d.comb += host_sel[("wm", t[1])].eq(here)
                 m.d.comb += [
-                    u.host.valid.eq(here & seq.req.valid),
+                    u.host.valid.eq(here & hreq.valid),
                     hp.write.eq(req.write), hp.space.eq(req.space), hp.lane.eq(req.inner), hp.addr.eq(req.outer),
                     hp.data.eq(req.data),
                     u.host_rdata.ready.eq(here & seq.resp.ready),
@@ -717,7 +756,7 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
                 hp = u.host.payload
                 m.d.comb += host_sel[("rng", t[1])].eq(here)
                 m.d.comb += [
-                    u.host.valid.eq(here & seq.req.valid),
+                    u.host.valid.eq(here & hreq.valid),
                     hp.write.eq(req.write), hp.addr.eq(req.outer), hp.data.eq(req.data),
                     u.host_rdata.ready.eq(here & seq.resp.ready),
                 ]
@@ -727,7 +766,7 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
                 hp = u.host.payload
                 m.d.comb += host_sel[("bnp", t[1])].eq(here)
                 m.d.comb += [
-                    u.host.valid.eq(here & seq.req.valid),
+                    u.host.valid.eq(here & hreq.valid),
                     hp.write.eq(req.write), hp.space.eq(req.space), hp.outer.eq(req.outer), hp.data.eq(req.data),
                     u.host_rdata.ready.eq(here & seq.resp.ready),
                 ]
@@ -738,7 +777,7 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
                     t[0], len(plan.phases()) + len(plan.infer_phases()))
                 tgt = m.submodules[f"{t[0]}_target"] = MemoryTarget(outer=depth, inner=1, width=len(rp.data))
                 m.d.comb += [
-                    tgt.req.valid.eq(here & seq.req.valid),
+                    tgt.req.valid.eq(here & hreq.valid),
                     tgt.req.payload.write.eq(req.write), tgt.req.payload.outer.eq(req.outer),
                     tgt.resp.ready.eq(here & seq.resp.ready),
                     tgt.r_data.eq(rp.data),
@@ -751,7 +790,7 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
         m.d.comb += [
             seq.resp.valid.eq(host_on & resp_valid),
             seq.resp.payload.eq(resp_data),
-            seq.req.ready.eq(host_on & req_ready),
+            hreq.ready.eq(host_on & req_ready),
         ]
 
     def _sub(self, name, unit):

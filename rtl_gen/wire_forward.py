@@ -37,9 +37,9 @@ class ForwardWiring:
         # running statistics; the running statistics, the loss unit and the step's registers are left alone
         ikey = ("ifwd", j)
         ev = act[ikey]
-        a = Signal(name=f"fwd_any{j}")
-        st = Signal(name=f"fwd_any_start{j}")
-        m.d.comb += [a.eq(act[key] | rerun | ev), st.eq(start[key] | start.get(rkey, 0) | start[ikey])]
+        keys = [k for k in (key, rkey, ikey) if k in act]
+        a = self._phase_reg(keys, f"fwd_any{j}")  # registers of their own (docs/architecture.md, "Timing discipline")
+        st = self._phase_reg(keys, f"fwd_any_start{j}", start=True)
         e, bn, par = eng[j], bnf[j], bnp[j]
         m.d.comb += [bn.eval_mode.eq(ev), par.eval_mode.eq(ev), bn.run.eq(par.run)]
         # rows of X_j -> engine

@@ -1,0 +1,140 @@
+"""The timing tier (`make test-timing`): the register-to-register logic depth of the SMALL whole design in context
+(configs/timing_small.toml, Yosys ``synth_ecp5``), measured with benchmarks/logic_depth.py, must stay within
+:data:`DEPTH_LIMIT` LUT levels; a combinational path planted across two units must exceed it.
+
+Calibration of the limit (docs/results.md, "Timing proxy"): see :data:`DEPTH_LIMIT`. The depth counts no routing,
+so it cannot give an Fmax; it catches the structural regressions (a decode, a multiplexer or an arithmetic path
+across a unit boundary without a register) that the routed figures showed to cost the most in context.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timing
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: LUT levels (benchmarks/logic_depth.py's measure) allowed on any register-to-register path of the SMALL design.
+#: Calibration (docs/results.md, "Timing proxy"): the design before the timing discipline had paths of 11.5 levels
+#: (1,497 endpoints at 9 or more) and routed at 48.0 MHz in context; with it the deepest path is 9.4 levels (124
+#: endpoints at 9 or more), and its routed figure is in that section (the placer's estimate rose from 31.1 to 36.3
+#: MHz). The limit is that design's depth, a ratchet until a routed run at 80 MHz or more sets it: a change that
+#: lets a path run through a unit boundary, the controller or a port multiplexer without a register again goes
+#: over it (the planted path below is 16.3 levels, each of its halves 8.3).
+DEPTH_LIMIT = 9.5
+
+
+def _logic_depth():
+    spec = importlib.util.spec_from_file_location("logic_depth", ROOT / "benchmarks" / "logic_depth.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _synth(verilog: str, top: str, name: str) -> dict:
+    """``synth_ecp5`` netlist (the JSON) of ``verilog``, cached under build/ecp5 by the text (the folders of
+    benchmarks/ecp5_fmax.py)."""
+    from boards.ecp5 import ULX3S_85F, run_ecp5
+    from rtl_gen.toolchain import build_root
+
+    digest = hashlib.sha256(verilog.encode()).hexdigest()[:12]
+    rep = run_ecp5(verilog, top, workdir=build_root() / "ecp5" / f"{name}-{digest}", board=ULX3S_85F,
+                   bitstream=False, place=False, check_fit=False)
+    return json.loads((rep.workdir / "design.json").read_text())
+
+
+def _violations(rep: dict, limit: float) -> list[str]:
+    return [f"{p['depth']} levels, {p['from_unit']} -> {p['to_unit']}: {p['start']} -> {p['end']} "
+            f"via {' / '.join(p['via'][:8])}" for p in rep["pairs"] if p["depth"] > limit]
+
+
+def test_small_design_in_context_stays_within_the_depth_limit():
+    """The whole SMALL design: no register-to-register path deeper than DEPTH_LIMIT LUT levels."""
+    from rtl_gen.top import Accelerator, SystemPlan
+    from sim.config import load_config
+
+    plan = SystemPlan(load_config(ROOT / "configs" / "timing_small.toml"))
+    netlist = _synth(Accelerator(plan).verilog(), plan.name, plan.name)
+    rep = _logic_depth().depth_report(netlist, plan.name, n=40)
+    bad = _violations(rep, DEPTH_LIMIT)
+    assert not bad, f"paths deeper than {DEPTH_LIMIT} LUT levels:\n" + "\n".join(bad)
+
+
+def _two_units(registered: bool):
+    """Two units, each a chain of compare-and-select stages on registered inputs; the first unit's result reaches
+    the second's input directly (the planted path: both chains in one register-to-register path) or through a
+    register at the boundary (each chain alone)."""
+    from amaranth import Module, Mux, Signal
+    from amaranth.lib import wiring
+    from amaranth.lib.wiring import In, Out
+
+    stages = 2
+
+    def chain(m, v, k):
+        for s in range(stages):
+            c = Signal(16, name=f"c{s}")
+            m.d.sync += c.eq(k + s)
+            nxt = Signal(16, name=f"v{s}")
+            m.d.comb += nxt.eq(Mux(v > c, v ^ (c << 1), (v + c)[1:]))
+            v = nxt
+        return v
+
+    class Unit(wiring.Component):
+        """``first``: the input registered, then the chain, out unregistered; ``second``: the chain on its input,
+        registered out."""
+
+        def __init__(self, k: int, first: bool):
+            self.k, self.first = k, first
+            super().__init__({"i": In(16), "o": Out(16)})
+
+        def elaborate(self, platform):
+            m = Module()
+            if self.first:
+                x = Signal(16)
+                m.d.sync += x.eq(self.i)
+                m.d.comb += self.o.eq(chain(m, x, self.k))
+            else:
+                m.d.sync += self.o.eq(chain(m, self.i, self.k))
+            return m
+
+    class Pair(wiring.Component):
+        def __init__(self):
+            super().__init__({"i": In(16), "o": Out(16)})
+
+        def elaborate(self, platform):
+            m = Module()
+            m.submodules.first = a = Unit(3, True)
+            m.submodules.second = b = Unit(11, False)
+            m.d.comb += [a.i.eq(self.i), self.o.eq(b.o)]
+            if registered:
+                boundary = Signal(16)
+                m.d.sync += boundary.eq(a.o)
+                m.d.comb += b.i.eq(boundary)
+            else:
+                m.d.comb += b.i.eq(a.o)
+            return m
+
+    return Pair()
+
+
+@pytest.mark.parametrize("registered", [True, False], ids=["registered", "planted"])
+def test_a_combinational_path_across_two_units_fails_the_limit(registered):
+    """The guard's measure on a design with a path planted across two units: the same two chains exceed
+    DEPTH_LIMIT when the first unit's result goes straight into the second, and stay within it with a register
+    at the boundary."""
+    from rtl_gen.toolchain import to_verilog
+
+    top = "timing_pair"
+    verilog = to_verilog(_two_units(registered), top, emit_src=False)
+    rep = _logic_depth().depth_report(_synth(verilog, top, f"{top}-{int(registered)}"), top, n=10)
+    bad = _violations(rep, DEPTH_LIMIT)
+    if registered:
+        assert not bad, bad
+    else:
+        assert bad and rep["pairs"][0]["from_unit"] == "first" and rep["pairs"][0]["to_unit"] == "second", rep
