@@ -295,7 +295,7 @@ def test_malformed_cluster_address(monkeypatch):
         (["--jobs", "0", "--synth-by-unit"], "--jobs must be a whole number >= 1, not '0'"),
         (["--jobs", "two", "--synth-by-unit"], "--jobs must be a whole number >= 1, not 'two'"),
         (["--jobs", "2"], "--jobs runs the per-unit synthesis in parallel: give it with --synth-by-unit"),
-        (["--jobs", "2", "--synth-by-unit", "--no-synth"], "give it with --synth-by-unit (and without --no-synth)"),
+        (["--jobs", "2", "--synth-by-unit", "--no-synth"], "--synth-by-unit and --no-synth contradict each other"),
         (["--jobs", "2", "--cluster", "tcp://127.0.0.1:1", "--synth-by-unit"], "not allowed with argument"),
         (["--cluster", "tcp://127.0.0.1:1", "--synth-by-unit", "--board", "ulx3s-85f"],
          "the ECP5 flow runs on this machine"),
