@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -39,9 +38,10 @@ class Reached(UserError):
 
 
 @pytest.fixture(scope="module")
-def files():
-    """A folder of input files, good and bad, shared by the examples (each example writes in its own folder)."""
-    root = Path(tempfile.mkdtemp(prefix="xnortrain-fuzz-"))
+def files(tmp_path_factory):
+    """A folder of input files, good and bad, shared by the examples (each example writes in its own folder);
+    pytest's temporary folders, so nothing is left in /tmp."""
+    root = tmp_path_factory.mktemp("fuzz-inputs")
     f = {}
 
     def put(name, data):
