@@ -84,8 +84,9 @@ def write_json(path: str, data: dict, option: str = "--json") -> None:
     existing = next((p for p in out.parents if p.exists()), None)
     if existing is not None and not existing.is_dir():
         raise UserError(f"{option} {path}: {existing} is a file, not a folder")
-    text = json.dumps(data, indent=2, default=json_default) + "\n"
-    from sim.train_loop import atomic_write
+    from sim.train_loop import _json_default, atomic_write
+
+    text = json.dumps(data, indent=2, default=_json_default) + "\n"
 
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -93,18 +94,6 @@ def write_json(path: str, data: dict, option: str = "--json") -> None:
     except OSError as e:
         raise UserError(f"{option} {path}: cannot write ({e.strerror or e})") from None
 
-
-
-def json_default(o):
-    import numpy as np
-
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(f"cannot write {type(o).__name__} to JSON")
 
 
 # ---------------------------------------------------------------------------

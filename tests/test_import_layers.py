@@ -9,8 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("sim", "rtl_gen", "host", "boards", "tb", "benchmarks", "notebooks")
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
@@ -27,8 +25,8 @@ def _lint(folder: Path) -> subprocess.CompletedProcess:
     return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=folder, capture_output=True, text=True, check=False)
 
 
-@pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter is in the dev extra")
 def test_the_layers_hold_and_a_planted_import_breaks_them(tmp_path):
+    assert LINT_IMPORTS.exists(), f"{LINT_IMPORTS}: import-linter (the dev extra, make setup) is missing"
     tree = _copy(tmp_path)
     ok = _lint(tree)
     assert ok.returncode == 0, ok.stdout[-2000:]
