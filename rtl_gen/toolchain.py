@@ -368,6 +368,7 @@ def run_cocotb(
     runner = get_runner(simulator)
     if simulator == "verilator" and not internals:
         runner = _ports_only(runner)
+    _commands_in_groups(runner)
     built = False
     with _locked(build_dir / ".lock"):  # pytest-xdist workers may want the same build
         if not stamp.is_file():
@@ -486,6 +487,24 @@ def _simulator_args(simulator: str, build_args: Sequence[str]) -> list[str]:
 
 def _listed(cases: Sequence[tuple[str, str]]) -> str:
     return "\n".join(f"  {name}: {message}" for name, message in cases)
+
+
+def _commands_in_groups(runner) -> None:
+    """Make cocotb's runner start its commands (Verilator, make and the compiler jobs, the simulation) through
+    :func:`run_group`, as every other tool here: interrupted (Ctrl-C, or SIGTERM raised as KeyboardInterrupt by
+    the command line), the whole group stops with this process instead of compiling on in the background.
+    cocotb's own ``_execute_cmds`` uses :func:`subprocess.run`, which waits for the tool it started and leaves
+    the tool's children running."""
+
+    def execute(cmds, cwd, stdout=None):
+        for cmd in cmds:
+            runner.log.info("Running command %s in directory %s", " ".join(map(str, cmd)), cwd)
+            result = run_group(list(cmd), cwd=cwd, env=runner.env, stdout=stdout,
+                               stderr=None if stdout is None else subprocess.STDOUT)
+            if result.returncode != 0:
+                raise RuntimeError(f"Command failed with return code: {result.returncode}")
+
+    runner._execute_cmds = execute
 
 
 def _ports_only(runner):

@@ -110,21 +110,25 @@ def _alive(pid: int) -> bool:
     return not (status.exists() and "\nState:\tZ" in status.read_text())
 
 
-def test_sigterm_during_the_simulator_build_stops_its_tools_and_exits_130(tmp_path):
+def _sigterm_during_a_build(tmp_path: Path, fake: str) -> tuple[str, str]:
+    """Run ``fake`` (argv: the folder, a tiny configuration), wait until its build's child process runs, send
+    SIGTERM; the command must exit 130 and leave no child behind. Returns its stdout and stderr."""
     script = tmp_path / "fake_build.py"
-    script.write_text(textwrap.dedent(FAKE_BUILD))
+    script.write_text(textwrap.dedent(fake))
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, "-u", str(script), str(tmp_path), tiny(tmp_path)], cwd=tmp_path,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     pidfile = tmp_path / "child.pid"
     child = None
     try:
-        for _ in range(600):  # the build's child has started (up to 60 s on a loaded machine)
+        for _ in range(1200):  # the build's child has started (up to 120 s on a loaded machine: verify elaborates)
             if pidfile.exists() and pidfile.read_text().strip():
                 child = int(pidfile.read_text())
                 break
+            if proc.poll() is not None:
+                break
             time.sleep(0.1)
-        assert child is not None and _alive(child)
+        assert child is not None and _alive(child), proc.stderr.read() if proc.poll() is not None else "no child"
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
     finally:
@@ -134,8 +138,34 @@ def test_sigterm_during_the_simulator_build_stops_its_tools_and_exits_130(tmp_pa
             os.kill(child, signal.SIGKILL)
             pytest.fail("the build's child process outlived the command")
     assert proc.returncode == 130, err
+    return out, err
+
+
+def test_sigterm_during_the_simulator_build_stops_its_tools_and_exits_130(tmp_path):
+    _, err = _sigterm_during_a_build(tmp_path, FAKE_BUILD)
     assert "interrupted before training started" in err and "nothing was saved" in err
     assert not (tmp_path / "h.json").exists() and not (tmp_path / "h.ckpt.npz").exists()
+
+
+FAKE_COCOTB_BUILD = """
+import sys
+from pathlib import Path
+
+import os
+
+import cocotb_tools.runner as runner
+from host.cli import main
+
+folder = Path(sys.argv[1])
+# cocotb's Verilator build stands in as a tool (a shell) that starts a long child (its compiler job) and waits
+runner.Verilator._build_command = lambda self: [["sh", "-c", f"sleep 300 & echo $! > {folder}/child.pid; wait"]]
+os.environ["XNORTRAIN_BUILD_DIR"] = str(folder / "build")  # a fresh build, never a cached one
+sys.exit(main(["verify", "--config", sys.argv[2], "--steps", "1"]))
+"""
+
+
+def test_sigterm_during_verifys_cocotb_build_stops_its_tools_and_exits_130(tmp_path):
+    _sigterm_during_a_build(tmp_path, FAKE_COCOTB_BUILD)
 
 
 def test_a_second_run_on_the_same_outputs_is_refused_and_the_first_finishes(tmp_path, capsys):
