@@ -476,7 +476,7 @@ def _sum_tree(terms):
     return terms[0]
 
 
-def _divider_widths(layer: BnLayer) -> tuple[int, int, int]:
+def divider_widths(layer: BnLayer) -> tuple[int, int, int]:
     """``(dividend, divisor, quotient)`` widths of the forward unit's divider (see :class:`BnForwardCore`)."""
     B = layer.batch
     wd = (B * layer.s_eff_max).bit_length()
@@ -494,7 +494,7 @@ def epi3_responses(layer: BnLayer, div_steps: int = 1) -> list[int]:
     is taken at once: per channel the lane's words, the channel's word registered, A's products and sum, the
     dividend (:data:`EPI3_ISSUE` cycles from the previous request taken; the group's read first), one request;
     the beat with each response (the channel's other fields wait in a queue)."""
-    wq = _divider_widths(layer)[2]
+    wq = divider_widths(layer)[2]
     it, ring = div_iterations(wq, div_steps), div_stages(div_steps)
     M, L = layer.channels, layer.lanes
     return ring_schedule(ring, it, [EPI3_ISSUE] + [EPI3_ISSUE + 1 if c % L == 0 else EPI3_ISSUE for c in range(1, M)])
@@ -503,7 +503,7 @@ def epi3_responses(layer: BnLayer, div_steps: int = 1) -> list[int]:
 def forward_cycles(layer: BnLayer, div_steps: int = 1) -> dict[str, int]:
     """Cycles of every phase of :class:`BnForwardUnit` and their ``total`` for one batch with no stalls (see
     there), for a divider resolving ``div_steps`` quotient bits per cycle."""
-    wq = _divider_widths(layer)[2]
+    wq = divider_widths(layer)[2]
     _check_int("div_steps", div_steps, 1, wq)
     M, L = layer.channels, layer.lanes
     pc = pass_cycles(layer)
@@ -553,7 +553,7 @@ class BnForwardCore(wiring.Component):
             raise TypeError(f"layer must be a BnLayer, not {layer!r}")
         self._layer = layer
         self._channels = _check_channels(layer, channels)
-        wn, wd, wq = _divider_widths(layer)
+        wn, wd, wq = divider_widths(layer)
         self._div_widths = (wn, wd, wq)
         self._div_steps = _check_int("div_steps", div_steps, 1, wq)
         req = data.StructLayout({"dividend": wn, "divisor": wd})
@@ -1020,7 +1020,7 @@ class BnForwardUnit(wiring.Component):
             raise TypeError(f"layer must be a BnLayer, not {layer!r}")
         self._layer = layer
         self._channels = _check_channels(layer, channels)
-        self._div_steps = _check_int("div_steps", div_steps, 1, _divider_widths(layer)[2])
+        self._div_steps = _check_int("div_steps", div_steps, 1, divider_widths(layer)[2])
         super().__init__(
             {
                 **layer_port(len(self._channels)),
@@ -1050,7 +1050,7 @@ class BnForwardUnit(wiring.Component):
     @property
     def div_widths(self) -> tuple[int, int, int]:
         """``(dividend_width, divisor_width, quotient_width)`` of the unit's divider."""
-        return _divider_widths(self._layer)
+        return divider_widths(self._layer)
 
     @property
     def div_iterations(self) -> int:

@@ -13,11 +13,12 @@ from sim.hw.widths import derive_widths, hw_supported
 from sim.hw_config import layer_lanes
 from sim.schema import ConfigError
 
-from .bn_unit import BnLayer, merge_bounds
+from .bn_unit import BnLayer, divider_widths, merge_bounds
 from .controller import (
     BnParamUnit,
 )
 from .host_interface import HostInterfacePlan, HostQuantity
+from .loss_unit import OutputGeometry
 from .po2_backward import Po2Geometry, array_mode
 from .rng import RngGeometry
 from .weight_memory import OptimizerSpec, SweepGeometry, WeightMemoryGeometry
@@ -134,10 +135,30 @@ class SystemPlan(HostInterfacePlan):
         # the weight memories: one per group of layers with equal lanes (bank words, banks, update lanes)
         self.wmem_groups = self._groups(lambda j: (self.layers[j].lanes_in, self.layers[j].lanes_out,
                                                    self.layers[j].update_lanes))
+        self._check_step_fields()
         self.label_bits = max(1, (self.classes - 1).bit_length())
         self.quantities: list[HostQuantity] = []
         self.kinds: dict[str, int] = {}
         self._declare_quantities()
+
+    def _check_step_fields(self) -> None:
+        """Refuse ``hw.mul_steps`` / ``hw.div_steps`` above the widths that the units' sequential multipliers
+        and dividers work through (they depend on the batch and the fraction widths, so the configuration's own
+        range cannot bound them): a ConfigError naming the field here, not a unit's ValueError at elaboration."""
+        h = self.cfg.hw
+        mul_max = min(self.bn_envelope(grp).s_width for grp in self.unit_groups["bn"])
+        if h.mul_steps > mul_max:
+            raise ConfigError(f"hw.mul_steps = {h.mul_steps}: the po2 unit's threshold multiplier takes at most "
+                              f"{mul_max} bits a cycle here (the width of S' at batch {self.batch}); "
+                              f"set hw.mul_steps <= {mul_max}")
+        out = OutputGeometry.from_config(self.cfg, lanes=self.loss_lanes)
+        limits = [(divider_widths(self.bn_envelope(grp))[2], "the BN forward unit's quotient alpha")
+                  for grp in self.unit_groups["bn"]]
+        limits.append((min(out.recip_bits, out.prob_recip_bits), "the loss unit's reciprocals"))
+        div_max, what = min(limits)
+        if h.div_steps > div_max:
+            raise ConfigError(f"hw.div_steps = {h.div_steps}: the dividers resolve at most {div_max} quotient bits "
+                              f"a cycle here ({what} has {div_max} bits); set hw.div_steps <= {div_max}")
 
     # -- unit geometries (shared by the generator and the cycle model) ----------------------------------------
 

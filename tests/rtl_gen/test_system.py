@@ -123,6 +123,36 @@ def test_unsupported_configurations_are_rejected(over, message):
         SystemPlan(apply_overrides(load_config("mlp"), over))
 
 
+NARROW_B2 = ["train.batch_size=2", 'model.layers=[{type="dense",units=8},{type="dense",units=40},'
+             '{type="dense",units=8},{type="dense",units=10}]']
+
+
+@pytest.mark.parametrize("base", [NARROW_B2, ["train.batch_size=2"], []])
+def test_step_fields_are_bounded_by_the_units_widths(base):
+    """hw.mul_steps and hw.div_steps above what the units' sequential multiplier and dividers work through are
+    refused by the plan naming the field and the limit (a random draw once reached elaboration with mul_steps 8
+    against a 6-bit S'); at the limit every unit that takes them is built."""
+    from rtl_gen.bn_unit import BnForwardUnit
+    from rtl_gen.loss_unit import OutputGeometry
+    from rtl_gen.po2_unit import Po2Unit
+
+    cfg = apply_overrides(load_config("mlp"), base)
+    plan = SystemPlan(cfg)
+    envs = [plan.bn_envelope(grp) for grp in plan.unit_groups["bn"]]
+    mul_max = min(env.s_width for env in envs)
+    out = OutputGeometry.from_config(cfg, lanes=plan.loss_lanes)
+    div_max = min([out.recip_bits, out.prob_recip_bits] + [env.widths["alpha_q"] for env in envs])
+    for field, limit in (("mul_steps", mul_max), ("div_steps", div_max)):
+        with pytest.raises(ConfigError, match=re.escape(f"hw.{field} = {limit + 1}: ") + f".* <= {limit}$"):
+            SystemPlan(apply_overrides(load_config("mlp"), [*base, f"hw.{field}={limit + 1}"]))
+    at = apply_overrides(load_config("mlp"), [*base, f"hw.mul_steps={mul_max}", f"hw.div_steps={div_max}"])
+    plan = SystemPlan(at)
+    for env in envs:
+        Po2Unit(layer=env, mul_steps=mul_max)
+        BnForwardUnit(layer=env, div_steps=div_max)
+    OutputGeometry.from_config(at, lanes=plan.loss_lanes, div_steps=div_max)
+
+
 def test_infer_plan_registers_and_cycle_model():
     """``infer``: its phases follow the step's, the classes come back as a read-only quantity of one label per
     sample, the command has its cmd and done bits; its cycles do not depend on the samples uploaded."""
