@@ -223,7 +223,7 @@ def hw_state_of(ckpt):
     from host.init_state import hw_state_from_float
 
     cfg = ckpt.config
-    return cfg, hw_state_from_float(cfg, cfg, ckpt.engine_state, source=str(ckpt.path))
+    return cfg, hw_state_from_float(cfg, cfg, ckpt.engine_state, source=str(ckpt.path), option="--checkpoint")
 
 
 def export_main(args) -> int:

@@ -42,6 +42,7 @@ class Source:
     input_level: int | None = None  # binary: the smallest pixel level mapped to +1
     kind: str = "float checkpoint"
     note: str = ""
+    option: str = "--init"  # the command-line option that named the file, for messages
 
 
 def _round(x: np.ndarray, frac: int) -> np.ndarray:
@@ -229,31 +230,32 @@ def hw_state(cfg, src: Source) -> dict[str, np.ndarray]:
     layers = model.layers
     for j, (lp, s) in enumerate(zip(src.layers, layers, strict=False)):
         if s.spec.type != "dense":
-            raise UserError(f"--init {src.path}: model.layers[{s.index}] is {s.spec.type}; --init converts dense "
+            raise UserError(f"{src.option} {src.path}: model.layers[{s.index}] is {s.spec.type}; --init converts dense "
                             "layers")
         if tuple(lp.w.shape) != tuple(model.wshapes[j]):
             n, m = lp.w.shape
-            raise UserError(f"--init {src.path}: model.layers[{s.index}] is dense {n} -> {m} there, "
+            raise UserError(f"{src.option} {src.path}: model.layers[{s.index}] is dense {n} -> {m} there, "
                             f"{model.wshapes[j][0]} -> {model.wshapes[j][1]} here")
     if len(src.layers) != len(layers):
         where = f"model.layers[{layers[len(src.layers)].index}] has no counterpart there" \
             if len(src.layers) < len(layers) else f"it has {len(src.layers) - len(layers)} more after the last here"
-        raise UserError(f"--init {src.path}: {len(src.layers)} weight layers there, {len(layers)} here ({where})")
+        raise UserError(f"{src.option} {src.path}: {len(src.layers)} weight layers there, {len(layers)} here ({where})")
     kind = model.input_kind
     first = src.layers[0]
     if kind == "binary":
         if src.input_kind in ("int8", "pm1"):
-            raise UserError(f"--init {src.path}: its first layer takes {src.input_kind} input, the accelerator "
+            raise UserError(f"{src.option} {src.path}: its first layer takes {src.input_kind} input, the accelerator "
                             "binarises it (hw.input = binary): train the float model with --set "
                             "model.input_format=binary, or use --set hw.input=int8 (the bit-exact model only)")
         level = _level(prepare_inputs, cfg)
         if src.input_level is not None and src.input_level != level:
-            raise UserError(f"--init {src.path}: it binarises pixels at level {src.input_level}, this configuration "
-                            f"at {level} (data.binarize_threshold = {cfg.data.binarize_threshold}); give the same")
+            raise UserError(f"{src.option} {src.path}: it binarises pixels at level {src.input_level}, this "
+                            f"configuration at {level} (data.binarize_threshold = {cfg.data.binarize_threshold}); "
+                            "give the same")
     else:
         if src.input_kind in ("binary", "given"):
-            raise UserError(f"--init {src.path}: its first layer takes +-1 input, this configuration 8-bit pixels "
-                            "(hw.input = int8); use hw.input = binary")
+            raise UserError(f"{src.option} {src.path}: its first layer takes +-1 input, this configuration 8-bit "
+                            "pixels (hw.input = int8); use hw.input = binary")
         if src.input_kind == "pm1":
             # x = (pixel - 127.5) / 127.5 = (x_hw + 1/2) / 127.5: y = (y_hw + colsum(w) / 2) / 127.5
             colsum = first.w.astype(np.float64).sum(axis=0)
@@ -282,9 +284,11 @@ def hw_state(cfg, src: Source) -> dict[str, np.ndarray]:
     return state
 
 
-def hw_state_from_float(cfg, cfg_f, fstate, *, source: str) -> dict[str, np.ndarray]:
-    """:func:`hw_state` of a float-reference state."""
-    return hw_state(cfg, source_from_float(cfg_f, fstate, source))
+def hw_state_from_float(cfg, cfg_f, fstate, *, source: str, option: str = "--init") -> dict[str, np.ndarray]:
+    """:func:`hw_state` of a float-reference state (``option``: what named ``source``, for messages)."""
+    src = source_from_float(cfg_f, fstate, source)
+    src.option = option
+    return hw_state(cfg, src)
 
 
 def load_init(engine, src: Source, state: dict, cfg, data, log=print) -> float:

@@ -31,10 +31,15 @@ def _classes_hw(engine, x):
 _RUNS: dict = {}
 
 
+#: the float runs: the two schemes with binary input; real-valued (pm1) input for the 8-bit first layer
+_KINDS = {"proposed": ["approx.scheme=proposed"], "standard": ["approx.scheme=standard"],
+          "pm1": ["approx.scheme=proposed", "model.input_format=float", "hw.input=int8"]}
+
+
 def _float_run(scheme: str, tmp_path_factory):
-    """(cfg, engine, checkpoint path, data): one epoch (50 steps) of the float reference with binary input."""
+    """(cfg, engine, checkpoint path, data): one epoch (50 steps) of the float reference."""
     if scheme not in _RUNS:
-        cfg = apply_overrides(load_config("mlp"), [*FLOAT, f"approx.scheme={scheme}"])
+        cfg = apply_overrides(load_config("mlp"), [*FLOAT, *_KINDS[scheme]])
         data = load_training_data(cfg)
         eng = ReferenceEngine(cfg)
         path = tmp_path_factory.mktemp("init") / f"{scheme}.ckpt.npz"
@@ -48,14 +53,15 @@ def float_run(tmp_path_factory):
     return _float_run("proposed", tmp_path_factory)
 
 
-@pytest.mark.parametrize("scheme", ["proposed", "standard"])
+@pytest.mark.parametrize("scheme", list(_KINDS))
 def test_float_checkpoint_converts_to_the_same_classes(scheme, tmp_path_factory):
     """The bit-exact model right after the conversion classifies as the float model does (rounding of the running
     statistics to Q.8 and beta to Q.16 aside: at least 99.5 % of the images, accuracy within 0.5 points). The
     proposed scheme's l1 BN divides by the running mean |y - mu| + eps, the standard scheme's by
-    sqrt(running variance + eps)."""
+    sqrt(running variance + eps); real-valued input x = pixel / 127.5 - 1 is folded into the first layer's
+    statistics for the 8-bit first layer (hw.input = int8)."""
     cfg, eng, path, data = _float_run(scheme, tmp_path_factory)
-    assert cfg.approx.bn == ("l1_bnn" if scheme == "proposed" else "l2")
+    assert cfg.approx.bn == ("l2" if scheme == "standard" else "l1_bnn")
     hw = HwEngine(cfg)
     hw.load_state_dict(hw_state(cfg, read_source(str(path))))
     x, y = data.x_test, data.y_test
