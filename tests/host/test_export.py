@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 from qonnx.core.onnx_exec import execute_onnx
 from qonnx.custom_op.general.multithreshold import multithreshold
+from small_mlp import trained_engine
 
 from host.cli import main
 from host.export import export_qonnx, reachable_y
 from sim.config import apply_overrides, load_config
 from sim.hw import arith as A
-from sim.hw.engine import HwEngine, prepare_inputs
+from sim.hw.engine import prepare_inputs
 from sim.train_loop import load_training_data
 
 LAYERS = 'model.layers=[{type="dense",units=32},{type="dense",units=16},{type="dense",units=10}]'
@@ -30,12 +31,7 @@ def trained():
     cfg = apply_overrides(load_config("mlp"), ["model.input_format=binary", "train.batch_size=20", LAYERS,
                                                "hw.lanes_in=32", "hw.lanes_out=8", "hw.lanes_b=2"])
     data = load_training_data(cfg)
-    engine = HwEngine(cfg)
-    rng = np.random.default_rng(0)
-    for _ in range(60):
-        idx = rng.integers(0, len(data.x_train), cfg.train.batch_size)
-        engine.train_step(engine.prepare_inputs(data.x_train[idx]), data.y_train[idx], lr=cfg.lr, progress=0.0)
-    return cfg, engine, data
+    return cfg, trained_engine(cfg, data, 60), data
 
 
 def test_classes_equal_the_bit_exact_models_evaluation(trained):
