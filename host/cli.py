@@ -190,7 +190,8 @@ def _continue_command(args, arith: str, target: str, json_out, plot, ckpt) -> st
 
     parts = ["xnortrain", "train", "--resume", str(ckpt)]
     parts += ["--arith", "float"] if arith == "float" else ["--target", target]
-    for option, value in (("--bitstream", args.bitstream), ("--check-every", args.check_every or None),
+    for option, value in (("--bitstream", args.bitstream), ("--data", args.data),
+                          ("--check-every", args.check_every or None),
                           ("--eval-every", args.eval_every or None), ("--json", json_out), ("--plot", plot)):
         if value is not None:
             parts += [option, str(value)]

@@ -210,3 +210,14 @@ def test_init_on_the_simulated_board_equals_the_model(tmp_path, capsys):
     data = load_training_data(cfg)
     acc = (_classes_hw(hw, data.x_test) == data.y_test).mean()
     assert f"test accuracy {100 * acc:.2f} %" in out
+
+
+def test_the_continue_command_keeps_data():
+    """An interrupted run on --data prints a continuing command with the same --data (the checkpoint's data
+    fingerprint refuses another dataset)."""
+    import argparse
+
+    from host.cli import _continue_command
+
+    args = argparse.Namespace(bitstream=None, data="rot90.npz", check_every=0, eval_every=0, no_progress=False)
+    assert "--data rot90.npz" in _continue_command(args, "hw", "sim", None, None, "run.ckpt.npz")
