@@ -11,7 +11,7 @@ PYTEST  = $(PY) -m pytest -n $(JOBS)
 APT_PACKAGES = build-essential perl liblz4-dev zlib1g-dev iverilog ccache
 
 DEFAULT_MARKERS = not slow and not rtl_slow and not synth and not random_configs and not paper and not notebooks \
-	and not pynq and not timing
+	and not pynq and not timing and not finn
 INSTALLED = $(VENV)/.xnortrain-installed
 
 # The pynq tier runs what a board runs in two venvs of their own (pynq pins numpy<2, so it never enters $(VENV)), both
@@ -50,7 +50,7 @@ define pytest_tier
 endef
 
 .DEFAULT_GOAL := test
-.PHONY: setup system-packages test test-paper test-timing test-notebooks test-pynq board-wheels test-slow test-rtl-slow \
+.PHONY: setup system-packages test test-paper test-timing test-notebooks test-finn test-pynq board-wheels test-slow test-rtl-slow \
 	test-synth test-random \
 	test-all lint clean distclean
 
@@ -84,6 +84,15 @@ test: $(INSTALLED)
 # model after every step. One test, so no workers; -s prints its cycles and times into the log.
 test-paper: $(INSTALLED)
 	$(PY) -m pytest -m paper -s
+
+# FINN's front end on the QONNX export (tests/finn_tier): finn-plus pins numpy, onnx, protobuf and torch, so it lives
+# in a venv of its own and never enters $(VENV); the test exports in $(VENV) and runs FINN there. 1.6.1 is the release
+# checked (docs/results/deploy.md).
+FINN_VENV ?= .venv-finn
+test-finn: $(INSTALLED)
+	@test -x $(FINN_VENV)/bin/python || $(PYTHON) -m venv $(FINN_VENV)
+	$(FINN_VENV)/bin/python -m pip install -q 'finn-plus==1.6.1'
+	$(PY) -m pytest -m finn tests/finn_tier -s
 
 # The board notebooks (notebooks/*.py) executed against the simulated board; board-only cells left out.
 test-notebooks: $(INSTALLED)

@@ -171,7 +171,8 @@ def _train_outputs(args, cfg: Config, arith: str, resume) -> tuple[Path | None, 
         default = Path("results") / f"{cfg.name}-{arith}.ckpt.npz"
         ckpt = _output_file("--checkpoint (default: results/)", str(default))
     named = [(o, p) for o, p in (("--json", json_out), ("--plot", plot), ("--checkpoint", ckpt)) if p is not None]
-    inputs = [("--config", args.config), ("--resume", args.resume), ("--bitstream", args.bitstream)]
+    inputs = [("--config", args.config), ("--resume", args.resume), ("--bitstream", args.bitstream),
+              ("--init", args.init), ("--data", args.data)]
     check_distinct(named, inputs, allow=[("--checkpoint", "--resume")])
     allowed = [args.resume] if args.resume else []
     if resume is not None:  # the files of the run --resume continues
@@ -189,7 +190,8 @@ def _continue_command(args, arith: str, target: str, json_out, plot, ckpt) -> st
 
     parts = ["xnortrain", "train", "--resume", str(ckpt)]
     parts += ["--arith", "float"] if arith == "float" else ["--target", target]
-    for option, value in (("--bitstream", args.bitstream), ("--check-every", args.check_every or None),
+    for option, value in (("--bitstream", args.bitstream), ("--data", args.data),
+                          ("--check-every", args.check_every or None),
                           ("--eval-every", args.eval_every or None), ("--json", json_out), ("--plot", plot)):
         if value is not None:
             parts += [option, str(value)]
@@ -262,6 +264,9 @@ def cmd_train(args) -> int:
         raise UserError(f"--no-checkpoint and --checkpoint {args.checkpoint} contradict each other; give one")
     resume = load_checkpoint(args.resume) if args.resume else None
     arith, target = _train_kind(args, resume)
+    if args.init and (resume is not None or arith == "float"):
+        why = f"--resume {args.resume} continues a run" if resume is not None else "--arith float trains from scratch"
+        raise UserError(f"--init {args.init}: {why}; --init starts the hardware arithmetic from another model")
     if args.check_every and target not in ("sim", "board"):
         raise UserError(f"--check-every compares the accelerator with the bit-exact model; --target {target} "
                         "has no accelerator (use --target sim or board)")
@@ -280,8 +285,14 @@ def cmd_train(args) -> int:
     with contextlib.ExitStack() as stack:
         stack.enter_context(OutputLock([("--json", json_out), ("--plot", plot), ("--checkpoint", ckpt)]))
         try:
-            data = load_training_data(cfg)  # the data are checked before any elaboration or simulator build
+            # the data and the --init model are checked before any elaboration or simulator build
+            data = load_training_data(cfg, _data_arg(args.data, cfg) if args.data else None)
+            init = _init_arg(args.init, cfg) if args.init else None
             engine, what = _train_engine(args, cfg, arith, target, stack)
+            if init is not None:
+                from host.init_state import load_init
+
+                load_init(engine, *init, cfg, data)
         except KeyboardInterrupt:
             kept = f"; {args.resume} is unchanged" if args.resume else ""
             print(f"xnortrain: interrupted before training started (loading the data or building the {target} "
@@ -330,6 +341,19 @@ def cmd_train(args) -> int:
     if history.meta.get("stopped") == "interrupted":
         return _report_interrupt(args, history, arith, target, json_out, plot, ckpt)
     return EXIT_OK
+
+
+def _data_arg(path: str, cfg):
+    from host.adapt import load_data_file
+
+    return load_data_file(path, cfg)
+
+
+def _init_arg(path: str, cfg):
+    from host.init_state import hw_state, read_source
+
+    src = read_source(path)
+    return src, hw_state(cfg, src)
 
 
 #: bytes of host memory per weight of a layer that the float reference and the bit-exact model hold (weights,
@@ -516,6 +540,15 @@ def make_parser() -> argparse.ArgumentParser:
         help="continue the run saved in this checkpoint, bit-identically; its configuration is used unless "
              "configuration options are given, which must then match it",
     )
+    p.add_argument("--init", metavar="FILE",
+                   help="start from a model trained elsewhere: a float-reference checkpoint (--arith float) or an "
+                        "ONNX/QONNX BNN of the same topology (xnortrain export's, or MatMul + BatchNormalization "
+                        "layers), converted to the hardware's formats (docs/arithmetic.md); prints the target's test "
+                        "accuracy right after loading")
+    p.add_argument("--data", metavar="PATH",
+                   help="train and test on these images instead of the configured dataset: an .npz with x_train, "
+                        "y_train, x_test, y_test (uint8 images of the configuration's shape, class indices), or a "
+                        "dataset folder (as --set data.path=PATH)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
 
@@ -639,6 +672,22 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="PNG", help="plot power with the step windows shaded to this .png file")
     p.set_defaults(func=_lazy("host.energy", "measure_main"))
 
+    p = sub.add_parser(
+        "export", help="write a trained network as QONNX (FINN's front end), equal in every class to the accelerator",
+        description="Write the network of a training checkpoint as a QONNX graph: raw pixels in, the first layer's "
+        "binarisation, +-1 weights and the accelerator's evaluation thresholds as MultiThreshold nodes; the first "
+        "maximum of its output is the accelerator's class (host/export.py). Needs the 'export' extra (qonnx).",
+    )
+    p.add_argument("--checkpoint", required=True, metavar="CKPT",
+                   help="a training checkpoint (the hardware's; a float reference's is converted as train --init does)")
+    p.add_argument("--out", required=True, metavar="MODEL.onnx", help="the QONNX file to write")
+    p.add_argument("--batch", type=int, default=1, metavar="N",
+                   help="images per execution, fixed in the graph (default 1, as FINN builds)")
+    p.add_argument("--input-shape", dest="input_shape", choices=("image", "flat"), default="image",
+                   help="image: N x C x H x W (default); flat: N x C*H*W")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --out file")
+    p.set_defaults(func=_lazy("host.export", "export_main"))
+
     p = sub.add_parser("config", help="print the fully resolved configuration as TOML")
     _add_config_args(p)
     p.set_defaults(func=cmd_config)
@@ -729,6 +778,7 @@ _PATHS = {
     "energy": (("json",), ("config",)),
     "verify": ((), ("config", "data", "energy_estimate")),
     "generate": (("out",), ("config",)),
+    "export": (("out",), ("checkpoint",)),
 }
 
 

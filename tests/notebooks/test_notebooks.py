@@ -21,7 +21,7 @@ def _source(cell) -> str:
 
 def test_every_notebook_is_paired_and_in_sync():
     """The reviewable text (.py) and the .ipynb hold the same cells with the same tags."""
-    assert [p.stem for p in NOTEBOOKS] == sorted(["energy", "train_mnist_on_board"])
+    assert [p.stem for p in NOTEBOOKS] == sorted(["adapt_on_board", "energy", "train_mnist_on_board"])
     for py in NOTEBOOKS:
         ipynb = py.with_suffix(".ipynb")
         assert ipynb.is_file(), f"{ipynb.name} missing: run `jupytext --sync {py.relative_to(ROOT)}`"
@@ -45,5 +45,7 @@ def test_notebook_runs_on_the_simulated_board(name, tmp_path, monkeypatch):
     out = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     if name == "train_mnist_on_board":
         assert "every one equal to the bit-exact model" in out and "equal to the bit-exact model's" in out
+    elif name == "adapt_on_board":
+        assert "adaptation steps on chip, every one equal to the bit-exact model" in out and "after adapting" in out
     else:
         assert "synthetic power log" in out
