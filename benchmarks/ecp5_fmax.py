@@ -5,7 +5,9 @@ Every direct submodule of the top level is synthesised (``synth_ecp5``) and plac
 (``nextpnr-ecp5 --out-of-context``: no I/O, Fmax of its register-to-register paths), after the whole design in
 context with a bitstream (unless ``--units-only``), as ``xnortrain generate --board ulx3s-85f`` does; a whole
 design that does not fit the die stops the script (exit 3) before the units. Each run is cached
-under ``build/ecp5`` by its Verilog, so a second call prints the table at once.
+under ``build/ecp5`` by its Verilog, so a second call prints the table at once; the Verilog itself is cached under
+``build/ecp5/verilog`` by the configuration and the source of ``rtl_gen`` and ``sim`` (the paper design's
+elaboration takes about 5 minutes). ``--list`` names the units (for ``--only``) and stops.
 
 Output: one line per unit as it finishes, then a Markdown table (unit, Fmax, LUT4, FF, EBR, MULT18, critical path
 for units below ``--flag`` MHz) and the sums; ``--out`` also writes the JSON.
@@ -73,6 +75,32 @@ def _seed_folder(base: Path, seed: int) -> Path:
     return folder
 
 
+def source_key(cfg, overrides) -> str:
+    """What the generated Verilog depends on: the configuration, its overrides and the source of the packages
+    that elaborate it (rtl_gen, sim)."""
+    import hashlib
+
+    h = hashlib.sha256(repr((cfg, sorted(overrides))).encode())
+    for pkg in ("rtl_gen", "sim"):
+        for f in sorted((ROOT / pkg).rglob("*.py")):
+            h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def elaborate(plan, cfg, overrides) -> tuple[str, bool]:
+    """``(verilog, cached)``: ``Accelerator(plan).verilog()``, cached under ``build/ecp5/verilog`` by
+    :func:`source_key` (the paper design's elaboration alone takes about 5 minutes)."""
+    path = build_root() / "ecp5" / "verilog" / f"{plan.name}-{source_key(cfg, overrides)}.v"
+    if path.is_file():
+        return path.read_text(), True
+    verilog = Accelerator(plan).verilog()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(verilog)
+    tmp.replace(path)
+    return verilog, False
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default="configs/mlp_mnist.toml")
@@ -87,17 +115,25 @@ def main(argv=None) -> int:
                     help="whole design: nextpnr seed (repeat for several: one run after the other, each cached in "
                          "its own folder; the lowest Fmax is the figure); default 1")
     ap.add_argument("--out", help="also write the rows as JSON")
+    ap.add_argument("--list", action="store_true", help="list the units (names and Verilog sizes) and stop")
     args = ap.parse_args(argv)
 
     cfg = apply_overrides(load_config(args.config), args.set)
     plan = SystemPlan(cfg)
     freq = float(plan.description().clock_mhz)
     t0 = time.monotonic()
-    verilog = Accelerator(plan).verilog()
+    verilog, cached = elaborate(plan, cfg, args.set)
     print(f"{cfg.name} {[plan.features] + [lp.n_out for lp in plan.layers]}, batch {plan.batch}: "
-          f"{len(verilog) / 1e6:.1f} MB of Verilog in {time.monotonic() - t0:.0f} s", flush=True)
+          f"{len(verilog) / 1e6:.1f} MB of Verilog in {time.monotonic() - t0:.0f} s"
+          + (" (cached)" if cached else ""), flush=True)
     rows, top = [], None
     only = (lambda n: any(n.startswith(p) for p in args.only)) if args.only else None
+    if args.list:
+        from rtl_gen.synth import part_texts
+
+        for name, _alias, text, _boxes in part_texts(verilog, plan.name, only=only, include_top=False):
+            print(f"{name} ({len(text) / 1e3:,.0f} kB)")
+        return 0
     if not args.units_only:
         import hashlib
 
