@@ -210,12 +210,12 @@ def bn_param_cycles(layer, hw, div_steps: int) -> dict:
     # running: a stats beat a cycle (the divisions by constants are a pipeline)
     running = 1
     # update: maxima pass (its reads, the read words registered, then a registered |P1| before the comparisons),
-    # exponent (3 cycles) and the aligner's amounts (2), M + 7 in all (measured in RTL, 784-12-10), then per
+    # exponent (4 cycles) and the aligner's amounts (2), M + 8 in all (measured in RTL, 784-12-10), then per
     # channel read, the read words
     # registered, align (4: m, a, g through the two-cycle aligner), ema, ratio operands, |m|, request, the
     # divider's latency (|r| taken with the response), the sign of r, delta (the learning-rate shift of r),
     # beta - delta, apply
-    return {"running": running, "update": M + 7 + M * (lat + 14)}
+    return {"running": running, "update": M + 8 + M * (lat + 14)}
 
 
 class BnParamUnit(wiring.Component):
@@ -525,6 +525,8 @@ class BnParamUnit(wiring.Component):
         top = Signal(signed(E_WIDTH + 2))  # the new exponent
         g_zero = Signal()
         a_zero = Signal()
+        tg_r = Signal(range(-(bits - 2), self.p_width + 1 - (bits - 2)), name="tg_r")
+        ta_r = Signal(range(-(bits - 2), self.a_width + 1 - (bits - 2)), name="ta_r")
 
         # an update request waits (``pending``) until the running-statistics work in flight is done
         with m.If(self.update):
@@ -592,14 +594,19 @@ class BnParamUnit(wiring.Component):
                         m.d.sync += amax.eq(mx_a)
                 with m.If((c_issue == M) & ~rd_valid & ~mx_rq_valid & ~mx_valid):
                     m.next = "exponent"
-            # the layer exponent over three cycles (timing: leading-one positions, the comparison and the
+            # the layer exponent over four cycles (timing: leading-one positions, the comparison and the
             # differences in one cycle closed at 48 MHz on the ECP5 proxy); both candidates carry the
             # "- (bits - 2)" from the encoders (timing: the comparison, the choice and that subtraction in one
             # cycle closed at 93 MHz)
+            # the encoders' outputs registered before the sums (timing: the 30-bit encoder and the sum in one
+            # cycle closed at 95 MHz at the paper's widths on the ECP5 proxy)
             with m.State("exponent"):
                 tg = bitlen_signal(m, gmax, self.p_width, "tg", offset=bits - 2)
                 ta = bitlen_signal(m, amax, self.a_width, "ta", offset=bits - 2)
-                m.d.sync += [top_g.eq(tg + scale), top_a.eq(ta + e_reg), g_zero.eq(gmax == 0), a_zero.eq(amax == 0)]
+                m.d.sync += [tg_r.eq(tg), ta_r.eq(ta), g_zero.eq(gmax == 0), a_zero.eq(amax == 0)]
+                m.next = "exponent_sum"
+            with m.State("exponent_sum"):
+                m.d.sync += [top_g.eq(tg_r + scale), top_a.eq(ta_r + e_reg)]
                 m.next = "exponent_top"
             with m.State("exponent_top"):
                 m.d.sync += top.eq(Mux(g_zero, top_a, Mux(a_zero | (top_g > top_a), top_g, top_a)))

@@ -58,7 +58,7 @@ keeps the weight memory's output multiplexing and the XNOR apart from the popcou
 arrives through the shared weight memory's lane choice, and word -> XNOR -> popcount -> count was the second
 deepest path of the SMALL design in context, 11.4 LUT levels, benchmarks/logic_depth.py.)"""
 
-POPCOUNT_CHUNK = 32
+POPCOUNT_CHUNK = 16
 """Bits of the input word per registered popcount (stage 3); the accumulate stage adds a lane's counts."""
 
 MAX_N = 1 << 20

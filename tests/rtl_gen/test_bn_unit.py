@@ -20,6 +20,7 @@ from rtl_gen.bn_unit import (
     BnLayer,
     forward_cycles,
     mul_const,
+    mul_const_fabric,
 )
 from rtl_gen.toolchain import run_cocotb, to_verilog
 from sim.config import apply_overrides, load_config
@@ -104,17 +105,23 @@ def test_mul_const_is_exact():
     consts = [0, 1, 3, 7, 100, 100 << 16, 10000 << 16, 0b1011_0111]
     outs = [Signal(signed(48), name=f"p{i}") for i in range(len(consts))]
     m.d.comb += [o.eq(mul_const(value, c)) for o, c in zip(outs, consts, strict=True)]
+    # mul_const_fabric: shifted copies summed (B = 100: three set bits), a multiplier past max_terms
+    fab = [Signal(signed(48), name=f"f{i}") for i in range(len(consts))]
+    m.d.comb += [o.eq(mul_const_fabric(value, c)) for o, c in zip(fab, consts, strict=True)]
     sim = Simulator(m)
 
     async def bench(ctx):
         for v in (-2048, -1001, -1, 0, 1, 5, 2047):
             ctx.set(value, v)
             assert [ctx.get(o) for o in outs] == [v * c for c in consts]
+            assert [ctx.get(o) for o in fab] == [v * c for c in consts]
 
     sim.add_testbench(bench)
     sim.run()
     with pytest.raises(ValueError, match="non-negative constant, not -3"):
         mul_const(value, -3)
+    with pytest.raises(ValueError, match="non-negative constant, not -3"):
+        mul_const_fabric(value, -3)
 
 
 def test_verilog_ports():
