@@ -47,7 +47,7 @@ from amaranth.lib.wiring import In, Out
 
 from sim.hw.widths import signed_bits
 
-from .bn_unit import BnLayer, _BeatCounter, _Channels, _check_channels, _check_int, _LaneWalker, mul_const_fabric
+from .bn_unit import BnLayer, _BeatCounter, _Channels, _check_channels, _check_int, _LaneWalker, mul_const
 from .shared import layer_port
 from .streams import StreamRegister
 
@@ -375,11 +375,7 @@ class Po2Unit(wiring.Component):
                         q_part.as_value().eq(self.q.payload.q.as_value().word_select(pi, pl * q_shape.width)),
                         real_part.eq(real_all[pi * pl : (pi + 1) * pl]),
                     ]
-        # stage 1 holds |Q|, its sign and Q != 0 (timing: the negation, then |Q| B, in one cycle with the
-        # multiplier's parts joined by adders closed at 64 MHz at the paper's widths on the ECP5 proxy)
-        s1_a = Signal(data.ArrayLayout(unsigned(lay.widths["Q"]), pl))
-        s1_neg = Signal(pl)
-        s1_nz = Signal(pl)
+        s1_q = Signal(data.ArrayLayout(q_shape, pl))
         s1_real = Signal(pl)
         s2_u = Signal(data.ArrayLayout(unsigned(W), pl))
         s2_neg = Signal(pl)
@@ -421,9 +417,7 @@ class Po2Unit(wiring.Component):
                 s_push[1].eq(s_push[0]),
                 s_push[2].eq(s_push[1]),
                 s_push[3].eq(s_push[2]),
-                *(s1_a[lane].eq(Mux(q_part[lane] < 0, -q_part[lane], q_part[lane])) for lane in range(pl)),
-                s1_neg.eq(Cat(q_part[lane] < 0 for lane in range(pl))),
-                s1_nz.eq(Cat(q_part[lane] != 0 for lane in range(pl))),
+                s1_q.eq(q_part),
                 s1_real.eq(real_part),
             ]
         scratch = sq.i.payload
@@ -443,8 +437,9 @@ class Po2Unit(wiring.Component):
         mx_e = Signal(data.ArrayLayout(signed(ew), pl))
         mx_nz = Signal(pl)
         for lane in range(pl):
+            q = s1_q[lane]
             a = Signal(unsigned(lay.widths["Q"]), name=f"abs{lane}")
-            m.d.comb += a.eq(s1_a[lane])
+            m.d.comb += a.eq(Mux(q < 0, -q, q))
             v_mid, lz_hi = normalise_levels(m, s2_u[lane], W, hi_levels, f"norm{lane}_a")
             mant, lz_lo = normalise_levels(m, s2b_v[lane], W, lo_levels, f"norm{lane}_b")
             lz = Signal(max(nlev, 1), name=f"norm{lane}_lz")
@@ -466,8 +461,8 @@ class Po2Unit(wiring.Component):
             with m.If(adv1):
                 m.d.sync += [
                     s2_u[lane].eq(self._operand(a, B, is_top)),
-                    s2_neg[lane].eq(s1_neg[lane]),
-                    s2_nz[lane].eq(s1_nz[lane] & s1_real[lane]),
+                    s2_neg[lane].eq(q < 0),
+                    s2_nz[lane].eq((q != 0) & s1_real[lane]),
                     s2b_v[lane].eq(v_mid),
                     s2b_lz[lane].eq(lz_hi),
                     s2b_neg[lane].eq(s2_neg[lane]),
@@ -581,5 +576,5 @@ class Po2Unit(wiring.Component):
     def _operand(self, a, B: int, is_top):
         """``|Q| B`` for a hidden layer, ``|Q|`` for the output layer (``is_top``)."""
         if len(set(self._tops)) == 1:
-            return a if self._tops[0] else mul_const_fabric(a, B)
-        return Mux(is_top, a, mul_const_fabric(a, B))
+            return a if self._tops[0] else mul_const(a, B)
+        return Mux(is_top, a, mul_const(a, B))
