@@ -5,7 +5,11 @@ Every direct submodule of the top level is synthesised (``synth_ecp5``) and plac
 (``nextpnr-ecp5 --out-of-context``: no I/O, Fmax of its register-to-register paths), after the whole design in
 context with a bitstream (unless ``--units-only``), as ``xnortrain generate --board ulx3s-85f`` does; a whole
 design that does not fit the die stops the script (exit 3) before the units. Each run is cached
-under ``build/ecp5`` by its Verilog, so a second call prints the table at once.
+under ``build/ecp5`` by its Verilog, so a second call prints the table at once; the Verilog itself is cached under
+``build/ecp5/verilog`` by the configuration and the source of ``rtl_gen`` and ``sim`` (the paper design's
+elaboration takes minutes). ``--list`` names the units (for ``--only``) and stops; ``--unit KIND`` builds one
+shared unit alone (BN forward / backward / parameter, po2, engine: the same RTL as in the design, elaborated in
+seconds) and places and routes it out of context.
 
 Output: one line per unit as it finishes, then a Markdown table (unit, Fmax, LUT4, FF, EBR, MULT18, critical path
 for units below ``--flag`` MHz) and the sums; ``--out`` also writes the JSON.
@@ -73,6 +77,75 @@ def _seed_folder(base: Path, seed: int) -> Path:
     return folder
 
 
+def source_key(cfg, overrides) -> str:
+    """What the generated Verilog depends on: the configuration, its overrides and the source of the packages
+    that elaborate it (rtl_gen, sim)."""
+    import hashlib
+
+    h = hashlib.sha256(repr((cfg, sorted(overrides))).encode())
+    for pkg in ("rtl_gen", "sim"):
+        for f in sorted((ROOT / pkg).rglob("*.py")):
+            h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def elaborate(plan, cfg, overrides) -> tuple[str, bool]:
+    """``(verilog, cached)``: ``Accelerator(plan).verilog()``, cached under ``build/ecp5/verilog`` by
+    :func:`source_key` (the paper design's elaboration alone takes about 5 minutes)."""
+    path = build_root() / "ecp5" / "verilog" / f"{plan.name}-{source_key(cfg, overrides)}.v"
+    if path.is_file():
+        return path.read_text(), True
+    verilog = Accelerator(plan).verilog()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(verilog)
+    tmp.replace(path)
+    return verilog, False
+
+
+#: ``--unit`` kinds: one shared unit of the configuration built alone, as rtl_gen/top.py builds it for the first
+#: group of layers (no whole-design elaboration: seconds instead of minutes at the paper's widths)
+UNIT_KINDS = ("bn_fwd", "bn_bwd", "bn_param", "po2", "engine")
+
+
+def standalone_unit(plan, kind: str):
+    """The ``kind`` unit of ``plan`` (:data:`UNIT_KINDS`) for its first group of layers."""
+    from rtl_gen.bn_unit import BnBackwardUnit, BnForwardUnit
+    from rtl_gen.po2_unit import Po2Unit
+    from rtl_gen.xnor_engine import XnorEngineCore
+
+    hw, lp = plan.cfg.hw, plan.layers
+    grp = plan.unit_groups["engine" if kind == "engine" else "bn"][0]
+    env, chans = plan.bn_envelope(grp), [lp[j].n_out for j in grp]
+    if kind == "bn_fwd":
+        return BnForwardUnit(layer=env, div_steps=hw.div_steps, channels=chans)
+    if kind == "bn_bwd":
+        return BnBackwardUnit(layer=env, channels=chans, pass2_lanes=plan.po2_lanes(lp[grp[0]].lanes_out))
+    if kind == "po2":
+        return Po2Unit(layer=env, mul_steps=hw.mul_steps, channels=chans, tops=[lp[j].top for j in grp],
+                       pass1_lanes=plan.po2_lanes(lp[grp[0]].lanes_out))
+    if kind == "engine":
+        return XnorEngineCore(geometries=[lp[j].geometry for j in grp])
+    return plan.bn_param_unit()
+
+
+def run_standalone(plan, kinds, freq: float, flag: float) -> list[dict]:
+    """Place and route each unit of ``kinds`` alone (out of context), cached by its Verilog under build/ecp5/units."""
+    import hashlib
+
+    from amaranth.back import verilog as amaranth_verilog
+
+    rows = []
+    for kind in kinds:
+        text = amaranth_verilog.convert(standalone_unit(plan, kind), name=kind)
+        digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+        rep = run_ecp5(text, kind, workdir=build_root() / "ecp5" / "units" / f"{kind}-{digest}", board=ULX3S_85F,
+                       freq_mhz=freq, out_of_context=True, bitstream=False, check_fit=False)
+        rows.append(_row(f"{kind} (alone)", rep, flag))
+        print(json.dumps({k: v for k, v in rows[-1].items() if k != "path"}), flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default="configs/mlp_mnist.toml")
@@ -87,17 +160,33 @@ def main(argv=None) -> int:
                     help="whole design: nextpnr seed (repeat for several: one run after the other, each cached in "
                          "its own folder; the lowest Fmax is the figure); default 1")
     ap.add_argument("--out", help="also write the rows as JSON")
+    ap.add_argument("--list", action="store_true", help="list the units (names and Verilog sizes) and stop")
+    ap.add_argument("--unit", action="append", default=[], choices=UNIT_KINDS,
+                    help="place and route this unit kind built alone (no whole-design elaboration) and stop")
     args = ap.parse_args(argv)
 
     cfg = apply_overrides(load_config(args.config), args.set)
     plan = SystemPlan(cfg)
     freq = float(plan.description().clock_mhz)
+    if args.unit:
+        rows = run_standalone(plan, args.unit, freq, args.flag)
+        for r in rows:
+            print(f"| {r['unit']} | {r['fmax_mhz']} | {r['LUT4']:,} | {r['FF']:,} | {r['EBR']} | {r['MULT18']} | "
+                  f"{r['critical_path']} |")
+        return 0
     t0 = time.monotonic()
-    verilog = Accelerator(plan).verilog()
+    verilog, cached = elaborate(plan, cfg, args.set)
     print(f"{cfg.name} {[plan.features] + [lp.n_out for lp in plan.layers]}, batch {plan.batch}: "
-          f"{len(verilog) / 1e6:.1f} MB of Verilog in {time.monotonic() - t0:.0f} s", flush=True)
+          f"{len(verilog) / 1e6:.1f} MB of Verilog in {time.monotonic() - t0:.0f} s"
+          + (" (cached)" if cached else ""), flush=True)
     rows, top = [], None
     only = (lambda n: any(n.startswith(p) for p in args.only)) if args.only else None
+    if args.list:
+        from rtl_gen.synth import part_texts
+
+        for name, _alias, text, _boxes in part_texts(verilog, plan.name, only=only, include_top=False):
+            print(f"{name} ({len(text) / 1e3:,.0f} kB)")
+        return 0
     if not args.units_only:
         import hashlib
 
@@ -130,11 +219,20 @@ def main(argv=None) -> int:
         if len(reports) > 1:
             print("Fmax by seed: " + ", ".join(f"{s}: {v} MHz" for s, v in top["seeds"].items())
                   + f"; the lowest, seed {min(top['seeds'], key=lambda s: top['seeds'][s] or 0)}, is the figure")
+    unfit = []
     if not args.top_only:
-        for name, rep in run_ecp5_units(verilog, plan.name, board=ULX3S_85F, freq_mhz=freq, only=only):
-            row = _row(name, rep, args.flag)
-            rows.append(row)
-            print(json.dumps({k: v for k, v in row.items() if k != "path"}), flush=True)
+        from rtl_gen.synth import DoesNotFitError, part_texts
+
+        for name, *_ in part_texts(verilog, plan.name, only=only, include_top=False):
+            try:  # one unit at a time, so that a unit that does not fit the die does not stop the others
+                for _, rep in run_ecp5_units(verilog, plan.name, board=ULX3S_85F, freq_mhz=freq,
+                                             only=lambda n, name=name: n == name):
+                    row = _row(name, rep, args.flag)
+                    rows.append(row)
+                    print(json.dumps({k: v for k, v in row.items() if k != "path"}), flush=True)
+            except DoesNotFitError as e:
+                unfit.append({"unit": name, "does_not_fit": "; ".join(getattr(e, "overflows", [str(e)]))})
+                print(json.dumps(unfit[-1]), flush=True)
 
     print("\n| unit | Fmax (MHz) | LUT4 | FF | EBR | MULT18 |\n| --- | ---: | ---: | ---: | ---: | ---: |")
     for r in sorted(rows, key=lambda r: r["fmax_mhz"] or 0):
@@ -145,13 +243,15 @@ def main(argv=None) -> int:
     if top is not None:
         print(f"| **whole design** (in context, IO {top['IO']}) | **{top['fmax_mhz']}** | {top['LUT4']:,} | "
               f"{top['FF']:,} | {top['EBR']} | {top['MULT18']} |")
+    for r in unfit:
+        print(f"| {r['unit']} | does not fit: {r['does_not_fit']} | | | | |")
     for r in [*rows, *([top] if top else [])]:
         if r["below"]:
             print(f"below {args.flag:g} MHz: {r['unit']}: {r['critical_path']}")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"config": cfg.name, "overrides": args.set, "units": rows, "top": top},
-                                             indent=1) + "\n")
+        out = {"config": cfg.name, "overrides": args.set, "units": rows, "unfit": unfit, "top": top}
+        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     return 0
 
 

@@ -11,6 +11,13 @@ starts at 1.5, a flip-flop's at 0.5. Routing is not counted, and in a congested 
 (the 784-12-10 design at edc50eb: deepest path 11.8 levels, placer estimate 26 ns), so the depth ranks paths; it
 does not give an Fmax.
 
+The same measure reads a 7-series netlist of ``synth_xilinx`` (``benchmarks/xc7z020_glue.py``): a LUT1..LUT6 is 1
+level, ``MUXF7`` / ``MUXF8`` 0.3, a ``CARRY4`` 1 from its ``S`` / ``DI`` inputs and 0.1 along the chain
+(``CI`` -> ``CO``; 0.3 to a sum ``O``), a distributed RAM or shift register read (address to output) 1, an
+unregistered ``DSP48E1`` 4; paths start at ``FD*`` (0.5) and ``RAMB18E1`` / ``RAMB36E1`` (1.5) outputs and
+end at their data, enable and reset inputs. Cells of the types given as ``boxes`` (units kept as black boxes)
+are registered boundaries: their outputs start at 0.5, their inputs are endpoints.
+
 Output: the histogram of endpoint depths and, for each pair of (start unit, end unit) the deepest path with the
 named nets along it, deepest first. The unit of a net is the first part of its hierarchical name (``wmem1``,
 ``engine0``; ``(top)`` for the top level's own logic).
@@ -38,6 +45,37 @@ FF_START = 0.5
 BRAM_START = 1.5
 
 
+#: 7-series: CARRY4 along the chain (CI -> CO) and to a sum (CI -> O), in LUT levels
+XC7_CARRY_CHAIN = 0.1
+XC7_CARRY_SUM = 0.3
+XC7_LUTS = ("LUT1", "LUT2", "LUT3", "LUT4", "LUT5", "LUT6")
+XC7_FFS = ("FDRE", "FDSE", "FDCE", "FDPE", "FDRE_1", "FDSE_1", "FDCE_1", "FDPE_1")
+XC7_BRAMS = ("RAMB18E1", "RAMB36E1")
+#: 7-series distributed RAMs and shift registers: asynchronous read from the address (``A*``, ``ADDR*``) inputs
+XC7_LUTRAMS = ("RAM32X1S", "RAM64X1S", "RAM128X1S", "RAM256X1S", "RAM32X1D", "RAM64X1D", "RAM128X1D", "RAM32M",
+               "RAM64M", "SRL16E", "SRLC16E", "SRLC32E")
+
+
+def _xc7_arcs(t: str, ins: list[str], outs: list[str]) -> list[tuple[str, str, float]]:
+    if t in XC7_LUTS:
+        return [(i, "O", LUT_LEVEL) for i in ins]
+    if t in ("MUXF7", "MUXF8"):
+        return [(i, "O", WIDE_MUX) for i in ins]
+    if t == "CARRY4":
+        arcs = []
+        for i in ins:
+            if i == "CI":
+                arcs += [("CI", "CO", XC7_CARRY_CHAIN), ("CI", "O", XC7_CARRY_SUM)]
+            else:  # S, DI and CYINIT come from the fabric
+                arcs += [(i, "CO", CARRY_IN), (i, "O", CARRY_IN)]
+        return arcs
+    if t in XC7_LUTRAMS:
+        return [(i, o, LUT_LEVEL) for i in ins if i.startswith(("A", "DPRA")) for o in outs]
+    if t == "DSP48E1" and "P" in outs:  # counted as unregistered (its registers are options)
+        return [(i, "P", MULT) for i in ("A", "B", "C") if i in ins]
+    return []
+
+
 def _arcs(cell: dict) -> list[tuple[str, str, float]]:
     """``(input port, output port, levels)`` of a cell's combinational arcs (none for registers)."""
     t = cell["type"]
@@ -48,6 +86,9 @@ def _arcs(cell: dict) -> list[tuple[str, str, float]]:
         return [(i, "Z", LUT_LEVEL) for i in ins]
     if t in ("PFUMX", "L6MUX21"):
         return [(i, "Z", WIDE_MUX) for i in ins]
+    xc7 = _xc7_arcs(t, ins, outs)
+    if xc7:
+        return xc7
     if t == "CCU2C":
         arcs = []
         for i in ins:
@@ -63,11 +104,20 @@ def _arcs(cell: dict) -> list[tuple[str, str, float]]:
     return []
 
 
-def _endpoint_ports(cell: dict) -> list[str]:
+def _endpoint_ports(cell: dict, boxes=frozenset()) -> list[str]:
     t = cell["type"]
     dirs = cell["port_directions"]
     if t == "TRELLIS_FF":
         return ["DI", "CE", "LSR"]
+    if t in boxes:
+        return [p for p, d in dirs.items() if d == "input"]
+    if t in XC7_FFS:
+        return [p for p in ("D", "CE", "R", "S", "CLR", "PRE") if p in dirs]
+    if t in XC7_BRAMS:
+        return [p for p, d in dirs.items() if d == "input" and p.startswith(("ADDR", "DI", "WE", "EN"))]
+    if t in XC7_LUTRAMS:
+        return [p for p, d in dirs.items() if d == "input" and p.startswith(("A", "D", "WE", "CE"))
+                and not p.startswith("DPRA")]
     if t == "DP16KD":
         return [p for p, d in dirs.items() if d == "input" and p.startswith(("AD", "DI", "WE", "CE"))]
     if t == "TRELLIS_DPR16X4":
@@ -77,13 +127,15 @@ def _endpoint_ports(cell: dict) -> list[str]:
 
 def unit_of(net: str) -> str:
     net = net.lstrip("\\")
-    return net.split(".")[0] if "." in net else "(top)"
+    # Yosys' own names ($abc$..., $techmap$...cc:694...) are the top level's, whatever dots they hold
+    return net.split(".")[0] if "." in net and not net.startswith("$") else "(top)"
 
 
 class Depth:
     """Longest combinational depth into every net bit of one module of a Yosys JSON netlist."""
 
-    def __init__(self, module: dict):
+    def __init__(self, module: dict, boxes=frozenset()):
+        self.boxes = frozenset(boxes)
         self.cells = module["cells"]
         self.names: dict[int, str] = {}
         for name, net in module["netnames"].items():
@@ -110,7 +162,9 @@ class Depth:
         if drv is None:
             return 0.0  # a top-level input or a constant
         t = self.cells[drv[0]]["type"]
-        return BRAM_START if t == "DP16KD" else FF_START if t == "TRELLIS_FF" else 0.0
+        if t in ("DP16KD", *XC7_BRAMS):
+            return BRAM_START
+        return FF_START if t in ("TRELLIS_FF", *XC7_FFS, *XC7_LUTRAMS) or t in self.boxes else 0.0
 
     def _inputs(self, bit: int) -> list[tuple[int, float]]:
         drv = self.driver.get(bit)
@@ -157,13 +211,14 @@ class Depth:
         return out[::-1]
 
 
-def depth_report(netlist: dict, top: str, n: int = 20) -> dict:
+def depth_report(netlist: dict, top: str, n: int = 20, boxes=frozenset()) -> dict:
     """``{"endpoints", "histogram", "pairs"}`` of module ``top``: the histogram of endpoint depths (whole levels)
-    and the deepest path of each (start unit, end unit) pair, the ``n`` deepest pairs."""
-    d = Depth(netlist["modules"][top])
+    and the deepest path of each (start unit, end unit) pair, the ``n`` deepest pairs. ``boxes``: cell types
+    that are registered boundaries (black-box units)."""
+    d = Depth(netlist["modules"][top], boxes)
     ends = []
     for cell in d.cells.values():
-        for port in _endpoint_ports(cell):
+        for port in _endpoint_ports(cell, d.boxes):
             for b in cell["connections"].get(port, []):
                 if isinstance(b, int):
                     ends.append((d.at(b), b, cell["type"], port))

@@ -61,6 +61,7 @@ from .streams import StreamRegister
 
 __all__ = [
     "BN_FWD_ACC_STAGES",
+    "EPI1_DIV_STAGES",
     "BnBackwardUnit",
     "BnForwardCore",
     "BnForwardUnit",
@@ -70,6 +71,7 @@ __all__ = [
     "forward_cycles",
     "merge_bounds",
     "mul_const",
+    "mul_const_fabric",
 ]
 
 MAX_LANES = 4096
@@ -448,6 +450,18 @@ def mul_const(value, c: int):
     return prod << shift if shift else prod
 
 
+def mul_const_fabric(value, c: int, max_terms: int = 3):
+    """``value * c`` as a balanced sum of shifted copies of ``value`` when ``c`` has at most ``max_terms`` set bits
+    (``B = 100``: three), else :func:`mul_const`. On the ECP5 proxy a product wider than the 18-bit MULT18 is
+    several multipliers joined by adders in the same cycle (a 44-bit ``|Q| B``: 61 cells, 64 MHz); two adder
+    levels in the fabric are shorter."""
+    if c < 0:
+        raise ValueError(f"mul_const_fabric needs a non-negative constant, not {c}")
+    if c == 0 or bin(c).count("1") > max_terms:
+        return mul_const(value, c)
+    return _sum_tree([value << i if i else value for i in range(c.bit_length()) if c >> i & 1])
+
+
 MUL_PART = 17
 """Bits of the unsigned low parts :func:`_mul_parts` cuts a wide operand into (an 18x18 signed multiplier takes
 one part and a narrow second operand)."""
@@ -484,6 +498,10 @@ def divider_widths(layer: BnLayer) -> tuple[int, int, int]:
     return wd + wq, wd, wq
 
 
+EPI1_DIV_STAGES = 1
+"""BN forward EPI1: registers between the channel's lane of ``sum_mem`` (plus its offset) and the division by
+``B`` (:func:`rtl_gen.divider.const_divide`); each adds a cycle to EPI1, not a cycle a channel."""
+
 EPI3_ISSUE = 6
 """BN forward EPI3: cycles from one channel's division request to the next one's (within a group): the lane's
 words, the channel's word registered, the products, their sum, the dividend, the request."""
@@ -507,8 +525,9 @@ def forward_cycles(layer: BnLayer, div_steps: int = 1) -> dict[str, int]:
     _check_int("div_steps", div_steps, 1, wq)
     M, L = layer.channels, layer.lanes
     pc = pass_cycles(layer)
-    # EPI1: a group's read, then a channel a cycle (the division by B a pipeline); done with the last quotient
-    epi1 = 1 + sum(2 if c % L == 0 else 1 for c in range(1, M)) + CONST_DIV_LATENCY + 1
+    # EPI1: a group's read, then a channel a cycle (the registered dividend, then the division by B, a
+    # pipeline); done with the last quotient
+    epi1 = 1 + sum(2 if c % L == 0 else 1 for c in range(1, M)) + EPI1_DIV_STAGES + CONST_DIV_LATENCY + 1
     # EPI2: per channel beta in with the channel's lane, the products of S, S, S' and the term of C, beta S', C,
     # C -+ S' 2^Fb, saturation, the three dividends over B^2 (the group's read first), the request: ten cycles a
     # channel; done with the last channel's quotients
@@ -795,14 +814,20 @@ class BnForwardCore(wiring.Component):
 
         # EPI1 and EPI2 divide by the constants B and B^2 (rtl_gen.divider.const_divide: a channel a cycle, the
         # quotients CONST_DIV_LATENCY cycles after the request; responses in order)
+        # EPI1's dividend is registered before its partial products, and its request a cycle later
+        # (EPI1_DIV_STAGES; timing: the lane multiplexer into the constant product closed at 72 MHz at the
+        # paper's widths on the ECP5 proxy); EPI2's dividends are registers already.
         n1_c = Signal((2 * B * ymax + B - 1).bit_length(), name="epi1_n_c")
-        m.d.comb += n1_c.eq(epi1_n)
+        m.d.sync += n1_c.eq(epi1_n)
         q1 = const_divide(m, n1_c, B, "epi1_div")
         n2 = [Signal(((2 * TK + K - 1) >> fb).bit_length(), name=f"epi2_n{i}") for i in range(3)]
         q2 = [const_divide(m, n2[i], B * B, f"epi2_div{i}") for i in range(3)]
         c_req = Signal()
+        c_req1 = Signal(name="epi1_req_r")
+        m.d.sync += c_req1.eq(c_req & (phase == Phase.EPI1))
         c_pipe = [Signal(name=f"cdiv_v{i}") for i in range(CONST_DIV_LATENCY)]
-        m.d.sync += [c_pipe[0].eq(c_req), *(c_pipe[i].eq(c_pipe[i - 1]) for i in range(1, CONST_DIV_LATENCY))]
+        m.d.sync += [c_pipe[0].eq(Mux(phase == Phase.EPI1, c_req1, c_req)),
+                     *(c_pipe[i].eq(c_pipe[i - 1]) for i in range(1, CONST_DIV_LATENCY))]
         c_resp = c_pipe[-1]
 
         thr_word = Signal(lay.thr_layout)
@@ -831,14 +856,23 @@ class BnForwardCore(wiring.Component):
         ysb_r = Signal(mul_const(ys_l, B).shape(), name="ys_b")
         psn_r = Signal((sum_l * ns_l).shape(), name="sum_ns")
         cterm_r = Signal(signed(lay.c_width), name="c_term")
-        # beta_q S' as two products registered apart (timing: a multiplier wider than the 18-bit MULT18 and the
-        # adder joining its parts closed at 87 MHz on the ECP5 proxy); joined in the subtraction of C
+        # beta_q S' as the products of beta's and S's 17-bit parts (the top part of beta signed), each within one
+        # 18x18 multiplier and registered apart in CH1 (from S: S' = 1 where S = 0, beta_q itself), summed in CH1B
+        # (timing: a multiplier wider than the 18-bit MULT18 and the adder joining its parts closed at 87 MHz on
+        # the ECP5 proxy; with S' 24 bits wide at the paper's widths, at 94 MHz)
         beta_x = Signal(signed(max(lay.beta_width, 18)), name="beta_x")  # beta_q = beta_hi 2^17 + beta_lo
         beta_lo = Signal(unsigned(17), name="beta_lo")
         beta_hi = Signal(signed(len(beta_x) - 17), name="beta_hi")
         m.d.comb += [beta_x.eq(beta_r), beta_lo.eq(beta_x[:17]), beta_hi.eq(beta_x >> 17)]
-        prod_lo = Signal((beta_lo * s_eff).shape(), name="beta_s_lo")
-        prod_hi = Signal((beta_hi * s_eff).shape(), name="beta_s_hi")
+        s_parts = []
+        for lo in range(0, len(S_r), MUL_PART):
+            part = Signal(unsigned(min(MUL_PART, len(S_r) - lo)), name=f"s_part{len(s_parts)}")
+            m.d.comb += part.eq(S_r[lo:lo + MUL_PART])
+            s_parts.append((part, lo))
+        bs_pairs = [(b, sp, bsh + ssh) for b, bsh in ((beta_lo, 0), (beta_hi, 17)) for sp, ssh in s_parts]
+        bs_pp = [Signal((b * sp).shape(), name=f"beta_s_pp{i}") for i, (b, sp, _) in enumerate(bs_pairs)]
+        s_zero = Signal(name="s_zero")
+        beta_s = Signal(signed(lay.beta_width + lay.seff_width + 1), name="beta_s")
         ka_r = Signal(mul_const(ys_l, K).shape(), name="ys_k")
         # C Ns as products of C's 17-bit parts (the top part signed), each within one 18x18 multiplier and
         # registered apart; joined in the subtraction of A (timing: the multiplier and the adder joining its parts
@@ -922,13 +956,15 @@ class BnForwardCore(wiring.Component):
                         with m.Case(CH0B):  # S = B Ys - sum_y Ns
                             m.d.sync += [S_r.eq(ysb_r - psn_r), est.eq(CH1)]
                         with m.Case(CH1):  # S' = max(S, 1); B 2^Fb sum_y (eval: mu_r 2^Fb)
-                            m.d.sync += [s_eff.eq(Mux(S_r == 0, 1, S_r)),
+                            m.d.sync += [s_eff.eq(Mux(S_r == 0, 1, S_r)), s_zero.eq(S_r == 0),
+                                         *(r.eq(b * sp) for r, (b, sp, _) in zip(bs_pp, bs_pairs, strict=True)),
                                          cterm_r.eq(Mux(self.eval_mode, mu_r << fb, mul_const(sum_r, B << fb))),
                                          est.eq(CH1B)]
-                        with m.Case(CH1B):  # beta_q S'
-                            m.d.sync += [prod_lo.eq(beta_lo * s_eff), prod_hi.eq(beta_hi * s_eff), est.eq(CH1C)]
+                        with m.Case(CH1B):  # beta_q S' (beta_q where S' = 1)
+                            m.d.sync += [beta_s.eq(Mux(s_zero, beta_r, _sum_tree(
+                                [r << sh for r, (_, _, sh) in zip(bs_pp, bs_pairs, strict=True)]))), est.eq(CH1C)]
                         with m.Case(CH1C):  # C = B 2^Fb sum_y - beta_q S' (eval: C' = mu_r 2^Fb - beta_q s_r')
-                            m.d.sync += [c_r.eq(cterm_r - (prod_hi << 17) - prod_lo), est.eq(CH2)]
+                            m.d.sync += [c_r.eq(cterm_r - beta_s), est.eq(CH2)]
                         with m.Case(CH2):  # C - S' 2^Fb, C + S' 2^Fb
                             m.d.comb += chan_wr.en.eq(1)
                             m.d.sync += [v_r[0].eq(c_r), v_r[1].eq(c_r - (s_eff << fb)),
@@ -1267,7 +1303,9 @@ class BnBackwardUnit(wiring.Component):
         # stage b: the part's operands; the beat's lane flags (padding, zero scale) and framing
         b_valid, b_last_pp, b_last_group = Signal(), Signal(), Signal()
         b_pp = Signal.like(pp)
-        b_dx = Signal.like(part_dx)
+        # B dx formed here, from the part's dx (timing: dx's product by B over two MULT18s, their join and the
+        # subtraction of P1 in one cycle closed at 91 MHz at the paper's widths on the ECP5 proxy)
+        b_bdx = [Signal(mul_const(part_dx[0], B).shape(), name=f"b_bdx{lane}") for lane in range(pl)]
         b_xh = Signal.like(part_xh)
         b_p1 = Signal.like(part_p1)
         b_p2 = Signal.like(part_p2)
@@ -1281,7 +1319,7 @@ class BnBackwardUnit(wiring.Component):
                 b_pp.eq(pp),
                 b_last_pp.eq(last_pp),
                 b_last_group.eq(s1_last_group),
-                b_dx.eq(part_dx),
+                *(b_bdx[lane].eq(mul_const_fabric(part_dx[lane], B)) for lane in range(pl)),
                 b_xh.eq(part_xh),
                 b_p1.eq(part_p1),
                 b_p2.eq(part_p2),
@@ -1305,10 +1343,13 @@ class BnBackwardUnit(wiring.Component):
                 c_clear.eq(b_clear),
             ]
             m.d.sync += [c_k2[lane].eq(b_a[lane].alpha_q * b_p2[lane]) for lane in range(pl)]
-            m.d.sync += [c_base[lane].eq((mul_const(b_dx[lane], B) - b_p1[lane]) << fa) for lane in range(pl)]
+            m.d.sync += [c_base[lane].eq((b_bdx[lane] - b_p1[lane]) << fa) for lane in range(pl)]
         q_part = Signal(data.ArrayLayout(signed(w["Q"]), pl))
-        for lane in range(pl):
-            m.d.comb += q_part[lane].eq(c_base[lane] - Mux(c_xh[lane], c_k2[lane], -c_k2[lane]))
+        for lane in range(pl):  # base - k2 and base + k2 side by side, then the choice (timing: the negation of
+            # k2 and the subtraction chained closed at 90 MHz at the paper's widths on the ECP5 proxy)
+            q_sub, q_add = Signal(signed(w["Q"]), name=f"q_sub{lane}"), Signal(signed(w["Q"]), name=f"q_add{lane}")
+            m.d.comb += [q_sub.eq(c_base[lane] - c_k2[lane]), q_add.eq(c_base[lane] + c_k2[lane]),
+                         q_part[lane].eq(Mux(c_xh[lane], q_sub, q_add))]
         q_out = Signal(data.ArrayLayout(signed(w["Q"]), L))
         q_held = Signal(data.ArrayLayout(signed(w["Q"]), L))  # the beat's parts so far
         part_bits = pl * w["Q"]

@@ -209,12 +209,13 @@ def bn_param_cycles(layer, hw, div_steps: int) -> dict:
     M = layer.channels
     # running: a stats beat a cycle (the divisions by constants are a pipeline)
     running = 1
-    # update: maxima pass (its reads and a registered |P1| before the comparisons), exponent (3 cycles) and the
-    # aligner's amounts (2), M + 6 in all (measured in RTL, 784-12-10), then per channel read, the read words
+    # update: maxima pass (its reads, the read words registered, then a registered |P1| before the comparisons),
+    # exponent (4 cycles) and the aligner's amounts (2), M + 8 in all (measured in RTL, 784-12-10), then per
+    # channel read, the read words
     # registered, align (4: m, a, g through the two-cycle aligner), ema, ratio operands, |m|, request, the
     # divider's latency (|r| taken with the response), the sign of r, delta (the learning-rate shift of r),
     # beta - delta, apply
-    return {"running": running, "update": M + 6 + M * (lat + 14)}
+    return {"running": running, "update": M + 8 + M * (lat + 14)}
 
 
 class BnParamUnit(wiring.Component):
@@ -344,12 +345,13 @@ class BnParamUnit(wiring.Component):
         h = self.host.payload
         busy = Signal()
         host_pending = Signal()
+        host_pending2 = Signal()
         host_space = Signal(3)
         host_e = Signal(signed(E_WIDTH))
         resp_full = Signal()
         resp_data = Signal(self.host_width)
         m.d.comb += [
-            self.host.ready.eq(~busy & ~host_pending & ~resp_full),
+            self.host.ready.eq(~busy & ~host_pending & ~host_pending2 & ~resp_full),
             self.host_rdata.valid.eq(resp_full),
             self.host_rdata.payload.eq(resp_data),
         ]
@@ -360,12 +362,19 @@ class BnParamUnit(wiring.Component):
         spaces = {"beta": SPACE_BETA, "m": SPACE_M, "a": SPACE_A, "mu": SPACE_MU, "s": SPACE_S}
         with m.If(host_rd):
             m.d.sync += [host_pending.eq(1), host_space.eq(h.space), host_e.eq(e_reg)]
+        # a read: the memories' words registered as they leave the block RAMs, then the space's word chosen
+        # (timing: the block RAM's output through the space multiplexer into host_rdata closed at 84 MHz at the
+        # paper's widths on the ECP5 proxy; a cycle of the host path, outside the step)
+        host_words = {name: Signal.like(rd[name].data, name=f"host_{name}") for name in spaces}
         with m.If(host_pending):
-            m.d.sync += [host_pending.eq(0), resp_full.eq(1)]
+            m.d.sync += [host_pending.eq(0), host_pending2.eq(1),
+                         *(host_words[name].eq(rd[name].data) for name in spaces)]
+        with m.If(host_pending2):
+            m.d.sync += [host_pending2.eq(0), resp_full.eq(1)]
             with m.Switch(host_space):
                 for name, sp in spaces.items():
                     with m.Case(sp):
-                        m.d.sync += resp_data.eq(rd[name].data)
+                        m.d.sync += resp_data.eq(host_words[name])
                 with m.Case(SPACE_E):
                     m.d.sync += resp_data.eq(host_e.as_unsigned())
         with m.If(self.host_rdata.valid & self.host_rdata.ready):
@@ -496,6 +505,9 @@ class BnParamUnit(wiring.Component):
         c_seen = Signal(range(Mmax + 1))
         rd_valid = Signal()
         mx_valid = Signal()
+        mx_rq_valid = Signal()
+        mx_p1_q = Signal.like(rd["p1"].data, name="max_p1_q")
+        mx_a_q = Signal.like(rd["a"].data, name="max_a_q")
         mx_g = Signal(self.p_width)
         mx_a = Signal(self.a_width)
 
@@ -513,6 +525,8 @@ class BnParamUnit(wiring.Component):
         top = Signal(signed(E_WIDTH + 2))  # the new exponent
         g_zero = Signal()
         a_zero = Signal()
+        tg_r = Signal(range(-(bits - 2), self.p_width + 1 - (bits - 2)), name="tg_r")
+        ta_r = Signal(range(-(bits - 2), self.a_width + 1 - (bits - 2)), name="ta_r")
 
         # an update request waits (``pending``) until the running-statistics work in flight is done
         with m.If(self.update):
@@ -557,7 +571,7 @@ class BnParamUnit(wiring.Component):
                 m.d.comb += fsm_idle.eq(1)
                 with m.If(pending & ~run_busy):
                     m.d.sync += [pending.eq(0), gmax.eq(0), amax.eq(0), c_issue.eq(0), c_seen.eq(0), rd_valid.eq(0),
-                                 mx_valid.eq(0)]
+                                 mx_rq_valid.eq(0), mx_valid.eq(0)]
                     m.next = "max"
             # beta update pass 0: maxima of |P1| and a
             with m.State("max"):
@@ -566,25 +580,33 @@ class BnParamUnit(wiring.Component):
                                  rd["p1"].addr.eq(base + c_issue), rd["p1"].en.eq(1)]
                     m.d.sync += c_issue.eq(c_issue + 1)
                 m.d.sync += rd_valid.eq(c_issue != M)
-                # |P1| and a registered before the comparisons (timing: the negation, the comparison and the
-                # maxima's enables in one cycle closed at 95.7 MHz on the ECP5 proxy)
-                pv = rd["p1"].data
-                m.d.sync += [mx_valid.eq(rd_valid), mx_g.eq(Mux(pv < 0, -pv, pv)), mx_a.eq(rd["a"].data)]
+                # the words registered as they leave the block RAMs, then |P1| and a registered before the
+                # comparisons (timing: the negation, the comparison and the maxima's enables in one cycle closed
+                # at 95.7 MHz on the ECP5 proxy; the block RAM's output into the negation at 87 MHz at the paper's
+                # widths)
+                m.d.sync += [mx_rq_valid.eq(rd_valid), mx_p1_q.eq(rd["p1"].data), mx_a_q.eq(rd["a"].data)]
+                pv = mx_p1_q
+                m.d.sync += [mx_valid.eq(mx_rq_valid), mx_g.eq(Mux(pv < 0, -pv, pv)), mx_a.eq(mx_a_q)]
                 with m.If(mx_valid):
                     with m.If(mx_g > gmax):
                         m.d.sync += gmax.eq(mx_g)
                     with m.If(mx_a > amax):
                         m.d.sync += amax.eq(mx_a)
-                with m.If((c_issue == M) & ~rd_valid & ~mx_valid):
+                with m.If((c_issue == M) & ~rd_valid & ~mx_rq_valid & ~mx_valid):
                     m.next = "exponent"
-            # the layer exponent over three cycles (timing: leading-one positions, the comparison and the
+            # the layer exponent over four cycles (timing: leading-one positions, the comparison and the
             # differences in one cycle closed at 48 MHz on the ECP5 proxy); both candidates carry the
             # "- (bits - 2)" from the encoders (timing: the comparison, the choice and that subtraction in one
             # cycle closed at 93 MHz)
+            # the encoders' outputs registered before the sums (timing: the 30-bit encoder and the sum in one
+            # cycle closed at 95 MHz at the paper's widths on the ECP5 proxy)
             with m.State("exponent"):
                 tg = bitlen_signal(m, gmax, self.p_width, "tg", offset=bits - 2)
                 ta = bitlen_signal(m, amax, self.a_width, "ta", offset=bits - 2)
-                m.d.sync += [top_g.eq(tg + scale), top_a.eq(ta + e_reg), g_zero.eq(gmax == 0), a_zero.eq(amax == 0)]
+                m.d.sync += [tg_r.eq(tg), ta_r.eq(ta), g_zero.eq(gmax == 0), a_zero.eq(amax == 0)]
+                m.next = "exponent_sum"
+            with m.State("exponent_sum"):
+                m.d.sync += [top_g.eq(tg_r + scale), top_a.eq(ta_r + e_reg)]
                 m.next = "exponent_top"
             with m.State("exponent_top"):
                 m.d.sync += top.eq(Mux(g_zero, top_a, Mux(a_zero | (top_g > top_a), top_g, top_a)))

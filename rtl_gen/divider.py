@@ -342,9 +342,11 @@ def _slot_busy(entries: list[int], t: int, stages: int, period: int) -> bool:
 
 
 # ---- division by a configuration constant -------------------------------------------------------------------------
-CONST_DIV_PARTS = (24, 17)
-"""Bits of the parts :func:`const_divide` cuts the dividend and the reciprocal into: a 24 x 17 unsigned product
-fits one DSP48E1 (25 x 18 signed)."""
+CONST_DIV_PARTS = (17, 17)
+"""Bits of the parts :func:`const_divide` cuts the dividend and the reciprocal into: a 17 x 17 unsigned product
+fits one 18 x 18 signed multiplier, the ECP5's MULT18 as well as a DSP48E1 (a 24-bit part spans two MULT18s,
+joined by an adder in the product's cycle: 89.5 MHz for EPI2's dividends at the paper's widths on the ECP5 proxy).
+A dividend that would need more than four such products is cut into 24-bit parts (one DSP48E1 each) instead."""
 
 CONST_DIV_LATENCY = 3
 """Cycles from a dividend to its quotient in :func:`const_divide`: the partial products, two of their sums, then
@@ -389,8 +391,10 @@ def const_divide(m: Module, value, d: int, name: str):
     n_bits = len(v)
     r, s = const_reciprocal(n_bits, odd)
     pv, pr = CONST_DIV_PARTS
-    v_parts = [(v[lo:lo + pv], lo) for lo in range(0, n_bits, pv)]
     r_parts = [((r >> lo) & ((1 << pr) - 1), lo) for lo in range(0, r.bit_length(), pr)]
+    if -(-n_bits // pv) * sum(rp != 0 for rp, _ in r_parts) > 4:
+        pv = 24
+    v_parts = [(v[lo:lo + pv], lo) for lo in range(0, n_bits, pv)]
     prods = []
     for vp, vlo in v_parts:
         for rp, rlo in r_parts:

@@ -12,7 +12,16 @@ import pytest
 from amaranth import Module, Signal, signed
 from amaranth.sim import Simulator
 
-from rtl_gen.bn_unit import EPI3_ISSUE, BnBackwardUnit, BnForwardUnit, BnLayer, forward_cycles, mul_const
+from rtl_gen.bn_unit import (
+    EPI1_DIV_STAGES,
+    EPI3_ISSUE,
+    BnBackwardUnit,
+    BnForwardUnit,
+    BnLayer,
+    forward_cycles,
+    mul_const,
+    mul_const_fabric,
+)
 from rtl_gen.toolchain import run_cocotb, to_verilog
 from sim.config import apply_overrides, load_config
 from sim.hw.arith import ArithParams, bn_backward, bn_forward, bn_forward_eval
@@ -68,20 +77,21 @@ def test_cycle_models():
     assert fwd.div_widths[2] == 14 and fwd.div_iterations == 14
     c = fwd.cycles()
     # EPI1: a channel a cycle, a cycle more at each of the 15 later groups' reads, the first group's read, the
-    # constant division's three cycles and the last write; EPI2: ten cycles a channel (eleven at a later group's
-    # start) and the same tail
-    assert (c["epi1"], c["epi2"]) == (1 + 255 + 15 + 3 + 1, 10 + 255 * 10 + 15 + 3 + 1) == (275, 2579)
+    # registered dividend (EPI1_DIV_STAGES = 1), the constant division's three cycles and the last write; EPI2:
+    # ten cycles a channel (eleven at a later group's start) and the same tail without the dividend's register
+    assert EPI1_DIV_STAGES == 1
+    assert (c["epi1"], c["epi2"]) == (1 + 255 + 15 + 1 + 3 + 1, 10 + 255 * 10 + 15 + 3 + 1) == (276, 2579)
     # EPI3, one stage (latency 15): the stage busy, I = 14 cycles a division after the first request (at
     # EPI3_ISSUE = 6: the channel's word registered before its products; entering at 7)
     assert EPI3_ISSUE == 6 and c["epi3"] == 8 + 256 * 14
     # each pass: B G beats, the compare stage and the accumulators' write stage
-    assert c["total"] == 3 * (1600 + 1 + 1) + 275 + 2579 + c["epi3"] == 11252
+    assert c["total"] == 3 * (1600 + 1 + 1) + 276 + 2579 + c["epi3"] == 11253
     l0, l1 = BnLayer.from_config(cfg, 0, lanes=16), BnLayer.from_config(cfg, 1, lanes=16)
     # 3 and 4 bits a cycle: two stages, 5 and 4 trips: two divisions per 10 and 8 cycles once the ring is full, so
     # EPI3's issue side (six cycles a channel, seven at each of the 15 later groups' starts) paces it, the first
     # division's latency (11 and 9) and the ring's slots (a division enters when its slot comes by) on top
     c3, c4 = forward_cycles(l0, 3), forward_cycles(l0, 4)
-    assert (c3["epi1"], c3["epi2"]) == (c4["epi1"], c4["epi2"]) == (275, 2579)
+    assert (c3["epi1"], c3["epi2"]) == (c4["epi1"], c4["epi2"]) == (276, 2579)
     assert 6 * 256 + 15 + 9 <= c4["epi3"] == 1561 < c3["epi3"] == 1563 <= 6 * 256 + 15 + 11 + 2
     assert BnForwardUnit(layer=l1).div_iterations == 14
     bwd = BnBackwardUnit(layer=l1)
@@ -95,17 +105,23 @@ def test_mul_const_is_exact():
     consts = [0, 1, 3, 7, 100, 100 << 16, 10000 << 16, 0b1011_0111]
     outs = [Signal(signed(48), name=f"p{i}") for i in range(len(consts))]
     m.d.comb += [o.eq(mul_const(value, c)) for o, c in zip(outs, consts, strict=True)]
+    # mul_const_fabric: shifted copies summed (B = 100: three set bits), a multiplier past max_terms
+    fab = [Signal(signed(48), name=f"f{i}") for i in range(len(consts))]
+    m.d.comb += [o.eq(mul_const_fabric(value, c)) for o, c in zip(fab, consts, strict=True)]
     sim = Simulator(m)
 
     async def bench(ctx):
         for v in (-2048, -1001, -1, 0, 1, 5, 2047):
             ctx.set(value, v)
             assert [ctx.get(o) for o in outs] == [v * c for c in consts]
+            assert [ctx.get(o) for o in fab] == [v * c for c in consts]
 
     sim.add_testbench(bench)
     sim.run()
     with pytest.raises(ValueError, match="non-negative constant, not -3"):
         mul_const(value, -3)
+    with pytest.raises(ValueError, match="non-negative constant, not -3"):
+        mul_const_fabric(value, -3)
 
 
 def test_verilog_ports():

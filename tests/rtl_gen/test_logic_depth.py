@@ -83,3 +83,27 @@ def test_cli_names_a_missing_module(mod, tmp_path, capsys):
     f.write_text(json.dumps(_netlist({}, {})))
     assert mod.main([str(f), "--top", "nope"]) == 2
     assert "no module 'nope'" in capsys.readouterr().err
+
+
+def _xc7(kind: str, ins: dict, outs: dict) -> dict:
+    return _cell(kind, {**{p: ("input", b) for p, b in ins.items()}, **{p: ("output", b) for p, b in outs.items()}})
+
+
+def test_xc7_cells_and_black_boxes(mod):
+    """A 7-series netlist (benchmarks/xc7z020_glue.py): FDRE -> two LUT6s -> a black box's input (0.5 + 2); the
+    box's output -> a LUT3 -> CARRY4 -> FDRE (0.5 from the box, 1 + 1); a box's inputs are endpoints only when its
+    type is named as a box."""
+    cells = {"ff0": _xc7("FDRE", {"C": [99], "CE": ["1"], "R": ["0"], "D": [50]}, {"Q": [1]}),
+             "l1": _xc7("LUT6", {"I0": [1], "I1": [60]}, {"O": [2]}),
+             "l2": _xc7("LUT6", {"I0": [2], "I1": [60]}, {"O": [3]}),
+             "box": _xc7("top.engine0", {"x": [3]}, {"y": [4]}),
+             "l3": _xc7("LUT3", {"I0": [4]}, {"O": [5]}),
+             "c0": _xc7("CARRY4", {"S": [5, "0", "0", "0"], "CI": ["0"]}, {"O": [6, 7, 8, 9], "CO": [10, 11, 12, 13]}),
+             "ff1": _xc7("FDRE", {"C": [99], "CE": ["1"], "R": ["0"], "D": [6]}, {"Q": [14]})}
+    names = {"ctl.q": 1, "ctl.a": 2, "ctl.b": 3, "engine0.y": 4, "sum": 6}
+    rep = mod.depth_report(_netlist(cells, names), "top", boxes={"top.engine0"})
+    by_end = {p["end"].split(" ")[0]: p["depth"] for p in rep["pairs"]}
+    assert rep["pairs"][0]["depth"] == 2.5 and rep["pairs"][0]["end"].endswith("(top.engine0.x)")
+    assert by_end["sum"] == pytest.approx(0.5 + 1 + 1)
+    plain = mod.depth_report(_netlist(cells, names), "top")
+    assert all("top.engine0" not in p["end"] for p in plain["pairs"])  # not a box: no endpoint, no start
