@@ -100,6 +100,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="results/cnn", help="output folder")
     ap.add_argument("--set", dest="overrides", action="append", default=[], help="config override key=value")
     ap.add_argument("--resume", action="store_true", help="continue each run from its checkpoint in --out")
+    ap.add_argument("--interleave", action="store_true", help="alternate the models epoch by epoch (one run at a "
+                    "time, both curves as far as the other)")
     ap.add_argument("--memory-only", action="store_true", help="only print the on-chip memory")
     ap.add_argument("--summary", action="store_true", help="print accuracies of finished runs in --out")
     args = ap.parse_args(argv)
@@ -115,6 +117,13 @@ def main(argv=None) -> int:
         print(json.dumps(mem["buffers"], indent=1))
         return 0
     out.mkdir(parents=True, exist_ok=True)
+    if args.interleave:
+        # one epoch of each model in turn, each resuming from its own checkpoint: a run cut short leaves both
+        # curves at the same epoch (the optimisers here do not read the run's length, so this equals two whole runs)
+        for e in range(1, cfg.train.epochs + 1):
+            for arith in args.arith or ["hw", "float"]:
+                run(arith, apply_overrides(cfg, [f"train.epochs={e}"]), out, args.resume or e > 1)
+        return 0
     for arith in args.arith or ["hw", "float"]:
         run(arith, cfg, out, args.resume)
     return 0
