@@ -484,3 +484,20 @@ def test_pooled_layers_start_with_half_the_pooled_signs_positive():
         fwd, idx = saved[0][1], saved[0][3]
         frac.append(float((A.maxpool_select(fwd.x_hat, idx, 2) > 0).mean()))
     assert 0.35 < frac[0] < 0.65 and frac[1] > 0.85, frac
+
+
+def test_cnn_mnist_preset_fits_the_xc7z020_on_chip():
+    """configs/cnn_mnist.toml: activations, weights and optimiser state within the xc7z020's 140 BRAM36 by the
+    memory model (599 KiB, at least 134 BRAM36); B = 26 would not fit."""
+    from pathlib import Path
+
+    from sim.config import load_config
+    from sim.hw.memory import memory_report
+
+    path = Path(__file__).resolve().parents[3] / "configs" / "cnn_mnist.toml"
+    cfg = load_config(str(path))
+    HwModel(cfg)  # the widths of the whole step are checked when the model is built
+    r = memory_report(cfg)
+    assert r["fits"] and r["bram36_lower_bound"] <= 140, r["bram36_lower_bound"]
+    assert r["n_weights"] == 108_432 and r["total_kib"] == pytest.approx(599.29, abs=0.01)
+    assert not memory_report(apply_overrides(cfg, ["train.batch_size=26"]))["fits"]
