@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from rtl_gen.conv_window import WindowAddressGenerator, WindowGeometry
+from rtl_gen.conv_window import (
+    RowWindow,
+    RowWindowGeometry,
+    WindowAddressGenerator,
+    WindowGeometry,
+    row_window_reference,
+)
 from rtl_gen.toolchain import run_cocotb, to_verilog
 from sim.hw import arith as A
 
@@ -133,12 +139,124 @@ def test_generator_rtl(case):
     g = WindowGeometry.for_conv(batch=batch, height=height, kernel=kernel, padding=padding, row_words=row_words,
                                 transposed=transposed)
     params = {"batch": batch, "height": height, "kernel": kernel, "pad": g.pad, "row_words": row_words}
+    _cocotb(WindowAddressGenerator(geometry=g), "conv_window", f"b{batch}_h{height}_k{kernel}_p{g.pad}_rw{row_words}",
+            params)
+
+
+def _cocotb(dut, top: str, tag: str, params: dict) -> None:
+    """Build ``dut`` as ``top`` and run ``tb/<top>_tb.py`` (two tests) with ``params``; ``XNT_WAVES=1`` for waves."""
     run = run_cocotb(
-        verilog=to_verilog(WindowAddressGenerator(geometry=g), "conv_window"),
-        toplevel="conv_window",
-        test_module="conv_window_tb",
-        name=f"conv_window_b{batch}_h{height}_k{kernel}_p{g.pad}_rw{row_words}",
+        verilog=to_verilog(dut, top),
+        toplevel=top,
+        test_module=f"{top}_tb",
+        name=f"{top}_{tag}",
         extra_env={"XNT_TB_PARAMS": json.dumps(params)},
         waves=bool(os.environ.get("XNT_WAVES")),
     )
     assert run.tests == 2
+
+
+# --- the register window -----------------------------------------------------------------------------------
+
+
+def _expected_windows(gen: WindowGeometry, rw: RowWindowGeometry, x_bits: np.ndarray):
+    B, C, H, W = x_bits.shape
+    k, out = gen.kernel, []
+    for b in range(B):
+        for h in range(gen.out_height):
+            rs = [h + i - gen.pad for i in range(k)]
+            valid = np.array([0 <= r < H for r in rs])
+            rows = np.stack([x_bits[b, :, r] if 0 <= r < H else np.zeros((C, W), np.uint8) for r in rs])
+            bits, mask = rw.windows(rows, valid)
+            for v in range(rw.out_width):
+                out.append((bits[v], mask[v]))
+    return out
+
+
+@pytest.mark.parametrize("padding", ["valid", "same"])
+def test_row_windows_reproduce_the_contracts_convolution(padding):
+    """The reference windows, with the engine's sum over the unmasked bits, give sim.hw.arith.conv_xnor_popcount."""
+    rng = np.random.default_rng(5)
+    B, C, H, W, k, Co = 2, 3, 6, 5, 3, 4
+    x = rng.integers(0, 2, (B, C, H, W), dtype=np.uint8)
+    w = rng.integers(0, 2, (Co, C, k, k), dtype=np.uint8)
+    gen = WindowGeometry.for_conv(batch=B, height=H, kernel=k, padding=padding)
+    rw = RowWindowGeometry(channels=C, width=W, kernel=k, pad=gen.pad)
+    wins = _expected_windows(gen, rw, x)
+    y = np.zeros((B, Co, gen.out_height, rw.out_width), np.int64)
+    for t, (bits, mask) in enumerate(wins):
+        b, rest = divmod(t, gen.out_height * rw.out_width)
+        h, v = divmod(rest, rw.out_width)
+        skip = np.tile(mask, C) == 0  # bit c k^2 + i k + j takes pixel mask i k + j
+        for o in range(Co):
+            agree = (2 * bits.astype(np.int64) - 1) * (2 * w[o].reshape(-1).astype(np.int64) - 1)
+            y[b, o, h, v] = agree[~skip].sum()
+    want = A.conv_xnor_popcount(2 * x.astype(np.int64) - 1, 2 * w.astype(np.int64) - 1, padding, 1)
+    np.testing.assert_array_equal(y, want)
+
+
+def _simulate_row_window(gen, rw, beats, *, p_idle, p_stall, seed):
+    dut = RowWindow(geometry=rw)
+    coin = random.Random(seed)
+    got = []
+    n_out = gen.batch * gen.out_height * rw.out_width
+
+    async def source(ctx):
+        for word, ok, rl, last in beats:
+            while coin.random() < p_idle:
+                ctx.set(dut.i.valid, 0)
+                await ctx.tick()
+            ctx.set(dut.i.payload, {"data": word, "valid": ok, "row_last": rl, "last": last})
+            ctx.set(dut.i.valid, 1)
+            await ctx.tick().until(dut.i.ready)
+        ctx.set(dut.i.valid, 0)
+
+    async def sink(ctx):
+        while len(got) < n_out:
+            ready = coin.random() >= p_stall
+            ctx.set(dut.o.ready, ready)
+            if ready and ctx.get(dut.o.valid):
+                pl = ctx.get(dut.o.payload)
+                got.append((int(pl.bits), int(pl.mask), int(pl.row_last), int(pl.last)))
+            await ctx.tick()
+        ctx.set(dut.o.ready, 0)
+        await ctx.tick()
+        assert not ctx.get(dut.busy) and not ctx.get(dut.o.valid)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(source, background=True)
+    sim.add_testbench(sink)
+    sim.run()
+    return got
+
+
+@pytest.mark.parametrize("B, C, H, W, k, padding, p_idle, p_stall", [
+    (2, 1, 6, 6, 3, "valid", 0.0, 0.0),
+    (2, 3, 5, 5, 3, "same", 0.3, 0.4),
+    (1, 2, 7, 4, 5, "same", 0.5, 0.2),
+])
+def test_row_window_equals_the_reference_in_pysim(B, C, H, W, k, padding, p_idle, p_stall):
+    rng = np.random.default_rng(B * 10 + C)
+    x = rng.integers(0, 2, (B, C, H, W), dtype=np.uint8)
+    gen = WindowGeometry.for_conv(batch=B, height=H, kernel=k, padding=padding)
+    rw = RowWindowGeometry(channels=C, width=W, kernel=k, pad=gen.pad)
+    beats, want = row_window_reference(gen, rw, x, rng)
+    got = _simulate_row_window(gen, rw, beats, p_idle=p_idle, p_stall=p_stall, seed=B + C + k)
+    assert got == want
+
+
+@pytest.mark.rtl
+@pytest.mark.parametrize("case", [
+    pytest.param((3, 13, 3, "valid", 16, 13), id="b3-c16-13x13-valid"),
+    pytest.param((2, 6, 3, "same", 3, 5), id="b2-c3-6x5-same"),
+])
+def test_row_window_rtl(case):
+    """cocotb on Verilator: full rate (the cycle count of RowWindowGeometry.cycles), then gaps in the rows and
+    backpressure on the windows; the windows equal row_window_reference."""
+    batch, height, kernel, padding, channels, width = case
+    gen = WindowGeometry.for_conv(batch=batch, height=height, kernel=kernel, padding=padding)
+    rw = RowWindowGeometry(channels=channels, width=width, kernel=kernel, pad=gen.pad)
+    params = {"batch": batch, "height": height, "kernel": kernel, "pad": gen.pad, "channels": channels,
+              "width": width, "seed": batch * 7 + channels}
+    _cocotb(RowWindow(geometry=rw), "conv_row_window", f"c{channels}_w{width}_k{kernel}_p{gen.pad}", params)
