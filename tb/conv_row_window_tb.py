@@ -44,10 +44,7 @@ async def _run(dut, *, p_idle: float, p_stall: float) -> None:
 
 
 @cocotb.test()
-async def test_full_rate(dut):
-    await _run(dut, p_idle=0.0, p_stall=0.0)
-
-
-@cocotb.test()
-async def test_gaps_and_backpressure(dut):
-    await _run(dut, p_idle=0.3, p_stall=0.5)
+@cocotb.parametrize(stress=[(0.0, 0.0), (0.3, 0.5)])
+async def test_windows(dut, stress):
+    """Full rate (``k + Wo`` cycles per output row), then gaps in the rows and backpressure on the windows."""
+    await _run(dut, p_idle=stress[0], p_stall=stress[1])

@@ -20,6 +20,7 @@ from rtl_gen.conv_window import (
 )
 from rtl_gen.toolchain import run_cocotb, to_verilog
 from sim.hw import arith as A
+from tb.pysim_streams import run_streams
 
 FIELDS = ("addr", "valid", "row_last", "last")
 
@@ -195,42 +196,6 @@ def test_row_windows_reproduce_the_contracts_convolution(padding):
     np.testing.assert_array_equal(y, want)
 
 
-def _simulate_row_window(gen, rw, beats, *, p_idle, p_stall, seed):
-    dut = RowWindow(geometry=rw)
-    coin = random.Random(seed)
-    got = []
-    n_out = gen.batch * gen.out_height * rw.out_width
-
-    async def source(ctx):
-        for word, ok, rl, last in beats:
-            while coin.random() < p_idle:
-                ctx.set(dut.i.valid, 0)
-                await ctx.tick()
-            ctx.set(dut.i.payload, {"data": word, "valid": ok, "row_last": rl, "last": last})
-            ctx.set(dut.i.valid, 1)
-            await ctx.tick().until(dut.i.ready)
-        ctx.set(dut.i.valid, 0)
-
-    async def sink(ctx):
-        while len(got) < n_out:
-            ready = coin.random() >= p_stall
-            ctx.set(dut.o.ready, ready)
-            if ready and ctx.get(dut.o.valid):
-                pl = ctx.get(dut.o.payload)
-                got.append((int(pl.bits), int(pl.mask), int(pl.row_last), int(pl.last)))
-            await ctx.tick()
-        ctx.set(dut.o.ready, 0)
-        await ctx.tick()
-        assert not ctx.get(dut.busy) and not ctx.get(dut.o.valid)
-
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(source, background=True)
-    sim.add_testbench(sink)
-    sim.run()
-    return got
-
-
 @pytest.mark.parametrize("B, C, H, W, k, padding, p_idle, p_stall", [
     (2, 1, 6, 6, 3, "valid", 0.0, 0.0),
     (2, 3, 5, 5, 3, "same", 0.3, 0.4),
@@ -242,7 +207,9 @@ def test_row_window_equals_the_reference_in_pysim(B, C, H, W, k, padding, p_idle
     gen = WindowGeometry.for_conv(batch=B, height=H, kernel=k, padding=padding)
     rw = RowWindowGeometry(channels=C, width=W, kernel=k, pad=gen.pad)
     beats, want = row_window_reference(gen, rw, x, rng)
-    got = _simulate_row_window(gen, rw, beats, p_idle=p_idle, p_stall=p_stall, seed=B + C + k)
+    inputs = [{"data": d, "valid": ok, "row_last": rl, "last": last} for d, ok, rl, last in beats]
+    got = run_streams(RowWindow(geometry=rw), inputs, len(want), p_idle=p_idle, p_stall=p_stall, seed=B + C + k,
+                      read=lambda pl: (int(pl.bits), int(pl.mask), int(pl.row_last), int(pl.last)))
     assert got == want
 
 
