@@ -63,6 +63,7 @@ def run(arith: str, cfg, out: Path, resume: bool) -> dict:
     hist.to_json(hist_path)
     hist.plot(out / f"{arith}.png")
     res = {
+        "stopped": hist.meta.get("stopped", ""),
         "arith": arith,
         "epochs": len(hist.epoch),
         "steps": hist.total_steps,
@@ -118,7 +119,9 @@ def main(argv=None) -> int:
         # curves at the same epoch (the optimisers here do not read the run's length, so this equals two whole runs)
         for e in range(1, cfg.train.epochs + 1):
             for arith in args.arith or ["hw", "float"]:
-                run(arith, apply_overrides(cfg, [f"train.epochs={e}"]), out, args.resume or e > 1)
+                res = run(arith, apply_overrides(cfg, [f"train.epochs={e}"]), out, args.resume or e > 1)
+                if res["stopped"] == "interrupted":  # Ctrl-C or SIGTERM ends the whole alternation
+                    return 130
         return 0
     for arith in args.arith or ["hw", "float"]:
         run(arith, cfg, out, args.resume)
