@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..reference.ops import pooled_bn_beta
 from ..schema import ConfigError
 from . import arith as A
 from . import optim as O
@@ -73,13 +74,17 @@ class HwModel:
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
-        """Power-on state: weights drawn from the generators (one sweep), everything else zero."""
+        """Power-on state: weights drawn from the generators (one sweep), the bias of a BN layer that a max pool
+        follows at ``pooled_bn_beta`` (as the float reference), everything else zero."""
         h, p = self.h, self.p
         self.rng = RngBank(self.mshapes, h.rng_seed, h.rng_block)
         u0 = self._sweep()
         self.w = [np.where(u < np.uint32(1 << 31), 1, -1).astype(np.int8) for u in u0]
         m = [s.out_channels for s in self.layers]
         self.beta = [np.zeros(c, dtype=np.int64) for c in m]
+        for j, pool in enumerate(self.pools):  # BN before a max pool: the float reference's initial bias
+            if pool > 1:
+                self.beta[j][:] = round(pooled_bn_beta(pool) * (1 << p.beta_frac))
         self.m_beta = [np.zeros(c, dtype=np.int64) for c in m]
         self.a_beta = [np.zeros(c, dtype=np.int64) for c in m]
         self.e_beta = [0 for _ in m]

@@ -98,6 +98,17 @@ class BNNModel:
         which = cfg.optimizer.name if cfg.optimizer.name in ("adam", "sgdm") else cfg.optimizer.beta_optimizer
         self.popt = make_param_optimizer(cfg, beta_shapes, which) if beta_shapes else None
         self.beta = [np.zeros(s, dtype=np.float32) for s in beta_shapes]
+        # A BN layer max-pooled before the sign starts with the bias that makes half the pooled signs +1
+        # (ops.pooled_bn_beta; the bit-exact model starts from the same value in Q.beta_frac).
+        pools = []  # per weight layer: the window of the maxpool after it (0: none)
+        for sh in self.shapes:
+            if sh.spec.has_weights:
+                pools.append(0)
+            elif pools:
+                pools[-1] = sh.spec.pool
+        for j, k in enumerate(self.bn_layers):
+            if pools[k] > 1:
+                self.beta[j][:] = self._store(np.float32(ops.pooled_bn_beta(pools[k], self.bn_kind)))
         self.running_mu = [np.zeros(s, dtype=np.float32) for s in beta_shapes]
         self.running_scale = [np.ones(s, dtype=np.float32) for s in beta_shapes]
         self._bn_index = {k: i for i, k in enumerate(self.bn_layers)}

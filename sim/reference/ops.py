@@ -34,6 +34,7 @@ Contents
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -67,6 +68,7 @@ __all__ = [
     "conv_weight_from_matrix",
     "maxpool_forward",
     "maxpool_backward",
+    "pooled_bn_beta",
     "predictive_sign_grad",
 ]
 
@@ -578,6 +580,22 @@ def maxpool_forward(x, p: int) -> tuple[np.ndarray, np.ndarray]:
     idx = blocks.argmax(axis=-1)
     out = np.take_along_axis(blocks, idx[..., None], axis=-1)[..., 0]
     return out, idx.astype(np.uint8)
+
+
+def pooled_bn_beta(p: int, kind: str = "l1_bnn") -> float:
+    """Initial BN bias of a layer whose BN output is max-pooled over ``p x p`` windows before the sign.
+
+    With ``beta = 0`` half of the BN outputs are positive, so the largest of ``p^2`` of them is positive in
+    ``1 - 2^-(p^2)`` of the windows (94 % for ``p = 2``): the pooled activations start almost all +1 and
+    carry little information until beta has moved. This bias puts the median of the window's largest
+    output at 0 for normally distributed BN outputs: ``-Phi^-1(2^(-1/p^2))`` standard deviations, times
+    ``sqrt(pi / 2)`` for the l1 kinds, whose unit is the mean absolute deviation (``p = 2``: -1.251 for l1,
+    -0.998 for l2; ``p = 1``: 0).
+    """
+    if p <= 1:
+        return 0.0
+    z = NormalDist().inv_cdf(2.0 ** (-1.0 / (p * p)))
+    return -z * (math.sqrt(math.pi / 2) if kind != "l2" else 1.0)
 
 
 def maxpool_backward(dout, argmax, x_shape, p: int) -> np.ndarray:

@@ -9,7 +9,7 @@ import pytest
 from sim.config import ConfigError, apply_overrides, config_from_dict
 from sim.hw import arith as A
 from sim.hw.engine import HwEngine
-from sim.hw.model import HwModel, StateError, validate_state
+from sim.hw.model import HwModel, StateError, StepTrace, validate_state
 from sim.hw.rng import RngBank
 from sim.hw.widths import layer_bounds
 
@@ -457,3 +457,47 @@ def test_conv_memory_report_counts_positions_and_pooling():
     assert kib["signs before pooling"] == pytest.approx(B * (600 + 72), rel=1e-3)
     assert kib["max-pool window indices"] == pytest.approx(B * (150 + 8) * 2, rel=1e-3)
     assert r["n_weights"] == 6 * 9 + 8 * 6 * 9 + 8 * 4
+
+
+def test_pooled_layers_start_with_half_the_pooled_signs_positive():
+    """A BN layer max-pooled before the sign starts with beta = pooled_bn_beta(p) in both models (the other layers
+    at 0), which makes about half of the first step's pooled signs +1; with beta = 0 it would be 1 - 2^-4 of
+    them (docs/arithmetic.md 3.9)."""
+    from sim.reference.model import BNNModel
+    from sim.reference.ops import pooled_bn_beta
+
+    assert pooled_bn_beta(1) == 0.0
+    assert pooled_bn_beta(2) == pytest.approx(-1.2510, abs=1e-4)  # -Phi^-1(2^-1/4) sqrt(pi/2)
+    assert pooled_bn_beta(2, "l2") == pytest.approx(-0.9981, abs=1e-4)
+    cfg = _conv_cfg(batch=16, shape=(1, 12, 12), **{"hw.input": "binary"})
+    m, r = HwModel(cfg), BNNModel(cfg)
+    q = round(pooled_bn_beta(2) * (1 << P.beta_frac))
+    assert [b.tolist() for b in m.beta] == [[q] * 6, [q] * 8, [0] * 4]
+    for bh, bf in zip(m.beta, r.beta, strict=True):
+        np.testing.assert_allclose(bf, bh / (1 << P.beta_frac), atol=2e-3)  # float16 storage
+    x = np.random.default_rng(3).choice(np.array([-1, 1], dtype=np.int8), size=(16, 144))
+    frac = []
+    for beta0 in (None, 0):
+        if beta0 is not None:
+            m.beta[0][:] = beta0
+        saved, _ = m.forward_train(x, StepTrace())
+        fwd, idx = saved[0][1], saved[0][3]
+        frac.append(float((A.maxpool_select(fwd.x_hat, idx, 2) > 0).mean()))
+    assert 0.35 < frac[0] < 0.65 and frac[1] > 0.85, frac
+
+
+def test_cnn_mnist_preset_fits_the_xc7z020_on_chip():
+    """configs/cnn_mnist.toml: activations, weights and optimiser state within the xc7z020's 140 BRAM36 by the
+    memory model (599 KiB, at least 134 BRAM36); B = 26 would not fit."""
+    from pathlib import Path
+
+    from sim.config import load_config
+    from sim.hw.memory import memory_report
+
+    path = Path(__file__).resolve().parents[3] / "configs" / "cnn_mnist.toml"
+    cfg = load_config(str(path))
+    HwModel(cfg)  # the widths of the whole step are checked when the model is built
+    r = memory_report(cfg)
+    assert r["fits"] and r["bram36_lower_bound"] <= 140, r["bram36_lower_bound"]
+    assert r["n_weights"] == 108_432 and r["total_kib"] == pytest.approx(599.29, abs=0.01)
+    assert not memory_report(apply_overrides(cfg, ["train.batch_size=26"]))["fits"]
