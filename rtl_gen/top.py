@@ -424,6 +424,14 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
         m.d.comb += [n_cmds.eq(sum(s_.as_unsigned() for s_ in cmds.values())), any_cmd.eq(n_cmds != 0),
                      abort.eq(cmds["abort"])]
 
+        # the upload's word count and batch check from registers, a cycle behind the arg register (the command
+        # comes in a later AXI write): no product or comparison of the register between the bus and the beat
+        # writer's FSM (docs/architecture.md, "Timing discipline")
+        batch_words = Signal(len(regs.arg.batch) + (l0.words - 1).bit_length() + 1)
+        batch_bad = Signal()
+        m.d.sync += [batch_words.eq(regs.arg.batch * l0.words),
+                     batch_bad.eq((regs.arg.batch == 0) | (regs.arg.batch > B))]
+
         # ---- host quantity selection -------------------------------------------------------------------------
         nq = len(plan.quantities)
         q_match, q_wo, q_ro = Signal(), Signal(), Signal()
@@ -537,11 +545,11 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
                     with m.If(n_cmds > 1):
                         m.d.comb += err_set["multiple"].eq(1)
                     with m.Elif(cmds["upload"]):
-                        with m.If((regs.arg.batch == 0) | (regs.arg.batch > B)):
+                        with m.If(batch_bad):
                             m.d.comb += err_set["batch"].eq(1)
                         with m.Else():
                             m.d.sync += [batch_loaded.eq(0), label_bad.eq(0), target_x.eq(0), up_n.eq(regs.arg.batch)]
-                            m.d.comb += [writer.start.eq(1), writer.count.eq(regs.arg.batch * l0.words),
+                            m.d.comb += [writer.start.eq(1), writer.count.eq(batch_words),
                                          writer.final.eq(0), writer.beats.eq(beats_for(l0.lanes_in)),
                                          up_rows.start.eq(1)]
                             m.next = "upload"
