@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from boards.ecp5 import ULX3S_85F, run_ecp5, run_ecp5_units  # noqa: E402
+from boards.ecp5 import ULX3S_85F, run_ecp5, run_ecp5_units, seed_folder  # noqa: E402
 from rtl_gen.toolchain import build_root  # noqa: E402
 from rtl_gen.top import Accelerator, SystemPlan  # noqa: E402
 from sim.config import apply_overrides, load_config  # noqa: E402
@@ -57,24 +57,6 @@ def _row(name: str, rep, flag: float) -> dict:
                               f"({cp.get('logic_ns')} logic, {cp.get('levels')} cells)") if cp else None,
             "below": rep.fmax_mhz is not None and rep.fmax_mhz < flag,
             "path": cp}
-
-
-def _seed_folder(base: Path, seed: int) -> Path:
-    """The work folder of nextpnr seed ``seed``: ``base`` for seed 1 (the folder ``xnortrain generate --board``
-    uses), else ``base-seedN``, started from ``base``'s synthesis when it is there (same Verilog, same netlist)."""
-    import shutil
-
-    if seed == 1:
-        return base
-    folder = base.with_name(f"{base.name}-seed{seed}")
-    if not (folder / "design.json").is_file() and (base / "design.json").is_file():
-        folder.mkdir(parents=True, exist_ok=True)
-        meta = json.loads((base / "meta.json").read_text())
-        for name in ("design.json", "stats.json", "design.v"):
-            if (base / name).is_file():
-                shutil.copyfile(base / name, folder / name)
-        (folder / "meta.json").write_text(json.dumps({k: meta[k] for k in ("synth_key", "elapsed_s") if k in meta}))
-    return folder
 
 
 def source_key(cfg, overrides) -> str:
@@ -198,7 +180,7 @@ def main(argv=None) -> int:
         reports = {}
         try:
             for seed in seeds:
-                rep = run_ecp5(verilog, plan.name, workdir=_seed_folder(base, seed), board=ULX3S_85F, freq_mhz=freq,
+                rep = run_ecp5(verilog, plan.name, workdir=seed_folder(base, seed), board=ULX3S_85F, freq_mhz=freq,
                                bitstream=True, place=not args.synth_only, seed=seed, log=print)
                 reports[seed] = rep
                 if args.synth_only:

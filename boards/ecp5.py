@@ -12,7 +12,7 @@ Flow (:func:`run_ecp5`, everything relative to one work folder, YoWASP sees no a
               ABC9 step (:func:`_synth_script`); write_json design.json; tee -o stats.json stat -json
     (fit check on the synthesised cells: :func:`synth_resources`, refuses before place and route)
     nextpnr:  --85k --package CABGA381 --speed 6 --json design.json --freq <MHz> --report pnr.json
-              --lpf pins.lpf --lpf-allow-unconstrained --timing-allow-fail --textcfg design.config
+              --lpf pins.lpf --lpf-allow-unconstrained --timing-allow-fail --router router2 --textcfg design.config
     ecppack:  design.config xnortrain.bit
 
 - Classic ABC: Yosys 0.70's ``synth_ecp5`` (a wrapper of ``synth_lattice``) maps LUTs with ABC9, which stops
@@ -30,6 +30,11 @@ Flow (:func:`run_ecp5`, everything relative to one work folder, YoWASP sees no a
   register to register inside the unit, as when every unit boundary is registered.
 - ``--timing-allow-fail``: the report is what we want, also when the design misses the requested clock; the
   result says ``timing_met`` and the Fmax.
+- ``--router router2`` (:data:`NEXTPNR_ROUTER`, ``run_ecp5(router=...)``): nextpnr-ecp5's default ``router1``
+  rips up and reroutes one net at a time; on the whole accelerator in context (the SMALL design of
+  ``configs/timing_small.toml``: about 184,000 overused wires at its start) it had not finished after 40 minutes.
+  ``router2`` routes every net at once with negotiated congestion (PathFinder style); the run times and Fmax of
+  both are in docs/results/timing.md. Units out of context route with either in minutes.
 
 Results are cached per work folder by a key over the Verilog, top, flow options and tool versions.
 """
@@ -50,6 +55,8 @@ from boards.devices import LFE5U_85F, Device
 
 __all__ = [
     "BOARDS",
+    "NEXTPNR_ROUTER",
+    "ROUTERS",
     "ECP5_RESOURCES",
     "Ecp5Board",
     "Ecp5Error",
@@ -60,6 +67,7 @@ __all__ = [
     "parse_nextpnr_report",
     "run_ecp5",
     "run_ecp5_units",
+    "seed_folder",
     "synth_resources",
 ]
 
@@ -215,6 +223,10 @@ class Ecp5Report:
     elapsed_s: dict[str, float] = field(default_factory=dict)
     cached: bool = False
     versions: dict[str, str] = field(default_factory=dict)
+    seed: int | None = None
+    """nextpnr's ``--seed`` (None: not placed)."""
+    router: str | None = None
+    """nextpnr's ``--router`` (None: not placed)."""
 
     @property
     def timing_met(self) -> bool:
@@ -238,6 +250,8 @@ class Ecp5Report:
             "elapsed_s": self.elapsed_s,
             "cached": self.cached,
             "versions": self.versions,
+            "seed": self.seed,
+            "router": self.router,
             "note": "timing proxy on a Lattice ECP5 (another family), not the Zynq-7000's Fmax",
         }
 
@@ -327,16 +341,21 @@ def _summarise_path(path: Mapping) -> dict:
 
 _FLOW_VERSION = 2
 
+#: nextpnr-ecp5's router (``--router``): ``router2``, see the module docstring for why not nextpnr's default
+NEXTPNR_ROUTER = "router2"
+ROUTERS = ("router1", "router2")
+
 
 def run_ecp5(verilog: str, top: str, *, workdir: str | os.PathLike, board: str | Ecp5Board = "ulx3s-85f",
              freq_mhz: float = 100.0, out_of_context: bool = False, bitstream: bool = True, check_fit: bool = True,
-             seed: int = 1, place: bool = True, log=None) -> Ecp5Report:
+             seed: int = 1, place: bool = True, router: str = NEXTPNR_ROUTER, log=None) -> Ecp5Report:
     """Synthesise, place and route ``verilog`` (top module ``top``) for ``board`` in ``workdir``; with
     ``bitstream`` (not with ``out_of_context``) also pack ``workdir/xnortrain.bit``.
 
     With ``check_fit`` the synthesised netlist is compared with the die and the package before place and route:
     :class:`rtl_gen.synth.DoesNotFitError` names every resource over the limit (LUT4, FF, EBR, MULT18, IO).
-    ``place=False`` stops after synthesis and the fit check (a report without Fmax: ``synth`` only)."""
+    ``place=False`` stops after synthesis and the fit check (a report without Fmax: ``synth`` only). ``router``:
+    nextpnr's ``--router`` (:data:`ROUTERS`; default :data:`NEXTPNR_ROUTER`)."""
     from rtl_gen.synth import DoesNotFitError, memory_init_files
     from rtl_gen.toolchain import run_yowasp
 
@@ -345,6 +364,8 @@ def run_ecp5(verilog: str, top: str, *, workdir: str | os.PathLike, board: str |
         raise ValueError(f"freq_mhz {freq_mhz!r}: expected 1 to 500 MHz")
     if out_of_context and bitstream:
         raise ValueError("an out-of-context design has no I/O: no bitstream (bitstream=False)")
+    if router not in ROUTERS:
+        raise ValueError(f"router {router!r}: expected one of {', '.join(ROUTERS)}")
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_$]*", top):
         raise ValueError(f"top must be a Verilog identifier, not {top!r}")
     n_ports = port_bits(verilog, top)
@@ -354,7 +375,7 @@ def run_ecp5(verilog: str, top: str, *, workdir: str | os.PathLike, board: str |
     folder.mkdir(parents=True, exist_ok=True)
     synth_key = _synth_key(verilog, top, versions["yosys"])
     pnr_key = {**synth_key, "nextpnr": versions["nextpnr-ecp5"], "board": brd.name, "freq": float(freq_mhz),
-               "ooc": out_of_context, "seed": seed, "bit": bitstream}
+               "ooc": out_of_context, "seed": seed, "bit": bitstream, "router": router}
     meta = _read_json(folder / "meta.json") or {}
     elapsed = dict(meta.get("elapsed_s", {}))
     cached = True
@@ -402,7 +423,7 @@ def run_ecp5(verilog: str, top: str, *, workdir: str | os.PathLike, board: str |
         (folder / "xnortrain.bit").unlink(missing_ok=True)
         args = [brd.nextpnr_device, "--package", brd.package, "--speed", str(brd.speed), "--json", "design.json",
                 "--freq", f"{float(freq_mhz):g}", "--report", "pnr.json", "--timing-allow-fail", "--seed", str(seed),
-                "--log", "nextpnr.log", "-q"]
+                "--log", "nextpnr.log", "-q", "--router", router]
         if out_of_context:
             args.append("--out-of-context")
         else:
@@ -439,7 +460,26 @@ def run_ecp5(verilog: str, top: str, *, workdir: str | os.PathLike, board: str |
     return Ecp5Report(top=top, board=brd, freq_mhz=float(freq_mhz), fmax_mhz=slowest, fmax=fmax, utilisation=util,
                       synth=synth, critical_path=crit, out_of_context=out_of_context,
                       bitstream=(folder / "xnortrain.bit") if bitstream else None, workdir=folder,
-                      elapsed_s=elapsed, cached=cached, versions=versions)
+                      elapsed_s=elapsed, cached=cached, versions=versions, seed=seed, router=router)
+
+
+def seed_folder(base: str | os.PathLike, seed: int) -> Path:
+    """The work folder of nextpnr seed ``seed`` of one design: ``base`` for seed 1, else ``base-seedN``, started
+    from ``base``'s synthesis when it is there (same Verilog, same netlist: only place and route run again)."""
+    import shutil
+
+    base = Path(base)
+    if seed == 1:
+        return base
+    folder = base.with_name(f"{base.name}-seed{seed}")
+    if not (folder / "design.json").is_file() and (base / "design.json").is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        meta = json.loads((base / "meta.json").read_text())
+        for name in ("design.json", "stats.json", "design.v"):
+            if (base / name).is_file():
+                shutil.copyfile(base / name, folder / name)
+        (folder / "meta.json").write_text(json.dumps({k: meta[k] for k in ("synth_key", "elapsed_s") if k in meta}))
+    return folder
 
 
 _UTIL_LINE = re.compile(r"^Info:\s+(\w+):\s+(\d+)/\s*(\d+)\s+\d+%")

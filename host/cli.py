@@ -602,6 +602,9 @@ def make_parser() -> argparse.ArgumentParser:
                         "Vivado. ulx3s-85f: instead of the xc7z020 estimate, place and route on the ECP5-85F with "
                         "yosys synth_ecp5 + nextpnr-ecp5 (Fmax, utilisation, DIR/ecp5/xnortrain.bit): a timing proxy "
                         "for another family, not the Zynq; with --synth-by-unit also each unit out of context")
+    p.add_argument("--pnr-seed", dest="pnr_seed", type=int, action="append", metavar="N",
+                   help="with --board ulx3s-85f: place and route with nextpnr seed N (repeat for several, one after "
+                        "the other; report.json's fmax_mhz is the lowest); default 1")
     p.add_argument("--board-repo", dest="board_repo", metavar="DIR",
                    help="with a Zynq --board: a folder of Vivado board files the build searches first "
                         "(set_param board.repoPaths); without the board's files the build sets the PS itself")

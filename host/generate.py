@@ -163,7 +163,7 @@ def _unit_checked(build, plan):
 def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=print, force: bool = True,
              board=None, device=None, jobs: int = 1, cluster: str | None = None,
              energy: bool = False, clock_mhz: float | None = None, board_repo=None,
-             rebuild_command: str | None = None) -> dict:
+             rebuild_command: str | None = None, seeds=(1,)) -> dict:
     """Write the accelerator for ``cfg`` to ``out_dir``: ``<top>.v``, ``regmap.json``, ``accelerator.json``
     (the host description), ``config.toml``, ``report.txt`` and ``report.json`` (cycles per step and per
     image from :mod:`rtl_gen.cycle_model`; with ``synth``, Yosys ``synth_xilinx`` resources for the xc7z020
@@ -182,7 +182,10 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
     Vivado build, ``accelerator.json``'s ``clock_mhz``, and what ``report["throughput"]`` (cycles per image, the
     clock and images per second side by side) and the energy estimate are priced at. ``board_repo``: a folder of
     Vivado board files (:func:`boards.vivado.write_vivado_project`); ``rebuild_command``: the command a failed
-    timing check of the Vivado build prints with a clock that meets. Returns the report dict.
+    timing check of the Vivado build prints with a clock that meets. ``seeds``: with ``board="ulx3s-85f"``, the
+    nextpnr seeds to place and route with (one after the other); ``report["fmax_mhz"]`` is the lowest of them,
+    beside the cycles per image and the images per second at that clock (``report["throughput"]``). Returns the
+    report dict.
 
     Nothing is created until the design is built: the output folder is checked first (:func:`check_out_dir`;
     ``force=False`` refuses a non-empty one, as ``xnortrain generate`` does without ``--force``), then the memory
@@ -225,6 +228,12 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
     if (jobs > 1 or cluster is not None) and not (synth and by_unit):
         raise ValueError(f"--{'cluster' if cluster is not None else 'jobs'} runs the per-unit synthesis in parallel: "
                          "give it with --synth-by-unit (and without --no-synth)")
+    seeds = list(seeds)
+    if seeds != [1] and (ecp5 is None or not synth):
+        raise ValueError(f"--pnr-seed {', '.join(map(str, seeds))}: nextpnr seeds are for the ECP5 place and route "
+                         "(--board ulx3s-85f, without --no-synth)")
+    if any(not isinstance(x, int) or x < 1 for x in seeds):
+        raise ValueError(f"--pnr-seed must be whole numbers >= 1, not {seeds!r}")
     if cluster is not None and ecp5 is not None:
         raise ValueError(f"--cluster {cluster}: the ECP5 flow runs on this machine (--jobs N runs its units in "
                          "parallel)")
@@ -273,6 +282,7 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
                    "source": "rtl_gen.cycle_model (checked against RTL simulation in tests/rtl_gen/test_system.py)"},
         "throughput": {"cycles_per_image": round(cyc.per_image, 1), "clock_mhz": clock_mhz,
                        "images_per_s": round(clock_mhz * 1e6 / cyc.per_image, 1)},
+        "fmax_mhz": None,  # the routed Fmax (--board ulx3s-85f, the ECP5 proxy): _price_at_fmax
         "targets": targets(dev),
     }
     lines = [f"xnortrain accelerator {plan.name} for {cfg.name}: {len(plan.layers)} dense layers "
@@ -282,7 +292,9 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
              f"{report['throughput']['images_per_s']:,.0f} images per second (--clock-mhz)"]
     if ecp5 is not None:
         if synth:
-            _ecp5_flow(report, lines, verilog, plan, ecp5, out, by_unit=by_unit, log=log, jobs=jobs, freq=clock_mhz)
+            _ecp5_flow(report, lines, verilog, plan, ecp5, out, by_unit=by_unit, log=log, jobs=jobs, freq=clock_mhz,
+                       seeds=seeds)
+            _price_at_fmax(report, lines, cyc.per_image)
         else:
             log(f"  --no-synth: no ECP5 synthesis, place and route or bitstream for the {ecp5.title}")
     elif synth:
@@ -333,15 +345,36 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
     return report
 
 
+def _price_at_fmax(report: dict, lines: list, per_image: float) -> None:
+    """``report["fmax_mhz"]``: the routed Fmax of the whole design (the lowest of the seeds run; None when it was
+    not placed and routed), and in ``report["throughput"]`` the images per second at that clock beside the ones
+    at the requested clock."""
+    fmax = (report.get("ecp5") or {}).get("fmax_mhz")
+    report["fmax_mhz"] = fmax
+    if fmax is None:
+        return
+    thr = report["throughput"]
+    thr["fmax_mhz"] = fmax
+    thr["images_per_s_at_fmax"] = round(fmax * 1e6 / per_image, 1)
+    seeds = report["ecp5"].get("seeds") or {}
+    lines.append(f"at the routed Fmax {fmax:g} MHz" + (f" (the lowest of seeds {', '.join(map(str, seeds))})"
+                                                       if len(seeds) > 1 else "")
+                 + f": {per_image:,.1f} cycles per image = {thr['images_per_s_at_fmax']:,.0f} images per second "
+                 "(ECP5 proxy)")
+
+
 def _ecp5_flow(report: dict, lines: list, verilog: str, plan, board, out: Path, *, by_unit: bool, log,
-               jobs: int = 1, freq: float = 100.0) -> None:
+               jobs: int = 1, freq: float = 100.0, seeds=(1,)) -> None:
     """``generate --board ulx3s-85f``: the ECP5 place-and-route proxy (:mod:`boards.ecp5`) of the whole design,
     with a bitstream in ``out/ecp5/xnortrain.bit``, and with ``by_unit`` every top-level submodule placed and
-    routed out of context. Fills ``report["ecp5"]`` and ``report["fits"]``; raises ``DoesNotFitError`` (before
-    place and route) when the synthesised design exceeds the die or the package's pins."""
+    routed out of context. Each of ``seeds`` places and routes the design once (seed 1 in the cache folder of
+    the Verilog, the others beside it, :func:`boards.ecp5.seed_folder`); the report and the copied bitstream are
+    the lowest Fmax's, ``report["ecp5"]["seeds"]`` has every seed's. Fills ``report["ecp5"]`` and
+    ``report["fits"]``; raises ``DoesNotFitError`` (before place and route) when the synthesised design exceeds
+    the die or the package's pins."""
     import shutil
 
-    from boards.ecp5 import run_ecp5, run_ecp5_units
+    from boards.ecp5 import run_ecp5, run_ecp5_units, seed_folder
 
     freq = float(freq)
     log(f"ECP5 timing proxy on the {board.title}: yosys synth_ecp5 + nextpnr-ecp5 at {freq:g} MHz (minutes) ...")
@@ -349,8 +382,14 @@ def _ecp5_flow(report: dict, lines: list, verilog: str, plan, board, out: Path, 
     work = build_root() / "ecp5" / f"{plan.name}-{digest}"
     from rtl_gen.synth import DoesNotFitError
 
+    seeds = list(dict.fromkeys(int(x) for x in seeds)) or [1]
     try:
-        rep = run_ecp5(verilog, plan.name, workdir=work, board=board, freq_mhz=freq, bitstream=True, log=log)
+        by_seed = {}
+        for seed in seeds:
+            if len(seeds) > 1:
+                log(f"  nextpnr seed {seed} of {', '.join(map(str, seeds))}")
+            by_seed[seed] = run_ecp5(verilog, plan.name, workdir=seed_folder(work, seed), board=board,
+                                     freq_mhz=freq, bitstream=True, seed=seed, log=log)
     except DoesNotFitError as e:
         report["device"] = board.device.name
         report["fits"] = False
@@ -360,14 +399,19 @@ def _ecp5_flow(report: dict, lines: list, verilog: str, plan, board, out: Path, 
         lines += ["", f"DOES NOT FIT the {board.device.name} ({board.package}, {board.title}): "
                   + "; ".join(report["overflows"]) + " (Yosys synth_ecp5 cell counts; no place and route run)"]
         return
+    rep = min(by_seed.values(), key=lambda r: r.fmax_mhz if r.fmax_mhz is not None else float("inf"))
     dest = out / "ecp5"
     dest.mkdir(parents=True, exist_ok=True)
     for name in ("xnortrain.bit", "pnr.json", "pins.lpf", "nextpnr.log", "yosys.log"):
-        if (work / name).is_file():
+        if (rep.workdir / name).is_file():
+            shutil.copyfile(rep.workdir / name, dest / name)
+        elif (work / name).is_file():  # yosys.log: in seed 1's folder
             shutil.copyfile(work / name, dest / name)
     rep.bitstream = dest / "xnortrain.bit"
     rep.workdir = dest
     report["ecp5"] = rep.to_dict()
+    report["ecp5"]["seeds"] = {str(s_): None if r.fmax_mhz is None else round(r.fmax_mhz, 2)
+                               for s_, r in by_seed.items()}
     report["device"] = board.device.name
     report["fits"] = True
     report["overflows"] = []
@@ -404,7 +448,8 @@ def generate_main(args) -> int:
                           jobs=getattr(args, "jobs", 1), cluster=getattr(args, "cluster", None),
                           energy=getattr(args, "energy_estimate", False),
                           clock_mhz=getattr(args, "clock_mhz", None), board_repo=getattr(args, "board_repo", None),
-                          rebuild_command=rebuild_command(args) if getattr(args, "board", None) else None)
+                          rebuild_command=rebuild_command(args) if getattr(args, "board", None) else None,
+                          seeds=getattr(args, "pnr_seed", None) or (1,))
     except DoesNotFitError as e:
         print(f"xnortrain: {e}", file=sys.stderr)
         return EXIT_DOES_NOT_FIT

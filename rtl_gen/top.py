@@ -424,6 +424,14 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
         m.d.comb += [n_cmds.eq(sum(s_.as_unsigned() for s_ in cmds.values())), any_cmd.eq(n_cmds != 0),
                      abort.eq(cmds["abort"])]
 
+        # the upload's word count and batch check from registers, a cycle behind the arg register (the command
+        # comes in a later AXI write): no product or comparison of the register between the bus and the beat
+        # writer's FSM (docs/architecture.md, "Timing discipline")
+        batch_words = Signal(len(regs.arg.batch) + (l0.words - 1).bit_length() + 1)
+        batch_bad = Signal()
+        m.d.sync += [batch_words.eq(regs.arg.batch * l0.words),
+                     batch_bad.eq((regs.arg.batch == 0) | (regs.arg.batch > B))]
+
         # ---- host quantity selection -------------------------------------------------------------------------
         nq = len(plan.quantities)
         q_match, q_wo, q_ro = Signal(), Signal(), Signal()
@@ -432,7 +440,6 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
             with m.If((regs.arg.quantity == hq.layout.kind) & (regs.arg.layer == (hq.layout.layer or 0))):
                 m.d.comb += [q_match.eq(1), q_wo.eq(hq.layout.access == "wo"), q_ro.eq(hq.layout.access == "ro"),
                              q_index.eq(i)]
-        sel = Signal(range(max(nq, 2)))
         sel_beats = Signal(range(1, beats_for(w_max) + 1))
         sel_count = Signal(range(d_max + 1))
         sel_inner = Signal(range(1, inner_max + 1))
@@ -445,11 +452,24 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
         reader_beats = Signal.like(sel_beats)
         m.d.comb += ser.beats.eq(reader_beats)
         targets = plan.targets
-        tsel = Signal(range(max(len(targets), 2)))  # target of the selected quantity
-        with m.Switch(sel):
+        # the target of the selected quantity as one-hot registers (docs/architecture.md, "Timing discipline"):
+        # ``tsel[ti]`` is loaded as a readback or a restore starts and ``here[ti]`` is high exactly while the host
+        # sequencer owns target ti (the readback / restore states), so that no decode of the quantity or of the FSM
+        # state sits between the command and the units' host inputs and the port multiplexers
+        q_target = Signal(range(max(len(targets), 2)))
+        with m.Switch(q_index):
             for i, hq in enumerate(plan.quantities):
                 with m.Case(i):
-                    m.d.comb += tsel.eq(targets.index(hq.target))
+                    m.d.comb += q_target.eq(targets.index(hq.target))
+        tsel = [Signal(name=f"tgt{ti}_chosen") for ti in range(len(targets))]
+        here = [Signal(name=f"tgt{ti}_here") for ti in range(len(targets))]
+        host_enter = Signal()  # the idle state starts a readback or a restore
+        host_leave = Signal()  # the readback / restore states go back to idle
+        with m.If(host_enter):
+            m.d.sync += [t_.eq(q_target == ti) for ti, t_ in enumerate(tsel)]
+            m.d.sync += [h.eq(q_target == ti) for ti, h in enumerate(here)]
+        with m.Elif(host_leave):
+            m.d.sync += [h.eq(0) for h in here]
         host_on = Signal()  # the host sequencer owns the targets
         m.d.comb += host_on.eq(restoring | reading)
         # the requests reach the targets through a registered slice: a target's ready (a unit's busy state) ends
@@ -458,7 +478,7 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
         req_skid = SkidBuffer(shape=seq.request_layout)
         m.submodules.host_req_skid = ResetInserter({"sync": abort | seq.start})(req_skid)
         wiring.connect(m, seq.req, req_skid.i)
-        self._connect_targets(m, plan, req_skid.o, seq, targets, tsel, host_on, wm, rng, bnp, host_sel,
+        self._connect_targets(m, plan, req_skid.o, seq, targets, tsel, here, host_on, wm, rng, bnp, host_sel,
                               {"logits": lgb_r, "plog": plog_r, "labels": lab_r},
                               ports)
         # restore words from the beat writer go to the sequencer
@@ -525,11 +545,11 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
                     with m.If(n_cmds > 1):
                         m.d.comb += err_set["multiple"].eq(1)
                     with m.Elif(cmds["upload"]):
-                        with m.If((regs.arg.batch == 0) | (regs.arg.batch > B)):
+                        with m.If(batch_bad):
                             m.d.comb += err_set["batch"].eq(1)
                         with m.Else():
                             m.d.sync += [batch_loaded.eq(0), label_bad.eq(0), target_x.eq(0), up_n.eq(regs.arg.batch)]
-                            m.d.comb += [writer.start.eq(1), writer.count.eq(regs.arg.batch * l0.words),
+                            m.d.comb += [writer.start.eq(1), writer.count.eq(batch_words),
                                          writer.final.eq(0), writer.beats.eq(beats_for(l0.lanes_in)),
                                          up_rows.start.eq(1)]
                             m.next = "upload"
@@ -557,12 +577,13 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
                         with m.Elif(~q_match | (cmds["restore"] & q_ro) | (cmds["readback"] & q_wo)):
                             m.d.comb += err_set["quantity"].eq(1)
                         with m.Elif(cmds["readback"]):
-                            m.d.sync += [sel.eq(q_index), reader_beats.eq(sel_beats)]
+                            m.d.sync += reader_beats.eq(sel_beats)
+                            m.d.comb += host_enter.eq(1)
                             m.d.comb += [seq.start.eq(1), seq.write.eq(0), seq.count.eq(sel_count),
                                          seq.inner_n.eq(sel_inner), seq.space.eq(sel_space)]
                             m.next = "readback"
                         with m.Else():
-                            m.d.sync += sel.eq(q_index)
+                            m.d.comb += host_enter.eq(1)
                             m.d.comb += [writer.start.eq(1), writer.count.eq(sel_count), writer.final.eq(1),
                                          writer.beats.eq(sel_beats),
                                          seq.start.eq(1), seq.write.eq(1), seq.count.eq(sel_count),
@@ -624,24 +645,26 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
             with m.State("readback"):
                 m.d.comb += [busy.eq(1), state_code.eq(6), reading.eq(1)]
                 with m.If(abort):
+                    m.d.comb += host_leave.eq(1)
                     m.next = "idle"
                 with m.Elif(~seq.busy & ~ser.o.valid):
-                    m.d.comb += done_set["readback"].eq(1)
+                    m.d.comb += [done_set["readback"].eq(1), host_leave.eq(1)]
                     m.next = "idle"
             with m.State("restore"):
                 m.d.comb += [busy.eq(1), state_code.eq(7), restoring.eq(1)]
                 with m.If(abort):
+                    m.d.comb += host_leave.eq(1)
                     m.next = "idle"
                 with m.Elif(writer.done):
                     with m.If(writer.error):
-                        m.d.comb += err_set["framing"].eq(1)
+                        m.d.comb += [err_set["framing"].eq(1), host_leave.eq(1)]
                         m.next = "idle"
                     with m.Else():
                         m.next = "restore_drain"
             with m.State("restore_drain"):  # the last word may still be on its way into the unit
                 m.d.comb += [busy.eq(1), state_code.eq(7), restoring.eq(1)]
                 with m.If(~seq.busy & ~req_skid.o.valid):
-                    m.d.comb += done_set["restore"].eq(1)
+                    m.d.comb += [done_set["restore"].eq(1), host_leave.eq(1)]
                     m.next = "idle"
         with m.If(busy & any_cmd & ~abort):
             m.d.comb += err_set["busy"].eq(1)
@@ -730,16 +753,17 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
         return self._facade(m, unit, f"{name}_use{len(self._pool)}_{uses}", uses == 0, active)
 
     # ---- host targets -----------------------------------------------------------------------------------------
-    def _connect_targets(self, m, plan, hreq, seq, targets, tsel, host_on, wm, rng, bnp, host_sel, mems, ports):
+    def _connect_targets(self, m, plan, hreq, seq, targets, tsel, here_regs, host_on, wm, rng, bnp, host_sel, mems,
+                         ports):
         """The host requests ``hreq`` (the sequencer's, through a registered slice) and the responses into ``seq``
-        to and from the selected target."""
+        to and from the selected target: ``tsel[ti]`` (a register) is high for the chosen target, ``here_regs[ti]``
+        (a register) while the sequencer owns it."""
         req = hreq.payload
         resp_valid = Signal()
         resp_data = Signal(len(seq.resp.payload))
         req_ready = Signal()
         for ti, t in enumerate(targets):
-            here = Signal(name=f"tgt{ti}_sel")
-            m.d.comb += here.eq(host_on & (tsel == ti))
+            here = here_regs[ti]
             if t[0] == "wm":
                 u = wm[t[1]]
                 hp = u.host.payload
@@ -785,7 +809,7 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
                 ports[{"logits": "lgb_r", "labels": "lab_r"}.get(t[0], "plog_r")].add(here, addr=tgt.r_addr,
                                                                                         en=tgt.r_en)
                 rv, rd, rr = tgt.resp.valid, tgt.resp.payload, tgt.req.ready
-            with m.If(tsel == ti):
+            with m.If(tsel[ti]):
                 m.d.comb += [resp_valid.eq(rv), resp_data.eq(rd), req_ready.eq(rr)]
         m.d.comb += [
             seq.resp.valid.eq(host_on & resp_valid),

@@ -163,6 +163,24 @@ def test_run_rejects_bad_options(tmp_path):
         run_ecp5(v, "m", workdir=tmp_path, out_of_context=True, bitstream=True)
     with pytest.raises(ValueError, match="unknown ECP5 board 'ulx3s-12f'"):
         run_ecp5(v, "m", workdir=tmp_path, board="ulx3s-12f")
+    with pytest.raises(ValueError, match="router 'router3': expected one of router1, router2"):
+        run_ecp5(v, "m", workdir=tmp_path, router="router3")
+
+
+def test_generate_refuses_nextpnr_seeds_without_the_ecp5_flow(tmp_path):
+    """--pnr-seed is for --board ulx3s-85f with synthesis: refused (before elaboration) elsewhere."""
+    from pathlib import Path
+
+    from host.generate import generate
+    from sim.config import load_config
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "timing_small.toml")
+    for kw in ({}, {"board": "pynq-z2"}, {"board": "ulx3s-85f", "synth": False}):
+        with pytest.raises(ValueError, match="--pnr-seed 1, 2: nextpnr seeds are for the ECP5"):
+            generate(cfg, tmp_path / "acc", seeds=[1, 2], log=lambda _m: None, **kw)
+    with pytest.raises(ValueError, match="--pnr-seed must be whole numbers >= 1"):
+        generate(cfg, tmp_path / "acc", board="ulx3s-85f", seeds=[0], log=lambda _m: None)
+    assert not (tmp_path / "acc").exists()
 
 
 def test_real_flow_on_a_small_xnor_engine(tmp_path, monkeypatch):
@@ -241,7 +259,9 @@ def test_nextpnr_utilisation_overflow_becomes_a_fit_refusal():
 @pytest.mark.rtl  # elaborates a small accelerator (~10 s)
 def test_generate_ulx3s_report_and_bitstream(tmp_path, monkeypatch, capsys):
     """generate --board ulx3s-85f with stand-in tools: report.json's ecp5 block, the printed proxy label, the
-    bitstream and logs copied to DIR/ecp5, the requested clock = the description's, no xc7 estimate."""
+    bitstream and logs copied to DIR/ecp5, the requested clock = the description's, no xc7 estimate; with two
+    nextpnr seeds (--pnr-seed) the lowest Fmax is report.json's fmax_mhz, priced in images per second beside the
+    cycles per image, and its bitstream is the one copied."""
     from host.cli import EXIT_OK, main
 
     monkeypatch.setenv("XNORTRAIN_BUILD_DIR", str(tmp_path / "build"))
@@ -256,35 +276,42 @@ def test_generate_ulx3s_report_and_bitstream(tmp_path, monkeypatch, capsys):
             (cwd / "stats.json").write_text(json.dumps({"design": {"num_cells_by_type": {"LUT4": 900}}}))
         elif tool == "nextpnr-ecp5":
             assert args[args.index("--freq") + 1] == "100" and ("--lpf" in args) != ("--out-of-context" in args)
-            (cwd / "pnr.json").write_text(json.dumps(_report(achieved=61.5, used_io=185)))
-            (cwd / "design.config").write_text(".device LFE5U-85F\n")
+            assert args[args.index("--router") + 1] == "router2"
+            seed = int(args[args.index("--seed") + 1])
+            (cwd / "pnr.json").write_text(json.dumps(_report(achieved={1: 61.5, 2: 58.25}[seed], used_io=185)))
+            (cwd / "design.config").write_text(f".device LFE5U-85F seed {seed}\n")
         else:
             assert tool == "ecppack"
-            (cwd / "xnortrain.bit").write_bytes(b"\xff\x00bit")
+            (cwd / "xnortrain.bit").write_bytes(b"\xff\x00bit" + (cwd / "design.config").read_bytes()[-2:-1])
         return subprocess.CompletedProcess([tool], 0, "", "")
 
     monkeypatch.setattr(toolchain, "run_yowasp", run)
     out = tmp_path / "acc"
     args = ["generate", "--model", "mlp", *[a for s in SMALL_MLP for a in ("--set", s)], "--board", "ulx3s-85f",
-            "--out", str(out), "--synth-by-unit"]
+            "--out", str(out), "--synth-by-unit", "--pnr-seed", "1", "--pnr-seed", "2"]
     assert main(args) == EXIT_OK
-    assert calls[:3] == ["yosys", "nextpnr-ecp5", "ecppack"]
-    assert calls[3:] == ["yosys", "nextpnr-ecp5"] * ((len(calls) - 3) // 2)  # units: out of context, no bitstream
+    assert calls[:5] == ["yosys", "nextpnr-ecp5", "ecppack", "nextpnr-ecp5", "ecppack"]  # seed 2: the same netlist
+    assert calls[5:] == ["yosys", "nextpnr-ecp5"] * ((len(calls) - 5) // 2)  # units: out of context, no bitstream
     rep = json.loads((out / "report.json").read_text())
     e = rep["ecp5"]
     assert rep["fits"] is True and rep["device"] == "LFE5U-85F" and "resources" not in rep
-    assert e["fmax_mhz"] == 61.5 and e["freq_mhz"] == 100.0 and e["timing_met"] is False
+    assert e["fmax_mhz"] == 58.25 and e["freq_mhz"] == 100.0 and e["timing_met"] is False
+    assert e["seeds"] == {"1": 61.5, "2": 58.25} and e["seed"] == 2 and e["router"] == "router2"
+    thr = rep["throughput"]
+    assert rep["fmax_mhz"] == thr["fmax_mhz"] == 58.25 and thr["clock_mhz"] == 100.0
+    assert thr["images_per_s_at_fmax"] == pytest.approx(58.25e6 / rep["cycles"]["per_image"], rel=1e-4)
+    assert f"{thr['images_per_s_at_fmax']:,.0f} images per second" in (out / "report.txt").read_text()
     assert e["utilisation"]["IO"] == {"used": 185, "available": 205}
     assert e["utilisation"]["LUT4"]["used"] == 1200 and e["synth_resources"]["LUT4"] == 900
     assert "another family" in e["note"] and e["critical_path"]["to"] == "r1.M"
     assert e["bitstream"] == str(out / "ecp5" / "xnortrain.bit")
-    assert (out / "ecp5" / "xnortrain.bit").read_bytes() == b"\xff\x00bit"
+    assert (out / "ecp5" / "xnortrain.bit").read_bytes() == b"\xff\x00bit2"  # the lowest seed's
     assert (out / "ecp5" / "pins.lpf").is_file()
     text = (out / "report.txt").read_text()
-    assert "Fmax 61.5 MHz (requested 100 MHz: NOT met)" in text and "timing proxy for another family" in text
-    assert "Fmax 61.5 MHz" in capsys.readouterr().out
+    assert "Fmax 58.2 MHz (requested 100 MHz: NOT met)" in text and "timing proxy for another family" in text
+    assert "the lowest of seeds 1, 2" in capsys.readouterr().out
     units = e["units"]
-    assert {"engine0", "engine1", "csr", "wmem0", "bn_param0_1"} <= set(units) and len(calls) == 3 + 2 * len(units)
+    assert {"engine0", "engine1", "csr", "wmem0", "bn_param0_1"} <= set(units) and len(calls) == 5 + 2 * len(units)
     assert all(u["out_of_context"] and u["fmax_mhz"] == 61.5 for u in units.values())
     assert "units out of context" in text and "  engine0" in text
 

@@ -2,7 +2,7 @@
 (configs/timing_small.toml, Yosys ``synth_ecp5``), measured with benchmarks/logic_depth.py, must stay within
 :data:`DEPTH_LIMIT` LUT levels; a combinational path planted across two units must exceed it.
 
-Calibration of the limit (docs/results.md, "Timing proxy"): see :data:`DEPTH_LIMIT`. The depth counts no routing,
+Calibration of the limit (docs/results/timing.md): see :data:`DEPTH_LIMIT`. The depth counts no routing,
 so it cannot give an Fmax; it catches the structural regressions (a decode, a multiplexer or an arithmetic path
 across a unit boundary without a register) that the routed figures showed to cost the most in context.
 """
@@ -21,13 +21,16 @@ pytestmark = pytest.mark.timing
 ROOT = Path(__file__).resolve().parents[2]
 
 #: LUT levels (benchmarks/logic_depth.py's measure) allowed on any register-to-register path of the SMALL design.
-#: Calibration (docs/results.md, "Timing proxy"): the design before the timing discipline had paths of 11.5 levels
-#: (1,497 endpoints at 9 or more) and routed at 48.0 MHz in context; with it the deepest path is 9.4 levels (124
-#: endpoints at 9 or more), and its routed figure is in that section (the placer's estimate rose from 31.1 to 36.3
-#: MHz). The limit is that design's depth, a ratchet until a routed run at 80 MHz or more sets it: a change that
-#: lets a path run through a unit boundary, the controller or a port multiplexer without a register again goes
-#: over it (the planted path below is 16.3 levels, each of its halves 8.3).
-DEPTH_LIMIT = 9.5
+#: Calibration (docs/results/timing.md, "Branch top33"): the design before the timing discipline had paths of 11.5
+#: levels (1,497 endpoints at 9 or more) and routed at 48.0 MHz in context; with it the deepest path is 9.4 to 9.5
+#: levels. No routed run of today's design has finished yet (the place step alone takes over an hour here), so the
+#: limit is not the depth of a design that routed at 80 MHz: it is a ratchet on today's depth plus ABC's mapping
+#: noise, measured on four syntheses of nearly the same netlist in one session: the same path inside the BN
+#: parameter unit (`amax` -> its comparison register) came out at 8.76, 9.36, 9.46 and 9.76 levels, and a top-level
+#: path at 8.2 to 10.0, with no change on the path itself. A change that lets a path run through a unit boundary,
+#: the controller or a port multiplexer without a register goes well over it (the planted path below is 16.3
+#: levels, each of its halves 8.3).
+DEPTH_LIMIT = 10.0
 
 
 def _logic_depth():
