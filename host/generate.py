@@ -142,24 +142,6 @@ def check_memory_budget(cfg, device: str = "xc7z020") -> dict:
     return rep
 
 
-#: ``hw`` fields that the generated units bound by widths derived from the whole configuration (a divider
-#: resolves at most its quotient's bits per cycle); their units raise ValueError naming the bare field
-_UNIT_BOUNDED_FIELDS = ("div_steps", "mul_steps")
-
-
-def _unit_checked(build, plan):
-    """``build(plan)``, with a unit's refusal of a bounded ``hw`` field turned into a ConfigError naming it."""
-    from sim.schema import ConfigError
-
-    try:
-        return build(plan)
-    except ValueError as e:
-        field = next((f for f in _UNIT_BOUNDED_FIELDS if str(e).startswith(f"{f} ")), None)
-        if field is None:
-            raise
-        raise ConfigError(f"hw.{e} for this configuration's widths (docs/arithmetic.md)") from None
-
-
 def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=print, force: bool = True,
              board=None, device=None, jobs: int = 1, cluster: str | None = None,
              energy: bool = False, clock_mhz: float | None = None, board_repo=None,
@@ -251,11 +233,11 @@ def generate(cfg, out_dir, *, synth: bool = True, by_unit: bool = False, log=pri
     from rtl_gen.top import Accelerator, SystemPlan
 
     plan = SystemPlan(cfg)
-    cyc = _unit_checked(step_cycles, plan)  # builds every unit's geometry: refuses what the units cannot be
+    cyc = step_cycles(plan)  # SystemPlan refused the fields the units bound (hw.mul_steps, hw.div_steps)
     log(f"elaborating {plan.name}: {len(plan.layers)} layers, batch {plan.batch} (a minute or more for large "
         f"designs) ...")
     t0 = time.monotonic()
-    verilog = _unit_checked(lambda p: Accelerator(p).verilog(), plan)
+    verilog = Accelerator(plan).verilog()
     log(f"  Verilog: {verilog.count(chr(10)):,} lines in {time.monotonic() - t0:.0f} s")
     out.mkdir(parents=True, exist_ok=True)  # only now: a refused configuration leaves nothing behind
     (out / f"{plan.name}.v").write_text(verilog)

@@ -1,5 +1,6 @@
 """Command-line behaviour that does not need training: errors and config printing."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -215,13 +216,14 @@ def test_version_falls_back_to_pyproject_when_not_installed(monkeypatch):
 @pytest.mark.parametrize("field", ["div_steps", "mul_steps"])
 def test_generate_refuses_unit_bounded_fields_before_elaborating_and_creates_nothing(tmp_path, capsys, field):
     """div_steps / mul_steps are bounded by the widths the units derive from the whole configuration (quotient
-    and multiplier bits): refused from the cycle model's unit geometries, naming the hw field, with no folder."""
+    and multiplier bits): refused by the plan before any elaboration, naming the hw field and the limit, with no
+    folder."""
     out = tmp_path / "acc"
     small = ['model.layers=[{type="dense",units=8},{type="dense",units=10}]', "train.batch_size=2",
              "hw.lanes_in=32", "hw.lanes_out=8", "hw.update_lanes=8", f"hw.{field}=64"]
     assert main(["generate", "--no-synth", "--out", str(out), *[a for s in small for a in ("--set", s)]]) == 2
     line = _one_error_line(capsys)
-    assert f"hw.{field} must be an integer in 1.." in line and "not 64" in line, line
+    assert f"hw.{field} = 64: " in line and re.search(rf"set hw\.{field} <= \d+$", line), line
     assert not out.exists()
 
 
