@@ -237,6 +237,39 @@ def depth_report(netlist: dict, top: str, n: int = 20, boxes=frozenset()) -> dic
     return {"endpoints": len(ends), "histogram": {k: hist[k] for k in sorted(hist)}, "pairs": list(pairs.values())}
 
 
+#: flip-flop inputs that fan a control net out to a whole datapath: ECP5 and 7-series resets and clock enables
+CONTROL_PINS = {"TRELLIS_FF": ("LSR", "CE"), **{t: ("R", "S", "CLR", "PRE", "CE") for t in XC7_FFS}}
+#: cells that put a net on a clock network (their loads are not routed in the fabric)
+GLOBAL_BUFFERS = ("DCCA", "BUFG", "BUFGCE")
+
+
+def control_fanout(netlist: dict, top: str, n: int = 10) -> list[dict]:
+    """The ``n`` nets with the most flip-flop reset / clock-enable loads (:data:`CONTROL_PINS`), largest first:
+    ``{"net", "pin", "loads", "driver", "global"}`` (``global``: driven by one of :data:`GLOBAL_BUFFERS`). A net
+    that fans out to thousands of such pins through the fabric is routed across the die in one cycle, whatever its
+    logic depth (the reason for the units' reset on a global buffer, docs/architecture.md section 9)."""
+    cells = netlist["modules"][top]["cells"]
+    names: dict[int, str] = {}
+    for name, net in netlist["modules"][top]["netnames"].items():
+        for b in net["bits"]:
+            if isinstance(b, int) and (b not in names or len(name) < len(names[b])):
+                names[b] = name
+    drivers: dict[int, str] = {}
+    loads: dict[tuple[int, str], int] = collections.Counter()
+    for cell in cells.values():
+        pins = CONTROL_PINS.get(cell["type"], ())
+        for port, bits in cell["connections"].items():
+            for b in bits:
+                if not isinstance(b, int):
+                    continue
+                if cell["port_directions"].get(port) == "output":
+                    drivers[b] = cell["type"]
+                elif port in pins:
+                    loads[b, port] += 1
+    return [{"net": names.get(b, str(b)).lstrip("\\"), "pin": pin, "loads": k, "driver": drivers.get(b, "(input)"),
+             "global": drivers.get(b) in GLOBAL_BUFFERS} for (b, pin), k in loads.most_common(n)]
+
+
 def format_text(rep: dict) -> str:
     lines = [f"{rep['endpoints']:,} endpoints; depth (LUT levels) -> endpoints: "
              + ", ".join(f"{k}: {v:,}" for k, v in rep["histogram"].items()), "",
@@ -262,6 +295,10 @@ def main(argv=None) -> int:
         return 2
     rep = depth_report(netlist, args.top, args.n)
     print(format_text(rep))
+    rep["control_fanout"] = control_fanout(netlist, args.top)
+    print("\nlargest reset / clock-enable nets: " + "; ".join(
+        f"{c['net']} ({c['pin']}, {c['loads']:,} loads, {'global ' if c['global'] else ''}{c['driver']})"
+        for c in rep["control_fanout"][:6]))
     if args.json:
         args.json.write_text(json.dumps(rep, indent=1) + "\n")
     return 0

@@ -8,7 +8,8 @@ pessimistic hint about the critical paths, never the Zynq's Fmax.
 
 Flow (:func:`run_ecp5`, everything relative to one work folder, YoWASP sees no absolute ``/tmp`` paths)::
 
-    yosys:    read_verilog design.v; synth_ecp5 -top <top> with classic ABC (``abc -dress -lut 4:7``) in place of its
+    yosys:    read_verilog design.v, then global_buffer.v with -overwrite (the units' reset buffer as a DCCA,
+              boards/primitives.py); synth_ecp5 -top <top> with classic ABC (``abc -dress -lut 4:7``) in place of its
               ABC9 step (:func:`_synth_script`); write_json design.json; tee -o stats.json stat -json
     (fit check on the synthesised cells: :func:`synth_resources`, refuses before place and route)
     nextpnr:  --85k --package CABGA381 --speed 6 --json design.json --freq <MHz> --report pnr.json
@@ -52,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from boards.devices import LFE5U_85F, Device
+from boards.primitives import global_buffer_verilog
 
 __all__ = [
     "BOARDS",
@@ -339,7 +341,7 @@ def _summarise_path(path: Mapping) -> dict:
     }
 
 
-_FLOW_VERSION = 2
+_FLOW_VERSION = 3  # 3: the global buffer read over the design (boards/primitives.py)
 
 #: nextpnr-ecp5's router (``--router``): ``router2``, see the module docstring for why not nextpnr's default
 NEXTPNR_ROUTER = "router2"
@@ -389,6 +391,7 @@ def run_ecp5(verilog: str, top: str, *, workdir: str | os.PathLike, board: str |
         for name, content in init_files.items():
             (folder / name).write_text(content)
         (folder / "design.v").write_text(text)
+        (folder / "global_buffer.v").write_text(global_buffer_verilog("ecp5"))
         (folder / "synth.ys").write_text(_synth_script(top))
         say(f"  yosys synth_ecp5 {top} ...")
         t0 = time.perf_counter()
@@ -502,6 +505,8 @@ def _synth_script(top: str) -> str:
     """``synth_ecp5`` with its LUT mapping done by classic ABC instead of ABC9 (see the module docstring)."""
     return "\n".join([
         "read_verilog design.v",
+        # the units' reset on a clock network: a DCCA in place of the design's pass-through (boards/primitives.py)
+        "read_verilog -overwrite global_buffer.v",
         f"synth_ecp5 -top {top} -run begin:map_luts",
         "check -latchonly -assert",
         "techmap -map +/lattice/latches_map.v",

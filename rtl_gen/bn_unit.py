@@ -57,7 +57,7 @@ from .divider import CONST_DIV_LATENCY, Divider, const_divide, ring_schedule
 from .divider import iterations as div_iterations
 from .divider import stages as div_stages
 from .shared import layer_port
-from .streams import StreamRegister
+from .streams import SkidBuffer
 
 __all__ = [
     "BN_FWD_ACC_STAGES",
@@ -657,7 +657,7 @@ class BnForwardCore(wiring.Component):
         # ---- element passes --------------------------------------------------------------------------------
         # Stage 0 accepts a beat and reads the group's words; stage 1 compares, accumulates (read-modify-write)
         # and, in pass 3, pushes x_hat / mask into the output queue.
-        m.submodules.x_queue = x_queue = StreamRegister(shape=lay.x_layout)
+        m.submodules.x_queue = x_queue = SkidBuffer(shape=lay.x_layout)
         adv = Signal()
         in_done = Signal()  # every beat of this pass accepted
         accept = Signal()
@@ -1216,7 +1216,7 @@ class BnBackwardUnit(wiring.Component):
         m.submodules.a_mem = a_mem = Memory(shape=data.ArrayLayout(a_shape, L), depth=G, init=[])
         a_rd, a_wr = a_mem.read_port(), a_mem.write_port(granularity=1)
 
-        # the q output register: a one-entry stream register (as StreamRegister) whose payload has no reset, so
+        # the q output register: a one-entry stream register (combinational ready) whose payload has no reset, so
         # that clearing a lane (padding, or a zero-scale channel: Q = 0) is the flip-flops' synchronous reset
         q_full = Signal()
         q_in_ready = Signal()

@@ -55,7 +55,7 @@ from sim.hw.widths import LayerBounds, layer_bounds, signed_bits, unsigned_bits
 
 from .divider import Divider
 from .divider import latency as divider_latency
-from .streams import StreamFIFO, StreamRegister
+from .streams import SkidBuffer, StreamFIFO
 
 __all__ = [
     "LOGIT_LATENCY",
@@ -588,7 +588,7 @@ class OutputLogitUnit(wiring.Component):
                 m.d.sync += [run.eq(1), taken.eq(0), w_lane.eq(0), w_addr.eq(0)]
 
         # --- per element: x = (B^2 (R y) - D) >> (n + G) ----------------------------------------------------
-        m.submodules.queue = queue = StreamRegister(shape=geo.out_layout)
+        m.submodules.queue = queue = SkidBuffer(shape=geo.out_layout)
         adv = Signal()  # the pipeline moves (low only while the output queue refuses a result)
         push = Signal()
         issue = Signal()
@@ -771,7 +771,7 @@ class LossGradUnit(wiring.Component):
                 with m.If(acc_end):
                     m.d.sync += [hits.eq(hits + acc_hit), done_samples.eq(done_samples + 1)]
 
-        m.submodules.queue = queue = StreamRegister(shape=geo.g_layout)
+        m.submodules.queue = queue = SkidBuffer(shape=geo.g_layout)
         wiring.connect(m, queue.o, wiring.flipped(self.g))
         front = _Front(take, group, base, last_group, label, labels.o.valid, new_max, new_arg)
         totals = _Totals(acc_valid, acc_loss, acc_end, acc_hit)
@@ -781,7 +781,7 @@ class LossGradUnit(wiring.Component):
             self._cross_entropy(m, front, queue, totals)
         return m
 
-    def _hinge(self, m: Module, front: _Front, queue: StreamRegister, totals: _Totals):
+    def _hinge(self, m: Module, front: _Front, queue: SkidBuffer, totals: _Totals):
         """One streaming stage: ``m = max(0, 2^FL - t x)``, ``g = -t m``; squares summed behind the queue."""
         geo = self._geometry
         L = geo.lanes
@@ -832,7 +832,7 @@ class LossGradUnit(wiring.Component):
             squares.append(q2)
         m.d.comb += [totals.valid.eq(q2_v), totals.loss.eq(sum(squares)), totals.end.eq(q2_end), totals.hit.eq(q2_hit)]
 
-    def _cross_entropy(self, m: Module, front: _Front, queue: StreamRegister, totals: _Totals):
+    def _cross_entropy(self, m: Module, front: _Front, queue: SkidBuffer, totals: _Totals):
         """Two logit banks (load one while the other is processed) and the exp / divide / probability passes."""
         geo = self._geometry
         take, group, last_group, label = front.take, front.group, front.last_group, front.label

@@ -64,7 +64,7 @@ from amaranth.lib.wiring import In, Out
 from sim.hw.arith import ArithParams
 from sim.hw.widths import layer_bounds
 
-from .streams import StreamRegister
+from .streams import SkidBuffer
 from .weight_memory import grad_layout
 from .xnor_engine import WeightReadSignature, XnorGeometry, _check_int
 
@@ -697,7 +697,7 @@ class _Dx(wiring.Component):
             ]
             m.d.sync += [c2[i].eq(contrib[i]) for i in range(LS)]
 
-        m.submodules.queue = queue = StreamRegister(shape=geo.dx_layout)
+        m.submodules.queue = queue = SkidBuffer(shape=geo.dx_layout)
         push = Signal()
         m.d.comb += [
             push.eq(s2_valid & s2_last_g),
@@ -856,7 +856,7 @@ class _Dw(wiring.Component):
                 s2_pass.eq(s1b_pass),
                 s2_last_tile.eq(s1b_last_tile),
             ]
-        m.submodules.queue = queue = StreamRegister(shape=grad_layout(bank))
+        m.submodules.queue = queue = SkidBuffer(shape=grad_layout(bank))
         push = Signal()
         kept = Signal(grad_layout(bank))  # signs of the tile's passes
         m.d.comb += [
@@ -1378,7 +1378,7 @@ class _Array(_Dw):
         d_go = Signal()
         last_lane = Signal()
         pushes = Signal()  # this drain ends a tile (dW, its last pass)
-        m.submodules.queue = queue = StreamRegister(shape=grad_layout(bank))
+        m.submodules.queue = queue = SkidBuffer(shape=grad_layout(bank))
         m.d.comb += [
             lane_real.eq(d_mask.bit_select(dl, 1)),
             self.dx.valid.eq(d_busy & d_x & lane_real),

@@ -49,7 +49,7 @@ from sim.hw.widths import signed_bits
 
 from .bn_unit import BnLayer, _BeatCounter, _Channels, _check_channels, _check_int, _LaneWalker, mul_const
 from .shared import layer_port
-from .streams import StreamRegister
+from .streams import SkidBuffer
 
 __all__ = ["SCALE_WIDTH", "Po2Unit", "carry_save_step", "normalise", "po2_cycles", "sqrt2_constant"]
 
@@ -340,7 +340,7 @@ class Po2Unit(wiring.Component):
         # datapath holds ``pl = pass1_lanes`` lanes: a beat of L lanes goes through it as ``parts = L / pl`` parts
         # (one per cycle), their results are joined in ``joined`` and the beat is pushed with its last part.
         pl, parts = self._pass1_lanes, L // self._pass1_lanes
-        m.submodules.scratch_queue = sq = StreamRegister(shape=self.scratch_layout)
+        m.submodules.scratch_queue = sq = SkidBuffer(shape=self.scratch_layout)
         adv1 = Signal()
         stages = ("1", "2", "2b", "3")
         s_valid = [Signal(name=f"s{i}_valid") for i in stages]
@@ -536,7 +536,7 @@ class Po2Unit(wiring.Component):
             m.d.sync += phase.eq(PASS2)
 
         # PASS2: field = max(e0 - top0 + span, 0) + 1 for nonzero elements.
-        m.submodules.codes_queue = cq = StreamRegister(shape=self.codes_layout)
+        m.submodules.codes_queue = cq = SkidBuffer(shape=self.codes_layout)
         adv2 = Signal()
         r_valid = Signal()
         r = Signal(self.scratch_layout)

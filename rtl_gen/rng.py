@@ -36,7 +36,7 @@ from amaranth.lib.wiring import In, Out
 from sim.hw.rng import xorshift32_next
 
 from .shared import layer_port, per_layer
-from .streams import StreamRegister
+from .streams import SkidBuffer
 from .weight_memory import SweepGeometry, rng_layout
 from .xnor_engine import XnorGeometry, _check_int
 
@@ -214,7 +214,7 @@ class RngEngine(wiring.Component):
                     m.d.comb += [c[k].eq(f(geo)) for k, (f, _) in consts.items()]
                     m.d.comb += c["base"].eq(sum(h.generators for h in geos[:i]))
 
-        m.submodules.queue = queue = StreamRegister(shape=rng_layout(U))
+        m.submodules.queue = queue = SkidBuffer(shape=rng_layout(U))
         adv = Signal()
 
         # --- stage 0: the visit counters and the state-RAM read ---

@@ -7,7 +7,7 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["SkidBuffer", "StreamFIFO", "StreamRegister"]
+__all__ = ["SkidBuffer", "StreamFIFO"]
 
 
 class StreamFIFO(wiring.Component):
@@ -60,39 +60,6 @@ class StreamFIFO(wiring.Component):
         return m
 
 
-class StreamRegister(wiring.Component):
-    """One-entry output register between two :mod:`amaranth.lib.stream` interfaces, one transfer per cycle.
-
-    The payload is held in flip-flops loaded with a clock enable, so the data path needs no LUTs (a
-    :class:`StreamFIFO` keeps its entries in distributed RAM, about 0.7 LUT per payload bit at depth 2). The
-    price is a combinational ready: ``i.ready = ~full | o.ready``, so the producer's stall logic sees the
-    consumer's ``o.ready`` in the same cycle.
-
-    Ports:
-        i: ``In(stream.Signature(shape))``.
-        o: ``Out(stream.Signature(shape))``; an accepted payload is offered from the next cycle on.
-    """
-
-    def __init__(self, *, shape):
-        self._shape = shape
-        super().__init__({"i": In(stream.Signature(shape)), "o": Out(stream.Signature(shape))})
-
-    def elaborate(self, platform):
-        m = Module()
-        full = Signal()
-        held = Signal(Shape.cast(self._shape).width)
-        m.d.comb += [
-            self.i.ready.eq(~full | self.o.ready),
-            self.o.valid.eq(full),
-            self.o.payload.eq(held),
-        ]
-        with m.If(self.i.valid & self.i.ready):
-            m.d.sync += [full.eq(1), held.eq(self.i.payload)]
-        with m.Elif(self.o.ready):
-            m.d.sync += full.eq(0)
-        return m
-
-
 class SkidBuffer(wiring.Component):
     """A registered slice between two :mod:`amaranth.lib.stream` interfaces: ``o.valid``, ``o.payload`` and
     ``i.ready`` all come from flip-flops, so neither the payload nor the consumer's ``ready`` crosses it in one
@@ -111,7 +78,9 @@ class SkidBuffer(wiring.Component):
         m = Module()
         width = Shape.cast(self._shape).width
         out_valid, skid_valid = Signal(), Signal()
-        out_data, skid_data = Signal(width), Signal(width)
+        # the payload registers have no reset: only the valid bits say what they hold, and a reset net that
+        # reaches every payload flip-flop of every unit is the largest net of the design after the clock
+        out_data, skid_data = Signal(width, reset_less=True), Signal(width, reset_less=True)
         m.d.comb += [self.o.valid.eq(out_valid), self.o.payload.eq(out_data), self.i.ready.eq(~skid_valid)]
         take = Signal()
         m.d.comb += take.eq(self.i.valid & ~skid_valid)

@@ -28,11 +28,25 @@ memories, buffers and controller, the shared-unit facades and the host targets.
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Mux, ResetInserter, Signal, Value, signed
+from amaranth import (
+    Cat,
+    ClockDomain,
+    ClockSignal,
+    DomainRenamer,
+    Instance,
+    Module,
+    Mux,
+    ResetInserter,
+    ResetSignal,
+    Signal,
+    Value,
+    signed,
+)
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from boards.primitives import GLOBAL_BUFFER, global_buffer_verilog
 from sim.hw.arith import loss_grad_scale
 
 from .axil import AXI4LiteCSR, AXI4LiteSignature, vivado_ports
@@ -130,7 +144,9 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
         # no source-location attributes: the text (and so the simulator build cache key) changes only when
         # the logic does
         self.irq.attrs.update(PORT_ATTRS["irq"])
-        return to_verilog(self, self._plan.name, ports=top_ports(self), emit_src=False, missing_domain=_sync_domain)
+        text = to_verilog(self, self._plan.name, ports=top_ports(self), emit_src=False, missing_domain=_sync_domain)
+        # the units' reset buffer as a wire; board flows read their own version over it (boards/primitives.py)
+        return text + "\n" + global_buffer_verilog()
 
     # ------------------------------------------------------------------------------------------------------
     def elaborate(self, platform):
@@ -143,9 +159,19 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
         self._m = m
         abort = Signal()
         self._abort = abort
+        # The units run in a clock domain of their own, "units": the same clock, and as reset one flip-flop, set
+        # by the top level's reset (its initial value) and by the abort command, a cycle after either, through
+        # the global buffer (boards/primitives.py). No OR of the two resets in front of every unit flip-flop's
+        # synchronous reset, and on the ECP5 the net is on a clock network, not in the fabric.
+        units_reset = Signal(init=1)
+        m.d.sync += units_reset.eq(abort)
+        units_reset_net = Signal()
+        m.submodules.units_reset_buffer = Instance(GLOBAL_BUFFER, i_i=units_reset, o_o=units_reset_net)
+        m.domains.units = ClockDomain("units")
+        m.d.comb += [ClockSignal("units").eq(ClockSignal("sync")), ResetSignal("units").eq(units_reset_net)]
 
         def sub(name, unit):
-            m.submodules[name] = ResetInserter({"sync": abort})(unit)
+            m.submodules[name] = DomainRenamer({"sync": "units"})(unit)
             return unit
 
         # ---- registers -----------------------------------------------------------------------------------
@@ -818,7 +844,7 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
         ]
 
     def _sub(self, name, unit):
-        self._m.submodules[name] = ResetInserter({"sync": self._abort})(unit)
+        self._m.submodules[name] = DomainRenamer({"sync": "units"})(unit)
         return unit
 
     def _wide(self, m, active, pairs):

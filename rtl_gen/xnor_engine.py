@@ -38,7 +38,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .shared import layer_port, per_layer
-from .streams import StreamRegister
+from .streams import SkidBuffer
 
 __all__ = [
     "LATENCY",
@@ -423,7 +423,7 @@ class XnorEngineCore(wiring.Component):
                 m.d.comb += [bs.eq(agree[lane][a:b]) for bs, (a, b) in zip(bits, chunks, strict=True)]
                 m.d.sync += [c.eq(popcount(bs)) for c, bs in zip(parts[lane], bits, strict=True)]
 
-        m.submodules.queue = queue = StreamRegister(shape=geo.y_layout)
+        m.submodules.queue = queue = SkidBuffer(shape=geo.y_layout)
         push = Signal()
         m.d.comb += [
             push.eq(s2_valid & s2_last),

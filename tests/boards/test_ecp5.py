@@ -211,6 +211,38 @@ def test_real_flow_on_a_small_xnor_engine(tmp_path, monkeypatch):
     assert ecp5.BOARDS["ulx3s-85f"] is ULX3S_85F
 
 
+def test_the_global_buffer_becomes_a_dcca_on_the_ecp5(tmp_path):
+    """The pass-through module of the generated Verilog (boards/primitives.py) is read over by a DCCA in the ECP5
+    flow: its output drives the flip-flops' synchronous resets from a clock network, and the design places,
+    routes and packs. Other families' versions are a wire; an unknown family is refused by name."""
+    from boards.primitives import GLOBAL_BUFFER, global_buffer_verilog
+
+    verilog = "\n".join([
+        "module gbuf_demo(input clk, input a, input [15:0] d, output [15:0] q);",
+        "  reg r = 1'b1; wire r_g; reg [15:0] s [0:7];",
+        "  always @(posedge clk) r <= a;",
+        f"  {GLOBAL_BUFFER} buffer (.i(r), .o(r_g));",
+        "  genvar k;",
+        "  generate for (k = 0; k < 8; k = k + 1) begin : g",
+        "    always @(posedge clk) if (r_g) s[k] <= 16'd0; else s[k] <= (k == 0 ? d : s[k - 1]) + 16'd1;",
+        "  end endgenerate",
+        "  assign q = s[7];",
+        "endmodule",
+        global_buffer_verilog(),
+    ])
+    assert "assign o = i;" in global_buffer_verilog() and "DCCA" in global_buffer_verilog("ecp5")
+    with pytest.raises(ValueError, match="no global buffer for the family 'xc7'"):
+        global_buffer_verilog("xc7")
+    rep = run_ecp5(verilog, "gbuf_demo", workdir=tmp_path / "w", freq_mhz=50)
+    assert rep.fmax_mhz is not None and rep.bitstream.exists()
+    cells = json.loads((rep.workdir / "design.json").read_text())["modules"]["gbuf_demo"]["cells"]
+    dcca = [c for c in cells.values() if c["type"] == "DCCA"]
+    assert len(dcca) == 1
+    out = dcca[0]["connections"]["CLKO"]
+    lsr = [c for c in cells.values() if c["type"] == "TRELLIS_FF" and c["connections"]["LSR"] == out]
+    assert len(lsr) == 8 * 16
+
+
 def test_units_run_out_of_context_one_folder_each(tmp_path, monkeypatch):
     """run_ecp5_units: one cached out-of-context run per direct submodule, named by the submodule (fake tools)."""
     from boards.ecp5 import run_ecp5_units

@@ -69,6 +69,28 @@ def test_small_design_in_context_stays_within_the_depth_limit():
     assert not bad, f"paths deeper than {DEPTH_LIMIT} LUT levels:\n" + "\n".join(bad)
 
 
+#: loads a reset or clock-enable net routed in the fabric may have in the SMALL design: the largest such nets are
+#: the po2 backward engine's dW stage enable and clear (1,520 loads each); the units' reset, 12,965 loads on the
+#: global buffer, had 14,443 as one fabric net before it (docs/architecture.md section 9).
+FABRIC_CONTROL_LIMIT = 2000
+
+
+def test_units_reset_is_on_a_global_buffer_and_no_fabric_control_net_is_larger():
+    """The units' reset reaches its flip-flops through the global buffer (a DCCA on the ECP5), and no reset or
+    clock-enable net in the fabric has more than FABRIC_CONTROL_LIMIT loads. Planted: the units under
+    ResetInserter(rst | abort) as before (a 14,443-load fabric net in that netlist)."""
+    from rtl_gen.top import Accelerator, SystemPlan
+    from sim.config import load_config
+
+    plan = SystemPlan(load_config(ROOT / "configs" / "timing_small.toml"))
+    netlist = _synth(Accelerator(plan).verilog(), plan.name, plan.name)
+    nets = _logic_depth().control_fanout(netlist, plan.name, n=20)
+    glob = [c for c in nets if c["global"]]
+    assert glob and glob[0]["pin"] == "LSR" and glob[0]["loads"] > FABRIC_CONTROL_LIMIT, nets[:3]
+    big = [c for c in nets if not c["global"] and c["loads"] > FABRIC_CONTROL_LIMIT]
+    assert not big, f"fabric reset / enable nets over {FABRIC_CONTROL_LIMIT} loads: {big}"
+
+
 def _two_units(registered: bool):
     """Two units, each a chain of compare-and-select stages on registered inputs; the first unit's result reaches
     the second's input directly (the planted path: both chains in one register-to-register path) or through a
