@@ -32,12 +32,12 @@ def _model_forward(B, C, H, W, Co, x, w):
 
 
 def _expected(g: ConvForwardGeometry, y: np.ndarray, idx: np.ndarray):
-    """The Y beats (order (b, h, v, g), padding lanes 0) and the pooled beats (values, indices) of pool_reference,
-    after checking the pool reference against the model's own indices."""
+    """The Y beats (order (b, h, v, g): values, padding lanes 0, and ``last`` on the last group) and the pooled
+    beats (values, indices) of pool_reference, after checking the pool reference against the model's own indices."""
     G, L = g.engine.groups, g.lanes_out
     yp = np.zeros((g.batch, G * L, g.out_height, g.out_width), np.int64)
     yp[:, :g.out_channels] = y
-    ys = [[int(yp[b, gr * L + lane, h, v]) for lane in range(L)]
+    ys = [([int(yp[b, gr * L + lane, h, v]) for lane in range(L)], int(gr == G - 1))
           for b in range(g.batch) for h in range(g.out_height) for v in range(g.out_width) for gr in range(G)]
     _, pooled = pool_reference(g.pooling, yp)
     model = [([int(t) for t in A.maxpool_select(y, idx, g.pool)[b, gr * L:(gr + 1) * L, hp, vp]],
@@ -119,7 +119,7 @@ def run_conv_forward(g: ConvForwardGeometry, batches, *, p_idle: float, p_stall:
     sim.add_testbench(sink(dut.pooled, got_p, n_p, False), background=True)
     sim.add_testbench(driver)
     sim.run()
-    ys = [[[int(t) for t in pl.y] for pl in beats] for beats in got_y]
+    ys = [[([int(t) for t in pl.y], int(pl.last)) for pl in beats] for beats in got_y]
     ps = [[([int(t) for t in pl.y], [int(t) for t in pl.idx]) for pl in beats] for beats in got_p]
     return ys, ps, [end - start + 1 for start, end in zip(marks, last_y, strict=True)]
 
