@@ -16,8 +16,14 @@ The engine is :class:`rtl_gen.xnor_engine.XnorEngine` unchanged: a conv layer is
 ``B Ho Wo`` positions and whose row is a window. The Y stream goes to both outputs through a fork that hands each
 beat to each output once (``y`` and ``pooled`` may stall independently).
 
-Only ``valid`` padding is built: ``same`` padding needs the window's skip mask in the engine and ``N_valid`` per
-border case (docs/architecture.md 10.1), and is refused here.
+``same`` padding with the engine unchanged: the register window loads the padding as 0 bits (-1), so the engine's
+``Y`` has ``-P`` too many, ``P`` the sum of the weights over the window's padding positions; ``P`` depends only on
+the output channel and the border case (``k^2`` cases: each of the row and the column at the top / left ``pad``,
+in the middle, or at the bottom / right ``pad``). Before the batch the engine runs ``k^2 + 1`` calibration windows
+(:attr:`ConvForwardGeometry.calibration`): all ones, then per case ones at its padding bits; half the sum of a
+case's ``Y`` and the all-ones ``Y`` is its ``P`` (a table of ``k^2 G`` beats, LUTRAM), added to every ``Y`` beat
+of that case: the contract's ``Y`` (docs/arithmetic.md 3.8: padding skipped) for ``(k^2 + 1) K G`` more engine
+cycles a batch (the first row's loads overlap them).
 
 Ports: ``x_write`` (map words: ``addr`` ``b H + r``, ``data`` pixel ``v`` channel ``c`` in bit ``v Ci + c``;
 always ready, write before ``start``), ``w_load`` (the engine's weight loads, :meth:`XnorGeometry.weight_beats`
@@ -30,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from amaranth import Module, Signal, signed
+from amaranth import Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -45,8 +51,8 @@ __all__ = ["ConvForward", "ConvForwardGeometry"]
 @dataclass(frozen=True, kw_only=True)
 class ConvForwardGeometry:
     """One conv layer's forward phase: ``batch`` maps of ``channels x height x width`` signs, ``out_channels``
-    kernels of ``kernel x kernel``, stride 1, ``padding`` ("valid"), the engine's ``lanes_in`` / ``lanes_out``,
-    ``pool x pool`` max pooling."""
+    kernels of ``kernel x kernel``, stride 1, ``padding`` ("valid" or "same"), the engine's ``lanes_in`` /
+    ``lanes_out``, ``pool x pool`` max pooling."""
 
     batch: int
     channels: int
@@ -60,11 +66,37 @@ class ConvForwardGeometry:
     pool: int = 2
 
     def __post_init__(self):
-        if self.padding != "valid":
-            raise ValueError(f"padding {self.padding!r} is not built: ConvForward takes 'valid' padding only "
-                             "(same padding needs the engine's skip mask, docs/architecture.md 10.1)")
         # the parts check their own fields (one line each, naming the field and its range)
         _ = (self.generator, self.window, self.engine, self.pooling)
+        if min(self.height, self.width) < 2 * self.pad:
+            raise ValueError(f"padding 'same' with kernel {self.kernel} needs maps of at least {2 * self.pad} rows "
+                             f"and columns, not {self.height}x{self.width}")
+
+    @property
+    def pad(self) -> int:
+        return self.generator.pad
+
+    @property
+    def calibration(self) -> list[int]:
+        """The windows the engine runs before the batch with ``same`` padding (none with ``valid``): all ones,
+        then per border case ``(rc, cc)`` (``rc`` the row class of an output row: ``h`` for the ``pad`` top rows,
+        ``pad`` in the middle, ``2 pad - (Ho - 1 - h)`` for the bottom ones; ``cc`` the same for columns) ones
+        at the window bits ``(c, i, j)`` that are padding in that case. The engine's ``Y`` of window ``1 + rc k +
+        cc`` plus that of the all-ones window is twice the sum of the weights over the case's padding, ``P``; the
+        window sets a padding bit to 0 (-1), so the contract's ``Y`` (padding skipped) is the engine's ``+ P``."""
+        if not self.pad:
+            return []
+        k, pd, C = self.kernel, self.pad, self.channels
+
+        def padded(cls: int, i: int) -> bool:  # kernel row (column) i of an output row (column) of class cls
+            return i < pd - cls if cls < pd else i > k - 1 + pd - cls
+
+        wins = [(1 << (C * k * k)) - 1]
+        for rc in range(k):
+            for cc in range(k):
+                wins.append(sum(1 << (c * k * k + i * k + j) for c in range(C) for i in range(k) for j in range(k)
+                                if padded(rc, i) or padded(cc, j)))
+        return wins
 
     @property
     def generator(self) -> WindowGeometry:
@@ -73,7 +105,7 @@ class ConvForwardGeometry:
 
     @property
     def window(self) -> RowWindowGeometry:
-        return RowWindowGeometry(channels=self.channels, width=self.width, kernel=self.kernel, pad=0)
+        return RowWindowGeometry(channels=self.channels, width=self.width, kernel=self.kernel, pad=self.pad)
 
     @property
     def engine(self) -> XnorGeometry:
@@ -88,11 +120,11 @@ class ConvForwardGeometry:
 
     @property
     def out_height(self) -> int:
-        return self.height - self.kernel + 1
+        return self.height + 2 * self.pad - self.kernel + 1
 
     @property
     def out_width(self) -> int:
-        return self.width - self.kernel + 1
+        return self.width + 2 * self.pad - self.kernel + 1
 
     @property
     def map_depth(self) -> int:
@@ -128,7 +160,7 @@ class ConvForwardGeometry:
 
         return conv_forward_cycles(batch=self.batch, channels=self.channels, height=self.height, width=self.width,
                                    out_channels=self.out_channels, lanes_in=self.lanes_in,
-                                   lanes_out=self.lanes_out, kernel=self.kernel)
+                                   lanes_out=self.lanes_out, kernel=self.kernel, padding=self.padding)
 
 
 class ConvForward(wiring.Component):
@@ -200,26 +232,93 @@ class ConvForward(wiring.Component):
             m.d.sync += [held.eq(gen.o.valid), flags.valid.eq(gen.o.payload.valid),
                          flags.row_last.eq(gen.o.payload.row_last), flags.last.eq(gen.o.payload.last)]
 
-        # the window cut into the engine's K words (the window's payload holds until its last word is taken)
+        # the window source: with same padding first the calibration windows, then the register window's
+        cal = g.calibration
         bits = Signal(K * li)
-        m.d.comb += bits.eq(win.o.payload.bits)
+        src_valid = Signal()
+        src_taken = Signal()  # the engine takes the window's last word
+        m.d.comb += src_taken.eq(eng.x.valid & eng.x.ready & eng.x.payload.last)
+        if cal:
+            cal_x = Signal(range(len(cal) + 1))  # the next calibration window to send; len(cal): done
+            with m.If(self.start & ~running):
+                m.d.sync += cal_x.eq(0)
+            sending = Signal()
+            m.d.comb += sending.eq(running & (cal_x < len(cal)))
+            with m.Switch(cal_x):
+                for n, pattern in enumerate(cal):
+                    with m.Case(n):
+                        m.d.comb += bits.eq(pattern)
+                with m.Default():
+                    m.d.comb += bits.eq(win.o.payload.bits)
+            m.d.comb += [src_valid.eq(sending | win.o.valid), win.o.ready.eq(~sending & src_taken)]
+            with m.If(sending & src_taken):
+                m.d.sync += cal_x.eq(cal_x + 1)
+        else:
+            m.d.comb += [bits.eq(win.o.payload.bits), src_valid.eq(win.o.valid), win.o.ready.eq(src_taken)]
+
+        # the window cut into the engine's K words (the window's payload holds until its last word is taken)
+        m.d.comb += eng.x.valid.eq(src_valid)
         if K == 1:
-            m.d.comb += [eng.x.payload.data.eq(bits), eng.x.payload.last.eq(1), eng.x.valid.eq(win.o.valid),
-                         win.o.ready.eq(eng.x.ready)]
+            m.d.comb += [eng.x.payload.data.eq(bits), eng.x.payload.last.eq(1)]
         else:
             word = Signal(range(K))
-            final = Signal()
-            m.d.comb += [
-                final.eq(word == K - 1),
-                eng.x.payload.data.eq(bits.word_select(word, li)),
-                eng.x.payload.last.eq(final),
-                eng.x.valid.eq(win.o.valid),
-                win.o.ready.eq(eng.x.ready & final),
-            ]
+            m.d.comb += [eng.x.payload.data.eq(bits.word_select(word, li)), eng.x.payload.last.eq(word == K - 1)]
             with m.If(eng.x.valid & eng.x.ready):
-                m.d.sync += word.eq(word + 1)
-                with m.If(final):
-                    m.d.sync += word.eq(0)
+                m.d.sync += word.eq(Mux(word == K - 1, 0, word + 1))
+
+        # with same padding: the calibration's Y beats fill the table of P, and every Y beat gets its case's P
+        y_fix = Signal(data.ArrayLayout(signed(e.y_width), g.lanes_out))
+        calibrating = Signal()
+        if cal:
+            G, L, k, pd, Ho, Wo = e.groups, g.lanes_out, g.kernel, g.pad, g.out_height, g.out_width
+            lanes = data.ArrayLayout(signed(e.y_width), L)
+            m.submodules.y_all = y_all = Memory(shape=lanes, depth=max(G, 2), init=[])
+            m.submodules.p_table = p_table = Memory(shape=lanes, depth=k * k * G, init=[])
+            all_w, all_r = y_all.write_port(), y_all.read_port(domain="comb")
+            p_w, p_r = p_table.write_port(), p_table.read_port(domain="comb")
+            cal_y = Signal(range(len(cal)))  # the calibration window of the Y beat
+            cal_g = Signal(range(max(G, 2)))
+            yh = Signal(range(max(Ho, 2)))  # the position of the Y beat: row, column, group
+            yv = Signal(range(max(Wo, 2)))
+            yg = Signal(range(max(G, 2)))
+            with m.If(self.start & ~running):
+                m.d.sync += [calibrating.eq(1), cal_y.eq(0), cal_g.eq(0), yh.eq(0), yv.eq(0), yg.eq(0)]
+            take_cal = Signal()
+            m.d.comb += [
+                take_cal.eq(calibrating & eng.y.valid),
+                all_r.addr.eq(cal_g),
+                all_w.addr.eq(cal_g),
+                all_w.data.eq(eng.y.payload.y),
+                all_w.en.eq(take_cal & (cal_y == 0)),
+                p_w.addr.eq((cal_y - 1) * G + cal_g),
+                p_w.en.eq(take_cal & (cal_y != 0)),
+            ]
+            for lane in range(L):
+                both = Signal(signed(e.y_width + 1), name=f"both{lane}")
+                m.d.comb += [both.eq(eng.y.payload.y[lane] + all_r.data[lane]), p_w.data[lane].eq(both >> 1)]
+            with m.If(take_cal):
+                m.d.sync += cal_g.eq(Mux(cal_g == G - 1, 0, cal_g + 1))
+                with m.If(cal_g == G - 1):
+                    m.d.sync += cal_y.eq(cal_y + 1)
+                    with m.If(cal_y == len(cal) - 1):
+                        m.d.sync += calibrating.eq(0)
+
+            def cls(pos, n):  # the row (column) class of an output row (column) of n
+                return Mux(pos < pd, pos, Mux(pos >= n - pd, pos + 2 * pd + 1 - n, pd))
+
+            rc = Signal(range(k))
+            cc = Signal(range(k))
+            m.d.comb += [rc.eq(cls(yh, Ho)), cc.eq(cls(yv, Wo)), p_r.addr.eq((rc * k + cc) * G + yg)]
+            for lane in range(L):
+                m.d.comb += y_fix[lane].eq(eng.y.payload.y[lane] + p_r.data[lane])
+            with m.If(eng.y.valid & eng.y.ready & ~calibrating):
+                m.d.sync += yg.eq(Mux(yg == G - 1, 0, yg + 1))
+                with m.If(yg == G - 1):
+                    m.d.sync += yv.eq(Mux(yv == Wo - 1, 0, yv + 1))
+                    with m.If(yv == Wo - 1):
+                        m.d.sync += yh.eq(Mux(yh == Ho - 1, 0, yh + 1))
+        else:
+            m.d.comb += y_fix.eq(eng.y.payload.y)
 
         # the fork: each Y beat goes once to ``y`` and once to the pool, whichever takes it first
         sent_y = Signal()
@@ -227,15 +326,18 @@ class ConvForward(wiring.Component):
         take_y = self.y.valid & self.y.ready
         take_pool = pool.i.valid & pool.i.ready
         done = Signal()
+        out = Signal()
         m.d.comb += [
-            self.y.valid.eq(eng.y.valid & ~sent_y),
-            self.y.payload.eq(eng.y.payload),
-            pool.i.valid.eq(eng.y.valid & ~sent_pool),
-            pool.i.payload.y.eq(eng.y.payload.y),
+            out.eq(eng.y.valid & ~calibrating),
+            self.y.valid.eq(out & ~sent_y),
+            self.y.payload.y.eq(y_fix),
+            self.y.payload.last.eq(eng.y.payload.last),
+            pool.i.valid.eq(out & ~sent_pool),
+            pool.i.payload.y.eq(y_fix),
             done.eq((sent_y | take_y) & (sent_pool | take_pool)),
-            eng.y.ready.eq(done),
+            eng.y.ready.eq(done | calibrating),
         ]
-        with m.If(eng.y.valid):
+        with m.If(out):
             with m.If(done):
                 m.d.sync += [sent_y.eq(0), sent_pool.eq(0), count.eq(count + 1)]
                 with m.If(count == beats - 1):

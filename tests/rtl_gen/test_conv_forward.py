@@ -19,10 +19,10 @@ from sim.hw import arith as A
 from sim.hw.model import HwModel, StepTrace
 
 
-def _model_forward(B, C, H, W, Co, x, w):
+def _model_forward(B, C, H, W, Co, x, w, padding):
     """Layer 0's Y and pool indices by HwModel.forward_train for a conv(Co)-maxpool-dense network."""
     d = {"name": "conv_forward", "model": {"input_shape": [C, H, W], "num_classes": 4, "layers": [
-        {"type": "conv", "channels": Co, "kernel": 3, "padding": "valid"}, {"type": "maxpool", "pool": 2},
+        {"type": "conv", "channels": Co, "kernel": 3, "padding": padding}, {"type": "maxpool", "pool": 2},
         {"type": "dense", "units": 4}]}, "train": {"batch_size": B, "epochs": 1}}
     model = HwModel(apply_overrides(config_from_dict(d), ["hw.input=binary"]))
     model.w[0] = np.asarray(w, np.int8)
@@ -125,17 +125,20 @@ def run_conv_forward(g: ConvForwardGeometry, batches, *, p_idle: float, p_stall:
 
 
 CASES = [
-    # B, Ci, H, W, Co, lanes_in, lanes_out: K = ceil(9 Ci / li) words, G = ceil(Co / lo) groups
-    pytest.param((2, 1, 8, 8, 4, 8, 4), id="ci1-8x8-co4-K2-G1"),
-    pytest.param((2, 3, 10, 10, 8, 32, 4), id="ci3-10x10-co8-K1-G2"),
-    pytest.param((2, 3, 8, 8, 6, 8, 4), id="ci3-8x8-co6-K4-G2-padlanes"),
-    pytest.param((2, 1, 9, 10, 5, 16, 8), id="ci1-9x10-co5-K1-G1-dropped-row"),
+    # B, Ci, H, W, Co, lanes_in, lanes_out, padding: K = ceil(9 Ci / li) words, G = ceil(Co / lo) groups
+    pytest.param((2, 1, 8, 8, 4, 8, 4, "valid"), id="ci1-8x8-co4-K2-G1"),
+    pytest.param((2, 3, 10, 10, 8, 32, 4, "valid"), id="ci3-10x10-co8-K1-G2"),
+    pytest.param((2, 3, 8, 8, 6, 8, 4, "valid"), id="ci3-8x8-co6-K4-G2-padlanes"),
+    pytest.param((2, 1, 9, 10, 5, 16, 8, "valid"), id="ci1-9x10-co5-K1-G1-dropped-row"),
+    pytest.param((2, 1, 8, 8, 4, 16, 4, "same"), id="same-ci1-8x8-co4-K1-G1"),
+    pytest.param((2, 3, 7, 8, 6, 8, 4, "same"), id="same-ci3-7x8-co6-K4-G2-dropped-row"),
 ]
 
 
 def _check(case, *, seed, p_idle=0.3, p_stall=0.4):
-    B, C, H, W, Co, li, lo = case
-    g = ConvForwardGeometry(batch=B, channels=C, height=H, width=W, out_channels=Co, lanes_in=li, lanes_out=lo)
+    B, C, H, W, Co, li, lo, padding = case
+    g = ConvForwardGeometry(batch=B, channels=C, height=H, width=W, out_channels=Co, lanes_in=li, lanes_out=lo,
+                            padding=padding)
     rng = np.random.default_rng(seed)
     batches, want = [], []
     for _ in range(2):
@@ -143,7 +146,7 @@ def _check(case, *, seed, p_idle=0.3, p_stall=0.4):
         w = rng.choice(np.array([-1, 1], np.int8), size=(Co, C, 3, 3))
         x[0, :, :4, :4] = w[0, :, :3, :3].max()  # a few windows with many ties and the largest |Y|
         batches.append((x, w))
-        want.append(_expected(g, *_model_forward(B, C, H, W, Co, x, w)))
+        want.append(_expected(g, *_model_forward(B, C, H, W, Co, x, w, padding)))
     ys, ps, cycles = run_conv_forward(g, batches, p_idle=p_idle, p_stall=p_stall, seed=seed)
     for n, (wy, wp) in enumerate(want):
         assert len(ys[n]) == len(wy)
@@ -151,19 +154,20 @@ def _check(case, *, seed, p_idle=0.3, p_stall=0.4):
         assert not bad, f"batch {n}: {len(bad)} Y beats differ, the first at beat {bad[:1]}"
         assert ps[n] == wp, f"batch {n}: pooled beats differ"
     assert cycles[0] == g.cycles() == conv_forward_cycles(
-        batch=B, channels=C, height=H, width=W, out_channels=Co, lanes_in=li, lanes_out=lo)
+        batch=B, channels=C, height=H, width=W, out_channels=Co, lanes_in=li, lanes_out=lo, padding=padding)
     return g
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_conv_forward_equals_the_model(case):
-    _check(case, seed=sum(case))
+    _check(case, seed=sum(case[:-1]))
 
 
 @pytest.mark.rtl_slow
 @pytest.mark.parametrize("case", [
-    pytest.param((2, 1, 28, 28, 16, 64, 16), id="preset-layer0-b2"),  # configs/cnn_mnist.toml's first conv layer
-    pytest.param((2, 16, 13, 13, 32, 64, 16), id="preset-layer1-b2-K3-G2"),  # its second, on the pooled 13x13
+    pytest.param((2, 1, 28, 28, 16, 64, 16, "valid"), id="preset-layer0-b2"),  # configs/cnn_mnist.toml's first
+    pytest.param((2, 16, 13, 13, 32, 64, 16, "valid"), id="preset-layer1-b2-K3-G2"),  # its second (13x13 pooled)
+    pytest.param((2, 16, 13, 13, 32, 64, 16, "same"), id="same-layer1-b2-K3-G2"),
 ])
 def test_conv_forward_larger(case):
     _check(case, seed=7, p_idle=0.5, p_stall=0.6)
@@ -174,10 +178,50 @@ def test_geometry():
     assert (g.out_height, g.map_depth, g.map_width, g.engine.words, g.engine.groups) == (26, 672, 28, 1, 1)
     assert (g.pooling.out_height, g.pooling.y_width) == (13, 5)
     assert g.cycles() == 5 + (24 * 26 - 1) * (25 + 4) + 26 + 4  # k + Wo cycles per output row
-    with pytest.raises(ValueError, match="padding 'same' is not built"):
+    same = ConvForwardGeometry(batch=2, channels=2, height=5, width=6, out_channels=4, lanes_in=8, lanes_out=4,
+                               padding="same")
+    assert (same.pad, same.out_height, same.out_width, len(same.calibration), same.calibration[5]) == (1, 5, 6, 10, 0)
+    assert same.cycles() == 10 * 3 + 1 + (2 * 5 - 1) * (5 * 3 + 3 + 3) + 6 * 3 + 4  # 10 calibration windows first
+    with pytest.raises(ValueError, match="needs maps of at least 4 rows and columns, not 3x8"):
+        ConvForwardGeometry(batch=1, channels=1, height=3, width=8, out_channels=4, lanes_in=8, lanes_out=4,
+                            kernel=5, padding="same")
+    with pytest.raises(ValueError, match="padding must be 'valid' or 'same', not 'full'"):
         ConvForwardGeometry(batch=1, channels=1, height=8, width=8, out_channels=4, lanes_in=8, lanes_out=4,
-                            padding="same")
+                            padding="full")
     with pytest.raises(ValueError, match="lanes_in must be an integer in 1..4096, not 0"):
         ConvForwardGeometry(batch=1, channels=1, height=8, width=8, out_channels=4, lanes_in=0, lanes_out=4)
     with pytest.raises(ValueError, match="does not fit 2 rows"):
         ConvForwardGeometry(batch=1, channels=1, height=2, width=8, out_channels=4, lanes_in=8, lanes_out=4)
+
+
+@pytest.mark.parametrize("kernel, shape", [(3, (2, 3, 6, 5)), (5, (1, 2, 5, 4))])
+def test_calibration_gives_the_contracts_same_padding(kernel, shape):
+    """The engine's Y with the padding as -1 bits plus P of the calibration windows (their Y summed with the
+    all-ones window's, halved) is sim.hw.arith.conv_xnor_popcount with same padding (padding skipped)."""
+    B, C, H, W = shape
+    Co = 3
+    g = ConvForwardGeometry(batch=B, channels=C, height=H, width=W, out_channels=Co, lanes_in=8, lanes_out=4,
+                            kernel=kernel, padding="same")
+    rng = np.random.default_rng(kernel)
+    x = rng.choice(np.array([-1, 1]), size=(B, C, H, W))
+    w = rng.choice(np.array([-1, 1]), size=(Co, C, kernel, kernel))
+    n, pd = C * kernel * kernel, g.pad
+    wm = w.reshape(Co, n)
+
+    def engine(bits):  # the engine's Y of one window of bits (1: +1, 0: -1)
+        return wm @ (2 * np.array([(bits >> t) & 1 for t in range(n)]) - 1)
+
+    y_cal = [engine(b) for b in g.calibration]
+    table = [(yc + y_cal[0]) // 2 for yc in y_cal[1:]]
+    xp = np.pad(x, ((0, 0), (0, 0), (pd, pd), (pd, pd)), constant_values=-1)  # the padding as -1 bits
+
+    def cls(pos, size):
+        return pos if pos < pd else pos + 2 * pd + 1 - size if pos >= size - pd else pd
+
+    y = np.zeros((B, Co, H, W), np.int64)
+    for b in range(B):
+        for h in range(H):
+            for v in range(W):
+                y[b, :, h, v] = wm @ xp[b, :, h:h + kernel, v:v + kernel].reshape(-1) \
+                    + table[cls(h, H) * kernel + cls(v, W)]
+    np.testing.assert_array_equal(y, A.conv_xnor_popcount(x, w, "same", 1))
