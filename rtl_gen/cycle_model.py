@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["CycleReport", "infer_cycles", "step_cycles"]
+__all__ = ["CycleReport", "conv_forward_cycles", "infer_cycles", "step_cycles"]
 
 #: Controller cycles per phase besides the units' own (start pulse, done detection, phase advance).
 PHASE_OVERHEAD = 3
@@ -198,3 +198,27 @@ def infer_cycles(plan, n: int | None = None) -> int:
     if n is not None and not 1 <= n <= plan.batch:
         raise ValueError(f"infer of {n} samples: the accelerator takes 1 .. {plan.batch} (its batch size)")
     return sum(forward_cycles(plan, j, infer=True) for _, j in plan.infer_phases())
+
+
+def conv_forward_cycles(*, batch: int, channels: int, height: int, width: int, out_channels: int, lanes_in: int,
+                        lanes_out: int, kernel: int = 3, padding: str = "valid") -> int:
+    """Cycles of :class:`rtl_gen.conv_forward.ConvForward` (one conv layer's forward phase with max pooling) from
+    ``start`` to the transfer of the batch's last ``Y`` beat, both included, with no backpressure.
+
+    With ``K = ceil(N / lanes_in)`` words per window (``N = channels kernel^2``), ``G = ceil(out_channels /
+    lanes_out)`` groups and ``T = K G`` engine cycles per window: the first output row starts after the
+    generator's first read, the read port and ``kernel`` row loads (``kernel + 2``), with ``same`` padding after
+    the ``kernel^2 + 1`` calibration windows (``(kernel^2 + 1) T + 1``) if later; each output row then takes
+    ``Wo`` windows of ``T`` cycles, and the register window loads the next row's ``kernel`` rows after its last
+    window's ``K`` words, so consecutive rows start ``(Wo - 1) T + max(T, K + kernel)`` apart; the last window
+    leaves the engine ``T - 1 + LATENCY`` cycles after its first word."""
+    from .xnor_engine import LATENCY
+
+    n_in = channels * kernel * kernel
+    K, G = _ceil(n_in, lanes_in), _ceil(out_channels, lanes_out)
+    T = K * G
+    pad = (kernel - 1) // 2 if padding == "same" else 0
+    Ho, Wo = height + 2 * pad - kernel + 1, width + 2 * pad - kernel + 1
+    first = kernel + 2 if not pad else max(kernel + 2, (kernel * kernel + 1) * T + 1)
+    period = (Wo - 1) * T + max(T, K + kernel)
+    return first + (batch * Ho - 1) * period + Wo * T + LATENCY
