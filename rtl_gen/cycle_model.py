@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["CycleReport", "conv_forward_cycles", "infer_cycles", "step_cycles"]
+__all__ = ["CycleReport", "conv_forward_cycles", "conv_layer_forward_cycles", "infer_cycles", "step_cycles"]
 
 #: Controller cycles per phase besides the units' own (start pulse, done detection, phase advance).
 PHASE_OVERHEAD = 3
@@ -222,3 +222,35 @@ def conv_forward_cycles(*, batch: int, channels: int, height: int, width: int, o
     first = kernel + 2 if not pad else max(kernel + 2, (kernel * kernel + 1) * T + 1)
     period = (Wo - 1) * T + max(T, K + kernel)
     return first + (batch * Ho - 1) * period + Wo * T + LATENCY
+
+
+def conv_layer_forward_cycles(geometry) -> int:
+    """Cycles of :class:`rtl_gen.conv_layer.ConvLayerForward` (one conv layer's whole forward phase with max pooling,
+    for a :class:`rtl_gen.conv_layer.ConvLayerGeometry`) from ``start`` to the transfer of the last ``stats`` beat,
+    both included, with no backpressure and ``beta`` offered whenever the BN unit takes it.
+
+    The engine's pass (:func:`conv_forward_cycles`) is BN pass 1; then the BN unit's stages after the last ``Y``
+    beat (:data:`rtl_gen.bn_unit.BN_FWD_ACC_STAGES` and one), EPI1, the two replays of the ``Y`` buffer (its reader
+    holds the first word before each pass starts) with EPI2 between them, and EPI3
+    (:func:`rtl_gen.bn_unit.forward_cycles`). With one group the BN unit takes a beat every other cycle: with one
+    word a window (``T = 1``) it paces pass 1, which then ends ``2 (n - 1)`` cycles after the first ``Y`` beat
+    (plus ``(B Ho - 1) (k - Wo)`` when rows of ``Wo < k`` windows come in bursts between their row loads)."""
+    from .bn_unit import BN_FWD_ACC_STAGES, forward_cycles
+    from .xnor_engine import LATENCY
+
+    c = geometry.conv
+    engine = conv_forward_cycles(batch=c.batch, channels=c.channels, height=c.height, width=c.width,
+                                 out_channels=c.out_channels, lanes_in=c.lanes_in, lanes_out=c.lanes_out,
+                                 kernel=c.kernel, padding=c.padding)
+    K = _ceil(c.channels * c.kernel * c.kernel, c.lanes_in)
+    if geometry.bn.groups == 1 and K == 1:
+        # a window a cycle, a beat every other cycle into BN: beat i is taken at max(e_i, a_(i-1) + 2), e_i its
+        # time unstalled (row r, column v: e_0 + r (Wo + k) + v; the engine's output buffer absorbs the stalls);
+        # the largest of e_i + 2 (n - 1 - i) is at v = 0 of the first row, or of the last when Wo < k
+        pad = (c.kernel - 1) // 2 if c.padding == "same" else 0
+        first = c.kernel + 2 if not pad else max(c.kernel + 2, (c.kernel * c.kernel + 1) + 1)
+        rows = c.batch * c.out_height
+        engine = (first + 1 + LATENCY + 2 * (geometry.positions - 1)
+                  + max(0, (rows - 1) * (c.kernel - c.out_width)))
+    bn = forward_cycles(geometry.bn, geometry.div_steps)
+    return engine + BN_FWD_ACC_STAGES + 1 + sum(bn[k] for k in ("epi1", "pass2", "epi2", "pass3", "epi3"))

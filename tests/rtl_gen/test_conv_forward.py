@@ -49,6 +49,77 @@ def _expected(g: ConvForwardGeometry, y: np.ndarray, idx: np.ndarray):
     return ys, pooled
 
 
+async def load_and_start(ctx, dut, g: ConvForwardGeometry, x, w, *, gaps: float, coin, at_start=None) -> int:
+    """Write the map ``x`` and the weights ``w`` into ``dut`` (a ConvForward or a unit with its ``x_write`` and
+    ``w_load``) with gaps of probability ``gaps``, then pulse ``start`` (``at_start()`` just before); returns the
+    cycles before the start pulse's."""
+    now = 0
+    for port, beats in ((dut.x_write, [{"addr": a, "data": d} for a, d in enumerate(g.map_words(x))]),
+                        (dut.w_load, [{"lane": ln, "addr": a, "data": d} for ln, a, d in g.weight_beats(w)])):
+        for beat in beats:
+            while coin.random() < gaps:
+                ctx.set(port.valid, 0)
+                await ctx.tick()
+                now += 1
+            ctx.set(port.payload, beat)
+            ctx.set(port.valid, 1)
+            await ctx.tick()
+            now += 1
+        ctx.set(port.valid, 0)
+    if at_start is not None:
+        at_start()
+    ctx.set(dut.start, 1)
+    await ctx.tick()
+    ctx.set(dut.start, 0)
+    return now
+
+
+def batch_driver(dut, g: ConvForwardGeometry, batches, *, running, marks, coin, p_idle: float, limit: int, missing,
+                 idle=()):
+    """A testbench process running ``batches`` (``(x, w, ...)``) one after the other through :func:`load_and_start`
+    (gaps from the second batch on), each until ``missing(n)`` is empty (it names what batch ``n`` still lacks;
+    more than ``limit`` cycles fail); ``running[0]`` is the batch the sinks are in, ``marks`` gets each start
+    cycle. After a batch ``dut.busy`` and every signal of ``idle`` must be low. Every process counts its own
+    cycles (one tick per await)."""
+
+    async def driver(ctx):
+        now = 0
+        for n, (x, w, *_) in enumerate(batches):
+            before = await load_and_start(ctx, dut, g, x, w, gaps=p_idle if n else 0.0, coin=coin,
+                                          at_start=lambda n=n: running.__setitem__(0, n))
+            marks.append(now + before)
+            now += before + 1
+            while missing(n):
+                assert now - marks[n] < limit, f"batch {n}: {missing(n)} after {limit} cycles"
+                await ctx.tick()
+                now += 1
+            await ctx.tick()
+            now += 1
+            assert not ctx.get(dut.busy), "busy after the batch's last beat"
+            assert not any(ctx.get(s) for s in idle)
+    return driver
+
+
+def batch_sink(port, out, n_out: int, *, running, coin, p_stall: float, stamp=None, convert=lambda pl: pl):
+    """A testbench process taking ``n_out`` beats of stream ``port`` per batch into ``out[n]`` (``convert``ed;
+    ``running[0]`` is the batch), ``ready`` low with probability ``p_stall`` from the second batch on;
+    ``stamp[n]``: the cycle of batch ``n``'s last beat."""
+
+    async def run(ctx):
+        now = 0
+        while True:
+            n = running[0]
+            ready = len(out[n]) < n_out and coin.random() >= (p_stall if n else 0.0)
+            ctx.set(port.ready, ready)
+            if ready and ctx.get(port.valid):
+                out[n].append(convert(ctx.get(port.payload)))
+                if stamp is not None:
+                    stamp[n] = now
+            await ctx.tick()
+            now += 1
+    return run
+
+
 def run_conv_forward(g: ConvForwardGeometry, batches, *, p_idle: float, p_stall: float, seed: int):
     """Run ``batches`` (``(x, w)`` pairs) one after the other: the first with no gaps and no stalls, the others with
     gaps of probability ``p_idle`` in the writes and ``ready`` low with probability ``p_stall`` on each output.
@@ -64,54 +135,16 @@ def run_conv_forward(g: ConvForwardGeometry, batches, *, p_idle: float, p_stall:
     running = [0]  # the batch the sinks are in
     limit = 20 * g.cycles()  # a stuck handshake fails instead of hanging
 
-    async def driver(ctx):  # every process counts its own cycles (one tick per await)
-        now = 0
-        for n, (x, w) in enumerate(batches):
-            gaps = p_idle if n else 0.0
-            for stream, beats in ((dut.x_write, [{"addr": a, "data": d} for a, d in enumerate(g.map_words(x))]),
-                                  (dut.w_load, [{"lane": ln, "addr": a, "data": d}
-                                                for ln, a, d in g.weight_beats(w)])):
-                for beat in beats:
-                    while coin.random() < gaps:
-                        ctx.set(stream.valid, 0)
-                        await ctx.tick()
-                        now += 1
-                    ctx.set(stream.payload, beat)
-                    ctx.set(stream.valid, 1)
-                    await ctx.tick()
-                    now += 1
-                ctx.set(stream.valid, 0)
-            running[0] = n
-            ctx.set(dut.start, 1)
-            marks.append(now)
-            await ctx.tick()
-            now += 1
-            ctx.set(dut.start, 0)
-            while len(got_y[n]) < n_y or len(got_p[n]) < n_p:
-                assert now - marks[n] < limit, f"batch {n}: {len(got_y[n])} Y and {len(got_p[n])} pooled beats " \
-                                               f"after {limit} cycles"
-                await ctx.tick()
-                now += 1
-            await ctx.tick()
-            now += 1
-            assert not ctx.get(dut.busy), "busy after the batch's last beat"
-            assert not ctx.get(dut.y.valid) and not ctx.get(dut.pooled.valid)
+    def missing(n):
+        short = len(got_y[n]) < n_y or len(got_p[n]) < n_p
+        return f"{len(got_y[n])} Y and {len(got_p[n])} pooled beats" if short else ""
+
+    driver = batch_driver(dut, g, batches, running=running, marks=marks, coin=coin, p_idle=p_idle, limit=limit,
+                          missing=missing, idle=[dut.y.valid, dut.pooled.valid])
 
     def sink(port, out, n_out, stamp):
-        async def run(ctx):
-            now = 0
-            while True:
-                n = running[0]
-                stall = p_stall if n else 0.0
-                ready = len(out[n]) < n_out and coin.random() >= stall
-                ctx.set(port.ready, ready)
-                if ready and ctx.get(port.valid):
-                    out[n].append(ctx.get(port.payload))
-                    if stamp:
-                        last_y[n] = now
-                await ctx.tick()
-                now += 1
-        return run
+        return batch_sink(port, out, n_out, running=running, coin=coin, p_stall=p_stall,
+                          stamp=last_y if stamp else None)
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
