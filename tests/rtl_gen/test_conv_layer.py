@@ -140,6 +140,7 @@ CASES = [
     pytest.param((2, 1, 6, 6, 4, 16, 4, "valid"), id="ci1-6x6-co4-K1-G1"),
     pytest.param((2, 3, 7, 6, 6, 16, 4, "valid"), id="ci3-7x6-co6-K2-G2-padlanes-dropped-row"),
     pytest.param((1, 2, 6, 7, 8, 32, 4, "same"), id="same-ci2-6x7-co8-K1-G2-dropped-col"),
+    pytest.param((2, 1, 5, 4, 3, 16, 4, "valid"), id="ci1-5x4-co3-K1-G1-rows-of-2-dropped-row"),  # Wo < k
 ]
 
 
