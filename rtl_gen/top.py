@@ -337,6 +337,14 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
         lgb_r, lgb_wp = mem("logits", lg_w, B * plan.loss_groups)
         lab_r, lab_wp = mem("labels", plan.label_bits, B)
         plog_r, plog_wp = mem("phase_log", 32, n_ph)
+        # the phase log's write from registers, a cycle after the phase's end: the end (`phase_done`, an AND-OR of
+        # every unit's done) then reaches only the phase registers, not a distributed RAM's address and enable as
+        # well (the routed SMALL design's worst path, docs/results/timing.md)
+        plog_en = Signal()
+        plog_addr = Signal.like(plog_wp.addr)
+        plog_data = Signal.like(plog_wp.data, reset_less=True)
+        m.d.sync += plog_en.eq(0)
+        m.d.comb += [plog_wp.addr.eq(plog_addr), plog_wp.data.eq(plog_data), plog_wp.en.eq(plog_en)]
 
         ports = {}
 
@@ -653,7 +661,7 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
                     m.d.comb += [act_next[k].eq(0) for k in phases]
                     m.next = "idle"
                 with m.Elif(phase_done & ~ph_start):
-                    m.d.comb += [plog_wp.addr.eq(ph), plog_wp.data.eq(cycles + 1), plog_wp.en.eq(1)]
+                    m.d.sync += [plog_addr.eq(ph), plog_data.eq(cycles + 1), plog_en.eq(1)]
                     # the one-hot activity moves on (off after the last phase of a train or an infer)
                     for i, key in enumerate(phases):
                         prev = act[phases[i - 1]] if i not in (0, n_train) else 0
