@@ -254,3 +254,16 @@ def conv_layer_forward_cycles(geometry) -> int:
                   + max(0, (rows - 1) * (c.kernel - c.out_width)))
     bn = forward_cycles(geometry.bn, geometry.div_steps)
     return engine + BN_FWD_ACC_STAGES + 1 + sum(bn[k] for k in ("epi1", "pass2", "epi2", "pass3", "epi3"))
+
+
+def conv_layer_backward_cycles(geometry) -> int:
+    """Cycles of :class:`rtl_gen.conv_backward.ConvLayerBackward` (a pooled conv layer's max-pool backward routing
+    and BN backward, for a :class:`rtl_gen.conv_layer.ConvLayerGeometry`) from the first ``x`` or ``pooled``
+    transfer to the transfer of the last ``q`` beat, both included, with no gaps, no backpressure and ``alpha``
+    offered whenever the BN unit takes it: the load of both buffers at once (``max(n G, B Hp Wp G)`` beats), one
+    cycle to start the routed passes, then :func:`rtl_gen.bn_unit.backward_cycles` of the ``n`` positions."""
+    from .bn_unit import backward_cycles
+
+    c, p = geometry.conv, geometry.pooling
+    load = max(geometry.beats, c.batch * p.out_height * p.out_width * geometry.bn.groups)
+    return load + 1 + backward_cycles(geometry.bn)["total"]
