@@ -25,19 +25,28 @@ Ports: ``x`` (``x_hat``), ``pooled`` (``dx``, ``idx`` per lane), ``alpha`` (the 
 zero-scale flag per channel), ``p1`` (``P1`` per channel), ``q`` (``Q`` of every position, order ``(b, h, v, g)``,
 ``last`` on a position's last group), ``busy`` (from the first load transfer until the BN unit took the last
 replayed beat).
+
+:class:`ConvLayerBackwardCodes` adds the po2 codes: :class:`rtl_gen.po2_unit.Po2Unit` unchanged, built with the same
+:class:`BnLayer` but for its operand ``|Q| n`` (:func:`po2_layer`: the model's conv form folds ``n`` into the
+per-channel thresholds instead; both are the exact rounding of ``log2(|Q| n / S')``), its PASS1 scratch held for
+PASS2 in a FIFO of ``n G`` beats.
 """
 
 from __future__ import annotations
 
-from amaranth import Module, Mux, Signal, unsigned
+from dataclasses import replace
+
+from amaranth import Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from .bn_unit import BnBackwardUnit
+from .bn_unit import BnBackwardUnit, BnLayer
 from .conv_layer import ConvLayerGeometry
+from .po2_unit import SCALE_WIDTH, Po2Unit
 
-__all__ = ["ConvLayerBackward"]
+__all__ = ["ConvLayerBackward", "ConvLayerBackwardCodes"]
 
 
 class ConvLayerBackward(wiring.Component):
@@ -166,4 +175,65 @@ class ConvLayerBackward(wiring.Component):
                             m.d.sync += [b.eq(0), i.eq(0), second.eq(1)]
                             with m.If(second):  # the last replayed beat: load the next batch
                                 m.d.sync += [emit.eq(0), started.eq(0), xa.eq(0), pa.eq(0)]
+        return m
+
+
+def po2_layer(bn: BnLayer) -> BnLayer:
+    """The conv layer's :class:`BnLayer` for :class:`Po2Unit`: its operand is the dense form's ``|Q| n``, so its
+    ``po2_num`` bound is ``Q n`` (``sim.hw.widths`` gives a conv layer ``Q``, the conv form's operand with ``n`` in
+    the per-channel thresholds, which the unit does not implement): ``bitlen(n)`` more bits per lane."""
+    return replace(bn, bounds=replace(bn.bounds, po2_num=bn.bounds.Q * bn.batch))
+
+
+class ConvLayerBackwardCodes(wiring.Component):
+    """:class:`ConvLayerBackward` followed by :class:`rtl_gen.po2_unit.Po2Unit`: a pooled conv layer's ``bwd`` phase
+    up to the po2 codes of its ``dY`` (docs/arithmetic.md 5.5).
+
+    Ports: ``x``, ``pooled``, ``alpha``, ``p1`` (as :class:`ConvLayerBackward`; ``P1`` is what the beta update
+    needs), ``s_eff`` (``S'`` per channel, taken before the codes' first pass), ``scale`` (the gradient scale
+    exponent of the layer above's ``dX``), ``bias`` (the layer's po2 bias and unit exponent), ``codes`` (per
+    position and group, order ``(b, h, v, g)``), ``busy``.
+    """
+
+    def __init__(self, *, geometry: ConvLayerGeometry, mul_steps: int = 1):
+        self._bwd = ConvLayerBackward(geometry=geometry)
+        self._po2 = Po2Unit(layer=po2_layer(geometry.bn), mul_steps=mul_steps)
+        bn = geometry.bn
+        super().__init__(
+            {
+                "x": In(stream.Signature(self._bwd.x_layout)),
+                "pooled": In(stream.Signature(self._bwd.pooled_layout)),
+                "alpha": In(stream.Signature(bn.alpha_layout)),
+                "s_eff": In(stream.Signature(unsigned(bn.s_width))),
+                "scale": In(signed(SCALE_WIDTH)),
+                "p1": Out(stream.Signature(bn.p1_layout)),
+                "bias": Out(stream.Signature(self._po2.bias_layout)),
+                "codes": Out(stream.Signature(self._po2.codes_layout)),
+                "busy": Out(1),
+            }
+        )
+
+    @property
+    def po2(self) -> Po2Unit:
+        return self._po2
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.bwd = bwd = self._bwd
+        m.submodules.po2 = po2 = self._po2
+        for name in ("x", "pooled", "alpha"):
+            wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(bwd, name))
+        wiring.connect(m, wiring.flipped(self.s_eff), po2.s_eff)
+        wiring.connect(m, bwd.p1, wiring.flipped(self.p1))
+        wiring.connect(m, bwd.q, po2.q)
+        wiring.connect(m, po2.bias, wiring.flipped(self.bias))
+        wiring.connect(m, po2.codes, wiring.flipped(self.codes))
+        m.d.comb += [po2.scale.eq(self.scale), self.busy.eq(bwd.busy | (po2.phase != Po2Unit.PRO))]
+        lay = po2.scratch_layout
+        m.submodules.scratch = fifo = SyncFIFOBuffered(width=lay.size, depth=self._bwd.geometry.beats)
+        m.d.comb += [
+            fifo.w_data.eq(po2.scratch.payload), fifo.w_en.eq(po2.scratch.valid), po2.scratch.ready.eq(fifo.w_rdy),
+            po2.scratch_in.payload.eq(fifo.r_data), po2.scratch_in.valid.eq(fifo.r_rdy),
+            fifo.r_en.eq(po2.scratch_in.ready),
+        ]
         return m

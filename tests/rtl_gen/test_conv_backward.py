@@ -12,14 +12,15 @@ import pytest
 from amaranth.sim import Simulator
 from test_conv_layer import _config  # same folder
 
-from rtl_gen.conv_backward import ConvLayerBackward
+from rtl_gen.conv_backward import ConvLayerBackward, ConvLayerBackwardCodes
 from rtl_gen.conv_layer import ConvLayerGeometry
 from rtl_gen.cycle_model import conv_layer_backward_cycles
 from sim.hw import arith as A
 
 
-def _batch(g: ConvLayerGeometry, rng):
-    """Random retained x_hat, pool indices, masked pooled gradient and alpha; the expected Q beats and P1."""
+def _batch(g: ConvLayerGeometry, rng, codes: bool):
+    """Random retained x_hat, pool indices, masked pooled gradient and alpha (and S' with ``codes``); the expected
+    Q beats (or po2 code beats), P1 (and the po2 bias)."""
     B, Co, Ho, Wo = g.conv.batch, g.conv.out_channels, g.conv.out_height, g.conv.out_width
     p, Hp, Wp = g.pooling.pool, g.next_height, g.next_width
     bd = g.bn.bounds
@@ -45,26 +46,42 @@ def _batch(g: ConvLayerGeometry, rng):
     alphas = [{"alpha_q": int(a), "zero": int(z)} for a, z in zip(alpha, zero, strict=True)]
     qs = [[int(q[b, c, h, v]) if c < Co else 0 for c in lanes(gr)]
           for b in range(B) for h in range(Ho) for v in range(Wo) for gr in range(G)]
-    return {"x": xs, "pooled": pooled, "alpha": alphas}, qs, [int(v) for v in p1]
+    inputs = {"x": xs, "pooled": pooled, "alpha": alphas}
+    if not codes:
+        return inputs, qs, [int(v) for v in p1], None
+    s_eff = np.maximum(rng.integers(0, g.bn.s_eff_max + 1, Co) >> rng.integers(0, 10, Co), 1)
+    inputs["s_eff"] = [int(v) for v in s_eff]
+    ref = A.po2_quantise(q, s_eff, SCALE, g.bn.params, times_batch=True)  # HwModel.train_step's call (hidden layer)
+    cs = [[(int(ref.field[b, c, h, v]), int(ref.neg[b, c, h, v])) if c < Co else (0, 0) for c in lanes(gr)]
+          for b in range(B) for h in range(Ho) for v in range(Wo) for gr in range(G)]
+    return inputs, cs, [int(v) for v in p1], (ref.bias, ref.unit_exp)
 
 
-def _run(g: ConvLayerGeometry, seed: int):
+SCALE = -7  # the gradient scale exponent of the layer above's dX
+
+
+def _run(g: ConvLayerGeometry, seed: int, codes: bool = False):
     rng = np.random.default_rng(seed)
-    dut = ConvLayerBackward(geometry=g)
-    batches = [_batch(g, rng) for _ in range(2)]
-    got = [{"q": [], "p1": []} for _ in batches]
+    dut = ConvLayerBackwardCodes(geometry=g) if codes else ConvLayerBackward(geometry=g)
+    out = dut.codes if codes else dut.q
+    batches = [_batch(g, rng, codes) for _ in range(2)]
+    got = [{"q": [], "p1": [], "bias": []} for _ in batches]
     stamps = []
     coin = random.Random(seed)
 
     async def bench(ctx):
-        for k, (inputs, qs, _) in enumerate(batches):
+        if codes:
+            ctx.set(dut.scale, SCALE)
+        for k, (inputs, qs, *_) in enumerate(batches):
             idle, stall = (0.0, 0.0) if k == 0 else (0.3, 0.4)
             n = dict.fromkeys(inputs, 0)
             cycle = 0
             first = None
             while len(got[k]["q"]) < len(qs):
-                ctx.set(dut.q.ready, coin.random() >= stall)
+                ctx.set(out.ready, coin.random() >= stall)
                 ctx.set(dut.p1.ready, coin.random() >= stall)
+                if codes:
+                    ctx.set(dut.bias.ready, coin.random() >= stall)
                 for name, items in inputs.items():
                     port = getattr(dut, name)
                     offer = n[name] < len(items) and coin.random() >= idle
@@ -74,8 +91,13 @@ def _run(g: ConvLayerGeometry, seed: int):
                         if ctx.get(port.ready):
                             n[name] += 1
                             first = cycle if first is None else first
-                if ctx.get(dut.q.ready) and ctx.get(dut.q.valid):
-                    got[k]["q"].append([int(v) for v in ctx.get(dut.q.payload.q)])
+                if ctx.get(out.ready) and ctx.get(out.valid):
+                    pl = ctx.get(out.payload)
+                    got[k]["q"].append([(int(c.field), int(c.neg)) for c in pl.code] if codes
+                                       else [int(v) for v in pl.q])
+                if codes and ctx.get(dut.bias.ready) and ctx.get(dut.bias.valid):
+                    got[k]["bias"].append((int(ctx.get(dut.bias.payload.bias)),
+                                           int(ctx.get(dut.bias.payload.unit_exp))))
                 if ctx.get(dut.p1.ready) and ctx.get(dut.p1.valid):
                     got[k]["p1"].append(int(ctx.get(dut.p1.payload.p1)))
                 await ctx.tick()
@@ -90,11 +112,12 @@ def _run(g: ConvLayerGeometry, seed: int):
     sim.add_clock(1e-8)
     sim.add_testbench(bench)
     sim.run()
-    for k, (_, qs, p1) in enumerate(batches):
+    for k, (_, qs, p1, bias) in enumerate(batches):
         assert got[k]["p1"] == p1, f"batch {k}: P1"
-        assert got[k]["q"] == qs, f"batch {k}: Q"
+        assert got[k]["q"] == qs, f"batch {k}: {'codes' if codes else 'Q'}"
         assert any(any(r) for r in qs)
-    assert stamps[0] == conv_layer_backward_cycles(g), stamps
+        assert got[k]["bias"] == ([bias] if codes else [])
+    assert stamps[0] == conv_layer_backward_cycles(g, codes=codes), stamps
 
 
 CASES = [
@@ -112,6 +135,14 @@ def test_conv_layer_backward_in_amaranth_simulator(case):
     _run(g, seed=B * 100 + Co)
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_conv_layer_backward_codes_in_amaranth_simulator(case):
+    """The same with the po2 unit: the codes and bias of the layer's dY (and P1)."""
+    B, C, H, W, Co, padding, lanes = case
+    g = ConvLayerGeometry.from_config(_config(B, C, H, W, Co, padding), 0, lanes_in=8, lanes_out=lanes)
+    _run(g, seed=B * 100 + Co + 1, codes=True)
+
+
 @pytest.mark.rtl_slow
 def test_conv_layer_backward_preset_second_layer():
     """The MNIST preset's second conv layer (32 channels, 11x11 positions, pooled to 5x5) at B = 2."""
@@ -120,3 +151,4 @@ def test_conv_layer_backward_preset_second_layer():
     cfg = apply_overrides(load_config("configs/cnn_mnist.toml"), ["train.batch_size=2"])
     g = ConvLayerGeometry.from_config(cfg, 1, lanes_in=64, lanes_out=16)
     _run(g, seed=7)
+    _run(g, seed=8, codes=True)
