@@ -66,7 +66,7 @@ def _run(g: ConvLayerGeometry, seed: int, codes: bool = False):
     out = dut.codes if codes else dut.q
     batches = [_batch(g, rng, codes) for _ in range(2)]
     got = [{"q": [], "p1": [], "bias": []} for _ in batches]
-    stamps = []
+    stamps, busy = [], []
     coin = random.Random(seed)
 
     async def bench(ctx):
@@ -100,6 +100,7 @@ def _run(g: ConvLayerGeometry, seed: int, codes: bool = False):
                                            int(ctx.get(dut.bias.payload.unit_exp))))
                 if ctx.get(dut.p1.ready) and ctx.get(dut.p1.valid):
                     got[k]["p1"].append(int(ctx.get(dut.p1.payload.p1)))
+                busy.append(ctx.get(dut.busy))
                 await ctx.tick()
                 cycle += 1
             stamps.append(cycle - first)
@@ -107,6 +108,7 @@ def _run(g: ConvLayerGeometry, seed: int, codes: bool = False):
                 ctx.set(getattr(dut, name).valid, 0)
             for _ in range(3):  # the last q left while the router may still hand over its last replayed beat
                 await ctx.tick()
+            assert not ctx.get(dut.busy), f"batch {k}: still busy after its last output"
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
@@ -117,6 +119,7 @@ def _run(g: ConvLayerGeometry, seed: int, codes: bool = False):
         assert got[k]["q"] == qs, f"batch {k}: {'codes' if codes else 'Q'}"
         assert any(any(r) for r in qs)
         assert got[k]["bias"] == ([bias] if codes else [])
+    assert sum(busy) > len(busy) // 2  # busy while the batch is in the unit
     assert stamps[0] == conv_layer_backward_cycles(g, codes=codes), stamps
 
 
