@@ -254,3 +254,31 @@ def conv_layer_forward_cycles(geometry) -> int:
                   + max(0, (rows - 1) * (c.kernel - c.out_width)))
     bn = forward_cycles(geometry.bn, geometry.div_steps)
     return engine + BN_FWD_ACC_STAGES + 1 + sum(bn[k] for k in ("epi1", "pass2", "epi2", "pass3", "epi3"))
+
+
+def conv_layer_backward_cycles(geometry, *, codes: bool = False) -> int:
+    """Cycles of :class:`rtl_gen.conv_backward.ConvLayerBackward` (a pooled conv layer's max-pool backward routing
+    and BN backward, for a :class:`rtl_gen.conv_layer.ConvLayerGeometry`) from the first ``x`` or ``pooled``
+    transfer to the transfer of the last ``q`` beat, both included, with no gaps, no backpressure and ``alpha``
+    offered whenever the BN unit takes it: the load of both buffers at once (``max(n G, B Hp Wp G)`` beats), one
+    cycle to start the routed passes, then :func:`rtl_gen.bn_unit.backward_cycles` of the ``n`` positions.
+
+    ``codes``: :class:`rtl_gen.conv_backward.ConvLayerBackwardCodes`, to the last ``codes`` transfer, with ``S'``
+    offered from the first cycle: the po2 unit's PRO (``M (1 + iterations)``) is hidden behind the load and BN's
+    first pass, its PASS1 ends 4 cycles after the last ``Q`` beat, then FIN, BIAS and PASS2
+    (:func:`rtl_gen.po2_unit.po2_cycles`)."""
+    from .bn_unit import backward_cycles
+    from .conv_backward import po2_layer
+    from .po2_unit import po2_cycles
+
+    c, p = geometry.conv, geometry.pooling
+    load = max(geometry.beats, c.batch * p.out_height * p.out_width * geometry.bn.groups)
+    bwd = backward_cycles(geometry.bn)
+    total = load + 1 + bwd["total"]
+    if not codes:
+        return total
+    po2 = po2_cycles(po2_layer(geometry.bn))
+    if po2["pro"] > load + 1 + bwd["pass1"] + bwd["epi"]:
+        raise ValueError(f"conv_layer_backward_cycles: the po2 unit's PRO ({po2['pro']} cycles) outlasts the load "
+                         f"and BN's first pass; the count assumes it hidden")
+    return total + po2["pass1"] - geometry.beats + po2["bias"] + po2["pass2"]
