@@ -52,6 +52,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from filelock import FileLock
+
 from boards.devices import LFE5U_85F, Device
 from boards.primitives import global_buffer_verilog
 
@@ -375,95 +377,98 @@ def run_ecp5(verilog: str, top: str, *, workdir: str | os.PathLike, board: str |
     versions = {t: importlib.metadata.version(f"yowasp-{t}") for t in ("yosys", "nextpnr-ecp5")}
     folder = Path(workdir).resolve()
     folder.mkdir(parents=True, exist_ok=True)
-    synth_key = _synth_key(verilog, top, versions["yosys"])
-    pnr_key = {**synth_key, "nextpnr": versions["nextpnr-ecp5"], "board": brd.name, "freq": float(freq_mhz),
-               "ooc": out_of_context, "seed": seed, "bit": bitstream, "router": router}
-    meta = _read_json(folder / "meta.json") or {}
-    elapsed = dict(meta.get("elapsed_s", {}))
-    cached = True
+    # one run at a time in a work folder: a second (another process, a parallel test) waits, then finds the
+    # first one's results in the cache instead of reading a netlist that is still being written
+    with FileLock(str(folder / "run.lock")):
+        synth_key = _synth_key(verilog, top, versions["yosys"])
+        pnr_key = {**synth_key, "nextpnr": versions["nextpnr-ecp5"], "board": brd.name, "freq": float(freq_mhz),
+                   "ooc": out_of_context, "seed": seed, "bit": bitstream, "router": router}
+        meta = _read_json(folder / "meta.json") or {}
+        elapsed = dict(meta.get("elapsed_s", {}))
+        cached = True
 
-    if meta.get("synth_key") != synth_key or not (folder / "design.json").is_file():
-        cached = False
-        for name in ("design.json", "stats.json", "pnr.json", "design.config", "xnortrain.bit", "meta.json"):
-            (folder / name).unlink(missing_ok=True)
-        # large initial contents as $readmemh files, as the Xilinx flow does (rtl_gen.synth.memory_init_files)
-        text, init_files = memory_init_files(verilog)
-        for name, content in init_files.items():
-            (folder / name).write_text(content)
-        (folder / "design.v").write_text(text)
-        (folder / "global_buffer.v").write_text(global_buffer_verilog("ecp5"))
-        (folder / "synth.ys").write_text(_synth_script(top))
-        say(f"  yosys synth_ecp5 {top} ...")
-        t0 = time.perf_counter()
-        res = run_yowasp("yosys", ["-q", "-l", "yosys.log", "-s", "synth.ys"], cwd=folder, check=False)
-        elapsed = {"synth": round(time.perf_counter() - t0, 1)}
-        if res.returncode != 0 or not (folder / "design.json").is_file():
-            raise Ecp5Error(f"yosys synth_ecp5 of {top} failed (exit {res.returncode}); log: {folder / 'yosys.log'}\n"
-                            + "\n".join(_tail(folder / "yosys.log")))
-        meta = {"synth_key": synth_key, "elapsed_s": elapsed}
-        (folder / "meta.json").write_text(json.dumps(meta, indent=1))
-
-    stats = _read_json(folder / "stats.json") or {}
-    cells = stats.get("design", {}).get("num_cells_by_type") or {}
-    synth = synth_resources(cells)
-    synth["IO"] = 0 if out_of_context else n_ports
-    if check_fit:
-        problems = check_ecp5_fit(synth, brd.limits, what=top)
-        if problems:
-            err = DoesNotFitError(f"{top} does not fit the {brd.device.name} ({brd.package}) of the {brd.title}: "
-                                  + "; ".join(problems))
-            err.overflows = problems
-            err.resources = synth
-            raise err
-
-    if not place:
-        return Ecp5Report(top=top, board=brd, freq_mhz=float(freq_mhz), fmax_mhz=None, synth=synth,
-                          out_of_context=out_of_context, workdir=folder, elapsed_s=elapsed, cached=cached,
-                          versions=versions)
-    if meta.get("pnr_key") != pnr_key or not (folder / "pnr.json").is_file():
-        cached = False
-        (folder / "pnr.json").unlink(missing_ok=True)
-        (folder / "xnortrain.bit").unlink(missing_ok=True)
-        args = [brd.nextpnr_device, "--package", brd.package, "--speed", str(brd.speed), "--json", "design.json",
-                "--freq", f"{float(freq_mhz):g}", "--report", "pnr.json", "--timing-allow-fail", "--seed", str(seed),
-                "--log", "nextpnr.log", "-q", "--router", router]
-        if out_of_context:
-            args.append("--out-of-context")
-        else:
-            (folder / "pins.lpf").write_text(lpf_text(brd))
-            args += ["--lpf", "pins.lpf", "--lpf-allow-unconstrained"]
-        if bitstream:
-            args += ["--textcfg", "design.config"]
-        say(f"  nextpnr-ecp5 {top} at {float(freq_mhz):g} MHz ...")
-        t0 = time.perf_counter()
-        res = run_yowasp("nextpnr-ecp5", args, cwd=folder, check=False)
-        elapsed["pnr"] = round(time.perf_counter() - t0, 1)
-        if res.returncode != 0 or not (folder / "pnr.json").is_file():
-            over = _log_overflows(_tail(folder / "nextpnr.log", 400), brd)
-            if over:
-                err = DoesNotFitError(f"{top} does not fit the {brd.device.name} ({brd.package}) of the {brd.title}: "
-                                      + "; ".join(over) + " (nextpnr-ecp5)")
-                err.overflows, err.resources = over, synth
-                raise err
-            raise Ecp5Error(f"nextpnr-ecp5 of {top} failed (exit {res.returncode}); log: {folder / 'nextpnr.log'}\n"
-                            + "\n".join(_tail(folder / "nextpnr.log") or [res.stderr.strip()]))
-        if bitstream:
-            say("  ecppack ...")
+        if meta.get("synth_key") != synth_key or not (folder / "design.json").is_file():
+            cached = False
+            for name in ("design.json", "stats.json", "pnr.json", "design.config", "xnortrain.bit", "meta.json"):
+                (folder / name).unlink(missing_ok=True)
+            # large initial contents as $readmemh files, as the Xilinx flow does (rtl_gen.synth.memory_init_files)
+            text, init_files = memory_init_files(verilog)
+            for name, content in init_files.items():
+                (folder / name).write_text(content)
+            (folder / "design.v").write_text(text)
+            (folder / "global_buffer.v").write_text(global_buffer_verilog("ecp5"))
+            (folder / "synth.ys").write_text(_synth_script(top))
+            say(f"  yosys synth_ecp5 {top} ...")
             t0 = time.perf_counter()
-            res = run_yowasp("ecppack", ["--input", "design.config", "--bit", "xnortrain.bit"], cwd=folder,
-                             check=False)
-            elapsed["pack"] = round(time.perf_counter() - t0, 1)
-            if res.returncode != 0 or not (folder / "xnortrain.bit").is_file():
-                raise Ecp5Error(f"ecppack of {top} failed (exit {res.returncode}): {res.stderr.strip()}")
-        meta.update({"pnr_key": pnr_key, "elapsed_s": elapsed})
-        (folder / "meta.json").write_text(json.dumps(meta, indent=1))
+            res = run_yowasp("yosys", ["-q", "-l", "yosys.log", "-s", "synth.ys"], cwd=folder, check=False)
+            elapsed = {"synth": round(time.perf_counter() - t0, 1)}
+            if res.returncode != 0 or not (folder / "design.json").is_file():
+                raise Ecp5Error(f"yosys synth_ecp5 of {top} failed (exit {res.returncode}); "
+                                f"log: {folder / 'yosys.log'}\n" + "\n".join(_tail(folder / "yosys.log")))
+            meta = {"synth_key": synth_key, "elapsed_s": elapsed}
+            (folder / "meta.json").write_text(json.dumps(meta, indent=1))
 
-    fmax, util, crit = parse_nextpnr_report(_read_json(folder / "pnr.json") or {}, io_pins=brd.io_pins)
-    slowest = min((v["achieved"] for v in fmax.values()), default=None)
-    return Ecp5Report(top=top, board=brd, freq_mhz=float(freq_mhz), fmax_mhz=slowest, fmax=fmax, utilisation=util,
-                      synth=synth, critical_path=crit, out_of_context=out_of_context,
-                      bitstream=(folder / "xnortrain.bit") if bitstream else None, workdir=folder,
-                      elapsed_s=elapsed, cached=cached, versions=versions, seed=seed, router=router)
+        stats = _read_json(folder / "stats.json") or {}
+        cells = stats.get("design", {}).get("num_cells_by_type") or {}
+        synth = synth_resources(cells)
+        synth["IO"] = 0 if out_of_context else n_ports
+        if check_fit:
+            problems = check_ecp5_fit(synth, brd.limits, what=top)
+            if problems:
+                err = DoesNotFitError(f"{top} does not fit the {brd.device.name} ({brd.package}) of the {brd.title}: "
+                                      + "; ".join(problems))
+                err.overflows = problems
+                err.resources = synth
+                raise err
+
+        if not place:
+            return Ecp5Report(top=top, board=brd, freq_mhz=float(freq_mhz), fmax_mhz=None, synth=synth,
+                              out_of_context=out_of_context, workdir=folder, elapsed_s=elapsed, cached=cached,
+                              versions=versions)
+        if meta.get("pnr_key") != pnr_key or not (folder / "pnr.json").is_file():
+            cached = False
+            (folder / "pnr.json").unlink(missing_ok=True)
+            (folder / "xnortrain.bit").unlink(missing_ok=True)
+            args = [brd.nextpnr_device, "--package", brd.package, "--speed", str(brd.speed), "--json", "design.json",
+                    "--freq", f"{float(freq_mhz):g}", "--report", "pnr.json", "--timing-allow-fail",
+                    "--seed", str(seed), "--log", "nextpnr.log", "-q", "--router", router]
+            if out_of_context:
+                args.append("--out-of-context")
+            else:
+                (folder / "pins.lpf").write_text(lpf_text(brd))
+                args += ["--lpf", "pins.lpf", "--lpf-allow-unconstrained"]
+            if bitstream:
+                args += ["--textcfg", "design.config"]
+            say(f"  nextpnr-ecp5 {top} at {float(freq_mhz):g} MHz ...")
+            t0 = time.perf_counter()
+            res = run_yowasp("nextpnr-ecp5", args, cwd=folder, check=False)
+            elapsed["pnr"] = round(time.perf_counter() - t0, 1)
+            if res.returncode != 0 or not (folder / "pnr.json").is_file():
+                over = _log_overflows(_tail(folder / "nextpnr.log", 400), brd)
+                if over:
+                    err = DoesNotFitError(f"{top} does not fit the {brd.device.name} ({brd.package}) of the "
+                                          f"{brd.title}: " + "; ".join(over) + " (nextpnr-ecp5)")
+                    err.overflows, err.resources = over, synth
+                    raise err
+                raise Ecp5Error(f"nextpnr-ecp5 of {top} failed (exit {res.returncode}); log: {folder / 'nextpnr.log'}\n"
+                                + "\n".join(_tail(folder / "nextpnr.log") or [res.stderr.strip()]))
+            if bitstream:
+                say("  ecppack ...")
+                t0 = time.perf_counter()
+                res = run_yowasp("ecppack", ["--input", "design.config", "--bit", "xnortrain.bit"], cwd=folder,
+                                 check=False)
+                elapsed["pack"] = round(time.perf_counter() - t0, 1)
+                if res.returncode != 0 or not (folder / "xnortrain.bit").is_file():
+                    raise Ecp5Error(f"ecppack of {top} failed (exit {res.returncode}): {res.stderr.strip()}")
+            meta.update({"pnr_key": pnr_key, "elapsed_s": elapsed})
+            (folder / "meta.json").write_text(json.dumps(meta, indent=1))
+
+        fmax, util, crit = parse_nextpnr_report(_read_json(folder / "pnr.json") or {}, io_pins=brd.io_pins)
+        slowest = min((v["achieved"] for v in fmax.values()), default=None)
+        return Ecp5Report(top=top, board=brd, freq_mhz=float(freq_mhz), fmax_mhz=slowest, fmax=fmax, utilisation=util,
+                          synth=synth, critical_path=crit, out_of_context=out_of_context,
+                          bitstream=(folder / "xnortrain.bit") if bitstream else None, workdir=folder,
+                          elapsed_s=elapsed, cached=cached, versions=versions, seed=seed, router=router)
 
 
 def seed_folder(base: str | os.PathLike, seed: int) -> Path:

@@ -155,6 +155,33 @@ def test_generate_ulx3s_refuses_with_exit_3_and_a_report(tmp_path, monkeypatch, 
     assert calls == ["yosys"]
 
 
+def test_runs_on_one_work_folder_take_turns(tmp_path, monkeypatch):
+    """Two runs of the same design in one work folder at once (two commands, two test workers): the second waits
+    for the first and takes its cached netlist; yosys runs once and nobody reads a half-written design.json."""
+    import threading
+    import time
+
+    calls = []
+    fake = _fake_yosys({"LUT4": 1000}, calls)
+
+    def slow(tool, args, *, cwd, capture=True, check=True):
+        time.sleep(0.5)  # the first run is still synthesising when the second starts
+        return fake(tool, args, cwd=cwd, capture=capture, check=check)
+
+    monkeypatch.setattr(toolchain, "run_yowasp", slow)
+    verilog = "module m(clk, q);\n  input clk;\n  output q;\nendmodule\n"
+    reps = []
+    runs = [threading.Thread(target=lambda: reps.append(run_ecp5(verilog, "m", workdir=tmp_path / "w", place=False)))
+            for _ in range(2)]
+    for t in runs:
+        t.start()
+        time.sleep(0.1)
+    for t in runs:
+        t.join()
+    assert calls == ["yosys"]
+    assert sorted(r.cached for r in reps) == [False, True]
+
+
 def test_run_rejects_bad_options(tmp_path):
     v = "module m(clk);\n  input clk;\nendmodule\n"
     with pytest.raises(ValueError, match="freq_mhz 0"):
