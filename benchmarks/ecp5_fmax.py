@@ -87,7 +87,7 @@ def elaborate(plan, cfg, overrides) -> tuple[str, bool]:
 
 #: ``--unit`` kinds: one shared unit of the configuration built alone, as rtl_gen/top.py builds it for the first
 #: group of layers (no whole-design elaboration: seconds instead of minutes at the paper's widths)
-UNIT_KINDS = ("bn_fwd", "bn_bwd", "bn_param", "po2", "engine")
+UNIT_KINDS = ("bn_fwd", "bn_bwd", "bn_param", "po2", "engine", "wmem", "po2b")
 
 
 def standalone_unit(plan, kind: str):
@@ -108,11 +108,20 @@ def standalone_unit(plan, kind: str):
                        pass1_lanes=plan.po2_lanes(lp[grp[0]].lanes_out))
     if kind == "engine":
         return XnorEngineCore(geometries=[lp[j].geometry for j in grp])
+    if kind == "wmem":
+        from rtl_gen.weight_memory import WeightMemory
+
+        return WeightMemory(geometries=[plan.wmem_geometry(j) for j in plan.wmem_groups[0]])
+    if kind == "po2b":
+        from rtl_gen.po2_backward import Po2Backward
+
+        return Po2Backward(shapes=[plan.po2_geometry(j) for j in plan.backward_groups[0]])
     return plan.bn_param_unit()
 
 
-def run_standalone(plan, kinds, freq: float, flag: float) -> list[dict]:
-    """Place and route each unit of ``kinds`` alone (out of context), cached by its Verilog under build/ecp5/units."""
+def run_standalone(plan, kinds, freq: float, flag: float, seed: int = 1) -> list[dict]:
+    """Place and route each unit of ``kinds`` alone (out of context), cached by its Verilog (and the nextpnr
+    ``seed``) under build/ecp5/units."""
     import hashlib
 
     from amaranth.back import verilog as amaranth_verilog
@@ -121,9 +130,10 @@ def run_standalone(plan, kinds, freq: float, flag: float) -> list[dict]:
     for kind in kinds:
         text = amaranth_verilog.convert(standalone_unit(plan, kind), name=kind)
         digest = hashlib.sha256(text.encode()).hexdigest()[:12]
-        rep = run_ecp5(text, kind, workdir=build_root() / "ecp5" / "units" / f"{kind}-{digest}", board=ULX3S_85F,
-                       freq_mhz=freq, out_of_context=True, bitstream=False, check_fit=False)
-        rows.append(_row(f"{kind} (alone)", rep, flag))
+        rep = run_ecp5(text, kind, workdir=seed_folder(build_root() / "ecp5" / "units" / f"{kind}-{digest}", seed),
+                       board=ULX3S_85F, freq_mhz=freq, out_of_context=True, bitstream=False, check_fit=False,
+                       seed=seed)
+        rows.append(_row(f"{kind} (alone{'' if seed == 1 else f', seed {seed}'})", rep, flag))
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "path"}), flush=True)
     return rows
 
@@ -140,7 +150,7 @@ def main(argv=None) -> int:
     ap.add_argument("--flag", type=float, default=100.0, help="name the critical path of units below this (MHz)")
     ap.add_argument("--seed", type=int, action="append", default=[], metavar="N",
                     help="whole design: nextpnr seed (repeat for several: one run after the other, each cached in "
-                         "its own folder; the lowest Fmax is the figure); default 1")
+                         "its own folder; the lowest Fmax is the figure); default 1; with --unit the first one")
     ap.add_argument("--out", help="also write the rows as JSON")
     ap.add_argument("--list", action="store_true", help="list the units (names and Verilog sizes) and stop")
     ap.add_argument("--unit", action="append", default=[], choices=UNIT_KINDS,
@@ -151,7 +161,7 @@ def main(argv=None) -> int:
     plan = SystemPlan(cfg)
     freq = float(plan.description().clock_mhz)
     if args.unit:
-        rows = run_standalone(plan, args.unit, freq, args.flag)
+        rows = run_standalone(plan, args.unit, freq, args.flag, *args.seed[:1])
         for r in rows:
             print(f"| {r['unit']} | {r['fmax_mhz']} | {r['LUT4']:,} | {r['FF']:,} | {r['EBR']} | {r['MULT18']} | "
                   f"{r['critical_path']} |")
