@@ -43,6 +43,7 @@ import math
 
 from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
@@ -147,10 +148,14 @@ def carry_save_step(m: Module, acc_s, acc_c, cin, addends, shift: int, name: str
     return out_s, out_c, cout
 
 
-PASS1_STAGES = 5
-"""Registered stages of PASS1 between the ``q`` beat and the scratch queue: ``|Q|``; ``|Q| B``; the normaliser's
-upper levels; its lower levels; the compares with the thresholds and the sums ``n - d + rho`` (``e0`` is chosen
-by the compares on the way into the queue)."""
+PASS1_STAGES = 6
+"""Cycles of PASS1 between a ``q`` part and its push into the scratch queue: five registered stages (``|Q|``;
+``|Q| B``; the normaliser's upper levels; its lower levels; the compares with the thresholds and the sums
+``n - d + rho``, ``e0`` chosen by the compares as the beat is pushed) and the ``pend`` FIFO."""
+
+PEND_DEPTH = 8
+"""Beats of PASS1's ``pend`` FIFO, in front of the scratch queue: the beats a part in stage 1 may find ahead of it
+(at most :data:`PASS1_STAGES`), so that the stages never wait."""
 
 
 def po2_cycles(layer: BnLayer, mul_steps: int = 1, pass1_lanes: int | None = None) -> dict[str, int]:
@@ -373,7 +378,12 @@ class Po2Unit(wiring.Component):
         # (one per cycle), their results are joined in ``joined`` and the beat is pushed with its last part.
         pl, parts = self._pass1_lanes, L // self._pass1_lanes
         m.submodules.scratch_queue = sq = StreamRegister(shape=self.scratch_layout)
-        adv1 = Signal()
+        # The stages move every cycle (no stall enable fanning out to every stage's registers: timing, the
+        # queue's ready into them closed at 98.9 MHz at the paper's widths on the ECP5 proxy). A beat's results
+        # wait in ``pend`` (a FIFO in front of the scratch queue) when the queue is full, and a part enters stage 1
+        # only while ``pend`` has room for every beat already in the stages (``credit``).
+        m.submodules.pend = pend = SyncFIFO(width=self.scratch_layout.size + 1, depth=PEND_DEPTH)
+        credit = Signal(range(PEND_DEPTH + 1), init=PEND_DEPTH, name="pend_credit")
         stages = ("1", "2", "2b", "3", "4")
         s_valid = [Signal(name=f"s{i}_valid") for i in stages]
         s_last = [Signal(name=f"s{i}_last") for i in stages]  # the layer's last part
@@ -385,12 +395,11 @@ class Po2Unit(wiring.Component):
         last_part = Signal(name="last_part")
         m.d.comb += [
             last_part.eq(part == parts - 1),
-            adv1.eq(~(s_valid[4] & s_push[4]) | sq.i.ready),
         ]
         take = Signal(name="part_take")  # a part of the q beat enters s1
         m.d.comb += [
-            take.eq((phase == PASS1) & ~in_done & adv1 & self.q.valid),
-            self.q.ready.eq((phase == PASS1) & ~in_done & adv1 & last_part),
+            take.eq((phase == PASS1) & ~in_done & (credit != 0) & self.q.valid),
+            self.q.ready.eq((phase == PASS1) & ~in_done & (credit != 0) & last_part),
         ]
         if parts > 1:
             with m.If(take):
@@ -429,24 +438,23 @@ class Po2Unit(wiring.Component):
         s3_nz = Signal(pl)
         s4_neg = Signal(pl)
         s4_nz = Signal(pl)
-        with m.If(adv1):
-            m.d.sync += [
-                s_valid[0].eq(take),
-                s_last[0].eq(cnt.last & last_part),
-                s_lg[0].eq(cnt.last_group),
-                s_g[0].eq(cnt.g),
-                s_part[0].eq(part),
-                s_push[0].eq(last_part),
-            ]
-            for x in (s_valid, s_last, s_lg, s_g, s_part, s_push):
-                m.d.sync += [x[k].eq(x[k - 1]) for k in range(1, len(stages))]
-            m.d.sync += [
-                *(s1_a[lane].eq(Mux(q_part[lane] < 0, -q_part[lane], q_part[lane])) for lane in range(pl)),
-                s1_neg.eq(Cat(q_part[lane] < 0 for lane in range(pl))),
-                s1_nz.eq(Cat(q_part[lane] != 0 for lane in range(pl))),
-                s1_real.eq(real_part),
-            ]
-        scratch = sq.i.payload
+        m.d.sync += [
+            s_valid[0].eq(take),
+            s_last[0].eq(cnt.last & last_part),
+            s_lg[0].eq(cnt.last_group),
+            s_g[0].eq(cnt.g),
+            s_part[0].eq(part),
+            s_push[0].eq(last_part),
+        ]
+        for x in (s_valid, s_last, s_lg, s_g, s_part, s_push):
+            m.d.sync += [x[k].eq(x[k - 1]) for k in range(1, len(stages))]
+        m.d.sync += [
+            *(s1_a[lane].eq(Mux(q_part[lane] < 0, -q_part[lane], q_part[lane])) for lane in range(pl)),
+            s1_neg.eq(Cat(q_part[lane] < 0 for lane in range(pl))),
+            s1_nz.eq(Cat(q_part[lane] != 0 for lane in range(pl))),
+            s1_real.eq(real_part),
+        ]
+        scratch = Signal(self.scratch_layout, name="scratch_beat")  # the beat pushed by stage 4, into ``pend``
         joined = Signal(self.scratch_layout)  # the parts of the beat so far
         lane_layout = self.scratch_layout["e"].shape.elem_shape
         new = Signal(data.ArrayLayout(lane_layout, pl))  # this part's results
@@ -457,8 +465,7 @@ class Po2Unit(wiring.Component):
             for pi in range(parts):
                 with m.Case(pi):
                     m.d.comb += t_part.as_value().eq(t_rd.data.as_value().word_select(pi, pl * t_layout.size))
-        with m.If(adv1):
-            m.d.sync += s3_t.eq(t_part)
+        m.d.sync += s3_t.eq(t_part)
         mx_valid = Signal()
         mx_e = Signal(data.ArrayLayout(signed(ew), pl))
         mx_nz = Signal(pl)
@@ -476,34 +483,32 @@ class Po2Unit(wiring.Component):
             above, below = Signal(name=f"above{lane}"), Signal(name=f"below{lane}")
             nd = [Signal(signed(ew), name=f"nd{lane}_{k}") for k in ("m1", "0", "p1")]
             e0 = Signal(signed(ew), name=f"e0_{lane}")
-            with m.If(adv1):
-                m.d.sync += [
-                    above.eq(s3_mant[lane] > t.t),
-                    below.eq(s3_mant[lane] <= (t.t >> 1)),
-                    *(v.eq(s3_n[lane] - t.d + k) for v, k in zip(nd, (-1, 0, 1), strict=True)),
-                    s4_neg[lane].eq(s3_neg[lane]),
-                    s4_nz[lane].eq(s3_nz[lane]),
-                ]
+            m.d.sync += [
+                above.eq(s3_mant[lane] > t.t),
+                below.eq(s3_mant[lane] <= (t.t >> 1)),
+                *(v.eq(s3_n[lane] - t.d + k) for v, k in zip(nd, (-1, 0, 1), strict=True)),
+                s4_neg[lane].eq(s3_neg[lane]),
+                s4_nz[lane].eq(s3_nz[lane]),
+            ]
             m.d.comb += [
                 e0.eq(Mux(above, nd[2], Mux(below, nd[0], nd[1]))),
                 new[lane].e0.eq(e0),
                 new[lane].neg.eq(s4_neg[lane]),
                 new[lane].nz.eq(s4_nz[lane]),
             ]
-            with m.If(adv1):
-                m.d.sync += [
-                    s2_u[lane].eq(self._operand(a, B, is_top)),
-                    s2_neg[lane].eq(s1_neg[lane]),
-                    s2_nz[lane].eq(s1_nz[lane] & s1_real[lane]),
-                    s2b_v[lane].eq(v_mid),
-                    s2b_lz[lane].eq(lz_hi),
-                    s2b_neg[lane].eq(s2_neg[lane]),
-                    s2b_nz[lane].eq(s2_nz[lane]),
-                    s3_n[lane].eq(W - 1 - lz),
-                    s3_mant[lane].eq(mant),
-                    s3_neg[lane].eq(s2b_neg[lane]),
-                    s3_nz[lane].eq(s2b_nz[lane]),
-                ]
+            m.d.sync += [
+                s2_u[lane].eq(self._operand(a, B, is_top)),
+                s2_neg[lane].eq(s1_neg[lane]),
+                s2_nz[lane].eq(s1_nz[lane] & s1_real[lane]),
+                s2b_v[lane].eq(v_mid),
+                s2b_lz[lane].eq(lz_hi),
+                s2b_neg[lane].eq(s2_neg[lane]),
+                s2b_nz[lane].eq(s2_nz[lane]),
+                s3_n[lane].eq(W - 1 - lz),
+                s3_mant[lane].eq(mant),
+                s3_neg[lane].eq(s2b_neg[lane]),
+                s3_nz[lane].eq(s2b_nz[lane]),
+            ]
         # the beat is pushed with its last part: the last part's results go to the queue as they are, the
         # earlier parts' from ``joined``, where each was kept as it passed stage 4
         lane_bits = lane_layout.size
@@ -513,16 +518,28 @@ class Po2Unit(wiring.Component):
                 m.d.comb += scratch.e.as_value()[sl].eq(new.as_value())
             else:
                 m.d.comb += scratch.e.as_value()[sl].eq(joined.e.as_value()[sl])
-                with m.If(adv1 & s_valid[4] & (s_part[4] == pi)):
+                with m.If(s_valid[4] & (s_part[4] == pi)):
                     m.d.sync += joined.e.as_value()[sl].eq(new.as_value())
+        pushed = Signal(self.scratch_layout)
+        pop = Signal()
         m.d.comb += [
             t_rd.addr.eq(s_g[1]),
-            t_rd.en.eq(adv1),
-            sq.i.valid.eq(s_valid[4] & s_push[4]),
+            t_rd.en.eq(1),
             scratch.last.eq(s_lg[4]),
+            pend.w_en.eq(s_valid[4] & s_push[4]),
+            pend.w_data.eq(Cat(scratch.as_value(), s_last[4])),
+            pushed.eq(pend.r_data[:-1]),
+            sq.i.valid.eq(pend.r_rdy),
+            sq.i.payload.eq(pushed),
+            pend.r_en.eq(sq.i.ready),
+            pop.eq(pend.r_rdy & sq.i.ready),
         ]
+        with m.If(take & last_part & ~pop):
+            m.d.sync += credit.eq(credit - 1)
+        with m.Elif(pop & ~(take & last_part)):
+            m.d.sync += credit.eq(credit + 1)
         wiring.connect(m, sq.o, wiring.flipped(self.scratch))
-        m.d.sync += mx_valid.eq(s_valid[4] & adv1)
+        m.d.sync += mx_valid.eq(s_valid[4])
         for lane in range(pl):
             m.d.sync += [mx_e[lane].eq(new[lane].e0), mx_nz[lane].eq(new[lane].nz)]
         # Maximum over the part's nonzero lanes: a tree with a register after each level (one compare per cycle:
@@ -552,7 +569,7 @@ class Po2Unit(wiring.Component):
             with m.If(terms[0] > top0):
                 m.d.sync += top0.eq(terms[0])
         fin_wait = Signal(range(_max_levels(pl) + 1), name="fin_wait")
-        with m.If((phase == PASS1) & s_valid[4] & s_last[4] & adv1):
+        with m.If((phase == PASS1) & pop & pend.r_data[-1]):
             m.d.sync += [phase.eq(FIN), in_done.eq(0)]
         with m.If(phase == FIN):
             with m.If(fin_wait == _max_levels(pl)):
