@@ -659,8 +659,13 @@ class WeightMemory(wiring.Component):
         resp_data = Signal(geo.data_width)
         h = self.host.payload
         idle = ~busy & ~rd_issued & ~rd_held & ~rd_held2 & ~resp_valid
+        # busy = running or a visit in a stage, as a register (timing: the OR of the stages' valid bits fanning out
+        # to every memory port's multiplexers closed at 44.5 MHz at the paper's widths on the ECP5 proxy): its
+        # next value from the next values of running (set by a command; an issue implies running, so its last
+        # visit's clearing is covered by that visit entering stage 1) and of the stages' valid bits
+        m.d.sync += busy.eq(running | (self.cmd.valid & self.cmd.ready)
+                            | Cat(*(s_valid[st] for st in range(1, WRITE_STAGE))).any())
         m.d.comb += [
-            busy.eq(running | Cat(*s_valid.values()).any()),
             self.busy.eq(busy),
             self.cmd.ready.eq(idle),
             self.host.ready.eq(idle & ~self.cmd.valid),
@@ -766,25 +771,24 @@ class WeightMemory(wiring.Component):
         wb_bits = Signal(U)
         undo_bits = stages(st_q["undo"].as_value(), "undo", OPT_STAGE) if "undo" in st_q else w_old
         m.d.comb += wb_bits.eq(Mux(s_op[WB] == UNDO, undo_bits[WB], new_w))
+        # the write ports take the write-back stage's visit when it is valid, else the host's write (the host
+        # writes only while no sweep runs); selected by the stage's valid bit, not by busy (timing: busy's
+        # fan-out)
+        wb_valid = s_valid[WB]
         for lane_i, wr in enumerate(bank_wr):
             host_here = host_wr & (h.space == SPACE_WEIGHTS) & (h.lane == lane_i)
             m.d.comb += [
-                wr.addr.eq(bbase + Mux(busy, s_addr[WB], h.addr)),
-                wr.data.eq(Mux(busy, Cat(*([wb_bits] * chunks)), h.data[: bank.lanes_in])),
-                wr.en.eq(
-                    Mux(
-                        busy,
-                        Mux(s_valid[WB] & (s_lane[WB] == lane_i), Const(1, chunks) << s_chunk[WB], 0),
-                        Mux(host_here, (1 << chunks) - 1, 0),
-                    )
-                ),
+                wr.addr.eq(bbase + Mux(wb_valid, s_addr[WB], h.addr)),
+                wr.data.eq(Mux(wb_valid, Cat(*([wb_bits] * chunks)), h.data[: bank.lanes_in])),
+                wr.en.eq(Mux(wb_valid & (s_lane[WB] == lane_i), Const(1, chunks) << s_chunk[WB], 0)
+                         | Mux(host_here, (1 << chunks) - 1, 0)),
             ]
         for name, _ in opt.fields:
             wr = st_wr[name]
             m.d.comb += [
-                wr.addr.eq(Mux(busy, s_vidx[WB], sbase + h.addr)),
-                wr.data.eq(Mux(busy, new_state[name].as_value(), h.data[: geo.field_width(name)])),
-                wr.en.eq(Mux(busy, wb_write, host_wr & (h.space == geo.field_space(name)))),
+                wr.addr.eq(Mux(wb_valid, s_vidx[WB], sbase + h.addr)),
+                wr.data.eq(Mux(wb_valid, new_state[name].as_value(), h.data[: geo.field_width(name)])),
+                wr.en.eq(wb_write | (host_wr & (h.space == geo.field_space(name)))),
             ]
 
         # --- flip counter ---
