@@ -8,8 +8,9 @@ design that does not fit the die stops the script (exit 3) before the units. Eac
 under ``build/ecp5`` by its Verilog, so a second call prints the table at once; the Verilog itself is cached under
 ``build/ecp5/verilog`` by the configuration and the source of ``rtl_gen`` and ``sim`` (the paper design's
 elaboration takes minutes). ``--list`` names the units (for ``--only``) and stops; ``--unit KIND`` builds one
-shared unit alone (BN forward / backward / parameter, po2, engine: the same RTL as in the design, elaborated in
-seconds) and places and routes it out of context.
+shared unit alone (BN forward / backward / parameter, po2, engine, the weight memory and the po2 backward engine of
+the first group of layers: the same RTL as in the design, elaborated in seconds) and places and routes it out of
+context (``--seed N``: nextpnr's seed, each in its own cached folder).
 
 Output: one line per unit as it finishes, then a Markdown table (unit, Fmax, LUT4, FF, EBR, MULT18, critical path
 for units below ``--flag`` MHz) and the sums; ``--out`` also writes the JSON.
