@@ -701,12 +701,7 @@ class WeightMemory(wiring.Component):
         bank_rd = []
         bank_wr = []
         for lane_i in range(L):
-            # no_rw_check (Yosys): a sweep reads a row while it writes another chunk of it, whose bits the read
-            # does not use, so a read and a write of one address need no collision logic (timing: Yosys's
-            # emulation of the old word, a compare of the two addresses in front of the read register, closed at
-            # 61.8 MHz at the paper's widths on the ECP5 proxy); other tools ignore the attribute
-            mem = m.submodules[f"wbank{lane_i}"] = Memory(shape=bank.lanes_in, depth=max(D_all, 2), init=[],
-                                                          attrs={"no_rw_check": 1})
+            mem = m.submodules[f"wbank{lane_i}"] = Memory(shape=bank.lanes_in, depth=max(D_all, 2), init=[])
             rd = mem.read_port()
             wr = mem.write_port(granularity=U)
             host_here = host_rd & (h.space == SPACE_WEIGHTS) & (h.lane == lane_i)
