@@ -8,8 +8,9 @@ design that does not fit the die stops the script (exit 3) before the units. Eac
 under ``build/ecp5`` by its Verilog, so a second call prints the table at once; the Verilog itself is cached under
 ``build/ecp5/verilog`` by the configuration and the source of ``rtl_gen`` and ``sim`` (the paper design's
 elaboration takes minutes). ``--list`` names the units (for ``--only``) and stops; ``--unit KIND`` builds one
-shared unit alone (BN forward / backward / parameter, po2, engine: the same RTL as in the design, elaborated in
-seconds) and places and routes it out of context.
+shared unit alone (BN forward / backward / parameter, po2, engine, the weight memory and the po2 backward engine of
+the first group of layers: the same RTL as in the design, elaborated in seconds) and places and routes it out of
+context (``--seed N``: nextpnr's seed, each in its own cached folder).
 
 Output: one line per unit as it finishes, then a Markdown table (unit, Fmax, LUT4, FF, EBR, MULT18, critical path
 for units below ``--flag`` MHz) and the sums; ``--out`` also writes the JSON.
@@ -87,7 +88,7 @@ def elaborate(plan, cfg, overrides) -> tuple[str, bool]:
 
 #: ``--unit`` kinds: one shared unit of the configuration built alone, as rtl_gen/top.py builds it for the first
 #: group of layers (no whole-design elaboration: seconds instead of minutes at the paper's widths)
-UNIT_KINDS = ("bn_fwd", "bn_bwd", "bn_param", "po2", "engine")
+UNIT_KINDS = ("bn_fwd", "bn_bwd", "bn_param", "po2", "engine", "wmem", "po2b")
 
 
 def standalone_unit(plan, kind: str):
@@ -108,11 +109,20 @@ def standalone_unit(plan, kind: str):
                        pass1_lanes=plan.po2_lanes(lp[grp[0]].lanes_out))
     if kind == "engine":
         return XnorEngineCore(geometries=[lp[j].geometry for j in grp])
+    if kind == "wmem":
+        from rtl_gen.weight_memory import WeightMemory
+
+        return WeightMemory(geometries=[plan.wmem_geometry(j) for j in plan.wmem_groups[0]])
+    if kind == "po2b":
+        from rtl_gen.po2_backward import Po2Backward
+
+        return Po2Backward(shapes=[plan.po2_geometry(j) for j in plan.backward_groups[0]])
     return plan.bn_param_unit()
 
 
-def run_standalone(plan, kinds, freq: float, flag: float) -> list[dict]:
-    """Place and route each unit of ``kinds`` alone (out of context), cached by its Verilog under build/ecp5/units."""
+def run_standalone(plan, kinds, freq: float, flag: float, seed: int = 1) -> list[dict]:
+    """Place and route each unit of ``kinds`` alone (out of context), cached by its Verilog (and the nextpnr
+    ``seed``) under build/ecp5/units."""
     import hashlib
 
     from amaranth.back import verilog as amaranth_verilog
@@ -121,9 +131,10 @@ def run_standalone(plan, kinds, freq: float, flag: float) -> list[dict]:
     for kind in kinds:
         text = amaranth_verilog.convert(standalone_unit(plan, kind), name=kind)
         digest = hashlib.sha256(text.encode()).hexdigest()[:12]
-        rep = run_ecp5(text, kind, workdir=build_root() / "ecp5" / "units" / f"{kind}-{digest}", board=ULX3S_85F,
-                       freq_mhz=freq, out_of_context=True, bitstream=False, check_fit=False)
-        rows.append(_row(f"{kind} (alone)", rep, flag))
+        rep = run_ecp5(text, kind, workdir=seed_folder(build_root() / "ecp5" / "units" / f"{kind}-{digest}", seed),
+                       board=ULX3S_85F, freq_mhz=freq, out_of_context=True, bitstream=False, check_fit=False,
+                       seed=seed)
+        rows.append(_row(f"{kind} (alone{'' if seed == 1 else f', seed {seed}'})", rep, flag))
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "path"}), flush=True)
     return rows
 
@@ -140,7 +151,7 @@ def main(argv=None) -> int:
     ap.add_argument("--flag", type=float, default=100.0, help="name the critical path of units below this (MHz)")
     ap.add_argument("--seed", type=int, action="append", default=[], metavar="N",
                     help="whole design: nextpnr seed (repeat for several: one run after the other, each cached in "
-                         "its own folder; the lowest Fmax is the figure); default 1")
+                         "its own folder; the lowest Fmax is the figure); default 1; with --unit the first one")
     ap.add_argument("--out", help="also write the rows as JSON")
     ap.add_argument("--list", action="store_true", help="list the units (names and Verilog sizes) and stop")
     ap.add_argument("--unit", action="append", default=[], choices=UNIT_KINDS,
@@ -151,7 +162,7 @@ def main(argv=None) -> int:
     plan = SystemPlan(cfg)
     freq = float(plan.description().clock_mhz)
     if args.unit:
-        rows = run_standalone(plan, args.unit, freq, args.flag)
+        rows = run_standalone(plan, args.unit, freq, args.flag, *args.seed[:1])
         for r in rows:
             print(f"| {r['unit']} | {r['fmax_mhz']} | {r['LUT4']:,} | {r['FF']:,} | {r['EBR']} | {r['MULT18']} | "
                   f"{r['critical_path']} |")

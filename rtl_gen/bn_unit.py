@@ -1113,9 +1113,10 @@ class BnForwardUnit(wiring.Component):
         return m
 
 
-BN_BWD_Q_STAGES = 2
+BN_BWD_Q_STAGES = 3
 """Pipeline stages of :class:`BnBackwardUnit`'s pass-2 ``Q`` datapath between the beat register and the ``q``
-output register: the part's operands, then the product ``alpha_q P2`` (ECP5 timing proxy, docs/results.md)."""
+output register: the part's operands, the products of ``alpha_q`` and ``P2``'s 17-bit parts, their sum
+``alpha_q P2`` (ECP5 timing proxy, docs/results/timing.md)."""
 
 
 def backward_cycles(layer: BnLayer, pass2_lanes: int | None = None) -> dict[str, int]:
@@ -1241,8 +1242,9 @@ class BnBackwardUnit(wiring.Component):
         m.d.comb += last_pp.eq(pp == parts - 1)
         cnt = _BeatCounter(m, ch, B, accept, "in")
         hazard = _raw_hazard(ch, s1_valid)  # pass 1 only: pass 2 writes no accumulator
-        # pass 2's Q pipeline after s1: stage b (the part's operands, registered), stage c (the product
-        # alpha_q P2 and 2^Fa (B dx - P1), registered; Q formed and joined into the beat). ``go``: it moves.
+        # pass 2's Q pipeline after s1: stage b (the part's operands, registered), stage c (the products of
+        # alpha_q and P2's parts, and 2^Fa (B dx - P1), registered), stage d (alpha_q P2 joined, registered; Q
+        # formed and joined into the beat). ``go``: it moves.
         go = Signal()
         b_take = Signal()  # a part of the beat in s1 enters stage b
         m.d.comb += b_take.eq(s1_valid & (phase == PASS2) & go)
@@ -1326,13 +1328,24 @@ class BnBackwardUnit(wiring.Component):
                 b_a.eq(part_a),
                 b_clear.eq(clear_all),
             ]
-        # stage c: alpha_q P2 (a multiplier per part lane, DSP48) and 2^Fa (B dx - P1), then Q
+        # stage c: alpha_q times each 17-bit part of P2 (a multiplier per part and lane, DSP48) and
+        # 2^Fa (B dx - P1); stage d: the parts joined into alpha_q P2 (timing: the 30-bit P2's two multipliers
+        # and their join in one cycle closed at 94 MHz at the paper's widths on the ECP5 proxy); then Q
         c_valid, c_last_pp, c_last_group = Signal(), Signal(), Signal()
         c_pp = Signal.like(pp)
         c_xh = Signal.like(part_xh)
         c_clear = Signal(L)
-        c_k2 = [Signal(k_shape, name=f"k2_{lane}") for lane in range(pl)]
-        c_base = [Signal(signed(w["Q"]), name=f"q_base{lane}") for lane in range(pl)]
+        c_base = [Signal(signed(w["Q"]), name=f"c_base{lane}") for lane in range(pl)]
+        c_k2p = []  # per lane: (product of a part, its shift)
+        for lane in range(pl):
+            prods = []
+            for i, (part, shift) in enumerate(_mul_parts(m, b_p2[lane], f"p2_part{lane}_")):
+                prod = b_a[lane].alpha_q * part
+                r = Signal(prod.shape(), name=f"k2_{lane}_{i}")
+                with m.If(go):
+                    m.d.sync += r.eq(prod)
+                prods.append((r, shift))
+            c_k2p.append(prods)
         with m.If(go):
             m.d.sync += [
                 c_valid.eq(b_valid),
@@ -1342,27 +1355,43 @@ class BnBackwardUnit(wiring.Component):
                 c_xh.eq(b_xh),
                 c_clear.eq(b_clear),
             ]
-            m.d.sync += [c_k2[lane].eq(b_a[lane].alpha_q * b_p2[lane]) for lane in range(pl)]
             m.d.sync += [c_base[lane].eq((b_bdx[lane] - b_p1[lane]) << fa) for lane in range(pl)]
+        d_valid, d_last_pp, d_last_group = Signal(), Signal(), Signal()
+        d_pp = Signal.like(pp)
+        d_xh = Signal.like(part_xh)
+        d_clear = Signal(L)
+        d_k2 = [Signal(k_shape, name=f"k2_{lane}") for lane in range(pl)]
+        d_base = [Signal(signed(w["Q"]), name=f"q_base{lane}") for lane in range(pl)]
+        with m.If(go):
+            m.d.sync += [
+                d_valid.eq(c_valid),
+                d_pp.eq(c_pp),
+                d_last_pp.eq(c_last_pp),
+                d_last_group.eq(c_last_group),
+                d_xh.eq(c_xh),
+                d_clear.eq(c_clear),
+                *(d_base[lane].eq(c_base[lane]) for lane in range(pl)),
+                *(d_k2[lane].eq(_sum_tree([r << sh if sh else r for r, sh in c_k2p[lane]])) for lane in range(pl)),
+            ]
         q_part = Signal(data.ArrayLayout(signed(w["Q"]), pl))
         for lane in range(pl):  # base - k2 and base + k2 side by side, then the choice (timing: the negation of
             # k2 and the subtraction chained closed at 90 MHz at the paper's widths on the ECP5 proxy)
             q_sub, q_add = Signal(signed(w["Q"]), name=f"q_sub{lane}"), Signal(signed(w["Q"]), name=f"q_add{lane}")
-            m.d.comb += [q_sub.eq(c_base[lane] - c_k2[lane]), q_add.eq(c_base[lane] + c_k2[lane]),
-                         q_part[lane].eq(Mux(c_xh[lane], q_sub, q_add))]
+            m.d.comb += [q_sub.eq(d_base[lane] - d_k2[lane]), q_add.eq(d_base[lane] + d_k2[lane]),
+                         q_part[lane].eq(Mux(d_xh[lane], q_sub, q_add))]
         q_out = Signal(data.ArrayLayout(signed(w["Q"]), L))
         q_held = Signal(data.ArrayLayout(signed(w["Q"]), L))  # the beat's parts so far
         part_bits = pl * w["Q"]
         for pi in range(parts):
             m.d.comb += q_out.as_value().word_select(pi, part_bits).eq(
-                Mux(c_pp == pi, q_part.as_value(), q_held.as_value().word_select(pi, part_bits)))
+                Mux(d_pp == pi, q_part.as_value(), q_held.as_value().word_select(pi, part_bits)))
         if parts > 1:
-            with m.If(c_valid & go):
+            with m.If(d_valid & go):
                 m.d.sync += q_held.eq(q_out)
         m.d.comb += [
             q_in_ready.eq(~q_full | self.q.ready),
-            go.eq(~(c_valid & c_last_pp) | q_in_ready),
-            q_load.eq(c_valid & c_last_pp & q_in_ready),
+            go.eq(~(d_valid & d_last_pp) | q_in_ready),
+            q_load.eq(d_valid & d_last_pp & q_in_ready),
             self.q.valid.eq(q_full),
             self.q.payload.q.eq(q_reg),
             self.q.payload.last.eq(q_last),
@@ -1371,11 +1400,11 @@ class BnBackwardUnit(wiring.Component):
             p1_wr.en.eq(writes),
         ]
         with m.If(q_load):
-            m.d.sync += [q_full.eq(1), q_last.eq(c_last_group)]
+            m.d.sync += [q_full.eq(1), q_last.eq(d_last_group)]
         with m.Elif(self.q.ready):
             m.d.sync += q_full.eq(0)
         for lane in range(L):  # a padding lane or a channel of zero scale (S = 0) gives Q = 0
-            with m.If(q_load & c_clear[lane]):
+            with m.If(q_load & d_clear[lane]):
                 m.d.sync += q_reg[lane].eq(0)
             with m.Elif(q_load):
                 m.d.sync += q_reg[lane].eq(q_out[lane])

@@ -8,7 +8,8 @@ layer) and the common mantissa width ``W`` (the ``sim.hw.widths`` width of ``U``
   ``T_hi = t + 1`` and ``T_lo = floor(t / 2) + 1`` (``sqrt2_thresholds``); ``t = floor(M_D c / 2^(2W+2))``
   with ``c = floor(sqrt2 2^(2W+2))``, computed by a right-shifting shift-add multiplier over the bits of
   ``D``'s normalised mantissa (``mul_steps`` bits per cycle, the accumulator in carry-save form:
-  :func:`carry_save_step`; its one carry propagation is a registered cycle later, with the ``t_mem`` write);
+  :func:`carry_save_step`; its one carry propagation is a registered cycle later, the ``t_mem`` write the cycle
+  after);
 * ``e0 = n - d + [M_U >= T_hi] - [M_U < T_lo]``, which is ``round(log2(U / D))`` (``round_log2_ratio``).
 
 The scale of the layer's gradient only shifts every exponent by ``scale - Fa``, so pass 1 works with the
@@ -31,7 +32,7 @@ PASS2   ``scratch_in`` (the scratch, in the same order) -> ``codes`` out
 Cycle model (:meth:`Po2Unit.cycles`), from the first ``s_eff`` transfer to the last ``codes`` transfer,
 inputs always offered and outputs always taken::
 
-    M (1 + ceil(Wd / mul_steps)) + (B G parts + 4) + (levels + 2) + (B G + 2)
+    M (1 + ceil(Wd / mul_steps)) + (B G parts + PASS1_STAGES) + (levels + 2) + (B G + 2)
 
 with ``levels = max(1, ceil(log2(pass1_lanes)))``, the registered levels of the maximum tree.
 """
@@ -42,16 +43,17 @@ import math
 
 from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from sim.hw.widths import signed_bits
 
-from .bn_unit import BnLayer, _BeatCounter, _Channels, _check_channels, _check_int, _LaneWalker, mul_const
+from .bn_unit import BnLayer, _BeatCounter, _Channels, _check_channels, _check_int, _LaneWalker, mul_const_fabric
 from .shared import layer_port
 from .streams import SkidBuffer
 
-__all__ = ["SCALE_WIDTH", "Po2Unit", "carry_save_step", "normalise", "po2_cycles", "sqrt2_constant"]
+__all__ = ["PASS1_STAGES", "SCALE_WIDTH", "Po2Unit", "carry_save_step", "normalise", "po2_cycles", "sqrt2_constant"]
 
 SCALE_WIDTH = 16
 """Bits of the signed ``scale`` input and of the ``bias`` / ``unit_exp`` outputs."""
@@ -75,16 +77,35 @@ def normalise(m: Module, value, width: int, name: str) -> tuple[Signal, Signal]:
 
 def normalise_levels(m: Module, value, width: int, levels, name: str) -> tuple[Signal, Signal]:
     """The levels ``levels`` (shift ``2^j`` each, largest first) of :func:`normalise`, so that a pipeline can
-    split them: returns the shifted value and the leading-zero count's bits of these levels (others 0)."""
+    split them: returns the shifted value and the leading-zero count's bits of these levels (others 0).
+
+    A level's decision tests the top ``2^j`` bits of the value as the levels above left it. That window is one
+    of the input's windows, one per combination of the decisions above; all of them are tested in parallel on
+    the input and the decisions above pick the test, earliest decision first (timing: tested on the shifted
+    value, each level waited for the shift above it, 10 LUT levels for three levels of a 49-bit value)."""
     total = max((width - 1).bit_length(), 1)
-    v = Signal(width, name=f"{name}_in")
-    m.d.comb += v.eq(value)
+    v_in = Signal(width, name=f"{name}_in")
+    m.d.comb += v_in.eq(value)
     lz = Signal(total, name=f"{name}_lz")
+    v = v_in
+    done = []  # (shift, decision) of the levels above
     for j in levels:
         sh = 1 << j
+        tests = []  # index: bit i set when the i-th level above shifted
+        for combo in range(1 << len(done)):
+            hi = width - sum(s for i, (s, _) in enumerate(done) if combo >> i & 1)
+            if hi <= 0:  # everything shifted out: only zeros are left
+                tests.append(Const(1))
+                continue
+            t = Signal(name=f"{name}_z{j}_w{combo}")
+            m.d.comb += t.eq(v_in[max(hi - sh, 0) : hi] == 0)
+            tests.append(t)
+        for _, d in done:  # pick by the earliest decision first
+            tests = [Mux(d, tests[k + 1], tests[k]) for k in range(0, len(tests), 2)]
         zero = Signal(name=f"{name}_z{j}")
         nxt = Signal(width, name=f"{name}_s{j}")
-        m.d.comb += [zero.eq(v[width - sh :] == 0), nxt.eq(Mux(zero, v << sh, v)), lz[j].eq(zero)]
+        m.d.comb += [zero.eq(tests[0]), nxt.eq(Mux(zero, v << sh, v)), lz[j].eq(zero)]
+        done.append((sh, zero))
         v = nxt
     return v, lz
 
@@ -127,6 +148,16 @@ def carry_save_step(m: Module, acc_s, acc_c, cin, addends, shift: int, name: str
     return out_s, out_c, cout
 
 
+PASS1_STAGES = 6
+"""Cycles of PASS1 between a ``q`` part and its push into the scratch queue: five registered stages (``|Q|``;
+``|Q| B``; the normaliser's upper levels; its lower levels; the compares with the thresholds and the sums
+``n - d + rho``, ``e0`` chosen by the compares as the beat is pushed) and the ``pend`` FIFO."""
+
+PEND_DEPTH = 8
+"""Beats of PASS1's ``pend`` FIFO, in front of the scratch queue: the beats a part in stage 1 may find ahead of it
+(at most :data:`PASS1_STAGES`), so that the stages never wait."""
+
+
 def po2_cycles(layer: BnLayer, mul_steps: int = 1, pass1_lanes: int | None = None) -> dict[str, int]:
     """Cycles of every phase of :class:`Po2Unit` and their ``total`` for one layer with no stalls: ``pro`` (from
     the first ``s_eff`` transfer), ``pass1`` (to the push of the last scratch beat; ``lanes / pass1_lanes``
@@ -135,7 +166,7 @@ def po2_cycles(layer: BnLayer, mul_steps: int = 1, pass1_lanes: int | None = Non
     iters = -(-dw // _check_int("mul_steps", mul_steps, 1, dw))
     parts = layer.lanes // _pass1_lanes(layer, pass1_lanes)
     # FIN: one cycle per level of the maximum tree and one for the running maximum; BIAS: one
-    out = {"pro": layer.channels * (1 + iters), "pass1": layer.beats * parts + 4,
+    out = {"pro": layer.channels * (1 + iters), "pass1": layer.beats * parts + PASS1_STAGES,
            "bias": _max_levels(layer.lanes // parts) + 2,
            "pass2": layer.beats + 2}
     out["total"] = sum(out.values())
@@ -296,21 +327,27 @@ class Po2Unit(wiring.Component):
             m.d.comb += pp.eq(Mux(bits[j], c << j, 0))
             pps.append(pp)
         s_next, c_next, cin_next = carry_save_step(m, acc_s, acc_c, cin, pps, ms, "mul")
-        wr_pend = Signal(name="t_wr_pend")  # the last channel's write, one cycle after its last step
+        # the channel's carry resolved a cycle after its last step, registered, and written the cycle after
+        # (timing: the resolving adder straight into every lane's t_mem write data closed at 86.5 MHz at the
+        # paper's widths on the ECP5 proxy); PASS1 reads t_mem two cycles after its start at the earliest
+        wr_pend = Signal(name="t_wr_pend")  # the channel's carry resolution, one cycle after its last step
+        wr_pend2 = Signal(name="t_wr_pend2")  # its write
         wr_g = Signal.like(walk.g, name="t_wr_g")
         wr_l = Signal.like(walk.l, name="t_wr_l")
+        wr_g2 = Signal.like(walk.g, name="t_wr_g2")
+        wr_l2 = Signal.like(walk.l, name="t_wr_l2")
         t_full = Signal(aw + 1, name="mul_resolved")
         m.d.comb += t_full.eq(acc_s + acc_c + cin)
         t_word = Signal(t_layout)
+        with m.If(wr_pend):
+            m.d.sync += [t_word.t.eq(t_full >> (W + 2)), t_word.d.eq(d_r), wr_g2.eq(wr_g), wr_l2.eq(wr_l)]
         m.d.comb += [
-            t_word.t.eq(t_full >> (W + 2)),
-            t_word.d.eq(d_r),
-            t_wr.addr.eq(wr_g),
-            t_wr.en.eq(Mux(wr_pend, 1 << wr_l, 0)),
+            t_wr.addr.eq(wr_g2),
+            t_wr.en.eq(Mux(wr_pend2, 1 << wr_l2, 0)),
         ]
         for lane in range(L):
             m.d.comb += t_wr.data[lane].eq(t_word)
-        m.d.sync += wr_pend.eq(0)
+        m.d.sync += [wr_pend.eq(0), wr_pend2.eq(wr_pend)]
         top0 = Signal(signed(ew), name="top0")
         any_nz = Signal(name="any_nz")
         with m.If(phase == PRO):
@@ -335,14 +372,19 @@ class Po2Unit(wiring.Component):
         with m.If(accept & cnt.last):
             m.d.sync += in_done.eq(1)
 
-        # PASS1: s1 |Q| (x B) -> s2, s2b normalise (half of the shifter's levels each) -> s3 compare with t, e0,
+        # PASS1: s1 |Q| (x B) -> s2, s2b normalise (half of the shifter's levels each) -> s3 compare with t -> s4 e0,
         # push; then the running maximum. The
         # datapath holds ``pl = pass1_lanes`` lanes: a beat of L lanes goes through it as ``parts = L / pl`` parts
         # (one per cycle), their results are joined in ``joined`` and the beat is pushed with its last part.
         pl, parts = self._pass1_lanes, L // self._pass1_lanes
         m.submodules.scratch_queue = sq = SkidBuffer(shape=self.scratch_layout)
-        adv1 = Signal()
-        stages = ("1", "2", "2b", "3")
+        # The stages move every cycle (no stall enable fanning out to every stage's registers: timing, the
+        # queue's ready into them closed at 98.9 MHz at the paper's widths on the ECP5 proxy). A beat's results
+        # wait in ``pend`` (a FIFO in front of the scratch queue) when the queue is full, and a part enters stage 1
+        # only while ``pend`` has room for every beat already in the stages (``credit``).
+        m.submodules.pend = pend = SyncFIFO(width=self.scratch_layout.size + 1, depth=PEND_DEPTH)
+        credit = Signal(range(PEND_DEPTH + 1), init=PEND_DEPTH, name="pend_credit")
+        stages = ("1", "2", "2b", "3", "4")
         s_valid = [Signal(name=f"s{i}_valid") for i in stages]
         s_last = [Signal(name=f"s{i}_last") for i in stages]  # the layer's last part
         s_lg = [Signal(name=f"s{i}_last_group") for i in stages]
@@ -353,12 +395,11 @@ class Po2Unit(wiring.Component):
         last_part = Signal(name="last_part")
         m.d.comb += [
             last_part.eq(part == parts - 1),
-            adv1.eq(~(s_valid[3] & s_push[3]) | sq.i.ready),
         ]
         take = Signal(name="part_take")  # a part of the q beat enters s1
         m.d.comb += [
-            take.eq((phase == PASS1) & ~in_done & adv1 & self.q.valid),
-            self.q.ready.eq((phase == PASS1) & ~in_done & adv1 & last_part),
+            take.eq((phase == PASS1) & ~in_done & (credit != 0) & self.q.valid),
+            self.q.ready.eq((phase == PASS1) & ~in_done & (credit != 0) & last_part),
         ]
         if parts > 1:
             with m.If(take):
@@ -375,7 +416,11 @@ class Po2Unit(wiring.Component):
                         q_part.as_value().eq(self.q.payload.q.as_value().word_select(pi, pl * q_shape.width)),
                         real_part.eq(real_all[pi * pl : (pi + 1) * pl]),
                     ]
-        s1_q = Signal(data.ArrayLayout(q_shape, pl))
+        # stage 1 holds |Q|, its sign and Q != 0 (timing: the negation, then |Q| B, in one cycle with the
+        # multiplier's parts joined by adders closed at 64 MHz at the paper's widths on the ECP5 proxy)
+        s1_a = Signal(data.ArrayLayout(unsigned(lay.widths["Q"]), pl))
+        s1_neg = Signal(pl)
+        s1_nz = Signal(pl)
         s1_real = Signal(pl)
         s2_u = Signal(data.ArrayLayout(unsigned(W), pl))
         s2_neg = Signal(pl)
@@ -391,36 +436,25 @@ class Po2Unit(wiring.Component):
         s3_mant = Signal(data.ArrayLayout(unsigned(W), pl))
         s3_neg = Signal(pl)
         s3_nz = Signal(pl)
-        with m.If(adv1):
-            m.d.sync += [
-                s_valid[0].eq(take),
-                s_valid[1].eq(s_valid[0]),
-                s_valid[2].eq(s_valid[1]),
-                s_valid[3].eq(s_valid[2]),
-                s_last[0].eq(cnt.last & last_part),
-                s_last[1].eq(s_last[0]),
-                s_last[2].eq(s_last[1]),
-                s_last[3].eq(s_last[2]),
-                s_lg[0].eq(cnt.last_group),
-                s_lg[1].eq(s_lg[0]),
-                s_lg[2].eq(s_lg[1]),
-                s_lg[3].eq(s_lg[2]),
-                s_g[0].eq(cnt.g),
-                s_g[1].eq(s_g[0]),
-                s_g[2].eq(s_g[1]),
-                s_g[3].eq(s_g[2]),
-                s_part[0].eq(part),
-                s_part[1].eq(s_part[0]),
-                s_part[2].eq(s_part[1]),
-                s_part[3].eq(s_part[2]),
-                s_push[0].eq(last_part),
-                s_push[1].eq(s_push[0]),
-                s_push[2].eq(s_push[1]),
-                s_push[3].eq(s_push[2]),
-                s1_q.eq(q_part),
-                s1_real.eq(real_part),
-            ]
-        scratch = sq.i.payload
+        s4_neg = Signal(pl)
+        s4_nz = Signal(pl)
+        m.d.sync += [
+            s_valid[0].eq(take),
+            s_last[0].eq(cnt.last & last_part),
+            s_lg[0].eq(cnt.last_group),
+            s_g[0].eq(cnt.g),
+            s_part[0].eq(part),
+            s_push[0].eq(last_part),
+        ]
+        for x in (s_valid, s_last, s_lg, s_g, s_part, s_push):
+            m.d.sync += [x[k].eq(x[k - 1]) for k in range(1, len(stages))]
+        m.d.sync += [
+            *(s1_a[lane].eq(Mux(q_part[lane] < 0, -q_part[lane], q_part[lane])) for lane in range(pl)),
+            s1_neg.eq(Cat(q_part[lane] < 0 for lane in range(pl))),
+            s1_nz.eq(Cat(q_part[lane] != 0 for lane in range(pl))),
+            s1_real.eq(real_part),
+        ]
+        scratch = Signal(self.scratch_layout, name="scratch_beat")  # the beat pushed by stage 4, into ``pend``
         joined = Signal(self.scratch_layout)  # the parts of the beat so far
         lane_layout = self.scratch_layout["e"].shape.elem_shape
         new = Signal(data.ArrayLayout(lane_layout, pl))  # this part's results
@@ -431,62 +465,81 @@ class Po2Unit(wiring.Component):
             for pi in range(parts):
                 with m.Case(pi):
                     m.d.comb += t_part.as_value().eq(t_rd.data.as_value().word_select(pi, pl * t_layout.size))
-        with m.If(adv1):
-            m.d.sync += s3_t.eq(t_part)
+        m.d.sync += s3_t.eq(t_part)
         mx_valid = Signal()
         mx_e = Signal(data.ArrayLayout(signed(ew), pl))
         mx_nz = Signal(pl)
         for lane in range(pl):
-            q = s1_q[lane]
             a = Signal(unsigned(lay.widths["Q"]), name=f"abs{lane}")
-            m.d.comb += a.eq(Mux(q < 0, -q, q))
+            m.d.comb += a.eq(s1_a[lane])
             v_mid, lz_hi = normalise_levels(m, s2_u[lane], W, hi_levels, f"norm{lane}_a")
             mant, lz_lo = normalise_levels(m, s2b_v[lane], W, lo_levels, f"norm{lane}_b")
             lz = Signal(max(nlev, 1), name=f"norm{lane}_lz")
             m.d.comb += lz.eq(s2b_lz[lane] | lz_lo)
             t = s3_t[lane]
-            # e0 = n - d + rho: the three sums next to the two compares, then rho picks one
+            # e0 = n - d + rho: stage 3 compares and forms the three sums side by side, stage 4 picks one by rho
+            # (timing: the 49-bit compares and the choice into the scratch queue in one cycle closed at 77 MHz
+            # at the paper's widths on the ECP5 proxy, 80 % of it routing)
             above, below = Signal(name=f"above{lane}"), Signal(name=f"below{lane}")
             nd = [Signal(signed(ew), name=f"nd{lane}_{k}") for k in ("m1", "0", "p1")]
             e0 = Signal(signed(ew), name=f"e0_{lane}")
-            m.d.comb += [
+            m.d.sync += [
                 above.eq(s3_mant[lane] > t.t),
                 below.eq(s3_mant[lane] <= (t.t >> 1)),
                 *(v.eq(s3_n[lane] - t.d + k) for v, k in zip(nd, (-1, 0, 1), strict=True)),
+                s4_neg[lane].eq(s3_neg[lane]),
+                s4_nz[lane].eq(s3_nz[lane]),
+            ]
+            m.d.comb += [
                 e0.eq(Mux(above, nd[2], Mux(below, nd[0], nd[1]))),
                 new[lane].e0.eq(e0),
-                new[lane].neg.eq(s3_neg[lane]),
-                new[lane].nz.eq(s3_nz[lane]),
+                new[lane].neg.eq(s4_neg[lane]),
+                new[lane].nz.eq(s4_nz[lane]),
             ]
-            with m.If(adv1):
-                m.d.sync += [
-                    s2_u[lane].eq(self._operand(a, B, is_top)),
-                    s2_neg[lane].eq(q < 0),
-                    s2_nz[lane].eq((q != 0) & s1_real[lane]),
-                    s2b_v[lane].eq(v_mid),
-                    s2b_lz[lane].eq(lz_hi),
-                    s2b_neg[lane].eq(s2_neg[lane]),
-                    s2b_nz[lane].eq(s2_nz[lane]),
-                    s3_n[lane].eq(W - 1 - lz),
-                    s3_mant[lane].eq(mant),
-                    s3_neg[lane].eq(s2b_neg[lane]),
-                    s3_nz[lane].eq(s2b_nz[lane]),
-                ]
+            m.d.sync += [
+                s2_u[lane].eq(self._operand(a, B, is_top)),
+                s2_neg[lane].eq(s1_neg[lane]),
+                s2_nz[lane].eq(s1_nz[lane] & s1_real[lane]),
+                s2b_v[lane].eq(v_mid),
+                s2b_lz[lane].eq(lz_hi),
+                s2b_neg[lane].eq(s2_neg[lane]),
+                s2b_nz[lane].eq(s2_nz[lane]),
+                s3_n[lane].eq(W - 1 - lz),
+                s3_mant[lane].eq(mant),
+                s3_neg[lane].eq(s2b_neg[lane]),
+                s3_nz[lane].eq(s2b_nz[lane]),
+            ]
+        # the beat is pushed with its last part: the last part's results go to the queue as they are, the
+        # earlier parts' from ``joined``, where each was kept as it passed stage 4
         lane_bits = lane_layout.size
         for pi in range(parts):
             sl = slice(pi * pl * lane_bits, (pi + 1) * pl * lane_bits)
-            m.d.comb += scratch.e.as_value()[sl].eq(Mux(s_part[3] == pi, new.as_value(), joined.e.as_value()[sl]))
-        if parts > 1:
-            with m.If(adv1 & s_valid[3]):
-                m.d.sync += joined.eq(scratch)
+            if pi == parts - 1:
+                m.d.comb += scratch.e.as_value()[sl].eq(new.as_value())
+            else:
+                m.d.comb += scratch.e.as_value()[sl].eq(joined.e.as_value()[sl])
+                with m.If(s_valid[4] & (s_part[4] == pi)):
+                    m.d.sync += joined.e.as_value()[sl].eq(new.as_value())
+        pushed = Signal(self.scratch_layout)
+        pop = Signal()
         m.d.comb += [
             t_rd.addr.eq(s_g[1]),
-            t_rd.en.eq(adv1),
-            sq.i.valid.eq(s_valid[3] & s_push[3]),
-            scratch.last.eq(s_lg[3]),
+            t_rd.en.eq(1),
+            scratch.last.eq(s_lg[4]),
+            pend.w_en.eq(s_valid[4] & s_push[4]),
+            pend.w_data.eq(Cat(scratch.as_value(), s_last[4])),
+            pushed.eq(pend.r_data[:-1]),
+            sq.i.valid.eq(pend.r_rdy),
+            sq.i.payload.eq(pushed),
+            pend.r_en.eq(sq.i.ready),
+            pop.eq(pend.r_rdy & sq.i.ready),
         ]
+        with m.If(take & last_part & ~pop):
+            m.d.sync += credit.eq(credit - 1)
+        with m.Elif(pop & ~(take & last_part)):
+            m.d.sync += credit.eq(credit + 1)
         wiring.connect(m, sq.o, wiring.flipped(self.scratch))
-        m.d.sync += mx_valid.eq(s_valid[3] & adv1)
+        m.d.sync += mx_valid.eq(s_valid[4])
         for lane in range(pl):
             m.d.sync += [mx_e[lane].eq(new[lane].e0), mx_nz[lane].eq(new[lane].nz)]
         # Maximum over the part's nonzero lanes: a tree with a register after each level (one compare per cycle:
@@ -516,7 +569,7 @@ class Po2Unit(wiring.Component):
             with m.If(terms[0] > top0):
                 m.d.sync += top0.eq(terms[0])
         fin_wait = Signal(range(_max_levels(pl) + 1), name="fin_wait")
-        with m.If((phase == PASS1) & s_valid[3] & s_last[3] & adv1):
+        with m.If((phase == PASS1) & pop & pend.r_data[-1]):
             m.d.sync += [phase.eq(FIN), in_done.eq(0)]
         with m.If(phase == FIN):
             with m.If(fin_wait == _max_levels(pl)):
@@ -576,5 +629,5 @@ class Po2Unit(wiring.Component):
     def _operand(self, a, B: int, is_top):
         """``|Q| B`` for a hidden layer, ``|Q|`` for the output layer (``is_top``)."""
         if len(set(self._tops)) == 1:
-            return a if self._tops[0] else mul_const(a, B)
-        return Mux(is_top, a, mul_const(a, B))
+            return a if self._tops[0] else mul_const_fabric(a, B)
+        return Mux(is_top, a, mul_const_fabric(a, B))

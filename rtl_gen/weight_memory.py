@@ -44,14 +44,14 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
-from amaranth import Array, Cat, Const, Module, Mux, Shape, Signal, Value, signed, unsigned
+from amaranth import Array, Cat, Const, Elaboratable, Module, Mux, Shape, Signal, Value, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from sim.hw.optim import PROB_BITS, state_bits
 
-from .buffers import SplitMemory
+from .buffers import _MemPort, split_segments
 from .shared import layer_port, per_layer
 from .xnor_engine import WeightReadSignature, XnorGeometry, _check_int, popcount
 
@@ -67,6 +67,7 @@ __all__ = [
     "UNDO",
     "UPDATE",
     "OptimizerSpec",
+    "StateMemory",
     "SweepGeometry",
     "WeightMemory",
     "WeightMemoryGeometry",
@@ -80,9 +81,16 @@ SPACE_WEIGHTS, SPACE_STATE, SPACE_TABLE, SPACE_STATE2 = 0, 1, 2, 3  # host port 
 STATE_SPACES = (SPACE_STATE, SPACE_STATE2)
 """The host port space of each optimiser state field, in :attr:`OptimizerSpec.fields` order (at most two)."""
 
-WRITE_STAGE = 5
-"""The pipeline stage that writes a visit back: stage 0 issues its reads, stage 1 has the memories' outputs,
-stages 2 .. 4 the optimiser on their registered words (:meth:`WeightMemory._datapath`). No read-after-write
+OPT_STAGE = 3
+"""The optimiser's first stage: stage 0 issues the reads, stage 1 has the memories' outputs, stage 2 each block
+RAM's word registered as it leaves the RAM (:class:`StateMemory`; the weight banks' words likewise), stage 3 the
+words chosen from them and registered (timing: the state memory's block RAMs, 179 of them at the paper's widths,
+are spread over the die; their output delay and the routes to one register closed at 62.5 MHz on the ECP5
+proxy)."""
+
+WRITE_STAGE = OPT_STAGE + 3
+"""The pipeline stage that writes a visit back: stages :data:`OPT_STAGE` .. ``WRITE_STAGE - 1`` the optimiser on
+the registered words (:meth:`WeightMemory._datapath`). No read-after-write
 hazard at any depth: each state row is visited once per sweep, consecutive visits of one bank row write disjoint
 ``update_lanes`` chunks (a write enable per chunk), and the next command waits until the last write is done."""
 
@@ -90,6 +98,11 @@ LATENCY = WRITE_STAGE + 1
 """Cycles of a sweep beyond one per visit, counted from the cycle the command is transferred to the last
 cycle ``busy`` is high (both included): ``visits + LATENCY`` with no stalls (the command cycle, then per visit
 stages 0 .. :data:`WRITE_STAGE`)."""
+
+STATE_SEGMENT = 16384
+"""Words of a :class:`StateMemory` segment: the ECP5 block RAM's deepest mode (16,384 x 1) and a multiple of the
+7-series' 4,096 x 9, so that a segment is no deeper than one block RAM and the segments take no more block RAMs
+than one memory would."""
 
 MAX_CUTOFF = 1023  # the switch table lives in distributed RAM, one copy per update lane
 
@@ -376,6 +389,49 @@ class WeightMemoryGeometry:
         return out
 
 
+class StateMemory(Elaboratable):
+    """An optimiser state memory: ``depth`` words, one synchronous read port (``read``) and one write port
+    (``write``), read data two cycles after the read.
+
+    Its words are kept in segments of at most ``segment`` words (the bulk of whole ``block``-word blocks, as
+    :class:`rtl_gen.buffers.SplitMemory`, cut into segments, then the tail), each its own memory; each
+    segment's word is registered as it leaves its block RAM, and the segment of the address read is chosen from
+    these registers a cycle later (its select registered twice). A deep memory is many block RAMs over the die:
+    the registers let each RAM's output delay and the route to the choice fall in different cycles."""
+
+    def __init__(self, *, shape, depth: int, name: str = "state", segment: int = STATE_SEGMENT, block: int = 4096):
+        if segment % block:
+            raise ValueError(f"segment ({segment}) must be a multiple of block ({block})")
+        bulk, *tail = split_segments(depth, block)
+        self.segments = [(b, min(segment, bulk[1] - b)) for b in range(0, bulk[1], segment)] + tail
+        self.shape, self.depth, self.name = shape, depth, name
+        self.read = _MemPort(shape, depth, f"{name}_rd")
+        self.write = _MemPort(shape, depth, f"{name}_wr")
+
+    def elaborate(self, platform):
+        m = Module()
+        width = len(Value.cast(self.read.data))
+        sel = Signal(range(max(len(self.segments), 2)), name=f"{self.name}_seg")
+        sel2 = Signal.like(sel, name=f"{self.name}_seg2")
+        words = []
+        for i, (base, n) in enumerate(self.segments):
+            mem = m.submodules[f"seg{i}"] = Memory(shape=width, depth=max(n, 2), init=[])
+            rd, wr = mem.read_port(), mem.write_port()
+            word = Signal(width, name=f"{self.name}_seg{i}_q")
+            m.d.comb += [
+                rd.addr.eq(self.read.addr - base), rd.en.eq(self.read.en),
+                wr.addr.eq(self.write.addr - base), wr.data.eq(Value.cast(self.write.data)),
+                wr.en.eq(self.write.en & (self.write.addr >= base) & (self.write.addr < base + n)),
+            ]  # fmt: skip
+            m.d.sync += word.eq(rd.data)
+            words.append(word)
+            with m.If(self.read.en & (self.read.addr >= base)):
+                m.d.sync += sel.eq(i)
+        m.d.sync += sel2.eq(sel)
+        m.d.comb += Value.cast(self.read.data).eq(Array(words)[sel2] if len(words) > 1 else words[0])
+        return m
+
+
 class WeightMemory(wiring.Component):
     """Weight banks + optimiser state + the update sweep of one dense layer (see the module docstring), or of
     several layers with one sweep datapath.
@@ -559,8 +615,9 @@ class WeightMemory(wiring.Component):
             ]
 
         # --- stages 2 .. WRITE_STAGE; a visit moves on every cycle (no stalls). Stage 2 holds the memories'
-        # words (timing: block-RAM output into the optimiser closed at 29-35 MHz on the ECP5 proxy), the optimiser
-        # runs in stages 2 .. WRITE_STAGE - 1 (:meth:`_datapath`), WRITE_STAGE writes back ---
+        # words as they leave the block RAMs, stage OPT_STAGE the chosen words (timing: block-RAM output into the
+        # optimiser closed at 29-35 MHz on the ECP5 proxy, into one register at 62.5 at the paper's widths), the
+        # optimiser runs in stages OPT_STAGE .. WRITE_STAGE - 1 (:meth:`_datapath`), WRITE_STAGE writes back ---
         WB = WRITE_STAGE
 
         def stages(x, name, first=1):
@@ -578,30 +635,37 @@ class WeightMemory(wiring.Component):
         s_addr = stages(s1_addr, "addr")
         s_vidx = stages(s1_vidx, "vidx")
         s_partial = stages(s1_partial, "partial")
-        s2_g = Signal.like(s1_g)
-        s2_u = Signal.like(s1_u)
-        m.d.sync += [s2_g.eq(s1_g), s2_u.eq(s1_u)]
+        s2_g, s3_g = Signal.like(s1_g), Signal.like(s1_g)
+        s2_u, s3_u = Signal.like(s1_u), Signal.like(s1_u)
+        m.d.sync += [s2_g.eq(s1_g), s2_u.eq(s1_u), s3_g.eq(s2_g), s3_u.eq(s2_u)]
+        assert OPT_STAGE == 3
         # switch: the increment per row, sgn(dW) where the schedule's gate takes it ((u & 0xFFFF) < gate) and 0
-        # elsewhere, formed in stage 1
-        s2_inc = Signal(data.ArrayLayout(data.StructLayout({"up": signed(2), "down": signed(2)}), U))
+        # elsewhere, formed in stage 2
+        s3_inc = Signal(data.ArrayLayout(data.StructLayout({"up": signed(2), "down": signed(2)}), U))
         if opt.kind == "switch":
             for j in range(U):
                 take = Signal(name=f"take{j}")
-                m.d.comb += take.eq(s1_u[j][:16] < gate)
-                m.d.sync += [s2_inc[j].up.eq(Mux(take, s1_g[j], 0)), s2_inc[j].down.eq(Mux(take, -s1_g[j], 0))]
+                m.d.comb += take.eq(s2_u[j][:16] < gate)
+                m.d.sync += [s3_inc[j].up.eq(Mux(take, s2_g[j], 0)), s3_inc[j].down.eq(Mux(take, -s2_g[j], 0))]
 
         # --- host port and command ---
         busy = Signal()
         rd_issued = Signal()
-        rd_held = Signal()  # the read words in their registers (w_rows, st_q)
+        rd_held = Signal()  # the weight bank's word in its register (w_rows)
+        rd_held2 = Signal()  # the state words in theirs (st_q)
         rd_space = Signal(2)
         rd_lane = Signal(range(L))
         resp_valid = Signal()
         resp_data = Signal(geo.data_width)
         h = self.host.payload
-        idle = ~busy & ~rd_issued & ~rd_held & ~resp_valid
+        idle = ~busy & ~rd_issued & ~rd_held & ~rd_held2 & ~resp_valid
+        # busy = running or a visit in a stage, as a register (timing: the OR of the stages' valid bits fanning out
+        # to every memory port's multiplexers closed at 44.5 MHz at the paper's widths on the ECP5 proxy): its
+        # next value from the next values of running (set by a command; an issue implies running, so its last
+        # visit's clearing is covered by that visit entering stage 1) and of the stages' valid bits
+        m.d.sync += busy.eq(running | (self.cmd.valid & self.cmd.ready)
+                            | Cat(*(s_valid[st] for st in range(1, WRITE_STAGE))).any())
         m.d.comb += [
-            busy.eq(running | Cat(*s_valid.values()).any()),
             self.busy.eq(busy),
             self.cmd.ready.eq(idle),
             self.host.ready.eq(idle & ~self.cmd.valid),
@@ -611,7 +675,7 @@ class WeightMemory(wiring.Component):
         host_go = self.host.valid & self.host.ready
         host_rd = host_go & ~h.write
         host_wr = host_go & h.write
-        m.d.sync += [rd_issued.eq(host_rd), rd_held.eq(rd_issued)]
+        m.d.sync += [rd_issued.eq(host_rd), rd_held.eq(rd_issued), rd_held2.eq(rd_held)]
         with m.If(host_rd):
             m.d.sync += [rd_space.eq(h.space), rd_lane.eq(h.lane)]
         with m.If(self.host_rdata.ready):
@@ -663,20 +727,20 @@ class WeightMemory(wiring.Component):
         w_old = stages(w_old2, "w_old", 2)
 
         # --- state memories ---
-        st_rd, st_wr, st_q = {}, {}, {}  # st_q: the read words in stage 2
+        st_rd, st_wr, st_q = {}, {}, {}  # st_q: the read words in stage OPT_STAGE
         if len(opt.fields) > len(STATE_SPACES):
             raise ValueError(f"{len(opt.fields)} optimiser state fields; the host port has spaces for "
                              f"{len(STATE_SPACES)}")
         for name, _ in opt.fields:
             layout = data.ArrayLayout(opt.field_shape(name), U)
-            mem = m.submodules[f"state_{name}"] = SplitMemory(shape=layout, depth=max(V_all, 2), name=f"state_{name}")
+            mem = m.submodules[f"state_{name}"] = StateMemory(shape=layout, depth=max(V_all, 2), name=f"state_{name}")
             rd, wr = mem.read, mem.write
             m.d.comb += [
                 rd.addr.eq(Mux(busy, vidx, sbase + h.addr)),
                 rd.en.eq(Mux(busy, issue, host_rd & (h.space == geo.field_space(name)))),
             ]
             st_rd[name], st_wr[name] = rd, wr
-            st_q[name] = Signal(layout, name=f"st2_{name}")
+            st_q[name] = Signal(layout, name=f"st3_{name}")
             m.d.sync += st_q[name].eq(rd.data)
         table_ports = []
         if opt.kind == "switch":
@@ -694,37 +758,37 @@ class WeightMemory(wiring.Component):
                     twr.en.eq(host_wr & (h.space == SPACE_TABLE)),
                 ]
 
-        # --- the optimiser (stages 2 .. WRITE_STAGE - 1) ---
+        # --- the optimiser (stages OPT_STAGE .. WRITE_STAGE - 1) ---
         new_w = Signal(U)
         new_state = {
             name: Signal(data.ArrayLayout(opt.field_shape(name), U), name=f"new_{name}") for name, _ in opt.fields
         }
-        self._datapath(m, s_op[2], shift, s2_inc, w_old[2], s2_g, s2_u, st_q, new_w, new_state, table_ports)
+        self._datapath(m, s_op[OPT_STAGE], shift, s3_inc, w_old[OPT_STAGE], s3_g, s3_u, st_q, new_w, new_state,
+                       table_ports)
 
         # --- write-back (stage WRITE_STAGE) ---
         wb_write = s_valid[WB] & (s_op[WB] != UNDO)
         wb_bits = Signal(U)
-        undo_bits = stages(st_q["undo"].as_value(), "undo", 2) if "undo" in st_q else w_old
+        undo_bits = stages(st_q["undo"].as_value(), "undo", OPT_STAGE) if "undo" in st_q else w_old
         m.d.comb += wb_bits.eq(Mux(s_op[WB] == UNDO, undo_bits[WB], new_w))
+        # the write ports take the write-back stage's visit when it is valid, else the host's write (the host
+        # writes only while no sweep runs); selected by the stage's valid bit, not by busy (timing: busy's
+        # fan-out)
+        wb_valid = s_valid[WB]
         for lane_i, wr in enumerate(bank_wr):
             host_here = host_wr & (h.space == SPACE_WEIGHTS) & (h.lane == lane_i)
             m.d.comb += [
-                wr.addr.eq(bbase + Mux(busy, s_addr[WB], h.addr)),
-                wr.data.eq(Mux(busy, Cat(*([wb_bits] * chunks)), h.data[: bank.lanes_in])),
-                wr.en.eq(
-                    Mux(
-                        busy,
-                        Mux(s_valid[WB] & (s_lane[WB] == lane_i), Const(1, chunks) << s_chunk[WB], 0),
-                        Mux(host_here, (1 << chunks) - 1, 0),
-                    )
-                ),
+                wr.addr.eq(bbase + Mux(wb_valid, s_addr[WB], h.addr)),
+                wr.data.eq(Mux(wb_valid, Cat(*([wb_bits] * chunks)), h.data[: bank.lanes_in])),
+                wr.en.eq(Mux(wb_valid & (s_lane[WB] == lane_i), Const(1, chunks) << s_chunk[WB], 0)
+                         | Mux(host_here, (1 << chunks) - 1, 0)),
             ]
         for name, _ in opt.fields:
             wr = st_wr[name]
             m.d.comb += [
-                wr.addr.eq(Mux(busy, s_vidx[WB], sbase + h.addr)),
-                wr.data.eq(Mux(busy, new_state[name].as_value(), h.data[: geo.field_width(name)])),
-                wr.en.eq(Mux(busy, wb_write, host_wr & (h.space == geo.field_space(name)))),
+                wr.addr.eq(Mux(wb_valid, s_vidx[WB], sbase + h.addr)),
+                wr.data.eq(Mux(wb_valid, new_state[name].as_value(), h.data[: geo.field_width(name)])),
+                wr.en.eq(wb_write | (host_wr & (h.space == geo.field_space(name)))),
             ]
 
         # --- flip counter ---
@@ -734,12 +798,13 @@ class WeightMemory(wiring.Component):
         with m.If(s_valid[WB]):
             m.d.sync += flips.eq(flips + popcount(changed))
 
-        # --- host read responses (two cycles after the read: the words are registered first) ---
-        with m.If(rd_held):
+        # --- host read responses (the words are registered first: a bank's two cycles after the read, the
+        # state's three) ---
+        with m.If(rd_held & (rd_space == SPACE_WEIGHTS)):
+            m.d.sync += [resp_valid.eq(1), resp_data.eq(w_row2)]
+        with m.If(rd_held2 & (rd_space != SPACE_WEIGHTS)):
             m.d.sync += resp_valid.eq(1)
             with m.Switch(rd_space):
-                with m.Case(SPACE_WEIGHTS):
-                    m.d.sync += resp_data.eq(w_row2)
                 for name, _ in opt.fields:
                     with m.Case(geo.field_space(name)):
                         m.d.sync += resp_data.eq(st_q[name].as_value())
@@ -751,10 +816,11 @@ class WeightMemory(wiring.Component):
 
     def _datapath(self, m, op, shift, inc, w_old, g, u, st_rd, new_w, new_state, table_ports):
         """The optimiser: its inputs (``op``, ``w_old``, ``g``, ``u``, the state words ``st_rd``; switch: ``inc``,
-        the gated increment per row and its negation) are stage 2's registers, ``new_w`` and ``new_state``
-        belong to stage :data:`WRITE_STAGE` (the write-back). The switch optimiser adds and compares in stage 2,
-        clamps and looks its table up in stage 3, compares with the entry in stage 4 and forms the write data in
-        stage 5; the others compute in stage 2 and their registered results wait for the write-back."""
+        the gated increment per row and its negation) are the registers of stage ``S =`` :data:`OPT_STAGE`,
+        ``new_w`` and ``new_state`` belong to stage :data:`WRITE_STAGE` (the write-back). The switch optimiser adds
+        and compares in stage ``S``, clamps and looks its table up in ``S + 1``, compares with the entry in ``S + 2``
+        and forms the write data in ``S + 3``; the others compute in stage ``S`` and their registered results wait
+        for the write-back."""
         opt = self._geometry.optimizer
         U = self._geometry.sweep.update_lanes
         kind = opt.kind
@@ -772,8 +838,9 @@ class WeightMemory(wiring.Component):
                 x = late(x, f"{name}_s{st}")
             return x
 
-        ops = {2: op}  # op in stages 2 .. WRITE_STAGE
-        for st in range(3, WRITE_STAGE + 1):
+        S = OPT_STAGE
+        ops = {S: op}  # op in stages S .. WRITE_STAGE
+        for st in range(S + 1, WRITE_STAGE + 1):
             ops[st] = late(ops[st - 1], f"op{st}")
         # Per-sweep constants derived from the command's shift, registered (shift is stable during a sweep).
         if kind == "bop":
@@ -807,30 +874,31 @@ class WeightMemory(wiring.Component):
             r_hi = uj[16:]
             init_w = ~uj[31]
             nw = Signal(name=f"nw{j}")
-            if kind == "switch":  # nw in stage 5
+            if kind == "switch":  # nw in stage S + 3
                 init5 = late(late(late(init_w, f"init3_{j}"), f"init4_{j}"), f"init5_{j}")
-                m.d.comb += new_w[j].eq(at_wb(Mux(ops[5] == INIT, init5, nw), 5, f"nw{j}"))
+                m.d.comb += new_w[j].eq(at_wb(Mux(ops[S + 3] == INIT, init5, nw), S + 3, f"nw{j}"))
             else:
-                m.d.comb += new_w[j].eq(at_wb(Mux(op == INIT, init_w, nw), 2, f"nw{j}"))
+                m.d.comb += new_w[j].eq(at_wb(Mux(op == INIT, init_w, nw), S, f"nw{j}"))
 
             def state_in(name, j=j):
                 return st_rd[name][j]
 
-            def state_out(name, value_upd, value_init=0, j=j):  # values of stage 2
-                m.d.comb += new_state[name][j].eq(at_wb(Mux(op == INIT, value_init, value_upd), 2, f"{name}{j}"))
+            def state_out(name, value_upd, value_init=0, j=j):  # values of stage S
+                m.d.comb += new_state[name][j].eq(at_wb(Mux(op == INIT, value_init, value_upd), S, f"{name}{j}"))
 
-            def state_out5(name, value_upd, value_init, j=j):  # values of stage 5
-                m.d.comb += new_state[name][j].eq(at_wb(Mux(ops[5] == INIT, value_init, value_upd), 5, f"{name}{j}"))
+            def state_out5(name, value_upd, value_init, j=j):  # values of stage S + 3
+                m.d.comb += new_state[name][j].eq(at_wb(Mux(ops[S + 3] == INIT, value_init, value_upd), S + 3,
+                                                        f"{name}{j}"))
 
             if kind == "switch":
                 C = opt.cutoff
                 acc = state_in("acc")
-                up, down = inc[j].up, inc[j].down  # the gated increment and its negation (stage 1)
+                up, down = inc[j].up, inc[j].down  # the gated increment and its negation (stage S - 1)
                 s = Signal(signed(len(acc) + 1), name=f"sum{j}")
                 ns = Signal(signed(len(acc) + 1), name=f"nsum{j}")  # -s
                 hi = Signal(name=f"hi{j}")  # s > C
                 lo = Signal(name=f"lo{j}")  # s < -C
-                # stage 2: both sums and the clamp's comparisons (on acc, against C - increment) in parallel
+                # stage S: both sums and the clamp's comparisons (on acc, against C - increment) in parallel
                 m.d.comb += [
                     s.eq(acc + up),
                     ns.eq(down - acc),
@@ -840,7 +908,7 @@ class WeightMemory(wiring.Component):
                 s3, ns3, hi3, lo3 = (late(s, f"sum3_{j}"), late(ns, f"nsum3_{j}"), late(hi, f"hi3_{j}"),
                                      late(lo, f"lo3_{j}"))
                 w3, rhi3 = late(w, f"w3_{j}"), late(r_hi, f"rhi3_{j}")
-                # stage 3: clamp(s) and clamp(-s) = -clamp(s) (the clamp is symmetric), p = +-clamp(s) by the
+                # stage S + 1: clamp(s) and clamp(-s) = -clamp(s) (the clamp is symmetric), p = +-clamp(s) by the
                 # weight, its table entry
                 acc3 = Signal(signed(len(acc)), name=f"acc3_{j}")
                 nacc3 = Signal(signed(len(acc)), name=f"nacc3_{j}")
@@ -853,7 +921,7 @@ class WeightMemory(wiring.Component):
                 ]
                 t4, pos4 = late(table_ports[j].data, f"t4_{j}"), late(p3 > 0, f"pos4_{j}")
                 acc4, w4, rhi4 = late(acc3, f"acc4_{j}"), late(w3, f"w4_{j}"), late(rhi3, f"rhi4_{j}")
-                # stage 4: the switch (p > 0 and the number below the entry); stage 5: the write data
+                # stage S + 2: the switch (p > 0 and the number below the entry); stage S + 3: the write data
                 switch = late(pos4 & (rhi4 < t4), f"sw5_{j}")
                 acc5, w5 = late(acc4, f"acc5_{j}"), late(w4, f"w5_{j}")
                 m.d.comb += nw.eq(w5 ^ switch)

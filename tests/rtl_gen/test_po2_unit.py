@@ -98,8 +98,8 @@ def test_parameters_and_cycle_model():
     cfg = load_config("mlp")
     u1 = Po2Unit(layer=BnLayer.from_config(cfg, 1, lanes=16))
     assert (u1.width, u1.e_width, u1.times_batch) == (49, 7, True)  # |Q| B: 49 bits; e0 in [-23, 49]
-    # pass 1 drain 4; FIN: a cycle per level of the 16-lane maximum tree (4) and one; BIAS 1; pass 2 drain 2
-    assert u1.cycles()["total"] == 256 * (1 + 23) + 2 * 1600 + 4 + 6 + 2
+    # pass 1 drain 6; FIN: a cycle per level of the 16-lane maximum tree (4) and one; BIAS 1; pass 2 drain 2
+    assert u1.cycles()["total"] == 256 * (1 + 23) + 2 * 1600 + 6 + 6 + 2
     u4 = Po2Unit(layer=BnLayer.from_config(cfg, 4, lanes=4), mul_steps=4)
     assert (u4.width, u4.times_batch, u4.mul_iterations) == (37, False, 6)
     assert u4.codes_layout.size == 4 * 5 + 1  # k = 5: 4-bit field + sign per lane, then last
@@ -108,7 +108,7 @@ def test_parameters_and_cycle_model():
     with pytest.raises(TypeError, match="layer must be a BnLayer"):
         Po2Unit(layer=None)
     u_parts = Po2Unit(layer=BnLayer.from_config(cfg, 1, lanes=16), pass1_lanes=4)  # 4 cycles per PASS1 beat
-    assert u_parts.cycles()["pass1"] == 4 * 1600 + 4 and u_parts.cycles()["bias"] == 2 + 2  # a 4-lane tree
+    assert u_parts.cycles()["pass1"] == 4 * 1600 + 6 and u_parts.cycles()["bias"] == 2 + 2  # a 4-lane tree
     with pytest.raises(ValueError, match=re.escape("pass1_lanes (3) must divide the lanes (16)")):
         Po2Unit(layer=BnLayer.from_config(cfg, 1, lanes=16), pass1_lanes=3)
     text = to_verilog(Po2Unit(layer=BnLayer.from_config(small_config(4, 3, 5), 0, lanes=2)), "po2")
