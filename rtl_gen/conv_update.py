@@ -28,8 +28,13 @@ Ports: ``x_write`` (the map's words, as :class:`rtl_gen.conv_forward.ConvForward
 (the layer's codes, ``n G`` beats in the order ``(b, h, v, g)``, each ``lanes_out`` codes; ready while not
 ``busy``; write both before ``start``), ``start`` (a pulse; ignored while ``busy``), ``dw`` (the dW unit's
 :func:`rtl_gen.weight_memory.grad_layout` beats, one per bank row ``g K + k``), ``busy`` (from ``start`` until the
-last ``dw`` beat has left). Valid padding only: with ``same`` padding a padded term must be 0, which the +-1
-engine cannot take (docs/architecture.md 10, "Not built yet").
+last ``dw`` beat has left).
+
+``same`` padding: a padded term of ``dW`` is 0 (docs/arithmetic.md 5.5), which the engine's +-1 activations cannot
+give. Each window goes to the engine twice with its position's codes, its padding bits 0 (-1) the first time
+(as the register window loads them) and 1 (+1) the second: a padding term then adds ``-d + d = 0`` and every real
+term ``2 x d``, so the engine, built for a batch of ``2 n`` (one more accumulator bit than ``sim.hw.widths`` gives
+for ``n``), sums ``2 dW``, of the same sign. It costs ``Wo`` more cycles an output row.
 """
 
 from __future__ import annotations
@@ -64,13 +69,11 @@ class ConvUpdateGeometry:
 
     def __post_init__(self):
         c, p = self.conv, self.po2
-        if c.padding != "valid":
-            raise ValueError(f"padding {c.padding!r}: ConvUpdate builds valid padding only (a padded term of dW "
-                             f"is 0, which the +-1 dW engine cannot take)")
         if p.bank != c.engine:
             raise ValueError(f"po2.bank {p.bank} is not the conv layer's engine geometry {c.engine}")
-        if p.batch != self.positions:
-            raise ValueError(f"po2.batch ({p.batch}) must be n = B Ho Wo = {self.positions}")
+        if p.batch != self.copies * self.positions:
+            raise ValueError(f"po2.batch ({p.batch}) must be {self.copies} n = {self.copies} B Ho Wo "
+                             f"(each window {self.copies} times)")
         if p.x_max != 1 or p.lanes_b != 1 or p.dx_width or p.dw_dsp or p.dx_dsp:
             raise ValueError("po2 must be binary input (x_max 1), lanes_b 1, no dX unit, fabric dW accumulators")
         if not 0 <= self.window <= 255:
@@ -81,7 +84,8 @@ class ConvUpdateGeometry:
     @classmethod
     def from_config(cls, cfg, layer_index: int, *, lanes_in: int, lanes_out: int,
                     dw_passes: int | None = None) -> ConvUpdateGeometry:
-        """Weight layer ``layer_index`` of ``cfg``: a conv layer with binary input (valid padding)."""
+        """Weight layer ``layer_index`` of ``cfg``: a conv layer with binary input; with ``same`` padding the
+        engine takes ``2 n`` beats a pass and its accumulators one more bit (module docstring)."""
         layers = cfg.weight_layers()
         if not 0 <= layer_index < len(layers):
             raise ValueError(f"layer_index must be in 0..{len(layers) - 1}, not {layer_index}")
@@ -95,12 +99,19 @@ class ConvUpdateGeometry:
         po2 = Po2Geometry.from_config(cfg, layer_index, lanes_in=lanes_in, lanes_out=lanes_out, lanes_b=1,
                                       dw_passes=dw_passes, dx_dsp=False)
         po2 = replace(po2, dx_width=0, dw_dsp=False)
+        if conv.pad:
+            po2 = replace(po2, batch=2 * po2.batch, dw_width=po2.dw_width + 1)
         return cls(conv=conv, po2=po2, window=int(cfg.hw.dw_window or 0))
 
     @property
     def positions(self) -> int:
         """``n = B Ho Wo``."""
         return self.conv.batch * self.conv.out_height * self.conv.out_width
+
+    @property
+    def copies(self) -> int:
+        """Times each window goes to the engine: 2 with ``same`` padding (module docstring), else 1."""
+        return 2 if self.conv.pad else 1
 
     @property
     def code_beats(self) -> int:
@@ -164,7 +175,7 @@ class ConvUpdate(wiring.Component):
         m = Module()
         g = self.geometry
         c, e = g.conv, g.conv.engine
-        K, G, li, P, n = e.words, e.groups, e.lanes_in, g.po2.dw_passes, g.positions
+        K, G, li, P, n, k2 = e.words, e.groups, e.lanes_in, g.po2.dw_passes, g.positions, c.kernel ** 2
         m.submodules.gen = gen = WindowAddressGenerator(geometry=c.generator)
         m.submodules.window = win = RowWindow(geometry=c.window)
         m.submodules.engine = eng = Po2Backward(geometry=g.po2)
@@ -211,13 +222,22 @@ class ConvUpdate(wiring.Component):
         pos = Signal(range(max(n, 2)))
         c_addr = Signal(range(max(g.code_beats, 2)))  # pos G + gr
         bits = Signal(K * li)
-        take = Signal()
+        take = Signal()  # the window leaves (its last copy is taken)
         pos_last, pass_last, k_last, g_last = pos == n - 1, pas == P - 1, k == K - 1, gr == G - 1
+        if g.copies == 1:
+            m.d.comb += [bits.eq(win.o.payload.bits), win.o.ready.eq(eng.xdy.ready)]
+        else:  # same padding: the window twice, its padding bits 0, then 1 (the mask's clear bits)
+            second = Signal()
+            pad_bits = Signal(c.window.window_bits)
+            for ch in range(c.channels):
+                m.d.comb += pad_bits[ch * k2:(ch + 1) * k2].eq(~win.o.payload.mask)
+            m.d.comb += [bits.eq(Mux(second, win.o.payload.bits | pad_bits, win.o.payload.bits)),
+                         win.o.ready.eq(eng.xdy.ready & second)]
+            with m.If(win.o.valid & eng.xdy.ready):
+                m.d.sync += second.eq(~second)
         m.d.comb += [
-            bits.eq(win.o.payload.bits),
             eng.xdy.valid.eq(win.o.valid),
-            win.o.ready.eq(eng.xdy.ready),
-            take.eq(win.o.valid & eng.xdy.ready),
+            take.eq(win.o.valid & win.o.ready),
             eng.xdy.payload.x[0].eq(bits.word_select(k, li) if K > 1 else bits),
             eng.xdy.payload.last.eq(pos_last),
             cr.addr.eq(c_addr),

@@ -293,10 +293,11 @@ def conv_update_cycles(geometry) -> int:
     The window generator starts the cycle after ``start`` and its first read leaves the map's read port a cycle
     later (3 cycles to the first row load); then the ``G K P`` sweeps over the map (one per tile and pass of the
     dW unit) follow one another without a gap (the generator restarts while the register window emits the last
-    row's windows), each ``B Ho`` output rows of ``k`` row loads and ``Wo`` windows, one a cycle; the dW unit's
-    finish slot after a pass's last window falls in the next row loads. The last tile's beat leaves
-    :data:`rtl_gen.po2_backward.DW_LATENCY` cycles after its last window."""
+    row's windows), each ``B Ho`` output rows of ``k`` row loads and ``Wo`` windows, one a cycle (with ``same``
+    padding each window twice: ``copies``); the dW unit's finish slot after a pass's last window falls in the next
+    row loads. The last tile's beat leaves :data:`rtl_gen.po2_backward.DW_LATENCY` cycles after its last window."""
     from .po2_backward import DW_LATENCY
 
     c = geometry.conv
-    return 3 + geometry.sweeps * c.batch * c.out_height * (c.kernel + c.out_width) + DW_LATENCY
+    row = c.kernel + geometry.copies * c.out_width
+    return 3 + geometry.sweeps * c.batch * c.out_height * row + DW_LATENCY

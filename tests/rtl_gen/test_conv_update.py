@@ -18,8 +18,8 @@ from sim.config import apply_overrides
 from sim.hw import arith as A
 
 
-def _geometry(B, C, H, W, Co, lanes_in, lanes_out, passes=1, window=0):
-    cfg = apply_overrides(_config(B, C, H, W, Co, "valid"), [f"hw.dw_window={window}", f"hw.dw_passes={passes}"])
+def _geometry(B, C, H, W, Co, lanes_in, lanes_out, passes=1, window=0, padding="valid"):
+    cfg = apply_overrides(_config(B, C, H, W, Co, padding), [f"hw.dw_window={window}", f"hw.dw_passes={passes}"])
     return ConvUpdateGeometry.from_config(cfg, 0, lanes_in=lanes_in, lanes_out=lanes_out), cfg
 
 
@@ -36,9 +36,9 @@ def _batch(g: ConvUpdateGeometry, cfg, rng, top: int):
     codes = A.Po2Codes(neg, field.astype(np.uint8), 0, 0)
     p = A.ArithParams.from_config(cfg)
     if g.window:
-        dw = A.po2_backward_dw_window_conv(x, codes, g.window, c.kernel, "valid", p)
+        dw = A.po2_backward_dw_window_conv(x, codes, g.window, c.kernel, c.padding, p)
     else:
-        dw = A.po2_backward_dw_conv(x, codes, c.kernel, "valid", p)
+        dw = A.po2_backward_dw_conv(x, codes, c.kernel, c.padding, p)
     return c.map_words(x), g.code_beats_of(neg, field), np.sign(dw).astype(np.int8)
 
 
@@ -101,30 +101,33 @@ def _run(g: ConvUpdateGeometry, cfg, seed: int):
 
 
 CASES = [
-    # (B, Ci, H, W, Co, lanes_in, lanes_out, dw_passes, dw_window)
-    pytest.param((2, 1, 6, 6, 4, 4, 4, 1, 0), id="b2-1x6x6-co4-li4-K3"),  # K = 3 words, the last padded
-    pytest.param((2, 3, 7, 8, 6, 32, 4, 2, 0), id="b2-3x7x8-co6-li32-g2-p2"),  # two groups, padding lanes, 2 passes
-    pytest.param((2, 2, 10, 10, 8, 8, 8, 1, 2), id="b2-2x10x10-co8-window2"),  # hw.dw_window: ternary codes
+    # (B, Ci, H, W, Co, lanes_in, lanes_out, dw_passes, dw_window, padding)
+    pytest.param((2, 1, 6, 6, 4, 4, 4, 1, 0, "valid"), id="b2-1x6x6-co4-li4-K3"),  # K = 3 words, the last padded
+    pytest.param((2, 3, 7, 8, 6, 32, 4, 2, 0, "valid"), id="b2-3x7x8-co6-li32-g2-p2"),  # two groups, padding lanes
+    pytest.param((2, 2, 10, 10, 8, 8, 8, 1, 2, "valid"), id="b2-2x10x10-co8-window2"),  # ternary codes
+    pytest.param((2, 2, 6, 7, 5, 8, 4, 1, 0, "same"), id="b2-2x6x7-co5-same"),  # each window twice, padding 0, 1
+    pytest.param((2, 1, 6, 6, 4, 16, 4, 2, 3, "same"), id="b2-1x6x6-co4-same-window3-p2"),
 ]
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_conv_update_in_amaranth_simulator(case):
-    B, C, H, W, Co, li, lo, passes, window = case
-    g, cfg = _geometry(B, C, H, W, Co, li, lo, passes, window)
-    assert g.po2.batch == B * (H - 2) * (W - 2)
+    B, C, H, W, Co, li, lo, passes, window, padding = case
+    g, cfg = _geometry(B, C, H, W, Co, li, lo, passes, window, padding)
+    k = 3 if padding == "valid" else 1  # 3x3 kernels: Ho = H - 2 (valid) or H (same)
+    assert g.po2.batch == g.copies * B * (H + 1 - k) * (W + 1 - k)
     _run(g, cfg, seed=B * 100 + Co + li)
 
 
 def test_conv_update_geometry_widths_and_refusals():
-    """The dW accumulators have the widths of sim.hw.widths for n = B Ho Wo; same padding is refused by name."""
+    """The dW accumulators have the widths of sim.hw.widths for n = B Ho Wo (one more bit with same padding: 2 n
+    beats); a dense layer is refused by name."""
     from sim.hw.widths import layer_bounds
 
     g, cfg = _geometry(2, 1, 6, 6, 4, 4, 4)
     assert g.po2.dw_width == layer_bounds(cfg)[0].widths()["dW"] == (32 << g.po2.span).bit_length() + 1
-    same = apply_overrides(_config(2, 1, 6, 6, 4, "same"), [])
-    with pytest.raises(ValueError, match="padding 'same'"):
-        ConvUpdateGeometry.from_config(same, 0, lanes_in=4, lanes_out=4)
+    g2, cfg2 = _geometry(2, 1, 6, 6, 4, 4, 4, padding="same")
+    assert g2.po2.dw_width == layer_bounds(cfg2)[0].widths()["dW"] + 1 == (144 << g.po2.span).bit_length() + 1
     with pytest.raises(ValueError, match="dense layer"):
         ConvUpdateGeometry.from_config(cfg, 1, lanes_in=4, lanes_out=4)
 
