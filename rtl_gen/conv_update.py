@@ -182,11 +182,12 @@ class ConvUpdate(wiring.Component):
 
         map_to_window(m, c, self.x_write, gen, win)  # the map and its read stage, as ConvForward's
 
-        # the code buffer: written in the order (b, h, v, g), read at position * G + g (combinational read)
+        # the code buffer (block RAM): written in the order (b, h, v, g), read at position * G + g; the read port
+        # takes the next beat's address, so its registered data is the current beat's codes
         codes = data.ArrayLayout(g.po2.code_layout, c.lanes_out)
         m.submodules.code_buf = cbuf = Memory(shape=codes, depth=max(g.code_beats, 2), init=[])
         cw = cbuf.write_port()
-        cr = cbuf.read_port(domain="comb")
+        cr = cbuf.read_port(transparent_for=())
         running = Signal()
         w_addr = Signal(range(max(g.code_beats, 2)))
         take_code = Signal()
@@ -221,6 +222,7 @@ class ConvUpdate(wiring.Component):
         pas = Signal(range(max(P, 2)))
         pos = Signal(range(max(n, 2)))
         c_addr = Signal(range(max(g.code_beats, 2)))  # pos G + gr
+        c_next = Signal.like(c_addr)
         bits = Signal(K * li)
         take = Signal()  # the window leaves (its last copy is taken)
         pos_last, pass_last, k_last, g_last = pos == n - 1, pas == P - 1, k == K - 1, gr == G - 1
@@ -240,7 +242,7 @@ class ConvUpdate(wiring.Component):
             take.eq(win.o.valid & win.o.ready),
             eng.xdy.payload.x[0].eq(bits.word_select(k, li) if K > 1 else bits),
             eng.xdy.payload.last.eq(pos_last),
-            cr.addr.eq(c_addr),
+            cr.addr.eq(c_next),
         ]
         if g.window:
             m.submodules.code_window = cwin = CodeWindow(lanes=c.lanes_out, groups=G, code_bits=g.po2.dy_bits,
@@ -255,13 +257,18 @@ class ConvUpdate(wiring.Component):
             ]
         else:
             m.d.comb += eng.xdy.payload.dy[0].eq(cr.data)
+        m.d.comb += c_next.eq(c_addr)
+        m.d.sync += c_addr.eq(c_next)
         with m.If(take):
-            m.d.sync += [pos.eq(pos + 1), c_addr.eq(c_addr + G)]
+            m.d.sync += pos.eq(pos + 1)
+            m.d.comb += c_next.eq(c_addr + G)
             with m.If(pos_last):
-                m.d.sync += [pos.eq(0), c_addr.eq(gr), pas.eq(pas + 1)]
+                m.d.sync += [pos.eq(0), pas.eq(pas + 1)]
+                m.d.comb += c_next.eq(gr)
                 with m.If(pass_last):
                     m.d.sync += [pas.eq(0), k.eq(k + 1)]
                     with m.If(k_last):
-                        m.d.sync += [k.eq(0), gr.eq(Mux(g_last, 0, gr + 1)), c_addr.eq(Mux(g_last, 0, gr + 1))]
+                        m.d.sync += [k.eq(0), gr.eq(Mux(g_last, 0, gr + 1))]
+                        m.d.comb += c_next.eq(Mux(g_last, 0, gr + 1))
         wiring.connect(m, eng.dw, wiring.flipped(self.dw))
         return m
