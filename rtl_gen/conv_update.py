@@ -60,8 +60,8 @@ __all__ = ["ConvUpdate", "ConvUpdateGeometry"]
 class ConvUpdateGeometry:
     """``conv``: the layer's map, kernel and lanes (:class:`ConvForwardGeometry`; its pool is not used, but it
     needs maps of at least 2x2 positions); ``po2``: the dW engine's geometry (``bank`` = ``conv.engine``, ``batch``
-    = ``n = B Ho Wo``, one position a beat, no dX unit, fabric accumulators); ``window``: ``hw.dw_window`` (0: the
-    po2 codes)."""
+    = ``n = B Ho Wo``, one position a beat, no dX unit; fabric accumulators, or with ``dw_dsp`` (``hw.dw_dsp``) the
+    unit's DSP48 multiply-accumulates); ``window``: ``hw.dw_window`` (0: the po2 codes)."""
 
     conv: ConvForwardGeometry
     po2: Po2Geometry
@@ -74,8 +74,8 @@ class ConvUpdateGeometry:
         if p.batch != self.copies * self.positions:
             raise ValueError(f"po2.batch ({p.batch}) must be {self.copies} n = {self.copies} B Ho Wo "
                              f"(each window {self.copies} times)")
-        if p.x_max != 1 or p.lanes_b != 1 or p.dx_width or p.dw_dsp or p.dx_dsp:
-            raise ValueError("po2 must be binary input (x_max 1), lanes_b 1, no dX unit, fabric dW accumulators")
+        if p.x_max != 1 or p.lanes_b != 1 or p.dx_width or p.dx_dsp:
+            raise ValueError("po2 must be binary input (x_max 1), lanes_b 1, no dX unit (dx_dsp false)")
         if not 0 <= self.window <= 255:
             raise ValueError(f"window (hw.dw_window) must be in 0..255, not {self.window}")
         if bool(self.window) != p.dw_ternary:
@@ -98,7 +98,7 @@ class ConvUpdateGeometry:
                                    kernel=s.spec.kernel, padding=s.spec.padding)
         po2 = Po2Geometry.from_config(cfg, layer_index, lanes_in=lanes_in, lanes_out=lanes_out, lanes_b=1,
                                       dw_passes=dw_passes, dx_dsp=False)
-        po2 = replace(po2, dx_width=0, dw_dsp=False)
+        po2 = replace(po2, dx_width=0)
         if conv.pad:
             po2 = replace(po2, batch=2 * po2.batch, dw_width=po2.dw_width + 1)
         return cls(conv=conv, po2=po2, window=int(cfg.hw.dw_window or 0))

@@ -18,8 +18,9 @@ from sim.config import apply_overrides
 from sim.hw import arith as A
 
 
-def _geometry(B, C, H, W, Co, lanes_in, lanes_out, passes=1, window=0, padding="valid"):
-    cfg = apply_overrides(_config(B, C, H, W, Co, padding), [f"hw.dw_window={window}", f"hw.dw_passes={passes}"])
+def _geometry(B, C, H, W, Co, lanes_in, lanes_out, passes=1, window=0, padding="valid", dsp=False):
+    cfg = apply_overrides(_config(B, C, H, W, Co, padding), [f"hw.dw_window={window}", f"hw.dw_passes={passes}",
+                                                             f"hw.dw_dsp={str(dsp).lower()}"])
     return ConvUpdateGeometry.from_config(cfg, 0, lanes_in=lanes_in, lanes_out=lanes_out), cfg
 
 
@@ -101,19 +102,22 @@ def _run(g: ConvUpdateGeometry, cfg, seed: int):
 
 
 CASES = [
-    # (B, Ci, H, W, Co, lanes_in, lanes_out, dw_passes, dw_window, padding)
-    pytest.param((2, 1, 6, 6, 4, 4, 4, 1, 0, "valid"), id="b2-1x6x6-co4-li4-K3"),  # K = 3 words, the last padded
-    pytest.param((2, 3, 7, 8, 6, 32, 4, 2, 0, "valid"), id="b2-3x7x8-co6-li32-g2-p2"),  # two groups, padding lanes
-    pytest.param((2, 2, 10, 10, 8, 8, 8, 1, 2, "valid"), id="b2-2x10x10-co8-window2"),  # ternary codes
-    pytest.param((2, 2, 6, 7, 5, 8, 4, 1, 0, "same"), id="b2-2x6x7-co5-same"),  # each window twice, padding 0, 1
-    pytest.param((2, 1, 6, 6, 4, 16, 4, 2, 3, "same"), id="b2-1x6x6-co4-same-window3-p2"),
+    # (B, Ci, H, W, Co, lanes_in, lanes_out, dw_passes, dw_window, padding, dw_dsp)
+    pytest.param((2, 1, 6, 6, 4, 4, 4, 1, 0, "valid", False), id="b2-1x6x6-co4-li4-K3"),  # K = 3, the last padded
+    pytest.param((2, 3, 7, 8, 6, 32, 4, 2, 0, "valid", False), id="b2-3x7x8-co6-li32-g2-p2"),  # padding lanes
+    pytest.param((2, 2, 10, 10, 8, 8, 8, 1, 2, "valid", False), id="b2-2x10x10-co8-window2"),  # ternary codes
+    pytest.param((2, 2, 6, 7, 5, 8, 4, 1, 0, "same", False), id="b2-2x6x7-co5-same"),  # each window twice
+    pytest.param((2, 1, 6, 6, 4, 16, 4, 2, 3, "same", False), id="b2-1x6x6-co4-same-window3-p2"),
+    pytest.param((2, 3, 8, 8, 6, 16, 4, 2, 0, "valid", True), id="b2-3x8x8-co6-p2-dsp"),  # DSP48 accumulators
+    pytest.param((2, 2, 9, 9, 4, 8, 4, 1, 2, "same", True), id="b2-2x9x9-co4-same-window2-dsp"),
 ]
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_conv_update_in_amaranth_simulator(case):
-    B, C, H, W, Co, li, lo, passes, window, padding = case
-    g, cfg = _geometry(B, C, H, W, Co, li, lo, passes, window, padding)
+    B, C, H, W, Co, li, lo, passes, window, padding, dsp = case
+    g, cfg = _geometry(B, C, H, W, Co, li, lo, passes, window, padding, dsp)
+    assert bool(g.po2.dsp_fields) == dsp
     k = 3 if padding == "valid" else 1  # 3x3 kernels: Ho = H - 2 (valid) or H (same)
     assert g.po2.batch == g.copies * B * (H + 1 - k) * (W + 1 - k)
     _run(g, cfg, seed=B * 100 + Co + li)
