@@ -45,7 +45,7 @@ from .conv_pool import MaxPool, PoolGeometry
 from .conv_window import RowWindow, RowWindowGeometry, WindowAddressGenerator, WindowGeometry
 from .xnor_engine import XnorEngine, XnorGeometry
 
-__all__ = ["ConvForward", "ConvForwardGeometry"]
+__all__ = ["ConvForward", "ConvForwardGeometry", "map_to_window"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,6 +163,42 @@ class ConvForwardGeometry:
                                    lanes_out=self.lanes_out, kernel=self.kernel, padding=self.padding)
 
 
+
+def map_to_window(m: Module, g: ConvForwardGeometry, x_write, gen: WindowAddressGenerator, win: RowWindow) -> None:
+    """The map of ``g`` (block RAM, one row a word) written by ``x_write`` (always ready) and read at the
+    generator's addresses into the register window: one read beat held on the read port's output until the window
+    takes it (``ConvForward``'s and ``rtl_gen.conv_update.ConvUpdate``'s front end)."""
+    # the map: written by x_write, read by the generator's addresses (synchronous, non-transparent)
+    m.submodules.map = fmap = Memory(shape=g.map_width, depth=g.map_depth, init=[])
+    wr = fmap.write_port()
+    rd = fmap.read_port(transparent_for=())
+    m.d.comb += [
+        wr.addr.eq(x_write.payload.addr),
+        wr.data.eq(x_write.payload.data),
+        wr.en.eq(x_write.valid),
+        x_write.ready.eq(1),
+    ]
+
+    # the read stage: one beat held on the read port's output until the window takes it
+    held = Signal()
+    flags = Signal(data.StructLayout({"valid": 1, "row_last": 1, "last": 1}))
+    advance = Signal()
+    m.d.comb += [
+        advance.eq(~held | win.i.ready),
+        gen.o.ready.eq(advance),
+        rd.addr.eq(gen.o.payload.addr),
+        rd.en.eq(advance),
+        win.i.valid.eq(held),
+        win.i.payload.data.eq(rd.data),
+        win.i.payload.valid.eq(flags.valid),
+        win.i.payload.row_last.eq(flags.row_last),
+        win.i.payload.last.eq(flags.last),
+    ]
+    with m.If(advance):
+        m.d.sync += [held.eq(gen.o.valid), flags.valid.eq(gen.o.payload.valid),
+                     flags.row_last.eq(gen.o.payload.row_last), flags.last.eq(gen.o.payload.last)]
+
+
 class ConvForward(wiring.Component):
     """The forward phase of :class:`ConvForwardGeometry` (module docstring)."""
 
@@ -193,16 +229,7 @@ class ConvForward(wiring.Component):
         m.submodules.engine = eng = XnorEngine(n_in=e.n_in, n_out=e.n_out, lanes_in=li, lanes_out=e.lanes_out)
         m.submodules.pool = pool = MaxPool(geometry=g.pooling)
 
-        # the map: written by x_write, read by the generator's addresses (synchronous, non-transparent)
-        m.submodules.map = fmap = Memory(shape=g.map_width, depth=g.map_depth, init=[])
-        wr = fmap.write_port()
-        rd = fmap.read_port(transparent_for=())
-        m.d.comb += [
-            wr.addr.eq(self.x_write.payload.addr),
-            wr.data.eq(self.x_write.payload.data),
-            wr.en.eq(self.x_write.valid),
-            self.x_write.ready.eq(1),
-        ]
+        map_to_window(m, g, self.x_write, gen, win)
         wiring.connect(m, wiring.flipped(self.w_load), eng.w_load)
 
         # start / busy: from start until the batch's last Y beat has left on both outputs
@@ -212,25 +239,6 @@ class ConvForward(wiring.Component):
         m.d.comb += [gen.start.eq(self.start & ~running), self.busy.eq(running)]
         with m.If(self.start & ~running):
             m.d.sync += [running.eq(1), count.eq(0)]
-
-        # the read stage: one beat held on the read port's output until the window takes it
-        held = Signal()
-        flags = Signal(data.StructLayout({"valid": 1, "row_last": 1, "last": 1}))
-        advance = Signal()
-        m.d.comb += [
-            advance.eq(~held | win.i.ready),
-            gen.o.ready.eq(advance),
-            rd.addr.eq(gen.o.payload.addr),
-            rd.en.eq(advance),
-            win.i.valid.eq(held),
-            win.i.payload.data.eq(rd.data),
-            win.i.payload.valid.eq(flags.valid),
-            win.i.payload.row_last.eq(flags.row_last),
-            win.i.payload.last.eq(flags.last),
-        ]
-        with m.If(advance):
-            m.d.sync += [held.eq(gen.o.valid), flags.valid.eq(gen.o.payload.valid),
-                         flags.row_last.eq(gen.o.payload.row_last), flags.last.eq(gen.o.payload.last)]
 
         # the window source: with same padding first the calibration windows, then the register window's
         cal = g.calibration

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["CycleReport", "conv_forward_cycles", "conv_layer_forward_cycles", "infer_cycles", "step_cycles"]
+__all__ = ["CycleReport", "conv_forward_cycles", "conv_layer_forward_cycles", "conv_update_cycles", "infer_cycles",
+           "step_cycles"]
 
 #: Controller cycles per phase besides the units' own (start pulse, done detection, phase advance).
 PHASE_OVERHEAD = 3
@@ -282,3 +283,21 @@ def conv_layer_backward_cycles(geometry, *, codes: bool = False) -> int:
         raise ValueError(f"conv_layer_backward_cycles: the po2 unit's PRO ({po2['pro']} cycles) outlasts the load "
                          f"and BN's first pass; the count assumes it hidden")
     return total + po2["pass1"] - geometry.beats + po2["bias"] + po2["pass2"]
+
+
+def conv_update_cycles(geometry) -> int:
+    """Cycles of :class:`rtl_gen.conv_update.ConvUpdate` (``sgn(dW)`` of a conv layer, for a
+    :class:`rtl_gen.conv_update.ConvUpdateGeometry`) from ``start`` to the transfer of the last ``dw`` beat, both
+    included, with no backpressure.
+
+    The window generator starts the cycle after ``start`` and its first read leaves the map's read port a cycle
+    later (3 cycles to the first row load); then the ``G K P`` sweeps over the map (one per tile and pass of the
+    dW unit) follow one another without a gap (the generator restarts while the register window emits the last
+    row's windows), each ``B Ho`` output rows of ``k`` row loads and ``Wo`` windows, one a cycle (with ``same``
+    padding each window twice: ``copies``); the dW unit's finish slot after a pass's last window falls in the next
+    row loads. The last tile's beat leaves :data:`rtl_gen.po2_backward.DW_LATENCY` cycles after its last window."""
+    from .po2_backward import DW_LATENCY
+
+    c = geometry.conv
+    row = c.kernel + geometry.copies * c.out_width
+    return 3 + geometry.sweeps * c.batch * c.out_height * row + DW_LATENCY
