@@ -22,6 +22,8 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from .streams import SkidBuffer
+
 __all__ = ["BEAT_BITS", "BeatWriter", "MemoryReader", "SplitMemory", "WordSerializer", "beat_layout", "beats_for"]
 
 BEAT_BITS = 32
@@ -155,7 +157,9 @@ class MemoryReader(wiring.Component):
     per cycle while ``o.ready`` is high.
 
     Parameters: ``width`` (word bits), ``depth`` (address range), ``repeat`` (largest ``count`` in units of
-    ``depth``).
+    ``depth``), ``registered`` (the words leave through a :class:`~rtl_gen.streams.SkidBuffer`: one more cycle of
+    latency, and neither the read data nor the consumer's ``ready`` crosses into the other side in one cycle; for a
+    consumer that does arithmetic on the word at once, docs/architecture.md "Timing discipline").
 
     No output queue: a word read stays on the read port's output (the port's enable is low while it waits), so
     ``o.payload.data`` is ``r_data`` itself and ``r_en`` depends on ``o.ready`` in the same cycle (the next read
@@ -165,13 +169,14 @@ class MemoryReader(wiring.Component):
     Ports: ``start`` (pulse, with ``base``, ``count`` and ``wrap``), ``abort`` (pulse: stop issuing and empty
     the queue), ``base``, ``count``, ``wrap`` (nonzero: the address returns to 0 after ``wrap - 1``, to read
     a buffer several times), ``r_addr``, ``r_en``, ``r_data``, ``o`` (payload ``data``, ``last``), ``busy``
-    (until the last word is taken).
+    (until the last word is taken), ``reading`` (while it needs the read port: until the last word has left it).
     """
 
-    def __init__(self, *, width: int, depth: int, repeat: int = 1):
+    def __init__(self, *, width: int, depth: int, repeat: int = 1, registered: bool = False):
         self._width = _check("width", width, 1)
         self._depth = _check("depth", depth, 1)
         self._repeat = _check("repeat", repeat, 1, 16)
+        self._registered = bool(registered)
         self._layout = data.StructLayout({"data": width, "last": 1})
         super().__init__({
             "start": In(1),
@@ -184,6 +189,7 @@ class MemoryReader(wiring.Component):
             "r_data": In(width),
             "o": Out(stream.Signature(self._layout)),
             "busy": Out(1),
+            "reading": Out(1),
         })
 
     @property
@@ -198,24 +204,38 @@ class MemoryReader(wiring.Component):
         have = Signal()  # a word waits on r_data
         have_last = Signal()
         issue = Signal()
+        o = stream.Signature(self._layout).create()  # the word on the read port's output
+        busy_out = Const(0)
+        if self._registered:
+            m.submodules.out = out = SkidBuffer(shape=self._layout)
+            wiring.connect(m, o, out.i)
+            wiring.connect(m, out.o, wiring.flipped(self.o))
+            busy_out = out.o.valid | ~out.i.ready
+        else:
+            wiring.connect(m, o, wiring.flipped(self.o))
+        # ``left != 0`` and ``left == 1`` as flip-flops: the read enable is one gate of registers and the
+        # consumer's ready, not a wide compare
+        more, one = Signal(), Signal()
         m.d.comb += [
-            issue.eq((left != 0) & (~have | self.o.ready) & ~self.abort),
+            issue.eq(more & (~have | o.ready) & ~self.abort),
             self.r_addr.eq(addr),
             self.r_en.eq(issue),
-            self.o.valid.eq(have),
-            self.o.payload.data.eq(self.r_data),
-            self.o.payload.last.eq(have_last),
-            self.busy.eq((left != 0) | have),
+            o.valid.eq(have),
+            o.payload.data.eq(self.r_data),
+            o.payload.last.eq(have_last),
+            self.busy.eq(more | have | busy_out),
+            self.reading.eq(more | have),
         ]
         with m.If(issue):
-            m.d.sync += [have.eq(1), have_last.eq(left == 1),
+            m.d.sync += [have.eq(1), have_last.eq(one), more.eq(~one), one.eq(left == 2),
                          addr.eq(Mux((wrap != 0) & (addr == wrap - 1), 0, addr + 1)), left.eq(left - 1)]
-        with m.Elif(self.o.ready):
+        with m.Elif(o.ready):
             m.d.sync += have.eq(0)
         with m.If(self.start):
-            m.d.sync += [addr.eq(self.base), left.eq(self.count), wrap.eq(self.wrap)]
+            m.d.sync += [addr.eq(self.base), left.eq(self.count), wrap.eq(self.wrap), more.eq(self.count != 0),
+                         one.eq(self.count == 1)]
         with m.If(self.abort):  # stop issuing, drop the waiting word
-            m.d.sync += [left.eq(0), have.eq(0)]
+            m.d.sync += [left.eq(0), more.eq(0), one.eq(0), have.eq(0)]
         return m
 
 

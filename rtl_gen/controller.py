@@ -52,6 +52,7 @@ from sim.hw_config import LAYER_FIELD_BITS
 from .buffers import SplitMemory
 from .contract import HASH_REGISTER
 from .shared import layer_port, per_layer
+from .streams import SkidBuffer
 
 __all__ = [
     "BnParamUnit",
@@ -149,6 +150,9 @@ E_WIDTH = 16
 RUNNING_LATENCY = 6
 """:class:`BnParamUnit`'s running-statistics pipeline: cycles from a stats beat taken to its channel's update
 written (the beat and the reads, the dividends, rtl_gen.divider.CONST_DIV_LATENCY cycles, the sums)."""
+
+#: Cycles a stats beat spends in :class:`BnParamUnit`'s input slice (a skid buffer) before the pipeline takes it.
+STATS_IN_STAGE = 1
 
 
 def bitlen_signal(m, value, width: int, name: str, offset: int = 0):
@@ -342,26 +346,41 @@ class BnParamUnit(wiring.Component):
         wr = {k: v[1] for k, v in mems.items()}
 
         # ---- host access (only while idle) ----------------------------------------------------------------
+        # A request is taken into registers (address, data, space one-hot) and carried out from them a cycle
+        # later, and ``host.ready`` is a function of flip-flops only (``busy`` a cycle late: the host reaches
+        # the unit only between steps): neither the host's valid nor this unit's state crosses into the other
+        # side's logic in one cycle (docs/architecture.md, "Timing discipline"). Writes go at one a cycle.
         h = self.host.payload
         busy = Signal()
+        busy_r = Signal()
+        m.d.sync += busy_r.eq(busy)
         host_pending = Signal()
         host_pending2 = Signal()
         host_space = Signal(3)
         host_e = Signal(signed(E_WIDTH))
         resp_full = Signal()
         resp_data = Signal(self.host_width)
+        spaces = {"beta": SPACE_BETA, "m": SPACE_M, "a": SPACE_A, "mu": SPACE_MU, "s": SPACE_S}
+        hq_valid, hq_write = Signal(), Signal()
+        hq_addr = Signal(range(max(total, 2)), reset_less=True)
+        hq_data = Signal(len(h.data), reset_less=True)
+        hq_space = Signal(3, reset_less=True)
+        hq_is = {sp: Signal(name=f"hq_is{sp}", reset_less=True) for sp in (*spaces.values(), SPACE_E)}
         m.d.comb += [
-            self.host.ready.eq(~busy & ~host_pending & ~host_pending2 & ~resp_full),
+            self.host.ready.eq(~busy_r & ~(hq_valid & ~hq_write) & ~host_pending & ~host_pending2 & ~resp_full),
             self.host_rdata.valid.eq(resp_full),
             self.host_rdata.payload.eq(resp_data),
         ]
         host_go = self.host.valid & self.host.ready
+        m.d.sync += hq_valid.eq(host_go)
+        with m.If(host_go):
+            m.d.sync += [hq_write.eq(h.write), hq_addr.eq(base + h.outer), hq_data.eq(h.data), hq_space.eq(h.space),
+                         *(hq_is[sp].eq(h.space == sp) for sp in hq_is)]
         host_rd = Signal()
         host_wr = Signal()
-        m.d.comb += [host_rd.eq(host_go & ~h.write), host_wr.eq(host_go & h.write)]
-        spaces = {"beta": SPACE_BETA, "m": SPACE_M, "a": SPACE_A, "mu": SPACE_MU, "s": SPACE_S}
+        m.d.comb += [host_rd.eq(hq_valid & ~hq_write), host_wr.eq(hq_valid & hq_write)]
         with m.If(host_rd):
-            m.d.sync += [host_pending.eq(1), host_space.eq(h.space), host_e.eq(e_reg)]
+            m.d.sync += [host_pending.eq(1), host_space.eq(hq_space), host_e.eq(e_reg)]
         # a read: the memories' words registered as they leave the block RAMs, then the space's word chosen
         # (timing: the block RAM's output through the space multiplexer into host_rdata closed at 84 MHz at the
         # paper's widths on the ECP5 proxy; a cycle of the host path, outside the step)
@@ -379,17 +398,17 @@ class BnParamUnit(wiring.Component):
                     m.d.sync += resp_data.eq(host_e.as_unsigned())
         with m.If(self.host_rdata.valid & self.host_rdata.ready):
             m.d.sync += resp_full.eq(0)
-        with m.If(host_wr & (h.space == SPACE_E)):
-            m.d.comb += [e_in.eq(h.data[:E_WIDTH]), e_load.eq(1)]
+        with m.If(host_wr & hq_is[SPACE_E]):
+            m.d.comb += [e_in.eq(hq_data[:E_WIDTH]), e_load.eq(1)]
 
-        # default port drive: the host
+        # default port drive: the host's registered request
         for name, sp in spaces.items():
             m.d.comb += [
-                rd[name].addr.eq(base + h.outer),
-                rd[name].en.eq(host_rd & (h.space == sp)),
-                wr[name].addr.eq(base + h.outer),
-                wr[name].data.eq(h.data),
-                wr[name].en.eq(host_wr & (h.space == sp)),
+                rd[name].addr.eq(hq_addr),
+                rd[name].en.eq(host_rd & hq_is[sp]),
+                wr[name].addr.eq(hq_addr),
+                wr[name].data.eq(hq_data),
+                wr[name].en.eq(host_wr & hq_is[sp]),
             ]
 
         # ---- beta stream for the forward unit -----------------------------------------------------------------
@@ -443,7 +462,14 @@ class BnParamUnit(wiring.Component):
         take = Signal()
         fsm_idle = Signal()  # the beta update's FSM is idle
         pending = Signal()  # an update pulse seen, the update not started
-        m.d.comb += [self.stats.ready.eq(fsm_idle & ~pending), take.eq(self.stats.valid & self.stats.ready)]
+        # the stats beats arrive through a registered slice: this unit's ready (its FSM state) would otherwise run
+        # back through the top level's stats fork into the BN forward unit's output stage
+        m.submodules.stats_in = stats_in = SkidBuffer(shape=self.stats.payload.shape())
+        wiring.connect(m, wiring.flipped(self.stats), stats_in.i)
+        stats = stats_in.o
+        stats_held = Signal()
+        m.d.comb += [stats_held.eq(stats_in.o.valid | ~stats_in.i.ready),
+                     stats.ready.eq(fsm_idle & ~pending), take.eq(stats.valid & stats.ready)]
         with m.If(take):
             m.d.comb += [rd["mu"].addr.eq(base + run_ch), rd["mu"].en.eq(1),
                          rd["s"].addr.eq(base + run_ch), rd["s"].en.eq(1)]
@@ -456,10 +482,10 @@ class BnParamUnit(wiring.Component):
         m.d.sync += [addr[i].eq(addr[i - 1]) for i in range(1, depth)]
         run_busy = Signal()
         m.d.comb += run_busy.eq(Cat(*v).any())
-        sum_y0 = Signal(signed(len(self.stats.payload.sum_y)))
-        s_val0 = Signal(unsigned(len(self.stats.payload.S)))
+        sum_y0 = Signal(signed(len(stats.payload.sum_y)))
+        s_val0 = Signal(unsigned(len(stats.payload.S)))
         with m.If(take):
-            m.d.sync += [sum_y0.eq(self.stats.payload.sum_y), s_val0.eq(self.stats.payload.S)]
+            m.d.sync += [sum_y0.eq(stats.payload.sum_y), s_val0.eq(stats.payload.S)]
         # stage 1: the dividends (a negative mu numerator as -n + 2B - 1, the quotient negated: a floor), the old
         # values while the read words hold them
         n1 = Signal(signed(run_n + 1))
@@ -730,7 +756,8 @@ class BnParamUnit(wiring.Component):
                 with m.Else():
                     m.d.sync += ch.eq(ch + 1)
                     m.next = "read"
-        m.d.comb += busy.eq(~fsm.ongoing("idle") | pending | (b_left != 0) | b_inflight | b_full | run_busy)
+        m.d.comb += busy.eq(~fsm.ongoing("idle") | pending | (b_left != 0) | b_inflight | b_full | run_busy |
+                            stats_held)
         m.d.comb += self.busy.eq(busy)
         return m
 

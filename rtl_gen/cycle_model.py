@@ -34,6 +34,11 @@ INFER_TAIL = 0
 #: division) to its beat (the queue's write, then its registered output).
 STATS_QUEUE_DELAY = 2
 
+#: ``bwd``: the per-channel ``S'`` reaches the po2 unit's prologue, and the scratch words its second pass, through
+#: registered readers (``MemoryReader(registered=True)``: a skid buffer, one cycle; ``S'`` goes into the
+#: normaliser's arithmetic at once).
+SEFF_STAGE = 1
+
 
 @dataclass
 class CycleReport:
@@ -86,7 +91,7 @@ def forward_cycles(plan, j: int, *, infer: bool = False) -> int:
     # BN pass 1 ends its stages after the engine's last beat: the compare stage, then the accumulators' write
     engine = lp.geometry.cycles(B) + BN_FWD_ACC_STAGES
     bn = BnForwardUnit(layer=plan.bn_unit_layer(j), div_steps=cfg.hw.div_steps).cycles()
-    from .controller import RUNNING_LATENCY
+    from .controller import RUNNING_LATENCY, STATS_IN_STAGE
 
     resp = epi3_responses(plan.bn_unit_layer(j), cfg.hw.div_steps)
     if infer:
@@ -108,7 +113,7 @@ def forward_cycles(plan, j: int, *, infer: bool = False) -> int:
     else:
         # a hidden layer's stats beats go to the running-statistics pipeline, a beat a cycle: EPI3 paces them,
         # and the phase ends when the last channel's update is written
-        out += resp[-1] + 1 + RUNNING_LATENCY
+        out += resp[-1] + 1 + STATS_IN_STAGE + RUNNING_LATENCY
     return out + PHASE_OVERHEAD
 
 
@@ -124,9 +129,9 @@ def backward_cycles(plan, j: int) -> int:
     bnb = BnBackwardUnit(layer=lay, pass2_lanes=plan.po2_lanes(lay.lanes)).cycles()
     po2 = Po2Unit(layer=lay, mul_steps=cfg.hw.mul_steps, pass1_lanes=plan.po2_lanes(lay.lanes)).cycles()
     # the Q pipeline's stages delay the first q beat; while the po2 prologue is longer they fill and cost nothing
-    first = max(bnb["pass1"] + bnb["epi"] + BN_BWD_Q_STAGES, po2["pro"])
+    first = max(bnb["pass1"] + bnb["epi"] + BN_BWD_Q_STAGES, SEFF_STAGE + po2["pro"])
     pass2 = bnb["pass2"] - BN_BWD_Q_STAGES
-    return first + max(pass2, po2["pass1"]) + po2["bias"] + po2["pass2"] + 4 + PHASE_OVERHEAD
+    return first + max(pass2, po2["pass1"]) + po2["bias"] + SEFF_STAGE + po2["pass2"] + 4 + PHASE_OVERHEAD
 
 
 def dx_cycles(plan, j: int) -> int:

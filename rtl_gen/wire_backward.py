@@ -35,8 +35,10 @@ class BackwardWiring:
         for name, dst in (("seff", pu.s_eff), ("alpha", bu.alpha)):
             rw = len(ports[f"{name}{j}_r"].port.data)
             ch_max = max(q.n_out for q in plan.layers)
+            # registered: S' goes into the po2 unit's normaliser and alpha into a multiplier at once, and their
+            # consumers' ready would reach the read enable (one more cycle before PRO: cycle_model.SEFF_STAGE)
             rd = self._pooled(m, sub, f"{name}_reader", (rw,),
-                              lambda rw=rw, ch_max=ch_max: MemoryReader(width=rw, depth=ch_max), a)
+                              lambda rw=rw, ch_max=ch_max: MemoryReader(width=rw, depth=ch_max, registered=True), a)
             m.d.comb += [rd.start.eq(st), rd.base.eq(0), rd.count.eq(lp.n_out), rd.wrap.eq(0)]
             ports[f"{name}{j}_r"].add(a, addr=rd.r_addr, en=rd.r_en)
             m.d.comb += [rd.r_data.eq(ports[f"{name}{j}_r"].port.data), dst.payload.eq(rd.o.payload.data),
@@ -48,19 +50,24 @@ class BackwardWiring:
         src_w = len(ports[f"{src_name}_r"].port.data)
         rd_depth = max(q.beats for q in plan.layers)
         feed = self._pooled(m, sub, "dx_feed", (src_w + 2 * lo,),
-                            lambda: MemoryReader(width=src_w + 2 * lo, depth=rd_depth, repeat=2), a)
+                            lambda: MemoryReader(width=src_w + 2 * lo, depth=rd_depth, repeat=2,
+                                                 registered=True), a)
         m.d.comb += [feed.start.eq(st), feed.base.eq(0), feed.count.eq(2 * lp.beats), feed.wrap.eq(lp.beats)]
         # (the port is the feed's until its last word is taken; then the po2 scratch reader's, which may share it)
-        ports[f"{src_name}_r"].add(a & feed.busy, addr=feed.r_addr + src_base, en=feed.r_en)
+        ports[f"{src_name}_r"].add(a & feed.reading, addr=feed.r_addr + src_base, en=feed.r_en)
         ports[f"mx{j}_r"].add(a, addr=feed.r_addr, en=feed.r_en)
-        m.d.comb += feed.r_data.eq(Cat(ports[f"{src_name}_r"].port.data, ports[f"mx{j}_r"].port.data))
+        if lp.top:  # x_hat is in the MX word, beside the mask
+            m.d.comb += feed.r_data.eq(Cat(ports[f"{src_name}_r"].port.data, ports[f"mx{j}_r"].port.data))
+        else:  # x_hat read from XB_{j+1} in step with the feed, and registered with its word
+            m.d.comb += feed.r_data.eq(Cat(ports[f"{src_name}_r"].port.data, ports[f"mx{j}_r"].port.data[:lo],
+                                           self._x_hat_from_next(m, plan, lp, st, a, feed, ports)))
         fd = feed.o.payload.data
         if lp.top:
             xh = fd[src_w:src_w + lo]
             mask = fd[src_w + lo:src_w + 2 * lo]
         else:
             mask = fd[src_w:src_w + lo]
-            xh = self._x_hat_from_next(m, plan, lp, st, a, feed, ports)
+            xh = fd[src_w + lo:src_w + 2 * lo]
         f_count = Signal(range(2 * lp.beats + 1), name=f"dx_count{j}")
         first = Signal(name=f"dx_first{j}")
         m.d.comb += first.eq(f_count < lp.beats)
@@ -102,7 +109,8 @@ class BackwardWiring:
         with m.Elif(scr_take):
             m.d.sync += scr_count.eq(scr_count + 1)
         rd_depth = max(q.beats for q in plan.layers)
-        srd = self._pooled(m, sub, "scratch_reader", (sbits,), lambda: MemoryReader(width=sbits, depth=rd_depth), a)
+        srd = self._pooled(m, sub, "scratch_reader", (sbits,),
+                          lambda: MemoryReader(width=sbits, depth=rd_depth, registered=True), a)
         m.d.comb += pu.bias.ready.eq(a)
         with m.If(a & pu.bias.valid):
             m.d.sync += unit_exp[j].eq(pu.bias.payload.unit_exp)

@@ -77,7 +77,8 @@ class ForwardWiring:
         reps = 3 if lp.top else 2
         rd_depth = max(q.beats for q in plan.layers)
         ry = max(q.lanes_out * q.widths["y"] for q in plan.layers)  # one reader for every layer's Y words
-        rr = self._pooled(m, sub, "y_replay", (ry,), lambda: MemoryReader(width=ry, depth=rd_depth, repeat=3), a)
+        rr = self._pooled(m, sub, "y_replay", (ry,),
+                          lambda: MemoryReader(width=ry, depth=rd_depth, repeat=3, registered=True), a)
         replay_started = Signal(name=f"replay_started{j}")
         with m.If(st):
             m.d.sync += replay_started.eq(0)
@@ -87,12 +88,11 @@ class ForwardWiring:
         ports["ydx_r"].add(a, addr=rr.r_addr, en=rr.r_en)
         m.d.comb += rr.r_data.eq(ports["ydx_r"].port.data[:ry])
         r_count = Signal(range(reps * lp.beats + 1), name=f"replay_count{j}")
-        to_bn = Signal(name=f"replay_to_bn{j}")
-        m.d.comb += to_bn.eq(r_count < 2 * lp.beats)
+        to_bn = Signal(name=f"replay_to_bn{j}")  # r_count < 2 beats, as a flip-flop (it steers the replay's ready)
         with m.If(st):
-            m.d.sync += r_count.eq(0)
+            m.d.sync += [r_count.eq(0), to_bn.eq(1)]
         with m.Elif(rr.o.valid & rr.o.ready):
-            m.d.sync += r_count.eq(r_count + 1)
+            m.d.sync += [r_count.eq(r_count + 1), to_bn.eq(r_count + 1 < 2 * lp.beats)]
         groups_last = Signal(name=f"replay_last{j}")
         rg = Signal(range(G), name=f"replay_g{j}")
         with m.If(st):
@@ -160,10 +160,21 @@ class ForwardWiring:
         parts = lo // nl
         yw = lp.widths["y"]
         sb = Signal(range(max(parts, 2)), name="logit_part")  # part of the Y beat going to the logit unit
-        c0 = Signal(range(G * lo + 1), name="logit_class")  # its first class
         end = Signal(name="logit_sample_end")  # the sample's last part
         part_end = Signal(name="logit_part_end")  # the Y beat's last part
-        m.d.comb += [c0.eq(rg * lo + sb * nl), end.eq(c0 + nl >= C), part_end.eq((sb == parts - 1) | end)]
+        # the sample's end and the beat's last part as constant tables indexed by (group, part): no adder and
+        # compare in front of the replay's ready
+        sbw = len(sb)
+        ends = [int(s_ < parts and g * lo + s_ * nl + nl >= C) for g in range(G) for s_ in range(1 << sbw)]
+        pends = [int(s_ < parts and (s_ == parts - 1 or e)) for g in range(G) for s_, e in
+                 zip(range(1 << sbw), ends[g << sbw:(g + 1) << sbw], strict=True)]
+        idx = Signal(len(ends).bit_length(), name="logit_part_index")
+
+        def table(bits):
+            return Const(sum(b << k for k, b in enumerate(bits)), len(bits))
+
+        m.d.comb += [idx.eq(Cat(sb, rg)), end.eq(table(ends).bit_select(idx, 1)),
+                     part_end.eq(table(pends).bit_select(idx, 1))]
         part = Signal(nl * yw, name="logit_y_part")
         with m.Switch(sb):
             for s_ in range(parts):

@@ -320,6 +320,14 @@ def _check_tile_reader(banks, words, groups, tiles, passes):
         assert g_last == int(i == len(want) - 1 or want[i + 1][0] != g)
 
 
+async def _start_reader(ctx, rd, *, count, wrap, base=0):
+    """A MemoryReader's start pulse with its run's count, wrap and base."""
+    for sig, v in ((rd.count, count), (rd.wrap, wrap), (rd.base, base), (rd.start, 1)):
+        ctx.set(sig, v)
+    await ctx.tick()
+    ctx.set(rd.start, 0)
+
+
 def test_memory_reader_wrap_and_serializer():
     rd = MemoryReader(width=40, depth=5, repeat=2)
     ser = WordSerializer(width=40)
@@ -335,11 +343,7 @@ def test_memory_reader_wrap_and_serializer():
 
     async def bench(ctx):
         ctx.set(ser.beats, 2)
-        ctx.set(rd.count, 8)
-        ctx.set(rd.wrap, 5)
-        ctx.set(rd.start, 1)
-        await ctx.tick()
-        ctx.set(rd.start, 0)
+        await _start_reader(ctx, rd, count=8, wrap=5)
         addr = None
         for _ in range(60):
             if addr is not None:
@@ -354,6 +358,42 @@ def test_memory_reader_wrap_and_serializer():
     _run(top, bench)
     words = [mem[i % 5] for i in range(8)]
     want = [(w >> (32 * b) & 0xFFFFFFFF, int(i == 7 and b == 1)) for i, w in enumerate(words) for b in range(2)]
+    assert out == want
+
+
+@pytest.mark.parametrize("registered", [False, True], ids=["direct", "registered"])
+def test_memory_reader_under_backpressure(registered):
+    """Every word in order, ``last`` on the final one and ``busy`` until it is taken, with the consumer's ``ready``
+    random; registered: no word on ``o`` earlier than two cycles after its read (the skid buffer's stage)."""
+    rd = MemoryReader(width=16, depth=7, repeat=2, registered=registered)
+    mem = [int(v) for v in np.random.default_rng(5).integers(0, 1 << 16, 7)]
+    rng = np.random.default_rng(6)
+    out, seen = [], []
+
+    async def bench(ctx):
+        await _start_reader(ctx, rd, count=11, wrap=7, base=2)
+        data, first_read, cyc = 0, None, 0
+        while ctx.get(rd.busy) and cyc < 200:
+            ready = int(rng.random() < 0.6)
+            ctx.set(rd.o.ready, ready)
+            if ctx.get(rd.o.valid):
+                seen.append(cyc)
+                if ready:
+                    out.append((ctx.get(rd.o.payload.data), ctx.get(rd.o.payload.last)))
+            issue = ctx.get(rd.r_en)
+            addr = ctx.get(rd.r_addr)
+            if first_read is None and issue:
+                first_read = cyc
+            await ctx.tick()
+            if issue:  # a synchronous read port: the word of the address read in the last cycle
+                data = mem[addr]
+            ctx.set(rd.r_data, data)
+            cyc += 1
+        assert cyc < 200
+        assert seen[0] - first_read == (2 if registered else 1)
+
+    _run(rd, bench)
+    want = [(mem[(2 + i) % 7], int(i == 10)) for i in range(11)]
     assert out == want
 
 
