@@ -17,20 +17,27 @@ the next two bits against ``d``, ``2 d`` and ``3 d`` in parallel, one carry chai
 
 Structure (the timing reason): the ``steps`` bits of a cycle are ``P = ceil(steps / 2)`` **stages**, each one
 radix-4 (or the last radix-2) step followed by a register, closed into a ring: a division enters stage 0
-from a request register, walks the stages and goes round the ring ``I`` times, then is offered as the
-response from the last stage's register. So no clock cycle holds more than one carry chain (nor any of the
+from a request register, walks the stages and goes round the ring ``I`` times, its last step written into the
+response register (below). So no clock cycle holds more than one carry chain (nor any of the
 requester's logic: the request is registered first), and the ring holds up to ``P`` divisions at once, one
 per stage. Measured on the ECP5 proxy (``nextpnr-ecp5`` out of context, the small MLP's BN divider, 31 / 17 /
 14 bits): one radix-4 stage per cycle 100.6 MHz, where two chained in one cycle (the former sequential
 divider at 4 bits per cycle) closed at 63.8 MHz and four chained radix-2 steps at 39.9 MHz.
 
+The ring's stages move every cycle (no stall enable reaches them). A finished division leaves the last stage
+into the output queue: the response register, and a FIFO behind it that fills only while the requester does
+not take responses. A request enters the ring only while a credit counter (the queue's ``P + 1`` entries,
+:attr:`Divider.queue_depth`, less the divisions in the ring and in the queue) is not zero, so the queue never
+overflows however long the requester waits; ``P + 1`` entries let a division enter in the cycle its slot's
+finished division is offered, so a requester that takes every response at once never waits for credit.
+
 Timing (:attr:`Divider.latency`, :meth:`Divider.cycles`): the response is offered ``1 + I * P`` cycles after
-its request transfer when the ring has room, and held until taken (a response not taken at once waits in a
-holding register; the ring waits only while that is full and another division is finished). A division
-enters stage 0 when the slot arriving there is free (empty, or its division leaves the ring in that cycle);
+its request transfer when the ring has room, and held until taken. A division enters stage 0 when the slot
+arriving there is free (empty, or its division leaves the ring in that cycle) and the credit allows;
 up to ``P`` requests are taken back to back, so ``P`` divisions take ``I * P`` cycles of ring time: the
 throughput of the former sequential divider (one division per ``I`` cycles) when the requester keeps ``P``
-in flight. Responses come back in request order (:func:`ring_schedule` gives the cycle of each).
+in flight. Responses come back in request order (:func:`ring_schedule` gives the cycle of each when they are
+taken at once).
 """
 
 from __future__ import annotations
