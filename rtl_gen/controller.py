@@ -542,7 +542,6 @@ class BnParamUnit(wiring.Component):
                      sh_r.eq(shv.as_unsigned()[:4]), sh_half.eq(Const(1, 12) << (shv - 1).as_unsigned()[:4])]
         delta = Signal(signed(self.beta_width + 12))
         diff = Signal(signed(self.beta_width + 13))
-        w_addr = Signal(range(max(total, 2)), name="w_addr")  # base + ch of the channel being written
         ratio_n = Signal(wn)  # the ratio division's operands (|m| 2^9 + a, 2a)
         ratio_d = Signal(wd)
         ratio_zero, ratio_big, ratio_neg = Signal(), Signal(), Signal()  # a = 0, |m| >= 2a, m < 0
@@ -715,17 +714,14 @@ class BnParamUnit(wiring.Component):
                     m.d.sync += delta.eq(0)  # |r| <= 256: (r + 2^(sh-1)) >> sh = 0 for sh >= 10
                 m.next = "apply_diff"
             with m.State("apply_diff"):  # beta - delta registered (timing: with the clamp and the write, 72 MHz)
-                m.d.sync += [diff.eq(wq["beta"] - delta), w_addr.eq(base + ch)]
+                m.d.sync += diff.eq(wq["beta"] - delta)
                 m.next = "apply"
-            # the channel's write address registered in apply_diff (timing: the adder base + ch and the memory
-            # segments' address compares in front of m_mem's write enable closed at 85.5 MHz at the paper's
-            # widths on the ECP5 proxy)
             with m.State("apply"):
                 m.d.comb += beta_new.eq(Mux(diff < p.beta_lo, p.beta_lo, Mux(diff > p.beta_hi, p.beta_hi, diff)))
                 m.d.comb += [
-                    wr["m"].addr.eq(w_addr), wr["m"].data.eq(m2), wr["m"].en.eq(1),
-                    wr["a"].addr.eq(w_addr), wr["a"].data.eq(a2), wr["a"].en.eq(1),
-                    wr["beta"].addr.eq(w_addr), wr["beta"].data.eq(beta_new), wr["beta"].en.eq(1),
+                    wr["m"].addr.eq(base + ch), wr["m"].data.eq(m2), wr["m"].en.eq(1),
+                    wr["a"].addr.eq(base + ch), wr["a"].data.eq(a2), wr["a"].en.eq(1),
+                    wr["beta"].addr.eq(base + ch), wr["beta"].data.eq(beta_new), wr["beta"].en.eq(1),
                 ]
                 with m.If(ch == M - 1):
                     m.d.comb += [e_in.eq(e_new), e_load.eq(1)]
