@@ -763,9 +763,15 @@ class BnForwardCore(wiring.Component):
         RD, CH0, CH1, CH2, CH3, WT, CH2A, CH2B, CH0B, CH1B, CH1C, CH0C, CH1R = range(13)
         epi_rd = Signal()
         m.d.comb += epi_rd.eq(~in_pass & (est == RD))
-        # in a pass the thresholds are read in stage 0, the accumulators in stage 1
-        for port, g_pass in ((sum_rd, s1_g), (ys_rd, s1_g), (ns_rd, s1_g), (thr_rd, cnt.g)):
-            m.d.comb += [port.addr.eq(Mux(in_pass, g_pass, walk.g)), port.en.eq(Mux(in_pass, adv, epi_rd))]
+        # in a pass the thresholds are read in stage 0, the accumulators in stage 1. The accumulators are read
+        # every cycle (no enable): in a pass their word matters only with a valid stage 2, which follows a stage-1
+        # move (its group's word read in that cycle; the RAW hazard check keeps stage 2's write off that group);
+        # in an epilogue the group (``walk.g``) changes only with a read cycle (RD), and nothing writes them
+        # (timing: the pass's stall ``adv``, from ``phase`` and the x queue, as the clock enable of every read
+        # register closed at 79.8 MHz at the paper's widths on the ECP5 proxy)
+        for port in (sum_rd, ys_rd, ns_rd):
+            m.d.comb += [port.addr.eq(Mux(in_pass, s1_g, walk.g)), port.en.eq(1)]
+        m.d.comb += [thr_rd.addr.eq(Mux(in_pass, cnt.g, walk.g)), thr_rd.en.eq(Mux(in_pass, adv, epi_rd))]
         sum_l = _lane(m, sum_rd.data, walk.l, sum_shape, "sum_l")
         # EPI1's dividend, offset in every lane before the lane choice (timing: the lane index's fan-out into
         # the multiplexer, then the offset's carry chain into the divider's request register closed at 99.6 MHz
