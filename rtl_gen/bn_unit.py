@@ -310,6 +310,9 @@ class Phase:
     PASS1, EPI1, PASS2, EPI2, PASS3, EPI3 = range(6)
 
 
+_FWD_PASSES = (Phase.PASS1, Phase.PASS2, Phase.PASS3)
+
+
 class _Channels:
     """The channel geometry a BN or po2 unit runs: constants for one layer, or, for a unit shared by layers
     of different channel counts (``channels``, one per layer), signals picked by ``sel`` (the unit's
@@ -636,8 +639,10 @@ class BnForwardCore(wiring.Component):
 
         phase = Signal(range(6), name="phase_r")
         m.d.comb += self.phase.eq(phase)
-        in_pass = Signal()
-        m.d.comb += in_pass.eq((phase == Phase.PASS1) | (phase == Phase.PASS2) | (phase == Phase.PASS3))
+        # ``phase`` is a pass: a register set with ``phase`` (timing: the decode of ``phase`` in front of the
+        # accumulator memories' read address multiplexer, whose output fans out to every LUT RAM cell of the
+        # four memories, closed at 88.0 MHz at the paper's widths on the ECP5 proxy)
+        in_pass = Signal(init=1, name="in_pass")  # PASS1 = 0 is the reset phase
 
         # ---- per-channel state ---------------------------------------------------------------------------
         sum_shape = signed(w["sum_y"])
@@ -758,9 +763,15 @@ class BnForwardCore(wiring.Component):
         RD, CH0, CH1, CH2, CH3, WT, CH2A, CH2B, CH0B, CH1B, CH1C, CH0C, CH1R = range(13)
         epi_rd = Signal()
         m.d.comb += epi_rd.eq(~in_pass & (est == RD))
-        # in a pass the thresholds are read in stage 0, the accumulators in stage 1
-        for port, g_pass in ((sum_rd, s1_g), (ys_rd, s1_g), (ns_rd, s1_g), (thr_rd, cnt.g)):
-            m.d.comb += [port.addr.eq(Mux(in_pass, g_pass, walk.g)), port.en.eq(Mux(in_pass, adv, epi_rd))]
+        # in a pass the thresholds are read in stage 0, the accumulators in stage 1. The accumulators are read
+        # every cycle (no enable): in a pass their word matters only with a valid stage 2, which follows a stage-1
+        # move (its group's word read in that cycle; the RAW hazard check keeps stage 2's write off that group);
+        # in an epilogue the group (``walk.g``) changes only with a read cycle (RD), and nothing writes them
+        # (timing: the pass's stall ``adv``, from ``phase`` and the x queue, as the clock enable of every read
+        # register closed at 79.8 MHz at the paper's widths on the ECP5 proxy)
+        for port in (sum_rd, ys_rd, ns_rd):
+            m.d.comb += [port.addr.eq(Mux(in_pass, s1_g, walk.g)), port.en.eq(1)]
+        m.d.comb += [thr_rd.addr.eq(Mux(in_pass, cnt.g, walk.g)), thr_rd.en.eq(Mux(in_pass, adv, epi_rd))]
         sum_l = _lane(m, sum_rd.data, walk.l, sum_shape, "sum_l")
         # EPI1's dividend, offset in every lane before the lane choice (timing: the lane index's fan-out into
         # the multiplexer, then the offset's carry chain into the divider's request register closed at 99.6 MHz
@@ -778,15 +789,15 @@ class BnForwardCore(wiring.Component):
         thr_l = _lane(m, thr_rd.data, walk.l, lay.thr_layout, "thr_l")
 
         # Pass end: the last beat is in stage 2 and being written.
-        with m.If(in_pass & s2_valid & s2_last):
-            m.d.sync += [phase.eq(phase + 1), est.eq(RD), in_done.eq(0)]
+        with m.If(in_pass & s2_valid & s2_last):  # each pass is followed by its epilogue
+            m.d.sync += [phase.eq(phase + 1), in_pass.eq(0), est.eq(RD), in_done.eq(0)]
 
         def channel_done(next_phase):
             walk.next_channel(m)
             with m.If(walk.last_lane):
                 m.d.sync += est.eq(RD)
                 with m.If(walk.last_group):
-                    m.d.sync += phase.eq(next_phase)
+                    m.d.sync += [phase.eq(next_phase), in_pass.eq(next_phase in _FWD_PASSES)]
             with m.Else():
                 m.d.sync += est.eq(CH0)
 
@@ -802,7 +813,7 @@ class BnForwardCore(wiring.Component):
             """The response side of EPI1 / EPI2 / EPI3: a channel's result was taken."""
             rwalk.next_channel(m)
             with m.If(rwalk.last_lane & rwalk.last_group):
-                m.d.sync += [phase.eq(next_phase), est.eq(RD)]
+                m.d.sync += [phase.eq(next_phase), in_pass.eq(next_phase in _FWD_PASSES), est.eq(RD)]
 
         # EPI3's alpha division on the divider (one a channel; responses in order)
         alpha_n = Signal(wn, name="alpha_dividend")
@@ -911,13 +922,20 @@ class BnForwardCore(wiring.Component):
                                                               depth=STATS_QUEUE_DEPTH)
         s_in = data.View(data.StructLayout(s_fields), s_queue.w_data)
         s_out = data.View(data.StructLayout(s_fields), s_queue.r_data)
+        # the channel's lanes of sum_y and the thresholds registered every cycle before the queue's write (they
+        # hold from the channel's first cycle, CH0, to its queue write, CH1 in eval mode, CH3 otherwise; timing:
+        # the lane index's fan-out into the multiplexers, then the queue's LUT RAM write data, closed at 72.7 MHz
+        # at the paper's widths on the ECP5 proxy)
+        sum_q = Signal(sum_shape, name="sum_lane_q", reset_less=True)
+        thr_q = Signal(lay.thr_layout, name="thr_lane_q", reset_less=True)
+        m.d.sync += [sum_q.eq(sum_l), thr_q.eq(thr_l)]
         m.d.comb += [
-            s_in.sum_y.eq(sum_l),
+            s_in.sum_y.eq(sum_q),
             s_in.S.eq(Mux(chan_l.zero, 0, chan_l.S_eff)),
             s_in.S_eff.eq(chan_l.S_eff),
-            s_in.theta.eq(thr_l.theta),
-            s_in.theta_lo.eq(thr_l.lo),
-            s_in.theta_hi.eq(thr_l.hi),
+            s_in.theta.eq(thr_q.theta),
+            s_in.theta_lo.eq(thr_q.lo),
+            s_in.theta_hi.eq(thr_q.hi),
             s_in.C.eq(chan_l.C),
             *(getattr(stats, k).eq(getattr(s_out, k)) for k in s_fields),
             stats.alpha_q.eq(q_now),

@@ -17,26 +17,34 @@ the next two bits against ``d``, ``2 d`` and ``3 d`` in parallel, one carry chai
 
 Structure (the timing reason): the ``steps`` bits of a cycle are ``P = ceil(steps / 2)`` **stages**, each one
 radix-4 (or the last radix-2) step followed by a register, closed into a ring: a division enters stage 0
-from a request register, walks the stages and goes round the ring ``I`` times, then is offered as the
-response from the last stage's register. So no clock cycle holds more than one carry chain (nor any of the
+from a request register, walks the stages and goes round the ring ``I`` times, its last step written into the
+response register (below). So no clock cycle holds more than one carry chain (nor any of the
 requester's logic: the request is registered first), and the ring holds up to ``P`` divisions at once, one
 per stage. Measured on the ECP5 proxy (``nextpnr-ecp5`` out of context, the small MLP's BN divider, 31 / 17 /
 14 bits): one radix-4 stage per cycle 100.6 MHz, where two chained in one cycle (the former sequential
 divider at 4 bits per cycle) closed at 63.8 MHz and four chained radix-2 steps at 39.9 MHz.
 
+The ring's stages move every cycle (no stall enable reaches them). A finished division leaves the last stage
+into the output queue: the response register, and a FIFO behind it that fills only while the requester does
+not take responses. A request enters the ring only while a credit counter (the queue's ``P + 1`` entries,
+:attr:`Divider.queue_depth`, less the divisions in the ring and in the queue) is not zero, so the queue never
+overflows however long the requester waits; ``P + 1`` entries let a division enter in the cycle its slot's
+finished division is offered, so a requester that takes every response at once never waits for credit.
+
 Timing (:attr:`Divider.latency`, :meth:`Divider.cycles`): the response is offered ``1 + I * P`` cycles after
-its request transfer when the ring has room, and held until taken (a response not taken at once waits in a
-holding register; the ring waits only while that is full and another division is finished). A division
-enters stage 0 when the slot arriving there is free (empty, or its division leaves the ring in that cycle);
+its request transfer when the ring has room, and held until taken. A division enters stage 0 when the slot
+arriving there is free (empty, or its division leaves the ring in that cycle) and the credit allows;
 up to ``P`` requests are taken back to back, so ``P`` divisions take ``I * P`` cycles of ring time: the
 throughput of the former sequential divider (one division per ``I`` cycles) when the requester keeps ``P``
-in flight. Responses come back in request order (:func:`ring_schedule` gives the cycle of each).
+in flight. Responses come back in request order (:func:`ring_schedule` gives the cycle of each when they are
+taken at once).
 """
 
 from __future__ import annotations
 
 from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
 __all__ = ["CONST_DIV_LATENCY", "CONST_DIV_PARTS", "Divider", "const_divide", "const_reciprocal", "divide", "latency",
@@ -136,6 +144,12 @@ class Divider(wiring.Component):
         return latency(self._wq, self._steps)
 
     @property
+    def queue_depth(self) -> int:
+        """Entries of the output queue (the response register and the FIFO behind it), ``stages + 1``: the ring's
+        divisions and the response being offered in the cycle a new division takes its slot."""
+        return self.stages + 1
+
+    @property
     def req_layout(self) -> data.StructLayout:
         return data.StructLayout({"dividend": self._wn, "divisor": self._wd})
 
@@ -161,50 +175,60 @@ class Divider(wiring.Component):
         wq_int = loops * s  # internal quotient width: a multiple of steps (extra bits are leading zeros)
         bits = [2] * (s // 2) + [1] * (s % 2)  # quotient bits of each stage
 
+        # Payload registers have no reset (only the valid bits, the ring's ``recirc``, the output's valid bit and
+        # the credit counter do): what they hold matters only where a valid bit says so.
         # request register
         in_valid = Signal(name="in_valid")
-        in_n = Signal(wn, name="in_dividend")
-        in_d = Signal(wd, name="in_divisor")
-        in_d3 = Signal(wd + 2, name="in_divisor3")  # 3 d, for the radix-4 stages (added once per division)
+        in_n = Signal(wn, name="in_dividend", reset_less=True)
+        in_d = Signal(wd, name="in_divisor", reset_less=True)
+        in_d3 = Signal(wd + 2, name="in_divisor3", reset_less=True)  # 3 d, for the radix-4 stages (once a division)
 
-        # stage registers: valid, loop count, partial remainder, dividend/quotient shift register, divisor, overflow
-        st_v = [Signal(name=f"st{k}_valid") for k in range(P)]
-        st_c = [Signal(range(loops), name=f"st{k}_loop") for k in range(P)]
-        st_r = [Signal(wd, name=f"st{k}_rem") for k in range(P)]
-        st_q = [Signal(wq_int, name=f"st{k}_shreg") for k in range(P)]
-        st_d = [Signal(wd, name=f"st{k}_divisor") for k in range(P)]
-        st_d3 = [Signal(wd + 2, name=f"st{k}_divisor3") for k in range(P)]
-        st_o = [Signal(name=f"st{k}_ovf") for k in range(P)]
+        # stage registers: loop count, partial remainder, dividend/quotient shift register, divisor, 3 divisor,
+        # overflow; valid bits for the stages before the last (the last stage's division is ``recirc``'s, below)
+        st_v = [Signal(name=f"st{k}_valid") for k in range(P - 1)]
+        st_c = [Signal(range(loops), name=f"st{k}_loop", reset_less=True) for k in range(P)]
+        st_r = [Signal(wd, name=f"st{k}_rem", reset_less=True) for k in range(P)]
+        st_q = [Signal(wq_int, name=f"st{k}_shreg", reset_less=True) for k in range(P)]
+        st_d = [Signal(wd, name=f"st{k}_divisor", reset_less=True) for k in range(P)]
+        st_d3 = [Signal(wd + 2, name=f"st{k}_divisor3", reset_less=True) for k in range(P)]
+        st_o = [Signal(name=f"st{k}_ovf", reset_less=True) for k in range(P)]
 
         last = P - 1
-        done = Signal()  # the last stage holds a finished division
-        recirc = Signal()  # the last stage's division goes round again
-        en = Signal()  # the ring moves
+        recirc = Signal()  # the last stage's division goes round again (its slot is taken)
         enter = Signal()  # the request register's division enters stage 0
-        # A finished division the requester does not take goes to a holding register (``held``), so the ring stalls
-        # only when that is full too: ``en`` depends on registers alone, never on ``resp.ready`` (timing: the
-        # requester's ready logic in front of every stage's clock enable closed at 96 MHz on the ECP5 proxy).
-        held = Signal(name="held_valid")
-        held_p = Signal(self.resp_layout, name="held")
-        done_p = Signal(self.resp_layout, name="done_payload")
-        # ``en`` is ~(held & done), kept in a register of its own from the next values of both (timing: the
-        # enable of every stage register from a register, not a gate)
-        en_r = Signal(init=1, name="ring_moves")
+        # The stages move every cycle: no enable reaches them (timing: the former stall enable, fanned out to every
+        # stage register, in front of stage 0's carry chains closed at 79.4 MHz at the paper's widths on the ECP5
+        # proxy). A finished division leaves the last stage into the output queue (``out``, the response register,
+        # then ``spill``, a FIFO behind it while the requester does not take), and a request enters the ring only
+        # while ``credit``, the queue's free entries less the divisions in the ring, is not zero: the queue never
+        # overflows. Its depth, ``stages + 1`` (:attr:`queue_depth`), lets a division enter in the cycle its
+        # slot's finished division is offered, so a requester that takes every response at once never waits.
+        Q = self.queue_depth
+        credit = Signal(range(Q + 1), init=Q, name="credit")
+        out_v = Signal(name="resp_valid")
+        out_p = Signal(self.resp_layout, name="resp_payload", reset_less=True)
+        m.submodules.spill = spill = SyncFIFO(width=self.resp_layout.size, depth=Q - 1)
+        fin = Signal(name="fin")  # a division finishes in the last stage at this edge
+        fin_p = Signal(self.resp_layout, name="fin_payload")  # its response
+        free = Signal(name="resp_free")  # the response register is empty or taken in this cycle
+        taken = Signal(name="resp_taken")
         m.d.comb += [
-            en.eq(en_r),
-            enter.eq(en & ~recirc & in_valid),
+            enter.eq(~recirc & in_valid & (credit != 0)),
             self.req.ready.eq(~in_valid | enter),
-            done_p.quotient.eq(st_q[last][:wq]),
-            done_p.remainder.eq(st_r[last]),
-            done_p.overflow.eq(st_o[last]),
-            self.resp.valid.eq(held | done),
-            self.resp.payload.eq(Mux(held, held_p, done_p)),
+            self.resp.valid.eq(out_v),
+            self.resp.payload.eq(out_p),
+            taken.eq(out_v & self.resp.ready),
+            free.eq(~out_v | self.resp.ready),
+            spill.w_data.eq(fin_p),
+            spill.w_en.eq(fin & (~free | spill.r_rdy)),
+            spill.r_en.eq(free),
         ]
-        with m.If(held):
-            with m.If(self.resp.ready):
-                m.d.sync += held.eq(0)
-        with m.Elif(done & ~self.resp.ready):
-            m.d.sync += [held.eq(1), held_p.eq(done_p)]
+        with m.If(free):
+            m.d.sync += [out_v.eq(spill.r_rdy | fin), out_p.eq(Mux(spill.r_rdy, spill.r_data, fin_p))]
+        with m.If(enter & ~taken):
+            m.d.sync += credit.eq(credit - 1)
+        with m.Elif(taken & ~enter):
+            m.d.sync += credit.eq(credit + 1)
         with m.If(self.req.valid & self.req.ready):
             dv = self.req.payload.divisor
             m.d.sync += [in_valid.eq(1), in_n.eq(self.req.payload.dividend), in_d.eq(dv), in_d3.eq(dv + (dv << 1))]
@@ -229,41 +253,36 @@ class Divider(wiring.Component):
             o0.eq(Mux(recirc, st_o[last], over)),
             c0.eq(Mux(recirc, st_c[last] + 1, 0)),
         ]
-        # ``done`` and ``recirc`` describe the last stage's division; both registered from what enters that stage
-        # (timing: the loop count's compare in front of stage 0's operand multiplexer)
+        # what enters the last stage: its division finishes there (``fin``) or goes round again (``recirc``,
+        # registered: timing, the loop count's compare in front of stage 0's operand multiplexer)
         v_last, c_last = (recirc | enter, c0) if P == 1 else (st_v[last - 1], st_c[last - 1])
-        done_next = Signal()
-        held_next = Signal()
-        m.d.comb += [
-            done_next.eq(Mux(en, v_last & (c_last == loops - 1), done)),
-            held_next.eq(~self.resp.ready & (held | done)),
-        ]
-        m.d.sync += en_r.eq(~(held_next & done_next))
-        with m.If(en):
-            m.d.sync += [done.eq(v_last & (c_last == loops - 1)), recirc.eq(v_last & (c_last != loops - 1))]
-        with m.If(en):
-            for k in range(P):
+        m.d.comb += fin.eq(v_last & (c_last == loops - 1))
+        m.d.sync += recirc.eq(v_last & (c_last != loops - 1))
+        for k in range(P):
 
-                def step(r, q, d, d3, name, k=k):  # one stage's quotient bits of (r, q) against d
-                    if bits[k] == 2:
-                        return _radix4_stage(m, r, q, d, d3, name)
-                    return _radix2_stage(m, r, q, d, name)
+            def step(r, q, d, d3, name, k=k):  # one stage's quotient bits of (r, q) against d
+                if bits[k] == 2:
+                    return _radix4_stage(m, r, q, d, d3, name)
+                return _radix2_stage(m, r, q, d, name)
 
-                if k == 0:
-                    v_in, c_in, d_in, o_in, d3_in = recirc | enter, c0, d0, o0, d30
-                    # stage 0 steps both candidates, the recirculating division and the request, and picks the
-                    # result (timing: ``recirc``'s fan-out into the operand multiplexer in front of the carry
-                    # chains closed at 100 MHz on the ECP5 proxy; now it reaches only the final choice)
-                    r_a, q_a = step(st_r[last], st_q[last], st_d[last], st_d3[last], "s0_loop")
-                    r_b, q_b = step(hi, lo, in_d, in_d3, "s0_new")
-                    r_out, q_out = Mux(recirc, r_a, r_b), Mux(recirc, q_a, q_b)
-                else:
-                    v_in, c_in, d_in, o_in, d3_in = st_v[k - 1], st_c[k - 1], st_d[k - 1], st_o[k - 1], st_d3[k - 1]
-                    r_out, q_out = step(st_r[k - 1], st_q[k - 1], d_in, d3_in, f"s{k}")
-                m.d.sync += [st_v[k].eq(v_in), st_c[k].eq(c_in), st_r[k].eq(r_out), st_q[k].eq(q_out),
-                             st_d[k].eq(d_in), st_o[k].eq(o_in)]
-                if s >= 2:
-                    m.d.sync += st_d3[k].eq(d3_in)
+            if k == 0:
+                v_in, c_in, d_in, o_in, d3_in = recirc | enter, c0, d0, o0, d30
+                # stage 0 steps both candidates, the recirculating division and the request, and picks the
+                # result (timing: ``recirc``'s fan-out into the operand multiplexer in front of the carry
+                # chains closed at 100 MHz on the ECP5 proxy; now it reaches only the final choice)
+                r_a, q_a = step(st_r[last], st_q[last], st_d[last], st_d3[last], "s0_loop")
+                r_b, q_b = step(hi, lo, in_d, in_d3, "s0_new")
+                r_out, q_out = Mux(recirc, r_a, r_b), Mux(recirc, q_a, q_b)
+            else:
+                v_in, c_in, d_in, o_in, d3_in = st_v[k - 1], st_c[k - 1], st_d[k - 1], st_o[k - 1], st_d3[k - 1]
+                r_out, q_out = step(st_r[k - 1], st_q[k - 1], d_in, d3_in, f"s{k}")
+            if k < last:
+                m.d.sync += st_v[k].eq(v_in)
+            else:  # the last stage's step is also the response of a division that finishes
+                m.d.comb += [fin_p.quotient.eq(q_out[:wq]), fin_p.remainder.eq(r_out), fin_p.overflow.eq(o_in)]
+            m.d.sync += [st_c[k].eq(c_in), st_r[k].eq(r_out), st_q[k].eq(q_out), st_d[k].eq(d_in), st_o[k].eq(o_in)]
+            if s >= 2:
+                m.d.sync += st_d3[k].eq(d3_in)
         return m
 
 

@@ -549,11 +549,17 @@ class OutputLogitUnit(wiring.Component):
                     div.req.valid.eq(~run & (taken < geo.classes) & self.consts.valid),
                     self.consts.ready.eq(~run & (taken < geo.classes) & div.req.ready),
                 ]
+                # the channel's constants are loaded every cycle in IDLE and hold from its take on (timing: the
+                # take, behind the divider's request ready, as the clock enable of these registers closed at
+                # 96.7 MHz at the paper's widths on the ECP5 proxy); the slot write of ``pending``, in IDLE's first
+                # cycle, still reads the previous channel's
+                m.d.sync += [
+                    c_reg.eq(self.consts.payload.c),
+                    top.eq(Const(1, geo.s_width) << lead),
+                    top_idx.eq(lead),
+                ]
                 with m.If(take):
                     m.d.sync += [
-                        c_reg.eq(self.consts.payload.c),
-                        top.eq(Const(1, geo.s_width) << lead),
-                        top_idx.eq(lead),
                         taken.eq(taken + 1),
                         self.framing_error.eq(self.consts.payload.last != (taken == geo.classes - 1)),
                     ]

@@ -158,3 +158,51 @@ def test_division_by_a_constant():
     sim.add_clock(1e-8)
     sim.add_testbench(bench)
     sim.run()
+
+
+@pytest.mark.parametrize("widths, steps", [((12, 5, 8), 1), ((12, 5, 8), 4), ((12, 5, 8), 5), ((12, 5, 8), 8),
+                                           ((10, 7, 3), 2)])
+def test_ring_moves_while_the_requester_waits(widths, steps):
+    """The ring's stages never stall and the credit admits exactly what the output queue can hold: with every
+    response refused for long, the divider takes ``queue_depth + 1`` requests (the queue's entries and the request
+    register; one more would overflow the queue, one fewer would slow a requester that takes at once), and every
+    division in the queue is finished, so once the responses are taken they come one a cycle, in request order and
+    correct (Amaranth simulator; a cycle bound instead of a hang when a response is lost)."""
+    wn, wd, wq = widths
+    dut = Divider(dividend_width=wn, divisor_width=wd, quotient_width=wq, steps=steps)
+    Q = dut.queue_depth
+    assert Q == dut.stages + 1
+    rng = random.Random(3)
+    cases = []
+    for _ in range(3 * Q + 4):
+        d = rng.randrange(1, 1 << wd)
+        cases.append((rng.randrange(min(d << wq, 1 << wn)), d))
+    wait = 3 * dut.latency  # cycles with the responses refused: every division admitted finishes in them
+    sent, got, stamps = [], [], []
+
+    async def bench(ctx):
+        for cycle in range(wait + 4 * dut.latency * len(cases)):
+            if len(got) == len(cases):
+                break
+            offer = len(sent) < len(cases)
+            ctx.set(dut.req.valid, offer)
+            if offer:
+                n, d = cases[len(sent)]
+                ctx.set(dut.req.payload, {"dividend": n, "divisor": d})
+            ctx.set(dut.resp.ready, cycle >= wait)
+            if offer and ctx.get(dut.req.ready):
+                sent.append(cycle)
+            if cycle >= wait and ctx.get(dut.resp.valid):
+                p = ctx.get(dut.resp.payload)
+                got.append((p.quotient, p.remainder, bool(p.overflow)))
+                stamps.append(cycle)
+            await ctx.tick()
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    assert len([c for c in sent if c < wait]) == Q + 1
+    assert len(got) == len(cases), f"{len(got)} of {len(cases)} responses"
+    assert got == [divide(n, d, wq) for n, d in cases]
+    assert stamps[:Q] == list(range(wait, wait + Q))  # the queue's divisions finished while the requester waited
