@@ -245,7 +245,9 @@ class BnParamUnit(wiring.Component):
             statistics in flight are done; ``busy`` until it is done.
         host / host_rdata: host access (:func:`rtl_gen.buffers.host_request_layout`), ``space`` 0 beta,
             1 m, 2 a, 3 mu, 4 s, 5 e (one value), ``outer`` = channel.
-        layer: ``In(range(len(layers)))`` (only with several layers) the layer all of the above refer to.
+        layer: ``In(range(len(layers)))`` (only with several layers) the layer all of the above refer to; taken
+            a cycle after it changes (set it a cycle before the layer's streams, host requests or update start;
+            ``beta_start`` may come with it).
     """
 
     def __init__(self, *, layer=None, layers=None, hw, div_steps: int = 2):
@@ -314,8 +316,15 @@ class BnParamUnit(wiring.Component):
         fr, fb = p.running_frac, p.beta_frac
         sm, sa, bits = self._sm, self._sa, self._bits
         m = Module()
-        # the selected layer: its first entry in the memories (base), channels (M) and exponent (e_reg)
-        sel = self.layer if n_layers > 1 else Const(0, 1)
+        # the selected layer: its first entry in the memories (base), channels (M) and exponent (e_reg), from the
+        # layer as a register, a cycle after ``layer`` (the top level sets it as a phase or a host access starts,
+        # and the unit uses them from the next cycle on; only ``beta_start``'s count takes the layer at once:
+        # ``M_now``), so that no multiplexer of the callers' layer numbers runs into the memories' addresses
+        if n_layers > 1:
+            sel = Signal.like(self.layer, name="layer_q")
+            m.d.sync += sel.eq(self.layer)
+        else:
+            sel = Const(0, 1)
         Mmax = max(chans)
         M = Signal(range(Mmax + 1))
         base = Signal(range(max(total, 2)))
@@ -330,6 +339,11 @@ class BnParamUnit(wiring.Component):
                     m.d.comb += [M.eq(c), base.eq(sum(chans[:i])), e_reg.eq(e_regs[i])]
                     with m.If(e_load):
                         m.d.sync += e_regs[i].eq(e_in)
+        M_now = Signal.like(M)
+        with m.Switch(self.layer if n_layers > 1 else Const(0, 1)):
+            for i, c in enumerate(chans):
+                with m.Case(i):
+                    m.d.comb += M_now.eq(c)
         wn, wd, wq = self._div
         m.submodules.div = div = Divider(dividend_width=wn, divisor_width=wd, quotient_width=wq,
                                          steps=min(self._div_steps, wq))
@@ -346,7 +360,7 @@ class BnParamUnit(wiring.Component):
         wr = {k: v[1] for k, v in mems.items()}
 
         # ---- host access (only while idle) ----------------------------------------------------------------
-        # A request is taken into registers (address, data, space one-hot) and carried out from them a cycle
+        # A request is taken into registers (offset, data, space one-hot) and carried out from them a cycle
         # later, and ``host.ready`` is a function of flip-flops only (``busy`` a cycle late: the host reaches
         # the unit only between steps): neither the host's valid nor this unit's state crosses into the other
         # side's logic in one cycle (docs/architecture.md, "Timing discipline"). Writes go at one a cycle.
@@ -362,7 +376,8 @@ class BnParamUnit(wiring.Component):
         resp_data = Signal(self.host_width)
         spaces = {"beta": SPACE_BETA, "m": SPACE_M, "a": SPACE_A, "mu": SPACE_MU, "s": SPACE_S}
         hq_valid, hq_write = Signal(), Signal()
-        hq_addr = Signal(range(max(total, 2)), reset_less=True)
+        hq_outer = Signal.like(h.outer, reset_less=True)
+        hq_addr = Signal(range(max(total, 2)))
         hq_data = Signal(len(h.data), reset_less=True)
         hq_space = Signal(3, reset_less=True)
         hq_is = {sp: Signal(name=f"hq_is{sp}", reset_less=True) for sp in (*spaces.values(), SPACE_E)}
@@ -374,11 +389,11 @@ class BnParamUnit(wiring.Component):
         host_go = self.host.valid & self.host.ready
         m.d.sync += hq_valid.eq(host_go)
         with m.If(host_go):
-            m.d.sync += [hq_write.eq(h.write), hq_addr.eq(base + h.outer), hq_data.eq(h.data), hq_space.eq(h.space),
+            m.d.sync += [hq_write.eq(h.write), hq_outer.eq(h.outer), hq_data.eq(h.data), hq_space.eq(h.space),
                          *(hq_is[sp].eq(h.space == sp) for sp in hq_is)]
         host_rd = Signal()
         host_wr = Signal()
-        m.d.comb += [host_rd.eq(hq_valid & ~hq_write), host_wr.eq(hq_valid & hq_write)]
+        m.d.comb += [host_rd.eq(hq_valid & ~hq_write), host_wr.eq(hq_valid & hq_write), hq_addr.eq(base + hq_outer)]
         with m.If(host_rd):
             m.d.sync += [host_pending.eq(1), host_space.eq(hq_space), host_e.eq(e_reg)]
         # a read: the memories' words registered as they leave the block RAMs, then the space's word chosen
@@ -438,7 +453,7 @@ class BnParamUnit(wiring.Component):
         with m.If(self.beta.valid & self.beta.ready):
             m.d.sync += b_full.eq(0)
         with m.If(self.beta_start):
-            m.d.sync += [b_left.eq(M), b_addr.eq(0)]
+            m.d.sync += [b_left.eq(M_now), b_addr.eq(0)]
 
         # ---- P1 capture ----------------------------------------------------------------------------------------
         p1_addr = Signal(range(Mmax))

@@ -421,9 +421,10 @@ def test_bn_param_unit_against_the_model(shared):
     async def read_all(ctx, space, w, M, signed=True):
         return np.array([sx(await host(ctx, space, c), w) if signed else await host(ctx, space, c) for c in range(M)])
 
-    def select(ctx, i):
+    async def select(ctx, i):  # the unit takes a new layer a cycle after it is set (its base address registered)
         if shared:
             ctx.set(dut.layer, i)
+            await ctx.tick()
 
     async def bench(ctx):
         st = []
@@ -432,13 +433,13 @@ def test_bn_param_unit_against_the_model(shared):
             beta = rng.integers(-20000, 20000, M)
             st.append({"mu": np.zeros(M, np.int64), "s": np.full(M, 1 << p.running_frac, np.int64), "beta": beta,
                        "m": np.zeros(M, np.int64), "a": np.zeros(M, np.int64), "E": 0})
-            select(ctx, i)
+            await select(ctx, i)
             for c in range(M):
                 await host(ctx, SPACE_BETA, c, beta[c])
         for step in range(4):
             for i, lay in enumerate(lays):  # forward: running statistics, layer by layer
                 M, z = lay.channels, st[i]
-                select(ctx, i)
+                await select(ctx, i)
                 y = rng.integers(-lay.y_bound, lay.y_bound + 1, (B, M))
                 y[:, 0] = 5 if step == 0 else y[:, 0]  # S = 0
                 fwd = A.bn_forward(y, z["beta"], p, lay.y_bound)
@@ -453,12 +454,12 @@ def test_bn_param_unit_against_the_model(shared):
                 while ctx.get(dut.busy):
                     await ctx.tick()
             for i, lay in enumerate(lays):
-                select(ctx, i)
+                await select(ctx, i)
                 assert (await read_all(ctx, SPACE_MU, dut.run_width, lay.channels) == st[i]["mu"]).all()
                 assert (await read_all(ctx, SPACE_S, dut.run_width, lay.channels) == st[i]["s"]).all()
             for i in reversed(range(len(lays))):  # backward + update, top layer first
                 M, z = lays[i].channels, st[i]
-                select(ctx, i)
+                await select(ctx, i)
                 p1 = rng.integers(-(1 << 20), 1 << 20, M) >> rng.integers(0, 18)
                 p1 = np.zeros(M, np.int64) if step == 2 else p1
                 scale, lr_sh = int(rng.integers(-40, 5)), int(rng.integers(5, 14))
@@ -471,7 +472,7 @@ def test_bn_param_unit_against_the_model(shared):
                     await ctx.tick()
             for i, lay in enumerate(lays):
                 M, z = lay.channels, st[i]
-                select(ctx, i)
+                await select(ctx, i)
                 assert sx(await host(ctx, SPACE_E, 0), 16) == z["E"]
                 assert (await read_all(ctx, SPACE_M, dut.m_width, M) == z["m"]).all()
                 assert (await read_all(ctx, SPACE_A, dut.a_width, M, False) == z["a"]).all()
