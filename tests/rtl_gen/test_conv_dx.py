@@ -27,8 +27,8 @@ def _config(B, Ci, H, W, Co, padding):
 
 
 def _batch(g: ConvDxGeometry, cfg, rng):
-    """Random +-1 weights and random codes (a zero channel, a channel of one sign, the largest field somewhere);
-    the expected dX."""
+    """Random +-1 weights and random codes (a zero channel, a channel of one sign, the largest field somewhere; junk
+    in the padding lanes, which the unit ignores); the expected dX."""
     B, Co, Ho, Wo = g.batch, g.out_channels, g.out_height, g.out_width
     w = rng.choice([-1, 1], (Co, g.channels, g.kernel, g.kernel))
     planes = g.po2.planes
@@ -39,7 +39,11 @@ def _batch(g: ConvDxGeometry, cfg, rng):
     field[0, -1, 0, 0] = planes
     codes = A.Po2Codes(neg, field.astype(np.uint8), 0, 0)
     dx, _ = A.po2_backward_dx_conv(codes, w, g.padding, A.ArithParams.from_config(cfg))
-    return g.code_beats_of(neg, field), g.weight_beats(w), dx
+    beats = g.code_beats_of(neg, field)
+    real = Co - (g.groups - 1) * g.lanes  # lanes of the last group that are channels; the others get junk codes
+    for beat in beats[g.groups - 1::g.groups]:
+        beat[real:] = [(int(rng.integers(1, planes + 1)), int(rng.integers(0, 2))) for _ in beat[real:]]
+    return beats, g.weight_beats(w), dx
 
 
 async def _put(ctx, port, payloads, idle, coin):
@@ -54,13 +58,14 @@ async def _put(ctx, port, payloads, idle, coin):
     ctx.set(port.valid, 0)
 
 
-async def _take(ctx, port, stall, coin):
+async def _take(ctx, port, stall, coin, limit):
     """The beats of ``port`` up to the one flagged ``last`` (``ready`` low at random: ``stall``), and the cycle of
-    that beat counted from the cycle before the call's."""
+    that beat counted from the cycle before the call's; fails after ``limit`` cycles without it."""
     beats, cycle = [], 0
     last = False
     while not last:
         cycle += 1
+        assert cycle <= limit, f"no last dx beat in {limit} cycles ({len(beats)} beats)"
         ctx.set(port.ready, coin.random() >= stall)
         if ctx.get(port.ready) and ctx.get(port.valid):
             beat = ctx.get(port.payload)
@@ -88,8 +93,8 @@ def _run(g: ConvDxGeometry, cfg, seed: int):
             await ctx.tick()
             ctx.set(dut.start, 0)
             assert ctx.get(dut.busy)
-            beats, cycle = await _take(ctx, dut.dx, stall, coin)
-            got.append(beats)
+            beats, cycle = await _take(ctx, dut.dx, stall, coin, 4 * conv_dx_cycles(g) + 100)
+            got.append(g.unpack(beats))
             stamps.append(cycle)
             idle_after.append(not ctx.get(dut.busy))  # busy ends with the last dx beat
 
@@ -97,10 +102,10 @@ def _run(g: ConvDxGeometry, cfg, seed: int):
     sim.add_clock(1e-8)
     sim.add_testbench(bench)
     sim.run()
+    refs = [ref for _, _, ref in batches]
+    assert all(ref.any() for ref in refs)
+    assert [(a == b).all() for a, b in zip(got, refs, strict=True)] == [True, True], "dX of batch 0 / 1"
     assert idle_after == [True, True]
-    for k, (_, _, ref) in enumerate(batches):
-        assert ref.any()
-        assert (g.unpack(got[k]) == ref).all(), f"batch {k}: dX"
     assert stamps[0] == conv_dx_cycles(g), stamps
 
 
