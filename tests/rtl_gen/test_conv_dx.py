@@ -17,12 +17,15 @@ from sim.config import apply_overrides, config_from_dict
 from sim.hw import arith as A
 
 
-def _config(B, Ci, H, W, Co, padding):
-    """Two conv layers: the first (same padding) makes the Ci x H x W map of the second, the layer under test."""
-    d = {"name": "conv_dx", "model": {"input_shape": [1, H, W], "num_classes": 4, "layers": [
-        {"type": "conv", "channels": Ci, "kernel": 3, "padding": "same"},
-        {"type": "conv", "channels": Co, "kernel": 3, "padding": padding},
-        {"type": "dense", "units": 4}]}, "train": {"batch_size": B, "epochs": 1}}
+def _config(B, Ci, H, W, Co, padding, pool=False):
+    """Two conv layers: the first (same padding, then a 2x2 max pool with ``pool``) makes the Ci x H x W map of the
+    second, the layer under test."""
+    first = [{"type": "conv", "channels": Ci, "kernel": 3, "padding": "same"}]
+    first += [{"type": "maxpool", "pool": 2}] if pool else []
+    d = {"name": "conv_dx", "model": {"input_shape": [1, H * (1 + pool), W * (1 + pool)], "num_classes": 4,
+                                      "layers": [*first, {"type": "conv", "channels": Co, "kernel": 3,
+                                                          "padding": padding}, {"type": "dense", "units": 4}]},
+         "train": {"batch_size": B, "epochs": 1}}
     return apply_overrides(config_from_dict(d), ["hw.input=binary"])
 
 
@@ -146,6 +149,22 @@ def test_conv_dx_geometry_and_refusals():
         ConvDxGeometry.from_config(cfg, 2, lanes_in=16, lanes_out=8)
     with pytest.raises(ValueError, match="layer_index 3 is not a weight layer"):
         ConvDxGeometry.from_config(cfg, 3, lanes_in=16, lanes_out=8)
+
+
+@pytest.mark.parametrize("lanes", [4, 8])
+def test_conv_dx_joins_the_pooled_input_of_the_layer_below(lanes):
+    """The dx beats are what ConvLayerBackward of the pooled layer below takes on ``pooled`` (besides the indices):
+    the same lanes and value width, one beat per pooled position and channel group."""
+    from rtl_gen.conv_backward import ConvLayerBackward
+    from rtl_gen.conv_layer import ConvLayerGeometry
+
+    cfg = _config(2, 6, 5, 4, 3, "valid", pool=True)
+    g = ConvDxGeometry.from_config(cfg, 1, lanes_in=16, lanes_out=lanes)
+    below = ConvLayerGeometry.from_config(cfg, 0, lanes_in=16, lanes_out=lanes)
+    assert (g.channels, g.height, g.width) == (6, 5, 4) == (below.conv.out_channels, below.next_height,
+                                                             below.next_width)
+    assert g.dx_layout["dx"].shape == ConvLayerBackward(geometry=below).pooled_layout["dx"].shape
+    assert g.dx_beats == 2 * 5 * 4 * below.bn.groups
 
 
 @pytest.mark.rtl_slow
