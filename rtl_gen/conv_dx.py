@@ -7,9 +7,9 @@ zero codes, with the kernel flipped in both spatial axes: the window of codes at
 (``Co k^2`` codes, window row ``i'`` and column ``j'`` reading code position ``(h + i' - (k - 1 - pad), v + j' - (k -
 1 - pad))``) against ``W'[c, o k^2 + i' k + j'] = w[o, c, k - 1 - i', k - 1 - j']``. So it is the dense ``dY_po2 W'^T``
 of a layer with ``n_in = Ci`` inputs and ``n_out = Co k^2`` outputs whose "samples" are the ``B H W`` input
-positions, and :class:`rtl_gen.po2_backward.Po2Backward`'s dX unit runs unchanged, built for those sizes. A padding
-code is the zero code (field 0): its addend is 0, so padding needs no correction (unlike the forward windows'
-``-1`` bits). Dataflow, one beat a cycle at every stage::
+positions, and :class:`rtl_gen.po2_backward.Po2Backward`'s dX unit (``_Dx``, alone: no dW unit) runs unchanged,
+built for those sizes. A padding code is the zero code (field 0): its addend is 0, so padding needs no correction
+(unlike the forward windows' ``-1`` bits). Dataflow::
 
     codes (n G beats, order (b, h, v, g), lanes codes each) -> code buffer (block RAM, as ConvUpdate's: one code
       row (b, h) is the Wo G consecutive beats at (b Ho + h) Wo G)
@@ -33,10 +33,10 @@ is ``Wo G`` buffer reads here, so a dX row costs its ``k`` code rows' reads (les
 ``W`` windows of ``K' G'`` engine cycles (:func:`rtl_gen.cycle_model.conv_dx_cycles`).
 
 Ports: ``codes`` (the layer's codes, ``n G`` beats in the order ``(b, h, v, g)``, ``lanes`` codes each; ready
-while not ``busy``; write before ``start``), ``w_load`` (the engine's weight banks: :meth:`ConvDxGeometry.
-weight_beats` of the layer's ``w``; always ready), ``start`` (a pulse; ignored while ``busy``), ``dx`` (``lanes``
-signed values a beat, ``last`` on the batch's last beat), ``busy`` (from ``start`` until the last ``dx`` beat has
-left).
+while not ``busy``; write before ``start``), ``w_load`` (the engine's weight banks:
+:meth:`ConvDxGeometry.weight_beats` of the layer's ``w``; always ready), ``start`` (a pulse; ignored while
+``busy``), ``dx`` (``lanes`` signed values a beat, ``last`` on the batch's last beat), ``busy`` (from ``start``
+until the last ``dx`` beat has left).
 """
 
 from __future__ import annotations
