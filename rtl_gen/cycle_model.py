@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["CycleReport", "conv_forward_cycles", "conv_layer_forward_cycles", "conv_update_cycles", "infer_cycles",
-           "step_cycles"]
+__all__ = ["CycleReport", "conv_dx_cycles", "conv_forward_cycles", "conv_layer_forward_cycles", "conv_update_cycles",
+           "infer_cycles", "step_cycles"]
 
 #: Controller cycles per phase besides the units' own (start pulse, done detection, phase advance).
 PHASE_OVERHEAD = 3
@@ -306,3 +306,29 @@ def conv_update_cycles(geometry) -> int:
     c = geometry.conv
     row = c.kernel + geometry.copies * c.out_width
     return 3 + geometry.sweeps * c.batch * c.out_height * row + DW_LATENCY
+
+
+def conv_dx_cycles(geometry) -> int:
+    """Cycles of :class:`rtl_gen.conv_dx.ConvDx` (``dX`` of a conv layer, the transposed convolution of its codes,
+    for a :class:`rtl_gen.conv_dx.ConvDxGeometry`): the cycle of the last ``dx`` transfer counted from ``start``'s
+    (cycle 0), with no backpressure.
+
+    The generator reads every code row as ``RW = Wo G`` buffer beats, one a cycle; the first row is packed
+    ``RW + 2`` cycles after ``start``. Per dX row: the register window loads its ``k`` rows (the first one already
+    packed, each further one ``RW`` cycles), then emits its ``W`` windows, each taken after the engine's ``G'`` code
+    beats and the next offered when the engine has run the window's ``K' G'`` cycles; it takes the next dX row's
+    first row when the last window leaves, if the packer has it (``k RW`` cycles after it took the previous first
+    row). The engine's last ``dx`` beat leaves :data:`rtl_gen.po2_backward.DX_LATENCY` cycles after its last
+    window's ``K' G'`` cycles."""
+    from .po2_backward import DX_LATENCY
+
+    k, W, RW = geometry.kernel, geometry.width, geometry.row_words
+    G2 = geometry.po2.bank.groups
+    per = geometry.words * G2  # engine cycles a window
+    load = geometry.row_words + 2  # the cycle the window takes a dX row's first row
+    free = 0  # the first cycle the engine takes a new window
+    for _ in range(geometry.batch * geometry.height):
+        first = max(load + (k - 1) * RW + 1, free)  # the row's first window's first code beat
+        free = first + W * per
+        load = max(first + (W - 1) * per + G2, load + k * RW)
+    return free + DX_LATENCY - 1
