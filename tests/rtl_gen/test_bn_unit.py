@@ -95,7 +95,7 @@ def test_cycle_models():
     assert 6 * 256 + 15 + 9 <= c4["epi3"] == 1561 < c3["epi3"] == 1563 <= 6 * 256 + 15 + 11 + 2
     assert BnForwardUnit(layer=l1).div_iterations == 14
     bwd = BnBackwardUnit(layer=l1)
-    assert bwd.cycles()["total"] == 2 * 1600 + 16 + 256 + 6  # pass 1 drain 1, pass 2 drain 2 + 3 Q stages
+    assert bwd.cycles()["total"] == 2 * 1600 + 16 + 256 + 8  # pass 1 drain 1, pass 2 drain 2 + 5 Q stages
 
 
 def test_mul_const_is_exact():
