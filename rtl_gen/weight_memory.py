@@ -389,15 +389,40 @@ class WeightMemoryGeometry:
         return out
 
 
+class _CountedReadPort:
+    """The read port of a :class:`StateMemory`: its address register takes ``addr`` after a cycle with ``load``
+    high, else steps by one after a cycle with ``inc`` high; ``data`` is the word read two cycles before."""
+
+    def __init__(self, shape, depth: int, name: str):
+        self.load = Signal(name=f"{name}_load")
+        self.addr = Signal(range(max(depth, 2)), name=f"{name}_addr")
+        self.inc = Signal(name=f"{name}_inc")
+        self.data = Signal(shape, name=f"{name}_data")
+
+
+NO_RW_CHECK = {"no_rw_check": 1}
+"""Memory attributes for Yosys: no read-during-write logic on the memory's ports (its synchronous read of an
+address written in the same cycle may give the old or the new word). The weight memory's memories need none:
+a state row is read and written once per sweep, stages apart, and the host port and the forward read port run
+only while no sweep does; a bank row is read while another visit writes a chunk of it (the visits of one row
+follow each other), but the read uses only its own chunk, whose bits that write does not enable. Timing: the
+logic was on the bank's read path (61.8 MHz at the paper's widths on the ECP5 proxy)."""
+
+
 class StateMemory(Elaboratable):
-    """An optimiser state memory: ``depth`` words, one synchronous read port (``read``) and one write port
-    (``write``), read data two cycles after the read.
+    """An optimiser state memory: ``depth`` words, one read port (``read``, a :class:`_CountedReadPort`: the
+    memory reads every cycle at its address register) and one write port (``write``: ``addr``, ``data``, ``en``,
+    written in the cycle), read data two cycles after the read.
 
     Its words are kept in segments of at most ``segment`` words (the bulk of whole ``block``-word blocks, as
-    :class:`rtl_gen.buffers.SplitMemory`, cut into segments, then the tail), each its own memory; each
-    segment's word is registered as it leaves its block RAM, and the segment of the address read is chosen from
-    these registers a cycle later (its select registered twice). A deep memory is many block RAMs over the die:
-    the registers let each RAM's output delay and the route to the choice fall in different cycles."""
+    :class:`rtl_gen.buffers.SplitMemory`, cut into segments, then the tail), each its own memory with its own copy
+    of the read address register (the address minus the segment's base, counting by itself: the synthesis keeps
+    the copies apart); each segment's word is registered as it leaves its block RAM, and the segment of the
+    address read is chosen from these registers a cycle later. A deep memory is many block RAMs over the die:
+    the registers let each RAM's output delay and the route to the choice fall in different cycles, and no logic
+    sits between the address registers and the RAMs' address and enable pins (timing: the read enable and the
+    address multiplexer fanning out to 179 block RAMs closed at 54 MHz at the paper's widths on the ECP5
+    proxy)."""
 
     def __init__(self, *, shape, depth: int, name: str = "state", segment: int = STATE_SEGMENT, block: int = 4096):
         if segment % block:
@@ -405,31 +430,43 @@ class StateMemory(Elaboratable):
         bulk, *tail = split_segments(depth, block)
         self.segments = [(b, min(segment, bulk[1] - b)) for b in range(0, bulk[1], segment)] + tail
         self.shape, self.depth, self.name = shape, depth, name
-        self.read = _MemPort(shape, depth, f"{name}_rd")
+        self.read = _CountedReadPort(shape, depth, f"{name}_rd")
         self.write = _MemPort(shape, depth, f"{name}_wr")
 
     def elaborate(self, platform):
         m = Module()
         width = len(Value.cast(self.read.data))
-        sel = Signal(range(max(len(self.segments), 2)), name=f"{self.name}_seg")
-        sel2 = Signal.like(sel, name=f"{self.name}_seg2")
+        abits = len(self.read.addr)
         words = []
         for i, (base, n) in enumerate(self.segments):
-            mem = m.submodules[f"seg{i}"] = Memory(shape=width, depth=max(n, 2), init=[])
+            mem = m.submodules[f"seg{i}"] = Memory(shape=width, depth=max(n, 2), init=[], attrs=NO_RW_CHECK)
             rd, wr = mem.read_port(), mem.write_port()
+            # the address minus the base, modulo 2^abits: below n exactly when the address is in this segment
+            # (an address below the base wraps to 2^abits - base + address >= n, as base + n <= 2^abits)
+            a = Signal(abits, name=f"{self.name}_seg{i}_ra")
+            with m.If(self.read.load):
+                m.d.sync += a.eq(self.read.addr - base)
+            with m.Elif(self.read.inc):
+                m.d.sync += a.eq(a + 1)
+            hit1, hit2 = Signal(name=f"{self.name}_seg{i}_hit1"), Signal(name=f"{self.name}_seg{i}_hit2")
+            m.d.sync += [hit1.eq(a < n), hit2.eq(hit1)]
             word = Signal(width, name=f"{self.name}_seg{i}_q")
             m.d.comb += [
-                rd.addr.eq(self.read.addr - base), rd.en.eq(self.read.en),
+                rd.addr.eq(a[: len(rd.addr)]), rd.en.eq(1),
                 wr.addr.eq(self.write.addr - base), wr.data.eq(Value.cast(self.write.data)),
                 wr.en.eq(self.write.en & (self.write.addr >= base) & (self.write.addr < base + n)),
             ]  # fmt: skip
             m.d.sync += word.eq(rd.data)
-            words.append(word)
-            with m.If(self.read.en & (self.read.addr >= base)):
-                m.d.sync += sel.eq(i)
-        m.d.sync += sel2.eq(sel)
-        m.d.comb += Value.cast(self.read.data).eq(Array(words)[sel2] if len(words) > 1 else words[0])
+            words.append(Mux(hit2, word, 0))
+        m.d.comb += Value.cast(self.read.data).eq(_or_tree(words))
         return m
+
+
+def _or_tree(terms):
+    """The OR of ``terms`` as a balanced tree."""
+    while len(terms) > 1:
+        terms = [terms[i] | terms[i + 1] if i + 1 < len(terms) else terms[i] for i in range(0, len(terms), 2)]
+    return terms[0]
 
 
 class WeightMemory(wiring.Component):
@@ -589,12 +626,14 @@ class WeightMemory(wiring.Component):
             with m.If(last_visit):
                 m.d.sync += running.eq(0)
 
+        bank_ra = Signal(range(max(D_all, 2)))  # the banks' read address register (below)
+
         # --- stage 1 registers ---
         s1_valid = Signal()
         s1_op = Signal(2)
         s1_lane = Signal(range(L))
         s1_chunk = Signal(range(chunks))
-        s1_addr = Signal.like(addr)
+        s1_addr = Signal(range(max(D_all, 2)))  # the bank row (the layer's base included)
         s1_vidx = Signal.like(vidx)
         s1_partial = Signal()
         s1_g = Signal(data.ArrayLayout(signed(2), U))
@@ -607,7 +646,7 @@ class WeightMemory(wiring.Component):
                 s1_op.eq(op),
                 s1_lane.eq(lane),
                 s1_chunk.eq(chunk),
-                s1_addr.eq(addr),
+                s1_addr.eq(bank_ra),
                 s1_vidx.eq(vidx),
                 s1_partial.eq(partial),
                 s1_g.eq(grad_lane.as_value().word_select(chunk, 2 * U)),
@@ -651,14 +690,15 @@ class WeightMemory(wiring.Component):
         # --- host port and command ---
         busy = Signal()
         rd_issued = Signal()
-        rd_held = Signal()  # the weight bank's word in its register (w_rows)
-        rd_held2 = Signal()  # the state words in theirs (st_q)
+        rd_held = Signal()  # the memories read (a cycle after the request: their address registers)
+        rd_held2 = Signal()  # the weight bank's word in its register (w_rows)
+        rd_held3 = Signal()  # the state words in theirs (st_q)
         rd_space = Signal(2)
         rd_lane = Signal(range(L))
         resp_valid = Signal()
         resp_data = Signal(geo.data_width)
         h = self.host.payload
-        idle = ~busy & ~rd_issued & ~rd_held & ~rd_held2 & ~resp_valid
+        idle = ~busy & ~rd_issued & ~rd_held & ~rd_held2 & ~rd_held3 & ~resp_valid
         # busy = running or a visit in a stage, as a register (timing: the OR of the stages' valid bits fanning out
         # to every memory port's multiplexers closed at 44.5 MHz at the paper's widths on the ECP5 proxy): its
         # next value from the next values of running (set by a command; an issue implies running, so its last
@@ -675,7 +715,7 @@ class WeightMemory(wiring.Component):
         host_go = self.host.valid & self.host.ready
         host_rd = host_go & ~h.write
         host_wr = host_go & h.write
-        m.d.sync += [rd_issued.eq(host_rd), rd_held.eq(rd_issued), rd_held2.eq(rd_held)]
+        m.d.sync += [rd_issued.eq(host_rd), rd_held.eq(rd_issued), rd_held2.eq(rd_held), rd_held3.eq(rd_held2)]
         with m.If(host_rd):
             m.d.sync += [rd_space.eq(h.space), rd_lane.eq(h.lane)]
         with m.If(self.host_rdata.ready):
@@ -698,16 +738,31 @@ class WeightMemory(wiring.Component):
             ]
 
         # --- weight banks ---
+        # The banks read at the forward read port's address while ``fwd_sel`` (a register: no sweep and no host
+        # read), else every cycle at ``bank_ra`` (a register: the sweep's row, counted from the command on, or the
+        # host's row, registered: a host read reads a cycle after its request). Timing: ``busy`` choosing between
+        # the three addresses, then the layer's base added, closed at 61.8 MHz at the paper's widths on the ECP5
+        # proxy.
+        fwd_sel = Signal(init=1)
+        fwd_addr = Signal.like(bank_ra)
+        m.d.comb += fwd_addr.eq(bbase + self.read.addr)
+        m.d.sync += fwd_sel.eq(~(running | (self.cmd.valid & self.cmd.ready) | host_rd))
+        with m.If(self.cmd.valid & self.cmd.ready):
+            m.d.sync += bank_ra.eq(bbase)
+        with m.Elif(host_rd & (h.space == SPACE_WEIGHTS)):
+            m.d.sync += bank_ra.eq(bbase + h.addr)
+        with m.Elif(issue & last_chunk & last_lane):
+            m.d.sync += bank_ra.eq(bank_ra + 1)
         bank_rd = []
         bank_wr = []
         for lane_i in range(L):
-            mem = m.submodules[f"wbank{lane_i}"] = Memory(shape=bank.lanes_in, depth=max(D_all, 2), init=[])
+            mem = m.submodules[f"wbank{lane_i}"] = Memory(shape=bank.lanes_in, depth=max(D_all, 2), init=[],
+                                                          attrs=NO_RW_CHECK)
             rd = mem.read_port()
             wr = mem.write_port(granularity=U)
-            host_here = host_rd & (h.space == SPACE_WEIGHTS) & (h.lane == lane_i)
             m.d.comb += [
-                rd.addr.eq(bbase + Mux(busy, addr, Mux(host_here, h.addr, self.read.addr))),
-                rd.en.eq(Mux(busy, issue, host_here | self.read.en)),
+                rd.addr.eq(Mux(fwd_sel, fwd_addr, bank_ra)),
+                rd.en.eq(Mux(fwd_sel, self.read.en, 1)),
                 self.read.data[lane_i].eq(rd.data),
             ]
             bank_rd.append(rd)
@@ -735,9 +790,11 @@ class WeightMemory(wiring.Component):
             layout = data.ArrayLayout(opt.field_shape(name), U)
             mem = m.submodules[f"state_{name}"] = StateMemory(shape=layout, depth=max(V_all, 2), name=f"state_{name}")
             rd, wr = mem.read, mem.write
-            m.d.comb += [
-                rd.addr.eq(Mux(busy, vidx, sbase + h.addr)),
-                rd.en.eq(Mux(busy, issue, host_rd & (h.space == geo.field_space(name)))),
+            cmd_go = self.cmd.valid & self.cmd.ready
+            m.d.comb += [  # the sweep's visit (vidx) from the command on, or the host's row a cycle after its read
+                rd.load.eq(cmd_go | (host_rd & (h.space == geo.field_space(name)))),
+                rd.addr.eq(Mux(cmd_go, sbase, sbase + h.addr)),
+                rd.inc.eq(issue),
             ]
             st_rd[name], st_wr[name] = rd, wr
             st_q[name] = Signal(layout, name=f"st3_{name}")
@@ -778,7 +835,7 @@ class WeightMemory(wiring.Component):
         for lane_i, wr in enumerate(bank_wr):
             host_here = host_wr & (h.space == SPACE_WEIGHTS) & (h.lane == lane_i)
             m.d.comb += [
-                wr.addr.eq(bbase + Mux(wb_valid, s_addr[WB], h.addr)),
+                wr.addr.eq(Mux(wb_valid, s_addr[WB], bbase + h.addr)),
                 wr.data.eq(Mux(wb_valid, Cat(*([wb_bits] * chunks)), h.data[: bank.lanes_in])),
                 wr.en.eq(Mux(wb_valid & (s_lane[WB] == lane_i), Const(1, chunks) << s_chunk[WB], 0)
                          | Mux(host_here, (1 << chunks) - 1, 0)),
@@ -798,11 +855,11 @@ class WeightMemory(wiring.Component):
         with m.If(s_valid[WB]):
             m.d.sync += flips.eq(flips + popcount(changed))
 
-        # --- host read responses (the words are registered first: a bank's two cycles after the read, the
-        # state's three) ---
-        with m.If(rd_held & (rd_space == SPACE_WEIGHTS)):
+        # --- host read responses (the memories read a cycle after the request; the words are registered first: a
+        # bank's two cycles after the read, the state's three) ---
+        with m.If(rd_held2 & (rd_space == SPACE_WEIGHTS)):
             m.d.sync += [resp_valid.eq(1), resp_data.eq(w_row2)]
-        with m.If(rd_held2 & (rd_space != SPACE_WEIGHTS)):
+        with m.If(rd_held3 & (rd_space != SPACE_WEIGHTS)):
             m.d.sync += resp_valid.eq(1)
             with m.Switch(rd_space):
                 for name, _ in opt.fields:
