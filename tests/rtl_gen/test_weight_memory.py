@@ -388,3 +388,22 @@ def test_weight_memory_rtl(case, request):
     assert run.tests == 5
     measured = json.loads((run.build_dir / "cycles-update.json").read_text())
     assert set(measured["measured"]) == {measured["model"]} == {geo.sweep.visits + LATENCY}
+
+
+@pytest.mark.timing
+def test_state_memory_segments_read_at_registers_of_their_own(tmp_path):
+    """Yosys's view of a StateMemory of four segments: each segment's memory reads every cycle (read enable 1) at
+    the low bits of an address register of its own, with no logic between (timing: the read enable and the
+    address multiplexer fanned out to every block RAM of the state), and the copies are not merged into one."""
+    from yosys_nets import memory_read_ports  # same folder
+
+    mem = StateMemory(shape=7, depth=50, segment=16, block=8, name="st")
+    ports = [mem.read.load, mem.read.addr, mem.read.inc, mem.read.data, mem.write.addr, mem.write.data,
+             mem.write.en]
+    nets, reads = memory_read_ports(mem, "state_memory", tmp_path, ports=ports)
+    reads = {r["cell"]: r for r in reads}
+    regs = [nets[f"st_seg{i}_ra"] for i in range(4)]
+    assert [reads[f"seg{i}"]["addr"] for i in range(4)] == [r[: (n - 1).bit_length()] for r, n in
+                                                           zip(regs, (16, 16, 16, 2), strict=True)]
+    assert len({r[0] for r in regs}) == 4
+    assert all(reads[f"seg{i}"]["en"] == ("1",) for i in range(4))
