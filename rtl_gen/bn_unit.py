@@ -1247,7 +1247,7 @@ class BnBackwardUnit(wiring.Component):
         # into the stages' and the memories' output registers closed at 66-75 MHz at the paper's widths on the ECP5
         # proxy): stage a (the part's dx operands), b (the part's memory words), c (the products of alpha_q and
         # P2's parts, and 2^Fa (B dx - P1)), d (alpha_q P2 joined; Q formed and joined into the beat), then the
-        # beat waits in ``pend`` (a FIFO) in front of the q output's skid buffer. A beat's first part enters stage a
+        # beat waits in ``pend`` (FIFOs) in front of the q output's skid buffers. A beat's first part enters stage a
         # only while ``pend`` has room for it and for every beat ahead of it (``credit``).
         credit = Signal(range(BN_BWD_PEND_DEPTH + 1), init=BN_BWD_PEND_DEPTH, name="q_credit")
         take = Signal()  # a part of the beat in s1 enters stage a
@@ -1400,7 +1400,8 @@ class BnBackwardUnit(wiring.Component):
             c_clear.eq(b_clear),
             *(c_base[lane].eq((b_bdx[lane] - b_p1[lane]) << fa) for lane in range(pl)),
         ]
-        d_valid, d_last_pp, d_last_group = Signal(), Signal(), Signal()
+        d_valid, d_last_group = Signal(), Signal()
+        d_push = Signal()  # the beat's last part: the beat is pushed (a register, for its fan-out)
         d_pp = Signal.like(pp)
         d_xh = Signal.like(part_xh)
         d_clear = Signal(pl)
@@ -1408,8 +1409,8 @@ class BnBackwardUnit(wiring.Component):
         d_base = [Signal(q_shape, name=f"q_base{lane}") for lane in range(pl)]
         m.d.sync += [
             d_valid.eq(c_valid),
+            d_push.eq(c_valid & c_last_pp),
             d_pp.eq(c_pp),
-            d_last_pp.eq(c_last_pp),
             d_last_group.eq(c_last_group),
             d_xh.eq(c_xh),
             d_clear.eq(c_clear),
@@ -1435,24 +1436,35 @@ class BnBackwardUnit(wiring.Component):
         else:
             m.d.comb += beat.q.as_value().eq(q_part.as_value())
         m.d.comb += beat.last.eq(d_last_group)
-        m.submodules.q_pend = pend = SyncFIFO(width=Shape.cast(lay.q_layout).width, depth=BN_BWD_PEND_DEPTH)
-        m.submodules.q_queue = queue = SkidBuffer(shape=lay.q_layout)
+        # one pend FIFO and one skid buffer per lane, each with its own pointers and valid bits (all move together;
+        # lane 0's carry ``last``): timing, one skid buffer's output enable reached all 705 payload flip-flops of
+        # the beat (17 ns at the paper's widths on the ECP5 proxy), one FIFO's pointers all its LUT-RAM cells
         pop = Signal()
         start = Signal()  # a beat's first part enters stage a: it takes a credit
-        m.d.comb += [
-            pend.w_en.eq(d_valid & d_last_pp),
-            pend.w_data.eq(beat),
-            queue.i.valid.eq(pend.r_rdy),
-            queue.i.payload.eq(pend.r_data),
-            pend.r_en.eq(queue.i.ready),
-            pop.eq(pend.r_rdy & queue.i.ready),
-            start.eq(take & (pp == 0)),
-        ]
+        m.d.comb += start.eq(take & (pp == 0))
+        for lane in range(L):
+            shape = unsigned(q_shape.width + (lane == 0))
+            pend = m.submodules[f"q_pend{lane}"] = SyncFIFO(width=shape.width, depth=BN_BWD_PEND_DEPTH)
+            queue = m.submodules[f"q_queue{lane}"] = SkidBuffer(shape=shape)
+            m.d.comb += [
+                pend.w_en.eq(d_push),
+                pend.w_data.eq(Cat(beat.q[lane], beat.last) if lane == 0 else beat.q[lane]),
+                queue.i.valid.eq(pend.r_rdy),
+                queue.i.payload.eq(pend.r_data),
+                pend.r_en.eq(queue.i.ready),
+                queue.o.ready.eq(self.q.ready),
+                self.q.payload.q[lane].eq(queue.o.payload[: q_shape.width]),
+            ]
+            if lane == 0:
+                m.d.comb += [
+                    pop.eq(pend.r_rdy & queue.i.ready),
+                    self.q.valid.eq(queue.o.valid),
+                    self.q.payload.last.eq(queue.o.payload[-1]),
+                ]
         with m.If(start & ~pop):
             m.d.sync += credit.eq(credit - 1)
         with m.Elif(pop & ~start):
             m.d.sync += credit.eq(credit + 1)
-        wiring.connect(m, queue.o, wiring.flipped(self.q))
         with m.If(in_pass & s1_valid & s1_last & adv):
             m.d.sync += [phase.eq(Mux(phase == PASS1, EPI, PASS1)), in_done.eq(0)]
 
