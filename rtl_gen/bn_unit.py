@@ -1280,12 +1280,15 @@ class BnBackwardUnit(wiring.Component):
         # P2 is bounded like P1 (both at most sum |dx|)
         p1_new = Signal(data.ArrayLayout(p_shape, L))
         p2_new = Signal(data.ArrayLayout(p_shape, L))
-        for lane in range(L):
+        for lane in range(L):  # P2 + dx and P2 - dx side by side, then the choice (timing: dx's negation and the
+            # addition chained closed at 93.7 MHz at the paper's widths on the ECP5 proxy)
             dx = s1.dx[lane]
             xh = s1.x_hat[lane]
+            p2_acc = Signal(p_shape, name=f"p2_acc{lane}")
             m.d.comb += [
                 p1_new[lane].eq(Mux(s1_first, 0, p1_rd.data[lane]) + dx),
-                p2_new[lane].eq(Mux(s1_first, 0, p2_rd.data[lane]) + Mux(xh, dx, -dx)),
+                p2_acc.eq(Mux(s1_first, 0, p2_rd.data[lane])),
+                p2_new[lane].eq(Mux(xh, p2_acc + dx, p2_acc - dx)),
             ]
 
         # The memories read every cycle (no read enable: timing, above) at an address register of their own with

@@ -51,7 +51,7 @@ from amaranth.lib.wiring import In, Out
 
 from sim.hw.optim import PROB_BITS, state_bits
 
-from .buffers import _MemPort, split_segments
+from .buffers import split_segments
 from .shared import layer_port, per_layer
 from .xnor_engine import WeightReadSignature, XnorGeometry, _check_int, popcount
 
@@ -389,14 +389,16 @@ class WeightMemoryGeometry:
         return out
 
 
-class _CountedReadPort:
-    """The read port of a :class:`StateMemory`: its address register takes ``addr`` after a cycle with ``load``
-    high, else steps by one after a cycle with ``inc`` high; ``data`` is the word read two cycles before."""
+class _CountedPort:
+    """A port of a :class:`StateMemory` whose address is a register: it takes ``addr`` after a cycle with
+    ``load`` high, else steps by one after a cycle with ``inc`` high. Read port: ``data`` is the word read two
+    cycles before (it reads every cycle). Write port: ``data`` is written in a cycle with ``en`` high."""
 
     def __init__(self, shape, depth: int, name: str):
         self.load = Signal(name=f"{name}_load")
         self.addr = Signal(range(max(depth, 2)), name=f"{name}_addr")
         self.inc = Signal(name=f"{name}_inc")
+        self.en = Signal(name=f"{name}_en")
         self.data = Signal(shape, name=f"{name}_data")
 
 
@@ -410,19 +412,19 @@ logic was on the bank's read path (61.8 MHz at the paper's widths on the ECP5 pr
 
 
 class StateMemory(Elaboratable):
-    """An optimiser state memory: ``depth`` words, one read port (``read``, a :class:`_CountedReadPort`: the
-    memory reads every cycle at its address register) and one write port (``write``: ``addr``, ``data``, ``en``,
-    written in the cycle), read data two cycles after the read.
+    """An optimiser state memory: ``depth`` words, one read port (``read``) and one write port (``write``), each a
+    :class:`_CountedPort` (its address a register that loads or counts); the memory reads every cycle, read data
+    two cycles after the read.
 
     Its words are kept in segments of at most ``segment`` words (the bulk of whole ``block``-word blocks, as
     :class:`rtl_gen.buffers.SplitMemory`, cut into segments, then the tail), each its own memory with its own copy
-    of the read address register (the address minus the segment's base, counting by itself: the synthesis keeps
-    the copies apart); each segment's word is registered as it leaves its block RAM, and the segment of the
-    address read is chosen from these registers a cycle later. A deep memory is many block RAMs over the die:
-    the registers let each RAM's output delay and the route to the choice fall in different cycles, and no logic
-    sits between the address registers and the RAMs' address and enable pins (timing: the read enable and the
-    address multiplexer fanning out to 179 block RAMs closed at 54 MHz at the paper's widths on the ECP5
-    proxy)."""
+    of the address registers (the address minus the segment's base, counting by itself: the synthesis keeps the
+    copies apart) and a register saying whether the write address is in the segment; each segment's word is
+    registered as it leaves its block RAM, and the segment of the address read is chosen from these registers a
+    cycle later. A deep memory is many block RAMs over the die: the registers let each RAM's output delay and the
+    route to the choice fall in different cycles, and no logic sits between the address registers and the RAMs'
+    address pins, one gate before a write enable (timing: a read enable or an address multiplexer fanning out to
+    179 block RAMs closed at 54 and 63 MHz at the paper's widths on the ECP5 proxy)."""
 
     def __init__(self, *, shape, depth: int, name: str = "state", segment: int = STATE_SEGMENT, block: int = 4096):
         if segment % block:
@@ -430,31 +432,37 @@ class StateMemory(Elaboratable):
         bulk, *tail = split_segments(depth, block)
         self.segments = [(b, min(segment, bulk[1] - b)) for b in range(0, bulk[1], segment)] + tail
         self.shape, self.depth, self.name = shape, depth, name
-        self.read = _CountedReadPort(shape, depth, f"{name}_rd")
-        self.write = _MemPort(shape, depth, f"{name}_wr")
+        self.read = _CountedPort(shape, depth, f"{name}_rd")
+        self.write = _CountedPort(shape, depth, f"{name}_wr")
+
+    @staticmethod
+    def _counted(m: Module, port: _CountedPort, base: int, name: str):
+        """``(register, next value)`` of ``port``'s address minus ``base`` modulo ``2^bits`` (below the segment's
+        words exactly when the address is in it: an address below the base wraps to ``2^bits - base + address``,
+        at least the words, as base + words <= 2^bits)."""
+        a = Signal(len(port.addr), name=name)
+        nxt = Signal.like(a, name=f"{name}_next")
+        m.d.comb += nxt.eq(Mux(port.load, port.addr - base, Mux(port.inc, a + 1, a)))
+        m.d.sync += a.eq(nxt)
+        return a, nxt
 
     def elaborate(self, platform):
         m = Module()
         width = len(Value.cast(self.read.data))
-        abits = len(self.read.addr)
         words = []
         for i, (base, n) in enumerate(self.segments):
             mem = m.submodules[f"seg{i}"] = Memory(shape=width, depth=max(n, 2), init=[], attrs=NO_RW_CHECK)
             rd, wr = mem.read_port(), mem.write_port()
-            # the address minus the base, modulo 2^abits: below n exactly when the address is in this segment
-            # (an address below the base wraps to 2^abits - base + address >= n, as base + n <= 2^abits)
-            a = Signal(abits, name=f"{self.name}_seg{i}_ra")
-            with m.If(self.read.load):
-                m.d.sync += a.eq(self.read.addr - base)
-            with m.Elif(self.read.inc):
-                m.d.sync += a.eq(a + 1)
+            a, _ = self._counted(m, self.read, base, f"{self.name}_seg{i}_ra")
+            wa, wa_next = self._counted(m, self.write, base, f"{self.name}_seg{i}_wa")
             hit1, hit2 = Signal(name=f"{self.name}_seg{i}_hit1"), Signal(name=f"{self.name}_seg{i}_hit2")
-            m.d.sync += [hit1.eq(a < n), hit2.eq(hit1)]
+            whit = Signal(name=f"{self.name}_seg{i}_whit")  # wa < n
+            m.d.sync += [hit1.eq(a < n), hit2.eq(hit1), whit.eq(wa_next < n)]
             word = Signal(width, name=f"{self.name}_seg{i}_q")
             m.d.comb += [
                 rd.addr.eq(a[: len(rd.addr)]), rd.en.eq(1),
-                wr.addr.eq(self.write.addr - base), wr.data.eq(Value.cast(self.write.data)),
-                wr.en.eq(self.write.en & (self.write.addr >= base) & (self.write.addr < base + n)),
+                wr.addr.eq(wa[: len(wr.addr)]), wr.data.eq(Value.cast(self.write.data)),
+                wr.en.eq(self.write.en & whit),
             ]  # fmt: skip
             m.d.sync += word.eq(rd.data)
             words.append(Mux(hit2, word, 0))
@@ -590,7 +598,6 @@ class WeightMemory(wiring.Component):
         g = Signal(range(mx(lambda x: x.bank.groups)))
         lane = Signal(range(L))
         chunk = Signal(range(chunks))
-        vidx = Signal(range(max(V_all, 2)))  # the visit's row in the state memories (from sbase)
         last_chunk = Signal()
         last_lane = Signal()
         last_visit = Signal()
@@ -610,7 +617,6 @@ class WeightMemory(wiring.Component):
             self.grad.ready.eq(issue & need_grad & last_chunk & last_lane),
         ]
         with m.If(issue):
-            m.d.sync += vidx.eq(vidx + 1)
             with m.If(last_chunk):
                 m.d.sync += chunk.eq(0)
                 with m.If(last_lane):
@@ -634,7 +640,6 @@ class WeightMemory(wiring.Component):
         s1_lane = Signal(range(L))
         s1_chunk = Signal(range(chunks))
         s1_addr = Signal(range(max(D_all, 2)))  # the bank row (the layer's base included)
-        s1_vidx = Signal.like(vidx)
         s1_partial = Signal()
         s1_g = Signal(data.ArrayLayout(signed(2), U))
         s1_u = Signal(data.ArrayLayout(32, U))
@@ -647,7 +652,6 @@ class WeightMemory(wiring.Component):
                 s1_lane.eq(lane),
                 s1_chunk.eq(chunk),
                 s1_addr.eq(bank_ra),
-                s1_vidx.eq(vidx),
                 s1_partial.eq(partial),
                 s1_g.eq(grad_lane.as_value().word_select(chunk, 2 * U)),
                 s1_u.eq(self.rng.payload.u),
@@ -672,7 +676,6 @@ class WeightMemory(wiring.Component):
         s_lane = stages(s1_lane, "lane")
         s_chunk = stages(s1_chunk, "chunk")
         s_addr = stages(s1_addr, "addr")
-        s_vidx = stages(s1_vidx, "vidx")
         s_partial = stages(s1_partial, "partial")
         s2_g, s3_g = Signal.like(s1_g), Signal.like(s1_g)
         s2_u, s3_u = Signal.like(s1_u), Signal.like(s1_u)
@@ -715,6 +718,7 @@ class WeightMemory(wiring.Component):
         host_go = self.host.valid & self.host.ready
         host_rd = host_go & ~h.write
         host_wr = host_go & h.write
+        cmd_go = self.cmd.valid & self.cmd.ready
         m.d.sync += [rd_issued.eq(host_rd), rd_held.eq(rd_issued), rd_held2.eq(rd_held), rd_held3.eq(rd_held2)]
         with m.If(host_rd):
             m.d.sync += [rd_space.eq(h.space), rd_lane.eq(h.lane)]
@@ -733,7 +737,6 @@ class WeightMemory(wiring.Component):
                 g.eq(0),
                 lane.eq(0),
                 chunk.eq(0),
-                vidx.eq(sbase),
                 flips.eq(0),
             ]
 
@@ -790,8 +793,7 @@ class WeightMemory(wiring.Component):
             layout = data.ArrayLayout(opt.field_shape(name), U)
             mem = m.submodules[f"state_{name}"] = StateMemory(shape=layout, depth=max(V_all, 2), name=f"state_{name}")
             rd, wr = mem.read, mem.write
-            cmd_go = self.cmd.valid & self.cmd.ready
-            m.d.comb += [  # the sweep's visit (vidx) from the command on, or the host's row a cycle after its read
+            m.d.comb += [  # the sweep's visit (from sbase at the command, one a visit) or the host's row
                 rd.load.eq(cmd_go | (host_rd & (h.space == geo.field_space(name)))),
                 rd.addr.eq(Mux(cmd_go, sbase, sbase + h.addr)),
                 rd.inc.eq(issue),
@@ -832,20 +834,35 @@ class WeightMemory(wiring.Component):
         # writes only while no sweep runs); selected by the stage's valid bit, not by busy (timing: busy's
         # fan-out)
         wb_valid = s_valid[WB]
+        # the host's writes (weights and state) happen a cycle after their request, from registers, and the banks'
+        # write address is a register: the write-back stage's row, or the host's (timing: the write-back's valid
+        # bit choosing the address fanned out to every block RAM, 63 MHz at the paper's widths on the ECP5 proxy)
+        hw_data = Signal.like(h.data, name="host_wr_data")
+        hw_bank = Signal(name="host_wr_bank")
+        hw_lane = Signal.like(h.lane, name="host_wr_lane")
+        bank_wa = Signal.like(bank_ra, name="bank_wa")
+        m.d.sync += [hw_bank.eq(host_wr & (h.space == SPACE_WEIGHTS)),
+                     bank_wa.eq(Mux(host_wr, bbase + h.addr, s_addr[WB - 1]))]
+        with m.If(host_wr):
+            m.d.sync += [hw_data.eq(h.data), hw_lane.eq(h.lane)]
         for lane_i, wr in enumerate(bank_wr):
-            host_here = host_wr & (h.space == SPACE_WEIGHTS) & (h.lane == lane_i)
             m.d.comb += [
-                wr.addr.eq(Mux(wb_valid, s_addr[WB], bbase + h.addr)),
-                wr.data.eq(Mux(wb_valid, Cat(*([wb_bits] * chunks)), h.data[: bank.lanes_in])),
+                wr.addr.eq(bank_wa),
+                wr.data.eq(Mux(wb_valid, Cat(*([wb_bits] * chunks)), hw_data[: bank.lanes_in])),
                 wr.en.eq(Mux(wb_valid & (s_lane[WB] == lane_i), Const(1, chunks) << s_chunk[WB], 0)
-                         | Mux(host_here, (1 << chunks) - 1, 0)),
+                         | Mux(hw_bank & (hw_lane == lane_i), (1 << chunks) - 1, 0)),
             ]
         for name, _ in opt.fields:
             wr = st_wr[name]
-            m.d.comb += [
-                wr.addr.eq(Mux(wb_valid, s_vidx[WB], sbase + h.addr)),
-                wr.data.eq(Mux(wb_valid, new_state[name].as_value(), h.data[: geo.field_width(name)])),
-                wr.en.eq(wb_write | (host_wr & (h.space == geo.field_space(name)))),
+            host_here = host_wr & (h.space == geo.field_space(name))
+            hw_en = Signal(name=f"host_wr_{name}")  # the host's write of this field, a cycle after its request
+            m.d.sync += hw_en.eq(host_here)
+            m.d.comb += [  # the write-back's visit: counted from the command's first row on (one a valid stage)
+                wr.load.eq(cmd_go | host_here),
+                wr.addr.eq(Mux(cmd_go, sbase, sbase + h.addr)),
+                wr.inc.eq(wb_valid),
+                wr.data.eq(Mux(wb_valid, new_state[name].as_value(), hw_data[: geo.field_width(name)])),
+                wr.en.eq(wb_write | hw_en),
             ]
 
         # --- flip counter ---

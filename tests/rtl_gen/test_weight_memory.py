@@ -66,9 +66,9 @@ class WeightMemoryWithEngine(wiring.Component):
 
 def test_state_memory_segments_read_back_what_was_written():
     """StateMemory with several segments (a 16-word segment of 8-word blocks, 50 words: 16, 16, 16 and a 2-word
-    tail): random writes, and reads at the address register (loaded, stepped across the segments' bounds, or
-    held), each read's word two cycles later, against a dictionary (a read of an address written in the same cycle
-    may give either word: no read-during-write logic)."""
+    tail): random writes and reads at the ports' address registers (loaded, stepped across the segments' bounds,
+    or held), each read's word two cycles later, against a dictionary (a read of an address written in the same
+    cycle may give either word: no read-during-write logic)."""
     import random
 
     from amaranth.sim import Simulator
@@ -83,32 +83,33 @@ def test_state_memory_segments_read_back_what_was_written():
 
     async def bench(ctx):
         model, pending = {}, [None, None]  # the words read one and two cycles ago
-        ctx.set(mem.read.load, 1)
-        ctx.set(mem.read.addr, 0)
+        regs = {"read": 0, "write": 0}  # the address registers
+        stepped = {"read": 0, "write": 0}
+        for port in (mem.read, mem.write):
+            ctx.set(port.load, 1)
         await ctx.tick()
-        ra, stepped = 0, 0  # the address register
-        for _ in range(1200):
-            wa = rng.randrange(50)
+        for _ in range(1500):
+            nxt = {}
+            for key, port in (("read", mem.read), ("write", mem.write)):
+                load, inc = rng.random() < 0.2, rng.random() < 0.7 and regs[key] < 49
+                ctx.set(port.load, load)
+                ctx.set(port.addr, rng.randrange(50))
+                ctx.set(port.inc, inc)
+                nxt[key] = ctx.get(port.addr) if load else regs[key] + inc
+                stepped[key] += inc and not load and regs[key] % 16 == 15
             we = rng.random() < 0.5
-            load, inc = rng.random() < 0.2, rng.random() < 0.7 and ra < 49
-            ctx.set(mem.write.addr, wa)
             ctx.set(mem.write.data, rng.randrange(128))
             ctx.set(mem.write.en, we)
-            ctx.set(mem.read.load, load)
-            ctx.set(mem.read.addr, rng.randrange(50))
-            ctx.set(mem.read.inc, inc)
             want = pending.pop(0)
             if want is not None:
                 assert ctx.get(mem.read.data) in want
-            data = ctx.get(mem.write.data)
+            data, ra, wa = ctx.get(mem.write.data), regs["read"], regs["write"]
             pending.append({model.get(ra, 0)} | ({data} if we and wa == ra else set()))
-            nxt = ctx.get(mem.read.addr) if load else ra + inc
-            stepped += inc and not load and ra % 16 == 15
             await ctx.tick()
             if we:
                 model[wa] = data
-            ra = nxt
-        assert stepped >= 5  # the register stepped from one segment into the next
+            regs = nxt
+        assert min(stepped.values()) >= 5  # each register stepped from one segment into the next
 
     sim.add_testbench(bench)
     sim.run()
@@ -393,17 +394,18 @@ def test_weight_memory_rtl(case, request):
 @pytest.mark.timing
 def test_state_memory_segments_read_at_registers_of_their_own(tmp_path):
     """Yosys's view of a StateMemory of four segments: each segment's memory reads every cycle (read enable 1) at
-    the low bits of an address register of its own, with no logic between (timing: the read enable and the
-    address multiplexer fanned out to every block RAM of the state), and the copies are not merged into one."""
+    the low bits of a read address register of its own and writes at those of a write address register of its own,
+    with no logic between (timing: the read enable and the address multiplexers fanned out to every block RAM of
+    the state), and the copies are not merged into one."""
     from yosys_nets import memory_read_ports  # same folder
 
     mem = StateMemory(shape=7, depth=50, segment=16, block=8, name="st")
-    ports = [mem.read.load, mem.read.addr, mem.read.inc, mem.read.data, mem.write.addr, mem.write.data,
-             mem.write.en]
+    ports = [getattr(port, key) for port in (mem.read, mem.write) for key in ("load", "addr", "inc", "en", "data")]
     nets, reads = memory_read_ports(mem, "state_memory", tmp_path, ports=ports)
     reads = {r["cell"]: r for r in reads}
-    regs = [nets[f"st_seg{i}_ra"] for i in range(4)]
-    assert [reads[f"seg{i}"]["addr"] for i in range(4)] == [r[: (n - 1).bit_length()] for r, n in
-                                                           zip(regs, (16, 16, 16, 2), strict=True)]
-    assert len({r[0] for r in regs}) == 4
+    for key, reg in (("addr", "ra"), ("waddr", "wa")):
+        regs = [nets[f"st_seg{i}_{reg}"] for i in range(4)]
+        assert [reads[f"seg{i}"][key] for i in range(4)] == [r[: (n - 1).bit_length()] for r, n in
+                                                            zip(regs, (16, 16, 16, 2), strict=True)]
+        assert len({r[0] for r in regs}) == 4
     assert all(reads[f"seg{i}"]["en"] == ("1",) for i in range(4))
