@@ -417,16 +417,20 @@ class StateMemory(Elaboratable):
     two cycles after the read.
 
     Its words are kept in segments of at most ``segment`` words (the bulk of whole ``block``-word blocks, as
-    :class:`rtl_gen.buffers.SplitMemory`, cut into segments, then the tail), each its own memory with its own copy
-    of the address registers (the address minus the segment's base, counting by itself: the synthesis keeps the
-    copies apart) and a register saying whether the write address is in the segment; each segment's word is
-    registered as it leaves its block RAM, and the segment of the address read is chosen from these registers a
+    :class:`rtl_gen.buffers.SplitMemory`, cut into segments, then the tail), each cut into slices of at most
+    ``slice_bits`` bits of the word, each slice its own memory with its own copy of the address registers (the
+    address minus the segment's base, counting by itself: the synthesis keeps the copies apart) and a register
+    saying whether the write address is in the segment; each segment's word is registered as it leaves its block
+    RAM, and the segment of the address read is chosen from these registers a
     cycle later. A deep memory is many block RAMs over the die: the registers let each RAM's output delay and the
     route to the choice fall in different cycles, and no logic sits between the address registers and the RAMs'
     address pins, one gate before a write enable (timing: a read enable or an address multiplexer fanning out to
     179 block RAMs closed at 54 and 63 MHz at the paper's widths on the ECP5 proxy)."""
 
-    def __init__(self, *, shape, depth: int, name: str = "state", segment: int = STATE_SEGMENT, block: int = 4096):
+    def __init__(self, *, shape, depth: int, name: str = "state", segment: int = STATE_SEGMENT, block: int = 4096,
+                 slice_bits: int = 8):
+        _check_int("slice_bits", slice_bits, 1, 4096)
+        self.slice_bits = slice_bits
         if segment % block:
             raise ValueError(f"segment ({segment}) must be a multiple of block ({block})")
         bulk, *tail = split_segments(depth, block)
@@ -449,22 +453,30 @@ class StateMemory(Elaboratable):
     def elaborate(self, platform):
         m = Module()
         width = len(Value.cast(self.read.data))
+        wdata = Value.cast(self.write.data)
         words = []
         for i, (base, n) in enumerate(self.segments):
-            mem = m.submodules[f"seg{i}"] = Memory(shape=width, depth=max(n, 2), init=[], attrs=NO_RW_CHECK)
-            rd, wr = mem.read_port(), mem.write_port()
-            a, _ = self._counted(m, self.read, base, f"{self.name}_seg{i}_ra")
-            wa, wa_next = self._counted(m, self.write, base, f"{self.name}_seg{i}_wa")
-            hit1, hit2 = Signal(name=f"{self.name}_seg{i}_hit1"), Signal(name=f"{self.name}_seg{i}_hit2")
-            whit = Signal(name=f"{self.name}_seg{i}_whit")  # wa < n
-            m.d.sync += [hit1.eq(a < n), hit2.eq(hit1), whit.eq(wa_next < n)]
             word = Signal(width, name=f"{self.name}_seg{i}_q")
-            m.d.comb += [
-                rd.addr.eq(a[: len(rd.addr)]), rd.en.eq(1),
-                wr.addr.eq(wa[: len(wr.addr)]), wr.data.eq(Value.cast(self.write.data)),
-                wr.en.eq(self.write.en & whit),
-            ]  # fmt: skip
-            m.d.sync += word.eq(rd.data)
+            hit1, hit2 = Signal(name=f"{self.name}_seg{i}_hit1"), Signal(name=f"{self.name}_seg{i}_hit2")
+            # the segment's word in slices of at most slice_bits bits, each its own memory with its own address
+            # registers (timing: one register's route to a segment's 48 block RAMs took 16 ns at the paper's
+            # widths on the ECP5 proxy)
+            for j, lo in enumerate(range(0, width, self.slice_bits)):
+                hi = min(lo + self.slice_bits, width)
+                mem = Memory(shape=hi - lo, depth=max(n, 2), init=[], attrs=NO_RW_CHECK)
+                m.submodules[f"seg{i}_{j}"] = mem
+                rd, wr = mem.read_port(), mem.write_port()
+                a, _ = self._counted(m, self.read, base, f"{self.name}_seg{i}_s{j}_ra")
+                wa, wa_next = self._counted(m, self.write, base, f"{self.name}_seg{i}_s{j}_wa")
+                whit = Signal(name=f"{self.name}_seg{i}_s{j}_whit")  # wa < n
+                m.d.sync += whit.eq(wa_next < n)
+                if j == 0:
+                    m.d.sync += [hit1.eq(a < n), hit2.eq(hit1)]
+                m.d.comb += [
+                    rd.addr.eq(a[: len(rd.addr)]), rd.en.eq(1),
+                    wr.addr.eq(wa[: len(wr.addr)]), wr.data.eq(wdata[lo:hi]), wr.en.eq(self.write.en & whit),
+                ]  # fmt: skip
+                m.d.sync += word[lo:hi].eq(rd.data)
             words.append(Mux(hit2, word, 0))
         m.d.comb += Value.cast(self.read.data).eq(_or_tree(words))
         return m
@@ -499,7 +511,8 @@ class WeightMemory(wiring.Component):
             row, ``data`` = the row; 1 and 3 (:data:`STATE_SPACES`) the first and second state field:
             ``addr`` = visit, ``data`` = the field's ``update_lanes`` values (low bits); 2 switch table:
             ``addr`` = p, ``data`` = T[p], write only), ``lane``, ``addr``, ``data``. Ready while idle; one
-            read outstanding.
+            read outstanding. A weight or state write takes effect in the cycle after its transfer, a read
+            reads then (both from registers).
         host_rdata: ``Out(stream.Signature(data_width))`` one word per host read (table reads return 0).
         busy: ``Out(1)`` a sweep is running. flips: ``Out(range(n_in * n_out + 1))`` weights changed by
             the last sweep (valid once ``busy`` is low).

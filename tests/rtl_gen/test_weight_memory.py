@@ -66,14 +66,14 @@ class WeightMemoryWithEngine(wiring.Component):
 
 def test_state_memory_segments_read_back_what_was_written():
     """StateMemory with several segments (a 16-word segment of 8-word blocks, 50 words: 16, 16, 16 and a 2-word
-    tail): random writes and reads at the ports' address registers (loaded, stepped across the segments' bounds,
-    or held), each read's word two cycles later, against a dictionary (a read of an address written in the same
-    cycle may give either word: no read-during-write logic)."""
+    tail) of three slices each: random writes and reads at the ports' address registers (loaded, stepped across
+    the segments' bounds, or held), each read's word two cycles later, against a dictionary (a read of an address
+    written in the same cycle may give either word: no read-during-write logic)."""
     import random
 
     from amaranth.sim import Simulator
 
-    mem = StateMemory(shape=7, depth=50, segment=16, block=8)
+    mem = StateMemory(shape=7, depth=50, segment=16, block=8, slice_bits=3)  # slices of 3, 3 and 1 bits
     assert mem.segments == [(0, 16), (16, 16), (32, 16), (48, 2)]
     with pytest.raises(ValueError, match=re.escape("segment (12) must be a multiple of block (8)")):
         StateMemory(shape=7, depth=50, segment=12, block=8)
@@ -393,19 +393,20 @@ def test_weight_memory_rtl(case, request):
 
 @pytest.mark.timing
 def test_state_memory_segments_read_at_registers_of_their_own(tmp_path):
-    """Yosys's view of a StateMemory of four segments: each segment's memory reads every cycle (read enable 1) at
-    the low bits of a read address register of its own and writes at those of a write address register of its own,
-    with no logic between (timing: the read enable and the address multiplexers fanned out to every block RAM of
-    the state), and the copies are not merged into one."""
+    """Yosys's view of a StateMemory of four segments of two slices: each slice's memory reads every cycle (read
+    enable 1) at the low bits of a read address register of its own and writes at those of a write address
+    register of its own, with no logic between (timing: the read enable and the address multiplexers fanned out to
+    every block RAM of the state), and the copies are not merged into one."""
     from yosys_nets import memory_read_ports  # same folder
 
-    mem = StateMemory(shape=7, depth=50, segment=16, block=8, name="st")
+    mem = StateMemory(shape=7, depth=50, segment=16, block=8, name="st", slice_bits=4)
     ports = [getattr(port, key) for port in (mem.read, mem.write) for key in ("load", "addr", "inc", "en", "data")]
     nets, reads = memory_read_ports(mem, "state_memory", tmp_path, ports=ports)
     reads = {r["cell"]: r for r in reads}
+    mems = [(i, j, n) for i, n in enumerate((16, 16, 16, 2)) for j in range(2)]  # two slices: 4 and 3 bits
     for key, reg in (("addr", "ra"), ("waddr", "wa")):
-        regs = [nets[f"st_seg{i}_{reg}"] for i in range(4)]
-        assert [reads[f"seg{i}"][key] for i in range(4)] == [r[: (n - 1).bit_length()] for r, n in
-                                                            zip(regs, (16, 16, 16, 2), strict=True)]
-        assert len({r[0] for r in regs}) == 4
-    assert all(reads[f"seg{i}"]["en"] == ("1",) for i in range(4))
+        regs = [nets[f"st_seg{i}_s{j}_{reg}"] for i, j, _ in mems]
+        assert [reads[f"seg{i}_{j}"][key] for i, j, _ in mems] == [r[: (n - 1).bit_length()] for r, (_, _, n) in
+                                                                  zip(regs, mems, strict=True)]
+        assert len({r[0] for r in regs}) == 8
+    assert all(reads[f"seg{i}_{j}"]["en"] == ("1",) for i, j, _ in mems)

@@ -17,8 +17,8 @@ def memory_read_ports(design, top: str, folder: Path, ports=None) -> tuple[dict,
     kwargs = {} if ports is None else {"ports": ports}
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "design.v").write_text(to_verilog(design, top, **kwargs))
-    script = (f"read_verilog design.v; hierarchy -top {top}; proc; flatten; opt; memory -nomap; opt; techmap; opt -full; "
-              "write_json net.json")
+    script = (f"read_verilog design.v; hierarchy -top {top}; proc; flatten; opt; memory -nomap; opt; techmap; "
+              "opt -full; write_json net.json")
     run_yowasp("yosys", ["-q", "-p", script], cwd=folder)
     mod = json.loads((folder / "net.json").read_text())["modules"][top]
     nets = {name: tuple(n["bits"]) for name, n in mod["netnames"].items()}
