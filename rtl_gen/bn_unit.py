@@ -1131,10 +1131,15 @@ class BnForwardUnit(wiring.Component):
         return m
 
 
-BN_BWD_Q_STAGES = 3
+BN_BWD_Q_STAGES = 5
 """Pipeline stages of :class:`BnBackwardUnit`'s pass-2 ``Q`` datapath between the beat register and the ``q``
-output register: the part's operands, the products of ``alpha_q`` and ``P2``'s 17-bit parts, their sum
-``alpha_q P2`` (ECP5 timing proxy, docs/results/timing.md)."""
+output register: the part's dx operands; its memory words; the products of ``alpha_q`` and ``P2``'s 17-bit parts;
+their sum ``alpha_q P2``; the ``pend`` queue (ECP5 timing proxy, docs/results/timing.md)."""
+
+BN_BWD_PEND_DEPTH = 8
+"""Beats of :class:`BnBackwardUnit`'s ``pend`` FIFO in front of its ``q`` output: a beat takes a credit as its
+first part enters the ``Q`` pipeline, which never stalls, and returns it as it leaves ``pend``; one part a cycle
+needs a credit for each beat in the loop (``BN_BWD_Q_STAGES + 1`` cycles and the beat's own parts)."""
 
 
 def backward_cycles(layer: BnLayer, pass2_lanes: int | None = None) -> dict[str, int]:
@@ -1210,6 +1215,8 @@ class BnBackwardUnit(wiring.Component):
         return backward_cycles(self._layer, self._pass2_lanes)
 
     def elaborate(self, platform):
+        from amaranth.lib.fifo import SyncFIFO
+
         lay = self._layer
         w = lay.widths
         m = Module()
@@ -1226,6 +1233,7 @@ class BnBackwardUnit(wiring.Component):
         p_shape = signed(w["P"])
         k_shape = signed(lay.k2_width)  # alpha_q P2, formed in pass 2 from the stored P2 and alpha_q
         a_shape = lay.alpha_layout  # alpha_q and the zero-scale flag
+        q_shape = signed(w["Q"])
         m.submodules.p1_mem = p1_mem = Memory(shape=data.ArrayLayout(p_shape, L), depth=G, init=[])
         m.submodules.p2_mem = p2_mem = Memory(shape=data.ArrayLayout(p_shape, L), depth=G, init=[])
         p1_rd, p1_wr = p1_mem.read_port(), p1_mem.write_port()
@@ -1235,16 +1243,9 @@ class BnBackwardUnit(wiring.Component):
         m.submodules.a_mem = a_mem = Memory(shape=data.ArrayLayout(a_shape, L), depth=G, init=[])
         a_rd, a_wr = a_mem.read_port(), a_mem.write_port(granularity=1)
 
-        # the q output register: a one-entry stream register (combinational ready) whose payload has no reset, so
-        # that clearing a lane (padding, or a zero-scale channel: Q = 0) is the flip-flops' synchronous reset
-        q_full = Signal()
-        q_in_ready = Signal()
-        q_load = Signal()
-        q_reg = Signal(data.ArrayLayout(signed(w["Q"]), L), reset_less=True)
-        q_last = Signal(reset_less=True)
         pl = self._pass2_lanes
         parts = L // pl
-        adv = Signal()
+        adv = Signal()  # the beat register s1 takes the next beat (or empties)
         in_done = Signal()
         accept = Signal()
         s1_valid = Signal()
@@ -1260,14 +1261,17 @@ class BnBackwardUnit(wiring.Component):
         m.d.comb += last_pp.eq(pp == parts - 1)
         cnt = _BeatCounter(m, ch, B, accept, "in")
         hazard = _raw_hazard(ch, s1_valid)  # pass 1 only: pass 2 writes no accumulator
-        # pass 2's Q pipeline after s1: stage b (the part's operands, registered), stage c (the products of
-        # alpha_q and P2's parts, and 2^Fa (B dx - P1), registered), stage d (alpha_q P2 joined, registered; Q
-        # formed and joined into the beat). ``go``: it moves.
-        go = Signal()
-        b_take = Signal()  # a part of the beat in s1 enters stage b
-        m.d.comb += b_take.eq(s1_valid & (phase == PASS2) & go)
+        # pass 2's Q pipeline after s1 moves every cycle (no stall enable: timing, ``go`` from the q output's ready
+        # into the stages' and the memories' output registers closed at 66-75 MHz at the paper's widths on the ECP5
+        # proxy): stage a (the part's dx operands), b (the part's memory words), c (the products of alpha_q and
+        # P2's parts, and 2^Fa (B dx - P1)), d (alpha_q P2 joined; Q formed and joined into the beat), then the
+        # beat waits in ``pend`` (FIFOs) in front of the q output's skid buffers. A beat's first part enters stage a
+        # only while ``pend`` has room for it and for every beat ahead of it (``credit``).
+        credit = Signal(range(BN_BWD_PEND_DEPTH + 1), init=BN_BWD_PEND_DEPTH, name="q_credit")
+        take = Signal()  # a part of the beat in s1 enters stage a
         m.d.comb += [
-            adv.eq(~(s1_valid & (phase == PASS2)) | (go & last_pp)),
+            take.eq(s1_valid & (phase == PASS2) & ((pp != 0) | (credit != 0))),
+            adv.eq(~(s1_valid & (phase == PASS2)) | (take & last_pp)),
             self.dx.ready.eq((phase == PASS1) & ~in_done & adv & ~hazard),
             self.dx_replay.ready.eq((phase == PASS2) & ~in_done & adv),
             accept.eq((self.dx.valid & self.dx.ready) | (self.dx_replay.valid & self.dx_replay.ready)),
@@ -1276,7 +1280,7 @@ class BnBackwardUnit(wiring.Component):
         if parts > 1:
             with m.If(adv):
                 m.d.sync += pp.eq(0)
-            with m.Elif(b_take & ~last_pp):
+            with m.Elif(take):
                 m.d.sync += pp.eq(pp + 1)
         with m.If(accept & cnt.last):
             m.d.sync += in_done.eq(1)
@@ -1294,20 +1298,44 @@ class BnBackwardUnit(wiring.Component):
         # P2 is bounded like P1 (both at most sum |dx|)
         p1_new = Signal(data.ArrayLayout(p_shape, L))
         p2_new = Signal(data.ArrayLayout(p_shape, L))
-        for lane in range(L):
+        for lane in range(L):  # P2 + dx and P2 - dx side by side, then the choice (timing: dx's negation and the
+            # addition chained closed at 93.7 MHz at the paper's widths on the ECP5 proxy)
             dx = s1.dx[lane]
             xh = s1.x_hat[lane]
+            p2_acc = Signal(p_shape, name=f"p2_acc{lane}")
             m.d.comb += [
                 p1_new[lane].eq(Mux(s1_first, 0, p1_rd.data[lane]) + dx),
-                p2_new[lane].eq(Mux(s1_first, 0, p2_rd.data[lane]) + Mux(xh, dx, -dx)),
+                p2_acc.eq(Mux(s1_first, 0, p2_rd.data[lane])),
+                p2_new[lane].eq(Mux(xh, p2_acc + dx, p2_acc - dx)),
             ]
-        # Q of the part's lanes, from the part of dx, x_hat, P1 and alpha_q P2
+
+        # The memories read every cycle (no read enable: timing, above) at an address register of their own with
+        # no multiplexer behind it (timing: the phase's choice between the pass and EPI addresses drove about 300
+        # LUT-RAM cells, 15.3 ns): the group of the beat being accepted in pass 1 (its words are in the read
+        # register with the beat in s1), the group the EPI walker reads, and in pass 2 the group of the beat in s1,
+        # so that a part's words are in the read register while the part is in stage a. Each copy counts from its
+        # own value (the synthesis keeps them apart, one per memory).
+        walk = _LaneWalker(m, ch, "epi")
+        fire = Signal()
+        for port, name in ((p1_rd, "p1"), (p2_rd, "p2"), (a_rd, "a")):
+            rd_g = Signal(range(G), name=f"{name}_rd_g")
+            step = Mux(rd_g == ch.g1, 0, rd_g + 1)
+            with m.Switch(phase):
+                with m.Case(PASS1):
+                    with m.If(accept):
+                        m.d.sync += rd_g.eq(step)
+                with m.Case(EPI):
+                    with m.If(fire & walk.last_lane):
+                        m.d.sync += rd_g.eq(step)
+                with m.Default():
+                    with m.If(adv):
+                        m.d.sync += rd_g.eq(cnt.g)
+            m.d.comb += [port.addr.eq(rd_g), port.en.eq(1)]
+
         dx_shape = lay.dx_layout["dx"].shape.elem_shape
         part_dx = Signal(data.ArrayLayout(dx_shape, pl))
         part_xh = Signal(pl)
-        part_p1 = Signal(data.ArrayLayout(p_shape, pl))
-        part_p2 = Signal(data.ArrayLayout(p_shape, pl))
-        part_a = Signal(data.ArrayLayout(a_shape, pl))
+        part_real = Signal(pl)
         real_all = Signal(L)
         m.d.comb += real_all.eq(Cat(ch.real(lane, s1_last_group) for lane in range(L)))
         with m.Switch(pp):
@@ -1316,131 +1344,162 @@ class BnBackwardUnit(wiring.Component):
                     m.d.comb += [
                         part_dx.as_value().eq(s1.dx.as_value().word_select(pi, pl * Shape.cast(dx_shape).width)),
                         part_xh.eq(s1.x_hat.word_select(pi, pl)),
+                        part_real.eq(real_all.word_select(pi, pl)),
+                    ]
+        # stage a: the part's dx operands, its lanes' padding flags, framing. B dx formed here, from the part's dx
+        # (timing: dx's product by B over two MULT18s, their join and the subtraction of P1 in one cycle closed at
+        # 91 MHz at the paper's widths on the ECP5 proxy)
+        a_valid, a_last_pp, a_last_group = Signal(), Signal(), Signal()
+        a_pp = Signal.like(pp)
+        a_bdx = [Signal(mul_const(part_dx[0], B).shape(), name=f"a_bdx{lane}") for lane in range(pl)]
+        a_xh = Signal.like(part_xh)
+        a_real = Signal.like(part_real)
+        m.d.sync += [
+            a_valid.eq(take),
+            a_pp.eq(pp),
+            a_last_pp.eq(last_pp),
+            a_last_group.eq(s1_last_group),
+            *(a_bdx[lane].eq(mul_const_fabric(part_dx[lane], B)) for lane in range(pl)),
+            a_xh.eq(part_xh),
+            a_real.eq(part_real),
+        ]
+        # stage b: the part's P1, P2 and alpha words from the memories' read registers; the lanes whose Q is 0
+        # (padding, or a channel of zero scale)
+        part_p1 = Signal(data.ArrayLayout(p_shape, pl))
+        part_p2 = Signal(data.ArrayLayout(p_shape, pl))
+        part_a = Signal(data.ArrayLayout(a_shape, pl))
+        with m.Switch(a_pp):
+            for pi in range(parts):
+                with m.Case(pi):
+                    m.d.comb += [
                         part_p1.as_value().eq(p1_rd.data.as_value().word_select(pi, pl * p_shape.width)),
                         part_p2.as_value().eq(p2_rd.data.as_value().word_select(pi, pl * p_shape.width)),
                         part_a.as_value().eq(a_rd.data.as_value().word_select(pi, pl * a_shape.size)),
                     ]
-        # stage b: the part's operands; the beat's lane flags (padding, zero scale) and framing
         b_valid, b_last_pp, b_last_group = Signal(), Signal(), Signal()
         b_pp = Signal.like(pp)
-        # B dx formed here, from the part's dx (timing: dx's product by B over two MULT18s, their join and the
-        # subtraction of P1 in one cycle closed at 91 MHz at the paper's widths on the ECP5 proxy)
-        b_bdx = [Signal(mul_const(part_dx[0], B).shape(), name=f"b_bdx{lane}") for lane in range(pl)]
+        b_bdx = [Signal.like(a_bdx[lane], name=f"b_bdx{lane}") for lane in range(pl)]
         b_xh = Signal.like(part_xh)
         b_p1 = Signal.like(part_p1)
         b_p2 = Signal.like(part_p2)
-        b_a = Signal.like(part_a)
-        b_clear = Signal(L)  # lanes of the beat whose Q is 0
-        clear_all = Signal(L)
-        m.d.comb += clear_all.eq(Cat(~real_all[lane] | a_rd.data[lane].zero for lane in range(L)))
-        with m.If(go):
-            m.d.sync += [
-                b_valid.eq(b_take),
-                b_pp.eq(pp),
-                b_last_pp.eq(last_pp),
-                b_last_group.eq(s1_last_group),
-                *(b_bdx[lane].eq(mul_const_fabric(part_dx[lane], B)) for lane in range(pl)),
-                b_xh.eq(part_xh),
-                b_p1.eq(part_p1),
-                b_p2.eq(part_p2),
-                b_a.eq(part_a),
-                b_clear.eq(clear_all),
-            ]
+        b_aq = [Signal.like(part_a[lane].alpha_q, name=f"b_aq{lane}") for lane in range(pl)]
+        b_clear = Signal(pl)
+        m.d.sync += [
+            b_valid.eq(a_valid),
+            b_pp.eq(a_pp),
+            b_last_pp.eq(a_last_pp),
+            b_last_group.eq(a_last_group),
+            *(b_bdx[lane].eq(a_bdx[lane]) for lane in range(pl)),
+            b_xh.eq(a_xh),
+            b_p1.eq(part_p1),
+            b_p2.eq(part_p2),
+            *(b_aq[lane].eq(part_a[lane].alpha_q) for lane in range(pl)),
+            b_clear.eq(~a_real | Cat(part_a[lane].zero for lane in range(pl))),
+        ]
         # stage c: alpha_q times each 17-bit part of P2 (a multiplier per part and lane, DSP48) and
         # 2^Fa (B dx - P1); stage d: the parts joined into alpha_q P2 (timing: the 30-bit P2's two multipliers
         # and their join in one cycle closed at 94 MHz at the paper's widths on the ECP5 proxy); then Q
         c_valid, c_last_pp, c_last_group = Signal(), Signal(), Signal()
         c_pp = Signal.like(pp)
         c_xh = Signal.like(part_xh)
-        c_clear = Signal(L)
-        c_base = [Signal(signed(w["Q"]), name=f"c_base{lane}") for lane in range(pl)]
+        c_clear = Signal(pl)
+        c_base = [Signal(q_shape, name=f"c_base{lane}") for lane in range(pl)]
         c_k2p = []  # per lane: (product of a part, its shift)
         for lane in range(pl):
             prods = []
             for i, (part, shift) in enumerate(_mul_parts(m, b_p2[lane], f"p2_part{lane}_")):
-                prod = b_a[lane].alpha_q * part
-                r = Signal(prod.shape(), name=f"k2_{lane}_{i}")
-                with m.If(go):
-                    m.d.sync += r.eq(prod)
+                r = Signal((b_aq[lane] * part).shape(), name=f"k2_{lane}_{i}")
+                m.d.sync += r.eq(b_aq[lane] * part)
                 prods.append((r, shift))
             c_k2p.append(prods)
-        with m.If(go):
-            m.d.sync += [
-                c_valid.eq(b_valid),
-                c_pp.eq(b_pp),
-                c_last_pp.eq(b_last_pp),
-                c_last_group.eq(b_last_group),
-                c_xh.eq(b_xh),
-                c_clear.eq(b_clear),
-            ]
-            m.d.sync += [c_base[lane].eq((b_bdx[lane] - b_p1[lane]) << fa) for lane in range(pl)]
-        d_valid, d_last_pp, d_last_group = Signal(), Signal(), Signal()
+        m.d.sync += [
+            c_valid.eq(b_valid),
+            c_pp.eq(b_pp),
+            c_last_pp.eq(b_last_pp),
+            c_last_group.eq(b_last_group),
+            c_xh.eq(b_xh),
+            c_clear.eq(b_clear),
+            *(c_base[lane].eq((b_bdx[lane] - b_p1[lane]) << fa) for lane in range(pl)),
+        ]
+        d_valid, d_last_group = Signal(), Signal()
+        d_push = Signal()  # the beat's last part: the beat is pushed (a register, for its fan-out)
         d_pp = Signal.like(pp)
         d_xh = Signal.like(part_xh)
-        d_clear = Signal(L)
+        d_clear = Signal(pl)
         d_k2 = [Signal(k_shape, name=f"k2_{lane}") for lane in range(pl)]
-        d_base = [Signal(signed(w["Q"]), name=f"q_base{lane}") for lane in range(pl)]
-        with m.If(go):
-            m.d.sync += [
-                d_valid.eq(c_valid),
-                d_pp.eq(c_pp),
-                d_last_pp.eq(c_last_pp),
-                d_last_group.eq(c_last_group),
-                d_xh.eq(c_xh),
-                d_clear.eq(c_clear),
-                *(d_base[lane].eq(c_base[lane]) for lane in range(pl)),
-                *(d_k2[lane].eq(_sum_tree([r << sh if sh else r for r, sh in c_k2p[lane]])) for lane in range(pl)),
-            ]
-        q_part = Signal(data.ArrayLayout(signed(w["Q"]), pl))
-        for lane in range(pl):  # base - k2 and base + k2 side by side, then the choice (timing: the negation of
-            # k2 and the subtraction chained closed at 90 MHz at the paper's widths on the ECP5 proxy)
-            q_sub, q_add = Signal(signed(w["Q"]), name=f"q_sub{lane}"), Signal(signed(w["Q"]), name=f"q_add{lane}")
-            m.d.comb += [q_sub.eq(d_base[lane] - d_k2[lane]), q_add.eq(d_base[lane] + d_k2[lane]),
-                         q_part[lane].eq(Mux(d_xh[lane], q_sub, q_add))]
-        q_out = Signal(data.ArrayLayout(signed(w["Q"]), L))
-        q_held = Signal(data.ArrayLayout(signed(w["Q"]), L))  # the beat's parts so far
-        part_bits = pl * w["Q"]
-        for pi in range(parts):
-            m.d.comb += q_out.as_value().word_select(pi, part_bits).eq(
-                Mux(d_pp == pi, q_part.as_value(), q_held.as_value().word_select(pi, part_bits)))
-        if parts > 1:
-            with m.If(d_valid & go):
-                m.d.sync += q_held.eq(q_out)
-        m.d.comb += [
-            q_in_ready.eq(~q_full | self.q.ready),
-            go.eq(~(d_valid & d_last_pp) | q_in_ready),
-            q_load.eq(d_valid & d_last_pp & q_in_ready),
-            self.q.valid.eq(q_full),
-            self.q.payload.q.eq(q_reg),
-            self.q.payload.last.eq(q_last),
-            p1_wr.addr.eq(s1_g),
-            p1_wr.data.eq(p1_new),
-            p1_wr.en.eq(writes),
+        d_base = [Signal(q_shape, name=f"q_base{lane}") for lane in range(pl)]
+        m.d.sync += [
+            d_valid.eq(c_valid),
+            d_push.eq(c_valid & c_last_pp),
+            d_pp.eq(c_pp),
+            d_last_group.eq(c_last_group),
+            d_xh.eq(c_xh),
+            d_clear.eq(c_clear),
+            *(d_base[lane].eq(c_base[lane]) for lane in range(pl)),
+            *(d_k2[lane].eq(_sum_tree([r << sh if sh else r for r, sh in c_k2p[lane]])) for lane in range(pl)),
         ]
-        with m.If(q_load):
-            m.d.sync += [q_full.eq(1), q_last.eq(d_last_group)]
-        with m.Elif(self.q.ready):
-            m.d.sync += q_full.eq(0)
-        for lane in range(L):  # a padding lane or a channel of zero scale (S = 0) gives Q = 0
-            with m.If(q_load & d_clear[lane]):
-                m.d.sync += q_reg[lane].eq(0)
-            with m.Elif(q_load):
-                m.d.sync += q_reg[lane].eq(q_out[lane])
+        q_part = Signal(data.ArrayLayout(q_shape, pl))
+        for lane in range(pl):  # base - k2 and base + k2 side by side, then the choice (timing: the negation of
+            # k2 and the subtraction chained closed at 90 MHz at the paper's widths on the ECP5 proxy); a padding
+            # lane or a channel of zero scale (S = 0) gives Q = 0
+            q_sub, q_add = Signal(q_shape, name=f"q_sub{lane}"), Signal(q_shape, name=f"q_add{lane}")
+            m.d.comb += [q_sub.eq(d_base[lane] - d_k2[lane]), q_add.eq(d_base[lane] + d_k2[lane]),
+                         q_part[lane].eq(Mux(d_clear[lane], 0, Mux(d_xh[lane], q_sub, q_add)))]
+        # the beat's parts so far (the last part joins them as the beat is pushed)
+        part_bits = pl * q_shape.width
+        beat = Signal(lay.q_layout)
+        if parts > 1:
+            q_held = Signal((parts - 1) * part_bits, name="q_held")
+            for pi in range(parts - 1):
+                with m.If(d_valid & (d_pp == pi)):
+                    m.d.sync += q_held.word_select(pi, part_bits).eq(q_part.as_value())
+            m.d.comb += beat.q.as_value().eq(Cat(q_held, q_part.as_value()))
+        else:
+            m.d.comb += beat.q.as_value().eq(q_part.as_value())
+        m.d.comb += beat.last.eq(d_last_group)
+        # one pend FIFO and one skid buffer per lane, each with its own pointers and valid bits (all move together;
+        # lane 0's carry ``last``): timing, one skid buffer's output enable reached all 705 payload flip-flops of
+        # the beat (17 ns at the paper's widths on the ECP5 proxy), one FIFO's pointers all its LUT-RAM cells
+        pop = Signal()
+        start = Signal()  # a beat's first part enters stage a: it takes a credit
+        m.d.comb += start.eq(take & (pp == 0))
+        for lane in range(L):
+            shape = unsigned(q_shape.width + (lane == 0))
+            pend = m.submodules[f"q_pend{lane}"] = SyncFIFO(width=shape.width, depth=BN_BWD_PEND_DEPTH)
+            queue = m.submodules[f"q_queue{lane}"] = SkidBuffer(shape=shape)
+            m.d.comb += [
+                pend.w_en.eq(d_push),
+                pend.w_data.eq(Cat(beat.q[lane], beat.last) if lane == 0 else beat.q[lane]),
+                queue.i.valid.eq(pend.r_rdy),
+                queue.i.payload.eq(pend.r_data),
+                pend.r_en.eq(queue.i.ready),
+                queue.o.ready.eq(self.q.ready),
+                self.q.payload.q[lane].eq(queue.o.payload[: q_shape.width]),
+            ]
+            if lane == 0:
+                m.d.comb += [
+                    pop.eq(pend.r_rdy & queue.i.ready),
+                    self.q.valid.eq(queue.o.valid),
+                    self.q.payload.last.eq(queue.o.payload[-1]),
+                ]
+        with m.If(start & ~pop):
+            m.d.sync += credit.eq(credit - 1)
+        with m.Elif(pop & ~start):
+            m.d.sync += credit.eq(credit + 1)
         with m.If(in_pass & s1_valid & s1_last & adv):
             m.d.sync += [phase.eq(Mux(phase == PASS1, EPI, PASS1)), in_done.eq(0)]
 
         # Per-channel sequencer: one read cycle per group, then one cycle per channel (alpha in, P1 out).
-        walk = _LaneWalker(m, ch, "epi")
         rd_cycle = Signal()  # the group's words have been read
         epi_rd = Signal()
         m.d.comb += epi_rd.eq((phase == EPI) & ~rd_cycle)
-        for port in (p1_rd, p2_rd, a_rd):
-            m.d.comb += [port.addr.eq(Mux(in_pass, cnt.g, walk.g)), port.en.eq(Mux(in_pass, adv, epi_rd))]
         p1_l = _lane(m, p1_rd.data, walk.l, p_shape, "p1_l")
-        fire = Signal()
         m.d.comb += [
             self.p1.payload.p1.eq(p1_l),
             self.p1.payload.last.eq(walk.ch == ch.m1),
+            p1_wr.addr.eq(s1_g),
+            p1_wr.data.eq(p1_new),
+            p1_wr.en.eq(writes),
             p2_wr.addr.eq(s1_g),
             p2_wr.data.eq(p2_new),
             p2_wr.en.eq(writes),

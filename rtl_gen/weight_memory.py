@@ -51,7 +51,7 @@ from amaranth.lib.wiring import In, Out
 
 from sim.hw.optim import PROB_BITS, state_bits
 
-from .buffers import _MemPort, split_segments
+from .buffers import split_segments
 from .shared import layer_port, per_layer
 from .xnor_engine import WeightReadSignature, XnorGeometry, _check_int, popcount
 
@@ -389,47 +389,104 @@ class WeightMemoryGeometry:
         return out
 
 
+class _CountedPort:
+    """A port of a :class:`StateMemory` whose address is a register: it takes ``addr`` after a cycle with
+    ``load`` high, else steps by one after a cycle with ``inc`` high. Read port: ``data`` is the word read two
+    cycles before (it reads every cycle). Write port: ``data`` is written in a cycle with ``en`` high."""
+
+    def __init__(self, shape, depth: int, name: str):
+        self.load = Signal(name=f"{name}_load")
+        self.addr = Signal(range(max(depth, 2)), name=f"{name}_addr")
+        self.inc = Signal(name=f"{name}_inc")
+        self.en = Signal(name=f"{name}_en")
+        self.data = Signal(shape, name=f"{name}_data")
+
+
+NO_RW_CHECK = {"no_rw_check": 1}
+"""Memory attributes for Yosys: no read-during-write logic on the memory's ports (its synchronous read of an
+address written in the same cycle may give the old or the new word). The weight memory's memories need none:
+a state row is read and written once per sweep, stages apart, and the host port and the forward read port run
+only while no sweep does; a bank row is read while another visit writes a chunk of it (the visits of one row
+follow each other), but the read uses only its own chunk, whose bits that write does not enable. Timing: the
+logic was on the bank's read path (61.8 MHz at the paper's widths on the ECP5 proxy)."""
+
+
 class StateMemory(Elaboratable):
-    """An optimiser state memory: ``depth`` words, one synchronous read port (``read``) and one write port
-    (``write``), read data two cycles after the read.
+    """An optimiser state memory: ``depth`` words, one read port (``read``) and one write port (``write``), each a
+    :class:`_CountedPort` (its address a register that loads or counts); the memory reads every cycle, read data
+    two cycles after the read.
 
     Its words are kept in segments of at most ``segment`` words (the bulk of whole ``block``-word blocks, as
-    :class:`rtl_gen.buffers.SplitMemory`, cut into segments, then the tail), each its own memory; each
-    segment's word is registered as it leaves its block RAM, and the segment of the address read is chosen from
-    these registers a cycle later (its select registered twice). A deep memory is many block RAMs over the die:
-    the registers let each RAM's output delay and the route to the choice fall in different cycles."""
+    :class:`rtl_gen.buffers.SplitMemory`, cut into segments, then the tail), each cut into slices of at most
+    ``slice_bits`` bits of the word, each slice its own memory with its own copy of the address registers (the
+    address minus the segment's base, counting by itself: the synthesis keeps the copies apart) and a register
+    saying whether the write address is in the segment; each segment's word is registered as it leaves its block
+    RAM, and the segment of the address read is chosen from these registers a
+    cycle later. A deep memory is many block RAMs over the die: the registers let each RAM's output delay and the
+    route to the choice fall in different cycles, and no logic sits between the address registers and the RAMs'
+    address pins, one gate before a write enable (timing: a read enable or an address multiplexer fanning out to
+    179 block RAMs closed at 54 and 63 MHz at the paper's widths on the ECP5 proxy)."""
 
-    def __init__(self, *, shape, depth: int, name: str = "state", segment: int = STATE_SEGMENT, block: int = 4096):
+    def __init__(self, *, shape, depth: int, name: str = "state", segment: int = STATE_SEGMENT, block: int = 4096,
+                 slice_bits: int = 8):
+        _check_int("slice_bits", slice_bits, 1, 4096)
+        self.slice_bits = slice_bits
         if segment % block:
             raise ValueError(f"segment ({segment}) must be a multiple of block ({block})")
         bulk, *tail = split_segments(depth, block)
         self.segments = [(b, min(segment, bulk[1] - b)) for b in range(0, bulk[1], segment)] + tail
         self.shape, self.depth, self.name = shape, depth, name
-        self.read = _MemPort(shape, depth, f"{name}_rd")
-        self.write = _MemPort(shape, depth, f"{name}_wr")
+        self.read = _CountedPort(shape, depth, f"{name}_rd")
+        self.write = _CountedPort(shape, depth, f"{name}_wr")
+
+    @staticmethod
+    def _counted(m: Module, port: _CountedPort, base: int, name: str):
+        """``(register, next value)`` of ``port``'s address minus ``base`` modulo ``2^bits`` (below the segment's
+        words exactly when the address is in it: an address below the base wraps to ``2^bits - base + address``,
+        at least the words, as base + words <= 2^bits)."""
+        a = Signal(len(port.addr), name=name)
+        nxt = Signal.like(a, name=f"{name}_next")
+        m.d.comb += nxt.eq(Mux(port.load, port.addr - base, Mux(port.inc, a + 1, a)))
+        m.d.sync += a.eq(nxt)
+        return a, nxt
 
     def elaborate(self, platform):
         m = Module()
         width = len(Value.cast(self.read.data))
-        sel = Signal(range(max(len(self.segments), 2)), name=f"{self.name}_seg")
-        sel2 = Signal.like(sel, name=f"{self.name}_seg2")
+        wdata = Value.cast(self.write.data)
         words = []
         for i, (base, n) in enumerate(self.segments):
-            mem = m.submodules[f"seg{i}"] = Memory(shape=width, depth=max(n, 2), init=[])
-            rd, wr = mem.read_port(), mem.write_port()
             word = Signal(width, name=f"{self.name}_seg{i}_q")
-            m.d.comb += [
-                rd.addr.eq(self.read.addr - base), rd.en.eq(self.read.en),
-                wr.addr.eq(self.write.addr - base), wr.data.eq(Value.cast(self.write.data)),
-                wr.en.eq(self.write.en & (self.write.addr >= base) & (self.write.addr < base + n)),
-            ]  # fmt: skip
-            m.d.sync += word.eq(rd.data)
-            words.append(word)
-            with m.If(self.read.en & (self.read.addr >= base)):
-                m.d.sync += sel.eq(i)
-        m.d.sync += sel2.eq(sel)
-        m.d.comb += Value.cast(self.read.data).eq(Array(words)[sel2] if len(words) > 1 else words[0])
+            hit1, hit2 = Signal(name=f"{self.name}_seg{i}_hit1"), Signal(name=f"{self.name}_seg{i}_hit2")
+            # the segment's word in slices of at most slice_bits bits, each its own memory with its own address
+            # registers (timing: one register's route to a segment's 48 block RAMs took 16 ns at the paper's
+            # widths on the ECP5 proxy)
+            for j, lo in enumerate(range(0, width, self.slice_bits)):
+                hi = min(lo + self.slice_bits, width)
+                mem = Memory(shape=hi - lo, depth=max(n, 2), init=[], attrs=NO_RW_CHECK)
+                m.submodules[f"seg{i}_{j}"] = mem
+                rd, wr = mem.read_port(), mem.write_port()
+                a, _ = self._counted(m, self.read, base, f"{self.name}_seg{i}_s{j}_ra")
+                wa, wa_next = self._counted(m, self.write, base, f"{self.name}_seg{i}_s{j}_wa")
+                whit = Signal(name=f"{self.name}_seg{i}_s{j}_whit")  # wa < n
+                m.d.sync += whit.eq(wa_next < n)
+                if j == 0:
+                    m.d.sync += [hit1.eq(a < n), hit2.eq(hit1)]
+                m.d.comb += [
+                    rd.addr.eq(a[: len(rd.addr)]), rd.en.eq(1),
+                    wr.addr.eq(wa[: len(wr.addr)]), wr.data.eq(wdata[lo:hi]), wr.en.eq(self.write.en & whit),
+                ]  # fmt: skip
+                m.d.sync += word[lo:hi].eq(rd.data)
+            words.append(Mux(hit2, word, 0))
+        m.d.comb += Value.cast(self.read.data).eq(_or_tree(words))
         return m
+
+
+def _or_tree(terms):
+    """The OR of ``terms`` as a balanced tree."""
+    while len(terms) > 1:
+        terms = [terms[i] | terms[i + 1] if i + 1 < len(terms) else terms[i] for i in range(0, len(terms), 2)]
+    return terms[0]
 
 
 class WeightMemory(wiring.Component):
@@ -454,7 +511,8 @@ class WeightMemory(wiring.Component):
             row, ``data`` = the row; 1 and 3 (:data:`STATE_SPACES`) the first and second state field:
             ``addr`` = visit, ``data`` = the field's ``update_lanes`` values (low bits); 2 switch table:
             ``addr`` = p, ``data`` = T[p], write only), ``lane``, ``addr``, ``data``. Ready while idle; one
-            read outstanding.
+            read outstanding. A weight or state write takes effect in the cycle after its transfer, a read
+            reads then (both from registers).
         host_rdata: ``Out(stream.Signature(data_width))`` one word per host read (table reads return 0).
         busy: ``Out(1)`` a sweep is running. flips: ``Out(range(n_in * n_out + 1))`` weights changed by
             the last sweep (valid once ``busy`` is low).
@@ -553,7 +611,6 @@ class WeightMemory(wiring.Component):
         g = Signal(range(mx(lambda x: x.bank.groups)))
         lane = Signal(range(L))
         chunk = Signal(range(chunks))
-        vidx = Signal(range(max(V_all, 2)))  # the visit's row in the state memories (from sbase)
         last_chunk = Signal()
         last_lane = Signal()
         last_visit = Signal()
@@ -573,7 +630,6 @@ class WeightMemory(wiring.Component):
             self.grad.ready.eq(issue & need_grad & last_chunk & last_lane),
         ]
         with m.If(issue):
-            m.d.sync += vidx.eq(vidx + 1)
             with m.If(last_chunk):
                 m.d.sync += chunk.eq(0)
                 with m.If(last_lane):
@@ -589,13 +645,14 @@ class WeightMemory(wiring.Component):
             with m.If(last_visit):
                 m.d.sync += running.eq(0)
 
+        bank_ra = Signal(range(max(D_all, 2)))  # the banks' read address register (below)
+
         # --- stage 1 registers ---
         s1_valid = Signal()
         s1_op = Signal(2)
         s1_lane = Signal(range(L))
         s1_chunk = Signal(range(chunks))
-        s1_addr = Signal.like(addr)
-        s1_vidx = Signal.like(vidx)
+        s1_addr = Signal(range(max(D_all, 2)))  # the bank row (the layer's base included)
         s1_partial = Signal()
         s1_g = Signal(data.ArrayLayout(signed(2), U))
         s1_u = Signal(data.ArrayLayout(32, U))
@@ -607,8 +664,7 @@ class WeightMemory(wiring.Component):
                 s1_op.eq(op),
                 s1_lane.eq(lane),
                 s1_chunk.eq(chunk),
-                s1_addr.eq(addr),
-                s1_vidx.eq(vidx),
+                s1_addr.eq(bank_ra),
                 s1_partial.eq(partial),
                 s1_g.eq(grad_lane.as_value().word_select(chunk, 2 * U)),
                 s1_u.eq(self.rng.payload.u),
@@ -633,7 +689,6 @@ class WeightMemory(wiring.Component):
         s_lane = stages(s1_lane, "lane")
         s_chunk = stages(s1_chunk, "chunk")
         s_addr = stages(s1_addr, "addr")
-        s_vidx = stages(s1_vidx, "vidx")
         s_partial = stages(s1_partial, "partial")
         s2_g, s3_g = Signal.like(s1_g), Signal.like(s1_g)
         s2_u, s3_u = Signal.like(s1_u), Signal.like(s1_u)
@@ -651,14 +706,15 @@ class WeightMemory(wiring.Component):
         # --- host port and command ---
         busy = Signal()
         rd_issued = Signal()
-        rd_held = Signal()  # the weight bank's word in its register (w_rows)
-        rd_held2 = Signal()  # the state words in theirs (st_q)
+        rd_held = Signal()  # the memories read (a cycle after the request: their address registers)
+        rd_held2 = Signal()  # the weight bank's word in its register (w_rows)
+        rd_held3 = Signal()  # the state words in theirs (st_q)
         rd_space = Signal(2)
         rd_lane = Signal(range(L))
         resp_valid = Signal()
         resp_data = Signal(geo.data_width)
         h = self.host.payload
-        idle = ~busy & ~rd_issued & ~rd_held & ~rd_held2 & ~resp_valid
+        idle = ~busy & ~rd_issued & ~rd_held & ~rd_held2 & ~rd_held3 & ~resp_valid
         # busy = running or a visit in a stage, as a register (timing: the OR of the stages' valid bits fanning out
         # to every memory port's multiplexers closed at 44.5 MHz at the paper's widths on the ECP5 proxy): its
         # next value from the next values of running (set by a command; an issue implies running, so its last
@@ -675,7 +731,8 @@ class WeightMemory(wiring.Component):
         host_go = self.host.valid & self.host.ready
         host_rd = host_go & ~h.write
         host_wr = host_go & h.write
-        m.d.sync += [rd_issued.eq(host_rd), rd_held.eq(rd_issued), rd_held2.eq(rd_held)]
+        cmd_go = self.cmd.valid & self.cmd.ready
+        m.d.sync += [rd_issued.eq(host_rd), rd_held.eq(rd_issued), rd_held2.eq(rd_held), rd_held3.eq(rd_held2)]
         with m.If(host_rd):
             m.d.sync += [rd_space.eq(h.space), rd_lane.eq(h.lane)]
         with m.If(self.host_rdata.ready):
@@ -693,21 +750,35 @@ class WeightMemory(wiring.Component):
                 g.eq(0),
                 lane.eq(0),
                 chunk.eq(0),
-                vidx.eq(sbase),
                 flips.eq(0),
             ]
 
         # --- weight banks ---
+        # The banks read at the forward read port's address while ``fwd_sel`` (a register: no sweep and no host
+        # read), else every cycle at ``bank_ra`` (a register: the sweep's row, counted from the command on, or the
+        # host's row, registered: a host read reads a cycle after its request). Timing: ``busy`` choosing between
+        # the three addresses, then the layer's base added, closed at 61.8 MHz at the paper's widths on the ECP5
+        # proxy.
+        fwd_sel = Signal(init=1)
+        fwd_addr = Signal.like(bank_ra)
+        m.d.comb += fwd_addr.eq(bbase + self.read.addr)
+        m.d.sync += fwd_sel.eq(~(running | (self.cmd.valid & self.cmd.ready) | host_rd))
+        with m.If(self.cmd.valid & self.cmd.ready):
+            m.d.sync += bank_ra.eq(bbase)
+        with m.Elif(host_rd & (h.space == SPACE_WEIGHTS)):
+            m.d.sync += bank_ra.eq(bbase + h.addr)
+        with m.Elif(issue & last_chunk & last_lane):
+            m.d.sync += bank_ra.eq(bank_ra + 1)
         bank_rd = []
         bank_wr = []
         for lane_i in range(L):
-            mem = m.submodules[f"wbank{lane_i}"] = Memory(shape=bank.lanes_in, depth=max(D_all, 2), init=[])
+            mem = m.submodules[f"wbank{lane_i}"] = Memory(shape=bank.lanes_in, depth=max(D_all, 2), init=[],
+                                                          attrs=NO_RW_CHECK)
             rd = mem.read_port()
             wr = mem.write_port(granularity=U)
-            host_here = host_rd & (h.space == SPACE_WEIGHTS) & (h.lane == lane_i)
             m.d.comb += [
-                rd.addr.eq(bbase + Mux(busy, addr, Mux(host_here, h.addr, self.read.addr))),
-                rd.en.eq(Mux(busy, issue, host_here | self.read.en)),
+                rd.addr.eq(Mux(fwd_sel, fwd_addr, bank_ra)),
+                rd.en.eq(Mux(fwd_sel, self.read.en, 1)),
                 self.read.data[lane_i].eq(rd.data),
             ]
             bank_rd.append(rd)
@@ -735,9 +806,10 @@ class WeightMemory(wiring.Component):
             layout = data.ArrayLayout(opt.field_shape(name), U)
             mem = m.submodules[f"state_{name}"] = StateMemory(shape=layout, depth=max(V_all, 2), name=f"state_{name}")
             rd, wr = mem.read, mem.write
-            m.d.comb += [
-                rd.addr.eq(Mux(busy, vidx, sbase + h.addr)),
-                rd.en.eq(Mux(busy, issue, host_rd & (h.space == geo.field_space(name)))),
+            m.d.comb += [  # the sweep's visit (from sbase at the command, one a visit) or the host's row
+                rd.load.eq(cmd_go | (host_rd & (h.space == geo.field_space(name)))),
+                rd.addr.eq(Mux(cmd_go, sbase, sbase + h.addr)),
+                rd.inc.eq(issue),
             ]
             st_rd[name], st_wr[name] = rd, wr
             st_q[name] = Signal(layout, name=f"st3_{name}")
@@ -775,20 +847,35 @@ class WeightMemory(wiring.Component):
         # writes only while no sweep runs); selected by the stage's valid bit, not by busy (timing: busy's
         # fan-out)
         wb_valid = s_valid[WB]
+        # the host's writes (weights and state) happen a cycle after their request, from registers, and the banks'
+        # write address is a register: the write-back stage's row, or the host's (timing: the write-back's valid
+        # bit choosing the address fanned out to every block RAM, 63 MHz at the paper's widths on the ECP5 proxy)
+        hw_data = Signal.like(h.data, name="host_wr_data")
+        hw_bank = Signal(name="host_wr_bank")
+        hw_lane = Signal.like(h.lane, name="host_wr_lane")
+        bank_wa = Signal.like(bank_ra, name="bank_wa")
+        m.d.sync += [hw_bank.eq(host_wr & (h.space == SPACE_WEIGHTS)),
+                     bank_wa.eq(Mux(host_wr, bbase + h.addr, s_addr[WB - 1]))]
+        with m.If(host_wr):
+            m.d.sync += [hw_data.eq(h.data), hw_lane.eq(h.lane)]
         for lane_i, wr in enumerate(bank_wr):
-            host_here = host_wr & (h.space == SPACE_WEIGHTS) & (h.lane == lane_i)
             m.d.comb += [
-                wr.addr.eq(bbase + Mux(wb_valid, s_addr[WB], h.addr)),
-                wr.data.eq(Mux(wb_valid, Cat(*([wb_bits] * chunks)), h.data[: bank.lanes_in])),
+                wr.addr.eq(bank_wa),
+                wr.data.eq(Mux(wb_valid, Cat(*([wb_bits] * chunks)), hw_data[: bank.lanes_in])),
                 wr.en.eq(Mux(wb_valid & (s_lane[WB] == lane_i), Const(1, chunks) << s_chunk[WB], 0)
-                         | Mux(host_here, (1 << chunks) - 1, 0)),
+                         | Mux(hw_bank & (hw_lane == lane_i), (1 << chunks) - 1, 0)),
             ]
         for name, _ in opt.fields:
             wr = st_wr[name]
-            m.d.comb += [
-                wr.addr.eq(Mux(wb_valid, s_vidx[WB], sbase + h.addr)),
-                wr.data.eq(Mux(wb_valid, new_state[name].as_value(), h.data[: geo.field_width(name)])),
-                wr.en.eq(wb_write | (host_wr & (h.space == geo.field_space(name)))),
+            host_here = host_wr & (h.space == geo.field_space(name))
+            hw_en = Signal(name=f"host_wr_{name}")  # the host's write of this field, a cycle after its request
+            m.d.sync += hw_en.eq(host_here)
+            m.d.comb += [  # the write-back's visit: counted from the command's first row on (one a valid stage)
+                wr.load.eq(cmd_go | host_here),
+                wr.addr.eq(Mux(cmd_go, sbase, sbase + h.addr)),
+                wr.inc.eq(wb_valid),
+                wr.data.eq(Mux(wb_valid, new_state[name].as_value(), hw_data[: geo.field_width(name)])),
+                wr.en.eq(wb_write | hw_en),
             ]
 
         # --- flip counter ---
@@ -798,11 +885,11 @@ class WeightMemory(wiring.Component):
         with m.If(s_valid[WB]):
             m.d.sync += flips.eq(flips + popcount(changed))
 
-        # --- host read responses (the words are registered first: a bank's two cycles after the read, the
-        # state's three) ---
-        with m.If(rd_held & (rd_space == SPACE_WEIGHTS)):
+        # --- host read responses (the memories read a cycle after the request; the words are registered first: a
+        # bank's two cycles after the read, the state's three) ---
+        with m.If(rd_held2 & (rd_space == SPACE_WEIGHTS)):
             m.d.sync += [resp_valid.eq(1), resp_data.eq(w_row2)]
-        with m.If(rd_held2 & (rd_space != SPACE_WEIGHTS)):
+        with m.If(rd_held3 & (rd_space != SPACE_WEIGHTS)):
             m.d.sync += resp_valid.eq(1)
             with m.Switch(rd_space):
                 for name, _ in opt.fields:

@@ -95,7 +95,7 @@ def test_cycle_models():
     assert 6 * 256 + 15 + 9 <= c4["epi3"] == 1561 < c3["epi3"] == 1563 <= 6 * 256 + 15 + 11 + 2
     assert BnForwardUnit(layer=l1).div_iterations == 14
     bwd = BnBackwardUnit(layer=l1)
-    assert bwd.cycles()["total"] == 2 * 1600 + 16 + 256 + 6  # pass 1 drain 1, pass 2 drain 2 + 3 Q stages
+    assert bwd.cycles()["total"] == 2 * 1600 + 16 + 256 + 8  # pass 1 drain 1, pass 2 drain 2 + 5 Q stages
 
 
 def test_mul_const_is_exact():
@@ -285,6 +285,18 @@ def test_forward_eval_in_amaranth_simulator(geo):
 def test_backward_in_amaranth_simulator(pass2_lanes):
     """Random stalls and backpressure; ``pass2_lanes = 1`` computes each 2-lane Q beat in two parts. Channels 2
     and 4 had ``S = 0`` in the forward pass: their ``Q`` is 0 (``P1`` as usual)."""
+    _pysim_backward(pass2_lanes, lambda cycle, coin: coin.random() >= 0.4)
+
+
+@pytest.mark.parametrize("pass2_lanes", [None, 1])
+def test_backward_q_waits_in_pend_under_long_backpressure(pass2_lanes):
+    """Pass 2's Q pipeline never stalls: a beat that finds the q output full waits in ``pend``, and a beat enters
+    the pipeline only with a credit for it there. The q output stays not ready for 40 cycles at a time, longer
+    than ``pend`` takes to fill, then takes a few beats: nothing is lost or repeated."""
+    _pysim_backward(pass2_lanes, lambda cycle, coin: cycle % 44 >= 40)
+
+
+def _pysim_backward(pass2_lanes, q_ready):
     lay = BnLayer.from_config(small_config(5, 5, 7), 0, lanes=2)
     rng = np.random.default_rng(2)
     b, m = lay.batch, lay.channels
@@ -306,9 +318,11 @@ def test_backward_in_amaranth_simulator(pass2_lanes):
 
     async def bench(ctx):
         n = [0, 0, 0]
-        while len(qs) < lay.beats:
+        for cycle in range(20 * lay.beats * lay.lanes + 2000):
+            if len(qs) == lay.beats:
+                break
             # the output readies first: an input's ready may depend on them in the same cycle
-            ctx.set(dut.q.ready, coin.random() >= 0.4)
+            ctx.set(dut.q.ready, q_ready(cycle, coin))
             ctx.set(dut.p1.ready, coin.random() >= 0.4)
             sources = ((dut.dx, words), (dut.dx_replay, words), (dut.alpha, alpha_items))
             for k, (port, items) in enumerate(sources):
@@ -388,3 +402,20 @@ def test_bn_forward_rtl(case):
 @pytest.mark.parametrize("case", BACKWARD)
 def test_bn_backward_rtl(case):
     _run("backward", case)
+
+
+@pytest.mark.timing
+def test_backward_memories_read_at_registers_of_their_own(tmp_path):
+    """Yosys's view of the unit (a layer of three groups): each of the three memories (P1, P2, alpha) reads every
+    cycle (read enable 1) at an address that is a register of its own, with no logic between (timing: the phase's
+    choice of the address fanned out to every LUT-RAM cell), and the three registers are not merged into one."""
+    from yosys_nets import memory_read_ports  # same folder
+
+    lay = BnLayer.from_config(small_config(4, 5, 7), 0, lanes=2)
+    nets, reads = memory_read_ports(BnBackwardUnit(layer=lay), "bn_backward", tmp_path)
+    regs = {name: nets[f"{name}_rd_g"] for name in ("p1", "p2", "a")}
+    assert all(len(bits) == 2 for bits in regs.values())  # three groups
+    reads = {r["cell"]: r for r in reads}
+    assert {name: reads[f"{name}_mem"]["addr"] for name in regs} == regs
+    assert len(set(regs.values())) == 3
+    assert all(reads[f"{name}_mem"]["en"] == ("1",) for name in regs)
