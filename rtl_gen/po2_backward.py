@@ -56,7 +56,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
-from amaranth import Cat, Const, Module, Mux, Shape, Signal, signed, unsigned
+from amaranth import Cat, Const, Module, Mux, ResetSignal, Shape, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.memory import Memory
@@ -853,7 +853,10 @@ class _Dw(wiring.Component):
         s1b_pass = Signal.like(pas)
         s1b_last_tile = Signal()
         step = Signal()
-        finish = Signal()
+        # the clear also covers the units' reset, so the accumulators need none: one flip-flop drives their
+        # synchronous reset pins (with a reset of their own they took ``finish | rst`` through a LUT)
+        finish = Signal(reset_less=True)
+        m.d.sync += finish.eq((s1_valid & s1_fin) | ResetSignal())
         lane_pad = Signal(bank.lanes_out)  # lanes past n_out in the last group
         bit_pad = Signal(LS)  # inputs past n_in in the last word
         m.d.sync += [
@@ -863,7 +866,6 @@ class _Dw(wiring.Component):
             s1b_pass.eq(s1_pass),
             s1b_last_tile.eq(s1_last_tile),
             step.eq(s1_valid & ~s1_fin),
-            finish.eq(s1_valid & s1_fin),
             lane_pad.eq(Mux(s1_last_g, ~sz.lane_ok, 0)),
             bit_pad.eq(Mux(s1_last_k, sz.pass_padding(m, s1_pass, P), 0)),
         ]
@@ -956,7 +958,7 @@ class _Dw(wiring.Component):
                 # samples is -T in the finish slot
                 full = (1 << S) - 1
                 subsets = []
-                nt = Signal(signed(acc_width), name=f"neg_t{lane}")  # -T of the pass's beats so far
+                nt = Signal(signed(acc_width), name=f"neg_t{lane}", reset_less=True)  # -T of the pass's beats so far
                 nt_next = Signal(signed(acc_width), name=f"neg_t_next{lane}")
                 for mask in range(1 << S):
                     sr = Signal(signed(acc_width), name=f"sub_r{mask}_{lane}")
@@ -965,7 +967,7 @@ class _Dw(wiring.Component):
                         m.d.sync += sr.eq(Mux(s1_fin, nt_next, value) if mask == full else value)
                     subsets.append(sr)
                 m.d.comb += nt_next.eq(nt - (subsets[full] >> 1))
-                t = Signal(signed(acc_width), name=f"t{lane}")  # T itself, for the zero test: acc - T == 0
+                t = Signal(signed(acc_width), name=f"t{lane}", reset_less=True)  # T itself: the zero test acc == T
                 with m.If(finish):
                     m.d.sync += [nt.eq(0), t.eq(0)]
                 with m.Elif(step):
@@ -996,7 +998,7 @@ class _Dw(wiring.Component):
         signs = {}
         shape = signed(acc_width)
         for (i, lane), (addend, enable) in adds.items():
-            acc = Signal(shape, name=f"acc{i}_{lane}")
+            acc = Signal(shape, name=f"acc{i}_{lane}", reset_less=True)  # cleared by ``finish`` (and the reset)
             tot = Signal(shape, name=f"sum{i}_{lane}")
             m.d.comb += tot.eq(acc + addend)  # in the finish slot: acc - T (binary) or acc
             with m.If(finish):  # priority over the enable: the flip-flops' synchronous reset
