@@ -58,7 +58,6 @@ from dataclasses import dataclass, replace
 import numpy as np
 from amaranth import Cat, Const, Module, Mux, ResetSignal, Shape, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
@@ -84,8 +83,10 @@ DW_LATENCY = 5
 register, addends, accumulate, push into ``pend``, the queue."""
 
 DW_PEND = 2
-"""Tiles the dW unit's ``pend`` FIFO holds (its stages never stall: a tile starts only while ``pend`` has room for
-it and for every tile started before it that has not left ``pend``)."""
+"""Tiles the dW unit's ``pend`` queue holds (its stages never stall: a tile starts only while ``pend`` has room for
+it and for every tile started before it that has not left ``pend``). ``pend`` is a
+:class:`~rtl_gen.streams.SkidBuffer` (flip-flops: as distributed RAM its one write enable into every RAM cell of a
+tile closed at 82 MHz on the ECP5 proxy)."""
 
 ARRAY_DX_LATENCY = 3
 """Array dX: cycles beyond the windows, finish cycles and drain lanes (see :meth:`Po2Geometry.array_dx_cycles`)."""
@@ -797,7 +798,7 @@ class _Dw(wiring.Component):
         adv = Const(1)
         tc = _TileCounters(m, sz, NB=NB, P=P, K=K, G=G)
         slot, pas, k, g, fin, take = tc.slot, tc.pas, tc.k, tc.g, tc.fin, tc.take
-        m.submodules.pend = pend = SyncFIFO(width=grad_layout(bank).size, depth=DW_PEND)
+        m.submodules.pend = pend = SkidBuffer(shape=grad_layout(bank))  # DW_PEND tiles, in flip-flops
         credit = Signal(range(DW_PEND + 1), init=DW_PEND, name="pend_credit")
         tile_start = Signal()
         go = Signal()  # the slot may be taken: it is not a tile's first, or there is credit for the tile
@@ -890,17 +891,14 @@ class _Dw(wiring.Component):
         ]
         m.submodules.queue = queue = SkidBuffer(shape=grad_layout(bank))
         kept = Signal(grad_layout(bank))  # signs of the tile's passes
-        pushed = Signal(grad_layout(bank))
         pop = Signal()
         m.d.comb += [
-            pend.w_en.eq(s2_valid & s2_fin & (s2_pass == P - 1)),
-            pend.w_data.eq(Cat(kept.g.as_value(), s2_last_tile)),
-            pushed.as_value().eq(pend.r_data),
-            queue.i.valid.eq(pend.r_rdy),
-            queue.i.payload.eq(pushed),
-            pend.r_en.eq(queue.i.ready),
-            pop.eq(pend.r_rdy & queue.i.ready),
+            pend.i.valid.eq(s2_valid & s2_fin & (s2_pass == P - 1)),
+            pend.i.payload.g.eq(kept.g),
+            pend.i.payload.last.eq(s2_last_tile),
+            pop.eq(pend.o.valid & queue.i.ready),
         ]
+        wiring.connect(m, pend.o, queue.i)
         with m.If(take & tile_start & ~pop):
             m.d.sync += credit.eq(credit - 1)
         with m.Elif(pop & ~(take & tile_start)):
