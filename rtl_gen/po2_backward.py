@@ -56,7 +56,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
-from amaranth import Cat, Const, Module, Mux, Shape, Signal, signed, unsigned
+from amaranth import Cat, Const, Module, Mux, ResetSignal, Shape, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -73,13 +73,20 @@ __all__ = [
     "envelope", "passes_for",
 ]  # fmt: skip
 
-DX_LATENCY = 4
+DX_LATENCY = 6
 """dX: cycles beyond one per tile read, from the first ``dy`` transfer to the last ``dx`` transfer (both
-included): weight read, pair sums, picks and their adder tree, accumulate and queue."""
+included): weight read, the addends' decode, pair sums, picks and their sums by twos, the rest of the adder tree,
+accumulate and queue."""
 
-DW_LATENCY = 4
+DW_LATENCY = 5
 """dW: cycles beyond one per input beat, from the first ``xdy`` transfer to the last ``dw`` transfer: operand
-register, addends, accumulate, push."""
+register, addends, accumulate, push into ``pend``, the queue."""
+
+DW_PEND = 2
+"""Tiles the dW unit's ``pend`` queue holds (its stages never stall: a tile starts only while ``pend`` has room for
+it and for every tile started before it that has not left ``pend``). ``pend`` is a
+:class:`~rtl_gen.streams.SkidBuffer` (flip-flops: as distributed RAM its one write enable into every RAM cell of a
+tile closed at 82 MHz on the ECP5 proxy)."""
 
 ARRAY_DX_LATENCY = 3
 """Array dX: cycles beyond the windows, finish cycles and drain lanes (see :meth:`Po2Geometry.array_dx_cycles`)."""
@@ -633,8 +640,28 @@ class _Dx(wiring.Component):
             v, nv = _signed_power(m, codes[lane], real, v_width, f"v{lane}")
             vals.append(v)
             nvals.append(nv)
+
+        # The pipeline from stage 1 to the accumulate: the control bits and this pass's weight bits move with the
+        # operands, one register each per stage (on ``adv``).
+        ctl = {"valid": s1_valid, "pass": s1_pass, "first_g": s1_first_g, "last_g": s1_last_g,
+               "last_word": s1_last_word}
+
+        def stage(name, sigs):
+            out = {k: Signal.like(v, name=f"{name}_{k}") for k, v in sigs.items()}
+            with m.If(adv):
+                m.d.sync += [out[k].eq(v) for k, v in sigs.items()]
+            return out
+
+        # Stage 1v: the decoded v and -v registered (the codes' multiplexer and decode and the pair sums' adders in
+        # one cycle closed below 80 MHz in context on the ECP5 proxy, docs/results/timing.md).
+        c1v = stage("s1v", ctl)
+        w1v = Signal.like(wseg, name="w1v")
+        vals_r = [Signal.like(v, name=f"{v.name}_r") for v in vals]
+        nvals_r = [Signal.like(v, name=f"{v.name}_r") for v in nvals]
+        with m.If(adv):
+            m.d.sync += [w1v.eq(wseg), *(r.eq(v) for r, v in zip(vals_r + nvals_r, vals + nvals, strict=True))]
+
         c_width = (LO << geo.span).bit_length() + 2
-        contrib = [Signal(signed(c_width), name=f"contrib{i}") for i in range(LS)]
         # By lane pairs: each pair's four signed sums (+-v_a +-v_b) are formed once and shared by the inputs,
         # which pick one by their two weight bits and add the picks (no per-input correction term).
         pairs = [list(range(lo, min(lo + 2, LO))) for lo in range(0, LO, 2)]
@@ -643,31 +670,24 @@ class _Dx(wiring.Component):
             row = []
             for mask in range(1 << len(pair)):
                 ss = Signal(signed(v_width + 1), name=f"pair{n}_{mask}")
-                terms = [vals[lane] if mask >> b & 1 else nvals[lane] for b, lane in enumerate(pair)]
+                terms = [vals_r[lane] if mask >> b & 1 else nvals_r[lane] for b, lane in enumerate(pair)]
                 m.d.comb += ss.eq(_tree_sum(terms))
                 row.append(ss)
             sums.append(row)
 
-        # Stage 1b: registered pair sums and weight bits; each input picks and adds (the pair sums' adders and
-        # the picks' adder tree in separate cycles: ECP5 timing proxy, docs/results.md).
-        s1b_valid = Signal()
-        s1b_pass = Signal.like(pas)
-        s1b_first_g = Signal()
-        s1b_last_g = Signal()
-        s1b_last_word = Signal()
-        w1b = Signal.like(wseg)
+        # Stage 1b: registered pair sums and weight bits; each input picks and adds the picks by twos (the pair
+        # sums' adders and the picks' adder tree in separate cycles: ECP5 timing proxy, docs/results.md).
+        c1b = stage("s1b", c1v)
+        w1b = Signal.like(wseg, name="w1b")
         sums1b = [[Signal.like(ss, name=f"{ss.name}_r") for ss in row] for row in sums]
         with m.If(adv):
-            m.d.sync += [
-                s1b_valid.eq(s1_valid),
-                s1b_pass.eq(s1_pass),
-                s1b_first_g.eq(s1_first_g),
-                s1b_last_g.eq(s1_last_g),
-                s1b_last_word.eq(s1_last_word),
-                w1b.eq(wseg),
-            ]
+            m.d.sync += w1b.eq(w1v)
             m.d.sync += [r.eq(ss) for row, row_r in zip(sums, sums1b, strict=True)
                          for ss, r in zip(row, row_r, strict=True)]
+        # Stage 1c: per input, the sums of the picks by twos, registered; the rest of the tree into c2 (the picks
+        # and the whole tree in one cycle closed below 80 MHz in context).
+        c1c = stage("s1c", c1b)
+        halves = []
         for i in range(LS):
             picks = []
             for n, pair in enumerate(pairs):
@@ -677,24 +697,23 @@ class _Dx(wiring.Component):
                         with m.Case(mask):
                             m.d.comb += pick.eq(ss)
                 picks.append(pick)
-            m.d.comb += contrib[i].eq(_tree_sum(picks))
+            row = []
+            for h in range(0, len(picks), 2):
+                hs = Signal(signed(v_width + 2), name=f"half{i}_{h // 2}")
+                with m.If(adv):
+                    m.d.sync += hs.eq(_tree_sum(picks[h:h + 2]))
+                row.append(hs)
+            halves.append(row)
+        contrib = [Signal(signed(c_width), name=f"contrib{i}") for i in range(LS)]
+        m.d.comb += [contrib[i].eq(_tree_sum(halves[i])) for i in range(LS)]
 
         # Stage 2: registered contributions; accumulate over the groups; keep each pass's sums; push word k
         # after the last group of its last pass.
-        s2_valid = Signal()
-        s2_pass = Signal.like(pas)
-        s2_first_g = Signal()
-        s2_last_g = Signal()
-        s2_last_word = Signal()
+        c2s = stage("s2", c1c)
+        s2_valid, s2_pass, s2_first_g, s2_last_g, s2_last_word = (
+            c2s["valid"], c2s["pass"], c2s["first_g"], c2s["last_g"], c2s["last_word"])
         c2 = [Signal(signed(c_width), name=f"c2_{i}") for i in range(LS)]
         with m.If(adv):
-            m.d.sync += [
-                s2_valid.eq(s1b_valid),
-                s2_pass.eq(s1b_pass),
-                s2_first_g.eq(s1b_first_g),
-                s2_last_g.eq(s1b_last_g),
-                s2_last_word.eq(s1b_last_word),
-            ]
             m.d.sync += [c2[i].eq(contrib[i]) for i in range(LS)]
 
         m.submodules.queue = queue = SkidBuffer(shape=geo.dx_layout)
@@ -771,10 +790,24 @@ class _Dw(wiring.Component):
 
         # Stage 0: slot, pass and tile counters. A pass has NB beat slots and one finish slot; every pass takes
         # the tile's beats from ``xdy`` (the source repeats them, e.g. TileReader(passes=P)).
-        adv = Signal()
+        # The stages after it move every cycle (no stall enable fanning out to the accumulators and every stage's
+        # registers: the enable and the accumulators' clear were the largest fabric control nets of the design,
+        # 1,520 loads each, on the ECP5 proxy, docs/results/timing.md). A tile's signs wait in ``pend`` (a FIFO in
+        # front of the output queue) when the queue is full, and a tile starts only while ``pend`` has room for it
+        # and every tile already started (``credit``).
+        adv = Const(1)
         tc = _TileCounters(m, sz, NB=NB, P=P, K=K, G=G)
         slot, pas, k, g, fin, take = tc.slot, tc.pas, tc.k, tc.g, tc.fin, tc.take
-        m.d.comb += [self.xdy.ready.eq(adv & ~fin), take.eq(adv & (fin | self.xdy.valid))]
+        m.submodules.pend = pend = SkidBuffer(shape=grad_layout(bank))  # DW_PEND tiles, in flip-flops
+        credit = Signal(range(DW_PEND + 1), init=DW_PEND, name="pend_credit")
+        tile_start = Signal()
+        go = Signal()  # the slot may be taken: it is not a tile's first, or there is credit for the tile
+        m.d.comb += [
+            tile_start.eq((slot == 0) & (pas == 0)),
+            go.eq(~tile_start | (credit != 0)),
+            self.xdy.ready.eq(go & ~fin),
+            take.eq(go & (fin | self.xdy.valid)),
+        ]
         operands = data.StructLayout({"x": self.xdy.payload.x.shape(), "dy": self.xdy.payload.dy.shape()})
         incoming = Cat(self.xdy.payload.x.as_value(), self.xdy.payload.dy.as_value())
 
@@ -789,18 +822,17 @@ class _Dw(wiring.Component):
         s1_last_k = Signal()
         s1_last_tile = Signal()
         held = Signal(operands.size)
-        with m.If(adv):
-            m.d.sync += [
-                s1_valid.eq(take),
-                s1_fin.eq(fin),
-                s1_last.eq(slot == NB - 1),
-                s1_first.eq(slot == 0),
-                s1_pass.eq(pas),
-                s1_last_g.eq(g == sz.g_last),
-                s1_last_k.eq(k == sz.k_last),
-                s1_last_tile.eq((g == sz.g_last) & (k == sz.k_last)),
-                held.eq(incoming),
-            ]
+        m.d.sync += [
+            s1_valid.eq(take),
+            s1_fin.eq(fin),
+            s1_last.eq(slot == NB - 1),
+            s1_first.eq(slot == 0),
+            s1_pass.eq(pas),
+            s1_last_g.eq(g == sz.g_last),
+            s1_last_k.eq(k == sz.k_last),
+            s1_last_tile.eq((g == sz.g_last) & (k == sz.k_last)),
+            held.eq(incoming),
+        ]
         op = Signal(operands)
         m.d.comb += op.as_value().eq(held)
         d1 = op.dy
@@ -815,63 +847,65 @@ class _Dw(wiring.Component):
 
         # Stage 1b: the accumulators take the addends that stage 1 formed from the beat and registered (the
         # addends' logic and the accumulate-and-sign in separate cycles: ECP5 timing proxy, docs/results.md).
+        # Their enable (``step``) and clear (``finish``) are registers, and so is the padding of the signs.
         s1b_valid = Signal()
         s1b_fin = Signal()
         s1b_first = Signal()
         s1b_pass = Signal.like(pas)
-        s1b_last_g = Signal()
-        s1b_last_k = Signal()
         s1b_last_tile = Signal()
-        with m.If(adv):
-            m.d.sync += [
-                s1b_valid.eq(s1_valid),
-                s1b_fin.eq(s1_fin),
-                s1b_first.eq(s1_first),
-                s1b_pass.eq(s1_pass),
-                s1b_last_g.eq(s1_last_g),
-                s1b_last_k.eq(s1_last_k),
-                s1b_last_tile.eq(s1_last_tile),
-            ]
+        step = Signal()
+        # the clear also covers the units' reset, so the accumulators need none: one flip-flop drives their
+        # synchronous reset pins (with a reset of their own they took ``finish | rst`` through a LUT)
+        finish = Signal(reset_less=True)
+        m.d.sync += finish.eq((s1_valid & s1_fin) | ResetSignal())
+        lane_pad = Signal(bank.lanes_out)  # lanes past n_out in the last group
+        bit_pad = Signal(LS)  # inputs past n_in in the last word
+        m.d.sync += [
+            s1b_valid.eq(s1_valid),
+            s1b_fin.eq(s1_fin),
+            s1b_first.eq(s1_first),
+            s1b_pass.eq(s1_pass),
+            s1b_last_tile.eq(s1_last_tile),
+            step.eq(s1_valid & ~s1_fin),
+            lane_pad.eq(Mux(s1_last_g, ~sz.lane_ok, 0)),
+            bit_pad.eq(Mux(s1_last_k, sz.pass_padding(m, s1_pass, P), 0)),
+        ]
 
         # The pass's sum of every weight of the slice, then its sign and zero flag in the finish slot: packed
         # multiply-accumulates (DSP48 slices) or fabric adders (_fabric_accumulators explains their arithmetic).
-        step = Signal()
-        m.d.comb += step.eq(adv & s1b_valid & ~s1b_fin)
-        finish = Signal()
-        m.d.comb += finish.eq(adv & s1b_valid & s1b_fin)
         if geo.dsp_fields:
             signs = self._dsp_accumulators(m, geo, d1, x1, adv, step, s1b_first)
         else:
             signs = self._fabric_accumulators(m, geo, d1, x1, adv, step, finish, s1_fin, s1_last, samples_last)
 
-        # Stage 2: push the tile after the finish slot of its last pass.
+        # Stage 2: the tile goes into ``pend`` after the finish slot of its last pass; ``pend`` feeds the queue.
         s2_valid = Signal()
         s2_fin = Signal()
         s2_pass = Signal.like(pas)
         s2_last_tile = Signal()
-        with m.If(adv):
-            m.d.sync += [
-                s2_valid.eq(s1b_valid),
-                s2_fin.eq(s1b_fin),
-                s2_pass.eq(s1b_pass),
-                s2_last_tile.eq(s1b_last_tile),
-            ]
-        m.submodules.queue = queue = SkidBuffer(shape=grad_layout(bank))
-        push = Signal()
-        kept = Signal(grad_layout(bank))  # signs of the tile's passes
-        m.d.comb += [
-            push.eq(s2_valid & s2_fin & (s2_pass == P - 1)),
-            adv.eq(~push | queue.i.ready),
-            queue.i.valid.eq(push),
-            queue.i.payload.g.eq(kept.g),
-            queue.i.payload.last.eq(s2_last_tile),
+        m.d.sync += [
+            s2_valid.eq(s1b_valid),
+            s2_fin.eq(s1b_fin),
+            s2_pass.eq(s1b_pass),
+            s2_last_tile.eq(s1b_last_tile),
         ]
-        pad_bits = sz.pass_padding(m, s1b_pass, P)
+        m.submodules.queue = queue = SkidBuffer(shape=grad_layout(bank))
+        kept = Signal(grad_layout(bank))  # signs of the tile's passes
+        pop = Signal()
+        m.d.comb += [
+            pend.i.valid.eq(s2_valid & s2_fin & (s2_pass == P - 1)),
+            pend.i.payload.g.eq(kept.g),
+            pend.i.payload.last.eq(s2_last_tile),
+            pop.eq(pend.o.valid & queue.i.ready),
+        ]
+        wiring.connect(m, pend.o, queue.i)
+        with m.If(take & tile_start & ~pop):
+            m.d.sync += credit.eq(credit - 1)
+        with m.Elif(pop & ~(take & tile_start)):
+            m.d.sync += credit.eq(credit + 1)
         for (i, lane), (neg, zero) in signs.items():
-            # padding: lanes past n_out in the last group, inputs past n_in in the last word
-            padded = (s1b_last_g & ~sz.lane_ok[lane]) | (s1b_last_k & pad_bits[i])
             signal = Signal(signed(2), name=f"sign{i}_{lane}")
-            m.d.comb += signal.eq(Mux(padded | zero, 0, Mux(neg, -1, 1)))
+            m.d.comb += signal.eq(Mux(lane_pad[lane] | bit_pad[i] | zero, 0, Mux(neg, -1, 1)))
             for p in range(P):
                 with m.If(finish & (s1b_pass == p)):
                     m.d.sync += kept.g[lane][p * LS + i].eq(signal)
@@ -909,13 +943,9 @@ class _Dw(wiring.Component):
                 if s >= samples_last:
                     real = real & ~s1_last
                 nonzero.append(real & ~s1_fin)
-                if binary:
-                    mag = Signal(unsigned(vw - 1), name=f"mag{s}_{lane}")
-                    v = Signal(signed(vw), name=f"v{s}_{lane}")
-                    m.d.comb += [
-                        mag.eq(Mux(real, Const(1, vw) << d1[s][lane].field >> 1, 0)),
-                        v.eq(Mux(d1[s][lane].neg, -mag, mag)),
-                    ]
+                if binary:  # decoded without an adder (the negation's carry chain in front of the subset sums'
+                    # adders closed below 80 MHz in context on the ECP5 proxy)
+                    v, _ = _signed_power(m, d1[s][lane], real, vw, f"v{s}_{lane}")
                     vals.append(v)
                 else:
                     sh = Signal(range(geo.planes), name=f"sh{s}_{lane}")
@@ -926,7 +956,7 @@ class _Dw(wiring.Component):
                 # samples is -T in the finish slot
                 full = (1 << S) - 1
                 subsets = []
-                nt = Signal(signed(acc_width), name=f"neg_t{lane}")  # -T of the pass's beats so far
+                nt = Signal(signed(acc_width), name=f"neg_t{lane}", reset_less=True)  # -T of the pass's beats so far
                 nt_next = Signal(signed(acc_width), name=f"neg_t_next{lane}")
                 for mask in range(1 << S):
                     sr = Signal(signed(acc_width), name=f"sub_r{mask}_{lane}")
@@ -935,7 +965,7 @@ class _Dw(wiring.Component):
                         m.d.sync += sr.eq(Mux(s1_fin, nt_next, value) if mask == full else value)
                     subsets.append(sr)
                 m.d.comb += nt_next.eq(nt - (subsets[full] >> 1))
-                t = Signal(signed(acc_width), name=f"t{lane}")  # T itself, for the zero test: acc - T == 0
+                t = Signal(signed(acc_width), name=f"t{lane}", reset_less=True)  # T itself: the zero test acc == T
                 with m.If(finish):
                     m.d.sync += [nt.eq(0), t.eq(0)]
                 with m.Elif(step):
@@ -966,7 +996,7 @@ class _Dw(wiring.Component):
         signs = {}
         shape = signed(acc_width)
         for (i, lane), (addend, enable) in adds.items():
-            acc = Signal(shape, name=f"acc{i}_{lane}")
+            acc = Signal(shape, name=f"acc{i}_{lane}", reset_less=True)  # cleared by ``finish`` (and the reset)
             tot = Signal(shape, name=f"sum{i}_{lane}")
             m.d.comb += tot.eq(acc + addend)  # in the finish slot: acc - T (binary) or acc
             with m.If(finish):  # priority over the enable: the flip-flops' synchronous reset

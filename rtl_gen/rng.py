@@ -42,10 +42,10 @@ from .xnor_engine import XnorGeometry, _check_int
 
 __all__ = ["LATENCY", "RngEngine", "RngGeometry", "jump_rows", "layer_offset"]
 
-LATENCY = 4
+LATENCY = 5
 """Cycles of a sweep beyond one per visit with no backpressure, counted from the cycle ``start`` is high
 (accepted) to the cycle the last beat is transferred, both included: ``visits + LATENCY`` (start, state-RAM
-read, its output register, the numbers into the queue)."""
+read, its output register, the numbers' register, the queue)."""
 
 
 def layer_offset(cfg, layer_index: int) -> int:
@@ -296,55 +296,66 @@ class RngEngine(wiring.Component):
                     s1a.last.eq(last_visit),
                 ]
 
-        # --- stage 1: the state, the numbers, the write-back ---
+        # --- stage 1: the state, the numbers, the write-back. The state comes from registers only: the RAM's word
+        # (ram_q), the lane file's word read in stage 1a (lf_q) or the previous chunk's state (cur), chosen by
+        # selects registered with the visit (the lane file's read and the choice in front of the jump-matrix XORs
+        # closed below 80 MHz in context on the ECP5 proxy, docs/results/timing.md). A lane-file word read in stage
+        # 1a misses the write of the visit in stage 1 in that cycle; when that visit is the same lane's previous
+        # word (a group of one lane, one chunk per word), its state is ``cur`` and the visit takes it from there. ---
         s1_valid = Signal()
         s1 = Signal(visit)
         ram_q = Signal(32)
+        lf_q = Signal(32)
+        use_ram = Signal()  # the block's first word: the state RAM's word
+        use_lf = Signal()  # a later word of the block: the lane file's word
+        vls = sorted({geo.sweep.valid_last for geo in geos})
+        pv = Signal(len(vls))  # one-hot: a partial last chunk with valid_last vls[i]
+        vl_min = min(vls)
+        pad = Signal(U)  # number j is a padding row of a partial last chunk
+        m.d.comb += lf_rd.addr.eq(s1a.lane)
         with m.If(adv):
-            m.d.sync += [s1_valid.eq(s1a_valid), ram_q.eq(ram_rd.data)]
+            m.d.sync += [s1_valid.eq(s1a_valid), ram_q.eq(ram_rd.data), lf_q.eq(lf_rd.data)]
             with m.If(s1a_valid):
-                m.d.sync += s1.eq(s1a)
-        s1_lane, s1_gen, s1_first_chunk, s1_last_chunk = s1.lane, s1.gen, s1.first_chunk, s1.last_chunk
-        s1_first_of_block, s1_last_of_block, s1_partial, s1_last = (
-            s1.first_of_block, s1.last_of_block, s1.partial, s1.last)
+                m.d.sync += [
+                    s1.eq(s1a),
+                    use_ram.eq(s1a.first_chunk & s1a.first_of_block),
+                    use_lf.eq(s1a.first_chunk & ~s1a.first_of_block & ~(s1_valid & (s1.lane == s1a.lane))),
+                    pv.eq(Cat(s1a.partial & (c["VL"] == v) for v in vls)),
+                    pad.eq(Cat(s1a.partial & (c["VL"] <= j) if j >= vl_min else Const(0) for j in range(U))),
+                ]
+        s1_last_chunk, s1_last_of_block, s1_partial = s1.last_chunk, s1.last_of_block, s1.partial
         cur = Signal(32)  # the state after the previous chunk of this visit
         state = Signal(32)
-        m.d.comb += [
-            lf_rd.addr.eq(s1_lane),
-            state.eq(Mux(s1_first_chunk, Mux(s1_first_of_block, ram_q, lf_rd.data), cur)),
-        ]
+        m.d.comb += state.eq(Mux(use_ram, ram_q, Mux(use_lf, lf_q, cur)))
         outs = []
         for n in range(1, U + 1):
             out = Signal(32, name=f"x{n}")
             m.d.comb += out.eq(Cat(*(reduce(xor, (state[j] for j in row)) for row in jump_rows(n))))
             outs.append(out)
-        # the state after a partial last chunk: the output of its last real row
-        out_partial = Signal(32)
-        with m.Switch(c["VL"]):
-            for v in sorted({geo.sweep.valid_last for geo in geos}):
-                with m.Case(v):
-                    m.d.comb += out_partial.eq(outs[v - 1])
+        # the state after the chunk: the output of its last real row
         nxt = Signal(32)
-        m.d.comb += nxt.eq(Mux(s1_partial, out_partial, outs[U - 1]))
+        m.d.comb += nxt.eq(Mux(s1_partial, reduce(lambda a, b: a | b, (Mux(pv[i], outs[v - 1], 0)
+                                                                        for i, v in enumerate(vls))), outs[U - 1]))
         step = s1_valid & adv
         with m.If(step):
             m.d.sync += cur.eq(nxt)
         m.d.comb += [
-            lf_wr.addr.eq(s1_lane),
+            lf_wr.addr.eq(s1.lane),
             lf_wr.data.eq(nxt),
             lf_wr.en.eq(step & s1_last_chunk & ~s1_last_of_block),
         ]
-        beat = queue.i.payload
-        vl_min = min(geo.sweep.valid_last for geo in geos)
-        for j in range(U):
-            if j >= vl_min:  # a padding row in some layer's partial last chunk
-                m.d.comb += beat.u[j].eq(Mux(s1_partial & (c["VL"] <= j), 0, outs[j]))
-            else:
-                m.d.comb += beat.u[j].eq(outs[j])
+
+        # --- stage 2: the numbers are registered before the queue (its input multiplexer and the padding after the
+        # XORs closed below 80 MHz in context) ---
+        s2_valid = Signal()
+        s2 = Signal(rng_layout(U))
+        with m.If(adv):
+            m.d.sync += [s2_valid.eq(s1_valid), s2.last.eq(s1.last)]
+            m.d.sync += [s2.u[j].eq(Mux(pad[j], 0, outs[j])) for j in range(U)]
         m.d.comb += [
-            beat.last.eq(s1_last),
-            queue.i.valid.eq(s1_valid),
-            adv.eq(~s1_valid | queue.i.ready),
+            queue.i.payload.eq(s2),
+            queue.i.valid.eq(s2_valid),
+            adv.eq(~s2_valid | queue.i.ready),
         ]
         wiring.connect(m, queue.o, wiring.flipped(self.u))
 
@@ -355,7 +366,7 @@ class RngEngine(wiring.Component):
         resp_data = Signal(32)
         h = self.host.payload
         m.d.comb += [
-            busy.eq(running | s1a_valid | s1_valid | queue.o.valid),
+            busy.eq(running | s1a_valid | s1_valid | s2_valid | queue.o.valid),
             self.busy.eq(busy),
             self.host.ready.eq(~busy & ~rd_issued & ~resp_valid & ~self.start),
             self.host_rdata.valid.eq(resp_valid),
@@ -365,7 +376,7 @@ class RngEngine(wiring.Component):
         m.d.comb += [
             ram_rd.addr.eq(Mux(busy, gen, c["base"] + h.addr)),
             ram_rd.en.eq(Mux(busy, issue, host_go & ~h.write)),
-            ram_wr.addr.eq(Mux(busy, s1_gen, c["base"] + h.addr)),
+            ram_wr.addr.eq(Mux(busy, s1.gen, c["base"] + h.addr)),
             ram_wr.data.eq(Mux(busy, nxt, h.data)),
             ram_wr.en.eq(Mux(busy, step & s1_last_chunk & s1_last_of_block, host_go & h.write)),
         ]

@@ -282,6 +282,18 @@ async def test_dw_under_stress(dut):
         assert cycles >= dw_model()
 
 
+@cocotb.test(skip=ARRAY)
+async def test_dw_long_stalls(dut):
+    """The output ready low in most cycles: finished tiles wait in ``pend`` and the queue, and the unit, whose
+    stages never stall, must start no tile it has no room for (a tile too many is lost or overwritten)."""
+    tb = TB(dut, p_stall=0.97)
+    await tb.reset()
+    x = random_x(tb.np_rng)
+    neg, field = random_codes(tb.np_rng, B)
+    dw, _ = await tb.run_dw(x, neg, field)
+    assert_equal("sgn(dW) with long output stalls", dw, ref_dw_sign(x, neg, field))
+
+
 @cocotb.test()
 async def test_dw_worst_case(dut):
     """Every code at the top exponent, signs aligned over the batch: dW reaches +-B x_max 2^span (the width

@@ -234,6 +234,8 @@ def test_po2_backward_rtl(case, request):
                               else "shared_array" if arr else "shared").replace("-", "_")
     # the tests that apply to this build (one that skipped would check nothing and fail the run)
     tests = ["test_dw_random_full_rate", "test_dw_under_stress", "test_dw_worst_case"]
+    if not arr:
+        tests.append("test_dw_long_stalls")
     if geo.dx_width:
         tests += ["test_dx_random_full_rate", "test_dx_under_stress", "test_dx_worst_case"]
         if arr:

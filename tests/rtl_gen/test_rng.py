@@ -174,6 +174,10 @@ SWEEP = [
     # the same lane every cycle; layer 1 (offset 100)
     pytest.param((small_config(**{"hw.rng_block": 4, "hw.lanes_in": 4, "hw.lanes_out": 1}), 1, 4, 1, 4, 30),
                  id="n10x7-b4-li4-lo1-u4"),
+    # one lane, one chunk per word, two words per block: each word's state comes from the lane file word the
+    # visit just before wrote in the same cycle as the read (the bypass through ``cur``)
+    pytest.param((small_config(**{"hw.rng_block": 8, "hw.lanes_in": 4, "hw.lanes_out": 1}), 1, 4, 1, 4, 30),
+                 id="n10x7-b8-li4-lo1-u4"),
     # the MLP's first layer with the default block of 256 rows (25,088 visits per sweep)
     pytest.param(({}, 0, 64, 16, 8, 2), id="mlp-l0-li64-lo16-u8", marks=pytest.mark.rtl_slow),
 ]
