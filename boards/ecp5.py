@@ -9,11 +9,14 @@ pessimistic hint about the critical paths, never the Zynq's Fmax.
 Flow (:func:`run_ecp5`, everything relative to one work folder, YoWASP sees no absolute ``/tmp`` paths)::
 
     yosys:    read_verilog design.v, then global_buffer.v with -overwrite (the units' reset buffer as a DCCA,
-              boards/primitives.py); synth_ecp5 -top <top> with classic ABC (``abc -dress -lut 4:7``) in place of its
+              boards/primitives.py); synth_ecp5 -top <top> (the flip-flops of wires marked ``keep`` kept apart:
+              :data:`KEEP_REGISTERS`) with classic ABC (``abc -dress -lut 4:7``) in place of its
               ABC9 step (:func:`_synth_script`); write_json design.json; tee -o stats.json stat -json
     (fit check on the synthesised cells: :func:`synth_resources`, refuses before place and route)
     nextpnr:  --85k --package CABGA381 --speed 6 --json design.json --freq <MHz> --report pnr.json
               --lpf pins.lpf --lpf-allow-unconstrained --timing-allow-fail --router router2 --textcfg design.config
+              --detailed-timing-report (every net's routed delay to each of its sinks, in pnr.json:
+              benchmarks/route_delays.py ranks them)
     ecppack:  design.config xnortrain.bit
 
 - Classic ABC: Yosys 0.70's ``synth_ecp5`` (a wrapper of ``synth_lattice``) maps LUTs with ABC9, which stops
@@ -343,7 +346,8 @@ def _summarise_path(path: Mapping) -> dict:
     }
 
 
-_FLOW_VERSION = 3  # 3: the global buffer read over the design (boards/primitives.py)
+_FLOW_VERSION = 4  # 3: the global buffer read over the design (boards/primitives.py); 4: KEEP_REGISTERS and
+#: the detailed timing report
 
 #: nextpnr-ecp5's router (``--router``): ``router2``, see the module docstring for why not nextpnr's default
 NEXTPNR_ROUTER = "router2"
@@ -430,7 +434,8 @@ def run_ecp5(verilog: str, top: str, *, workdir: str | os.PathLike, board: str |
             (folder / "pnr.json").unlink(missing_ok=True)
             (folder / "xnortrain.bit").unlink(missing_ok=True)
             args = [brd.nextpnr_device, "--package", brd.package, "--speed", str(brd.speed), "--json", "design.json",
-                    "--freq", f"{float(freq_mhz):g}", "--report", "pnr.json", "--timing-allow-fail",
+                    "--freq", f"{float(freq_mhz):g}", "--report", "pnr.json", "--detailed-timing-report",
+                    "--timing-allow-fail",
                     "--seed", str(seed), "--log", "nextpnr.log", "-q", "--router", router]
             if out_of_context:
                 args.append("--out-of-context")
@@ -506,13 +511,22 @@ def _log_overflows(lines: list[str], board: Ecp5Board) -> list[str]:
     return check_ecp5_fit(res, {k: v for k, v in limits.items() if k in res}, what="")
 
 
+#: Yosys merges flip-flops of equal inputs (``opt_merge``) even when the wire they drive is marked ``keep``: this
+#: copies the mark of a wire onto the flip-flop that drives it (after ``proc``), so that the copies of a control
+#: register made by ``rtl_gen.streams.replicas`` stay apart, as Vivado keeps them.
+KEEP_REGISTERS = "setattr -set keep 1 w:* a:keep %i %ci1:+$dff,$adff[Q] t:$dff t:$adff %u %i"
+
+
 def _synth_script(top: str) -> str:
     """``synth_ecp5`` with its LUT mapping done by classic ABC instead of ABC9 (see the module docstring)."""
     return "\n".join([
         "read_verilog design.v",
         # the units' reset on a clock network: a DCCA in place of the design's pass-through (boards/primitives.py)
         "read_verilog -overwrite global_buffer.v",
-        f"synth_ecp5 -top {top} -run begin:map_luts",
+        f"synth_ecp5 -top {top} -run begin:coarse",
+        "proc",
+        KEEP_REGISTERS,
+        f"synth_ecp5 -top {top} -run coarse:map_luts",
         "check -latchonly -assert",
         "techmap -map +/lattice/latches_map.v",
         "abc -dress -lut 4:7",  # LUT4s, and up to LUT7 through the slices' PFUMX/L6MUX21 (widelut)

@@ -64,7 +64,7 @@ from amaranth.lib.wiring import In, Out
 from sim.hw.arith import ArithParams
 from sim.hw.widths import layer_bounds
 
-from .streams import SkidBuffer
+from .streams import SkidBuffer, replicas
 from .weight_memory import grad_layout
 from .xnor_engine import WeightReadSignature, XnorGeometry, _check_int
 
@@ -853,11 +853,14 @@ class _Dw(wiring.Component):
         s1b_first = Signal()
         s1b_pass = Signal.like(pas)
         s1b_last_tile = Signal()
-        step = Signal()
-        # the clear also covers the units' reset, so the accumulators need none: one flip-flop drives their
-        # synchronous reset pins (with a reset of their own they took ``finish | rst`` through a LUT)
-        finish = Signal(reset_less=True)
-        m.d.sync += finish.eq((s1_valid & s1_fin) | ResetSignal())
+        step = Signal()  # the DSP slices' enable
+        # The fabric accumulators' enable and clear, per output lane: copies of their own (``streams.replicas``;
+        # one flip-flop for all lanes drove 1,520 clock-enable and 1,520 reset pins of the SMALL design). The
+        # clear also covers the units' reset, so the accumulators need none: the copy drives their synchronous
+        # reset pins (with a reset of their own they took ``finish | rst`` through a LUT).
+        lane_step = replicas(m, s1_valid & ~s1_fin, bank.lanes_out, name="step")
+        lane_finish = replicas(m, (s1_valid & s1_fin) | ResetSignal(), bank.lanes_out, name="finish",
+                               reset_less=True)
         lane_pad = Signal(bank.lanes_out)  # lanes past n_out in the last group
         bit_pad = Signal(LS)  # inputs past n_in in the last word
         m.d.sync += [
@@ -876,7 +879,8 @@ class _Dw(wiring.Component):
         if geo.dsp_fields:
             signs = self._dsp_accumulators(m, geo, d1, x1, adv, step, s1b_first)
         else:
-            signs = self._fabric_accumulators(m, geo, d1, x1, adv, step, finish, s1_fin, s1_last, samples_last)
+            signs = self._fabric_accumulators(m, geo, d1, x1, adv, lane_step, lane_finish, s1_fin, s1_last,
+                                               samples_last)
 
         # Stage 2: the tile goes into ``pend`` after the finish slot of its last pass; ``pend`` feeds the queue.
         s2_valid = Signal()
@@ -907,7 +911,7 @@ class _Dw(wiring.Component):
             signal = Signal(signed(2), name=f"sign{i}_{lane}")
             m.d.comb += signal.eq(Mux(lane_pad[lane] | bit_pad[i] | zero, 0, Mux(neg, -1, 1)))
             for p in range(P):
-                with m.If(finish & (s1b_pass == p)):
+                with m.If(lane_finish[lane] & (s1b_pass == p)):
                     m.d.sync += kept.g[lane][p * LS + i].eq(signal)
         wiring.connect(m, queue.o, wiring.flipped(self.dw))
         return m
@@ -915,7 +919,7 @@ class _Dw(wiring.Component):
     def _fabric_accumulators(self, m, geo, d1, x1, adv, step, finish, s1_fin, s1_last, samples_last):
         """Fabric adders; returns ``(input, lane) -> (neg, zero)`` of the pass's sum, valid in the finish slot.
         Stage 1 (``d1``, ``x1``, ``s1_*``) forms the addends and registers them on ``adv``; stage 1b (``step``,
-        ``finish``) adds them.
+        ``finish``: per output lane, copies of one register) adds them.
 
         Binary activations: the addend of weight (i, lane) and sample s is +v where x = 1 and -v where x = 0,
         v = (-1)^neg 2^(field - 1) (0 for a zero code or a padding sample). Summed over the pass this is
@@ -966,9 +970,9 @@ class _Dw(wiring.Component):
                     subsets.append(sr)
                 m.d.comb += nt_next.eq(nt - (subsets[full] >> 1))
                 t = Signal(signed(acc_width), name=f"t{lane}", reset_less=True)  # T itself: the zero test acc == T
-                with m.If(finish):
+                with m.If(finish[lane]):
                     m.d.sync += [nt.eq(0), t.eq(0)]
-                with m.Elif(step):
+                with m.Elif(step[lane]):
                     m.d.sync += [nt.eq(nt_next), t.eq(t + (subsets[full] >> 1))]
                 totals[lane] = t
             for i in range(LS):
@@ -999,9 +1003,9 @@ class _Dw(wiring.Component):
             acc = Signal(shape, name=f"acc{i}_{lane}", reset_less=True)  # cleared by ``finish`` (and the reset)
             tot = Signal(shape, name=f"sum{i}_{lane}")
             m.d.comb += tot.eq(acc + addend)  # in the finish slot: acc - T (binary) or acc
-            with m.If(finish):  # priority over the enable: the flip-flops' synchronous reset
+            with m.If(finish[lane]):  # priority over the enable: the flip-flops' synchronous reset
                 m.d.sync += acc.eq(0)
-            with m.Elif(step & enable):
+            with m.Elif(step[lane] & enable):
                 m.d.sync += acc.eq(tot)
             # the zero test from registers (binary: acc == T), not through the adder
             signs[i, lane] = (tot[-1], acc == totals[lane] if binary else tot == 0)

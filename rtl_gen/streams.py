@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
-from amaranth import Module, Shape, Signal
+from amaranth import Module, Mux, Shape, Signal, Value
 from amaranth.lib import stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["SkidBuffer", "StreamFIFO"]
+__all__ = ["SkidBuffer", "StreamFIFO", "KEEP", "replicas"]
+
+#: The attribute that marks a register the synthesis must keep even when another register has the same inputs.
+#: Vivado honours ``keep`` on a register; for Yosys, which keeps a wire but merges its driving flip-flop with any
+#: flip-flop of equal inputs (``opt_merge``), the ECP5 flow copies it onto the driving flip-flop
+#: (``boards/ecp5.py``, ``KEEP_REGISTERS``).
+KEEP = {"keep": "true"}
+
+
+def replicas(m: Module, value, n: int, *, name: str, reset_less: bool = False) -> list[Signal]:
+    """``n`` registers that each take ``value`` every cycle: copies of one control flip-flop for ``n`` groups of
+    loads, so that no single flip-flop drives them all across the die (docs/architecture.md, the timing
+    discipline). Marked :data:`KEEP`, so that the synthesis does not merge them back into one."""
+    copies = []
+    for k in range(n):
+        r = Signal(Value.cast(value).shape(), name=f"{name}_r{k}", attrs=KEEP, reset_less=reset_less)
+        m.d.sync += r.eq(value)
+        copies.append(r)
+    return copies
 
 
 class StreamFIFO(wiring.Component):
@@ -60,6 +78,10 @@ class StreamFIFO(wiring.Component):
         return m
 
 
+#: Payloads at least this wide get :class:`SkidBuffer`'s ring form by default.
+RING_WIDTH = 64
+
+
 class SkidBuffer(wiring.Component):
     """A registered slice between two :mod:`amaranth.lib.stream` interfaces: ``o.valid``, ``o.payload`` and
     ``i.ready`` all come from flip-flops, so neither the payload nor the consumer's ``ready`` crosses it in one
@@ -70,11 +92,15 @@ class SkidBuffer(wiring.Component):
     when ``o.ready`` fell (``i.ready`` is "the skid register is empty", registered).
     """
 
-    def __init__(self, *, shape):
+    def __init__(self, *, shape, ring: bool | None = None):
         self._shape = shape
+        #: the two entries as a ring (see :meth:`_elaborate_ring`); by default for payloads of RING_WIDTH bits or more
+        self.ring = Shape.cast(shape).width >= RING_WIDTH if ring is None else ring
         super().__init__({"i": In(stream.Signature(shape)), "o": Out(stream.Signature(shape))})
 
     def elaborate(self, platform):
+        if self.ring:
+            return self._elaborate_ring()
         m = Module()
         width = Shape.cast(self._shape).width
         out_valid, skid_valid = Signal(), Signal()
@@ -91,4 +117,38 @@ class SkidBuffer(wiring.Component):
                 m.d.sync += [out_valid.eq(take), out_data.eq(self.i.payload)]
         with m.Elif(take):  # the output register holds: the incoming beat goes to the skid register
             m.d.sync += [skid_valid.eq(1), skid_data.eq(self.i.payload)]
+        return m
+
+    def _elaborate_ring(self):
+        """The same two entries as a ring of two payload registers with a write and a read pointer: a beat is
+        written once, into the free slot, and ``o.payload`` picks the older slot (one 2:1 multiplexer after the
+        registers, its select a flip-flop). The slots' clock enables depend on ``i.valid`` and the unit's own
+        flip-flops, never on the consumer's ``o.ready``: in the skid form ``o.ready`` reaches the clock enable of
+        every payload bit (the SMALL design's routed worst path: a phase flag -> the weight memory's take -> the
+        po2 backward engine's 512-bit dW queue, 13.9 ns of routing on the ECP5 proxy). Handshakes and latency are
+        the skid form's: ``i.ready`` is "fewer than two held", ``o.valid`` "one or more", both registers."""
+        m = Module()
+        width = Shape.cast(self._shape).width
+        slots = [Signal(width, name=f"slot{k}", reset_less=True) for k in range(2)]
+        wp, rp = Signal(), Signal()
+        full, held = Signal(), Signal()  # two beats held; one or more
+        take, give = Signal(), Signal()
+        m.d.comb += [
+            self.i.ready.eq(~full),
+            self.o.valid.eq(held),
+            self.o.payload.eq(Mux(rp, slots[1], slots[0])),
+            take.eq(self.i.valid & ~full),
+            give.eq(held & self.o.ready),
+        ]
+        for k, slot in enumerate(slots):
+            with m.If(take & (wp == k)):
+                m.d.sync += slot.eq(self.i.payload)
+        with m.If(take):
+            m.d.sync += wp.eq(~wp)
+        with m.If(give):
+            m.d.sync += rp.eq(~rp)
+        with m.If(take & ~give):  # one more held
+            m.d.sync += [held.eq(1), full.eq(held)]
+        with m.Elif(give & ~take):  # one fewer
+            m.d.sync += [full.eq(0), held.eq(full)]
         return m

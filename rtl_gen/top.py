@@ -69,7 +69,7 @@ from .po2_backward import Po2Backward
 from .po2_unit import Po2Unit
 from .ports import OffsetPort, PackedPort, PortMux
 from .rng import RngEngine
-from .streams import SkidBuffer
+from .streams import KEEP, SkidBuffer
 from .weight_memory import WeightMemory
 from .wire_backward import BackwardWiring
 from .wire_forward import ForwardWiring
@@ -200,8 +200,8 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
         act_next = {}
         start_next = {}
         for key in phases:
-            a = Signal(name=f"act_{key[0]}{key[1]}")
-            s = Signal(name=f"start_{key[0]}{key[1]}")
+            a = Signal(name=f"act_{key[0]}{key[1]}", attrs=KEEP)
+            s = Signal(name=f"start_{key[0]}{key[1]}", attrs=KEEP)
             an = Signal(name=f"act_next_{key[0]}{key[1]}")
             sn = Signal(name=f"start_next_{key[0]}{key[1]}")
             m.d.comb += [an.eq(a), sn.eq(0)]
@@ -713,10 +713,10 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
     def _phase_reg(self, keys, name: str, *, start: bool = False):
         """A register equal to the OR of the phase activities ``act[k]`` (``k`` in ``keys``; with ``start``: of
         their start pulses), loaded from their next values: the same value in every cycle as the OR, from a
-        flip-flop of its own (each caller gets its own copy where the sets differ; Yosys merges copies with equal
-        inputs)."""
+        flip-flop of its own. Every caller gets its own copy: the copies, and the phase registers themselves, are
+        marked ``streams.KEEP``, or the synthesis would merge those of equal inputs back into one flip-flop."""
         m = self._m
-        reg = Signal(name=name)
+        reg = Signal(name=name, attrs=KEEP)
         nxt = [(self._start_next if start else self._act_next)[k] for k in keys]
         m.d.sync += reg.eq(Cat(*nxt).any() if nxt else 0)
         return reg

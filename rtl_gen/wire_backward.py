@@ -300,16 +300,21 @@ class BackwardWiring:
             ports[f"cb{i}_r"].add(a, addr=tr.c_addr, en=tr.r_en)
             m.d.comb += [tr.a_data[i].eq(ports[f"xb{j}_{i}_r"].port.data),
                          tr.c_data[i].eq(ports[f"cb{i}_r"].port.data[: lo * k_bits])]
+        # the dW stream from the engine to the weight memory gated by a copy of the phase register of its own
+        # (the SMALL design's routed worst path began at ``act_upd1``, placed among its other loads)
+        ag = self._phase_reg([key], f"upd_grad{j}")
         with m.If(a):  # the engine may serve several layers
             self._select_layer(m, plan, u, j)
-            m.d.comb += [u.xdy.valid.eq(tr.o.valid), u.dw.ready.eq(w.grad.ready)]
+            m.d.comb += u.xdy.valid.eq(tr.o.valid)
+        with m.If(ag):
+            m.d.comb += u.dw.ready.eq(w.grad.ready)
         codes = tr.o.payload.c.as_value()
         if plan.cfg.hw.dw_window:  # the ternary codes of the windowed sign gradient, group by group
             cwin = self._code_window(m, sub, plan, lp, lb, a)
             m.d.comb += [cwin.codes_in.as_value().eq(codes), cwin.advance.eq(a & tr.o.valid & tr.o.ready & tr.g_last)]
             codes = cwin.codes_out.as_value()
         self._wide(m, a, [(u.xdy.payload.as_value(), Cat(tr.o.payload.a.as_value(), codes, tr.o.payload.last))])
-        m.d.comb += [tr.o.ready.eq(a & u.xdy.ready), w.grad.valid.eq(a & u.dw.valid), w.grad.payload.eq(u.dw.payload)]
+        m.d.comb += [tr.o.ready.eq(a & u.xdy.ready), w.grad.valid.eq(ag & u.dw.valid), w.grad.payload.eq(u.dw.payload)]
         wiring.connect(m, g.u, w.rng)
         cmd_sent = Signal(name=f"upd_cmd_sent{j}")
         m.d.comb += [w.cmd.valid.eq(a & ~cmd_sent), w.cmd.payload.op.eq(UPDATE), w.cmd.payload.shift.eq(sched_shift),

@@ -107,3 +107,26 @@ def test_xc7_cells_and_black_boxes(mod):
     assert by_end["sum"] == pytest.approx(0.5 + 1 + 1)
     plain = mod.depth_report(_netlist(cells, names), "top")
     assert all("top.engine0" not in p["end"] for p in plain["pairs"])  # not a box: no endpoint, no start
+
+
+def test_route_delays_ranks_nets_by_their_longest_sink(tmp_path, capsys):
+    """benchmarks/route_delays.py on a hand-made detailed timing report: nets ranked by the longest routed sink
+    (not the first or the shortest), the unit taken from the net's name, and a report without the detailed
+    timing refused with exit status 2."""
+    spec = importlib.util.spec_from_file_location("route_delays", PATH.parent / "route_delays.py")
+    rd = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rd)
+
+    def net(name, *delays):
+        return {"net": "\\" + name, "driver": name + "_FF", "port": "Q",
+                "endpoints": [{"cell": f"c{k}", "port": "CE", "delay": [d / 2, d]} for k, d in enumerate(delays)]}
+
+    report = {"detailed_net_timings": [net("a.x", 1.0, 4.5, 0.2), net("b.y", 3.0), net("z", 0.5), net("q")]}
+    rows = rd.net_delays(report)
+    assert [(r["net"], r["sinks"], r["max_ns"]) for r in rows] == [("a.x", 3, 4.5), ("b.y", 1, 3.0), ("z", 1, 0.5)]
+    assert [rd.unit_of(r["net"]) for r in rows] == ["a", "b", "(top)"]
+    (tmp_path / "pnr.json").write_text(json.dumps(report))
+    assert rd.main([str(tmp_path / "pnr.json"), "--over", "2"]) == 0
+    assert "by unit: a 1, b 1" in capsys.readouterr().out
+    (tmp_path / "bare.json").write_text(json.dumps({"fmax": {}}))
+    assert rd.main([str(tmp_path / "bare.json")]) == 2

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from amaranth.sim import Simulator
 
 from rtl_gen.streams import SkidBuffer
 
 
-def _run(p_valid: float, p_ready: float, n: int = 200, seed: int = 1):
-    dut = SkidBuffer(shape=8)
+def _run(p_valid: float, p_ready: float, n: int = 200, seed: int = 1, ring: bool = False, trace=None):
+    dut = SkidBuffer(shape=8, ring=ring)
     rnd = random.Random(seed)
     got, cycles = [], []
 
@@ -30,6 +31,8 @@ def _run(p_valid: float, p_ready: float, n: int = 200, seed: int = 1):
             i_ready, o_valid, o_data = ctx.get(dut.i.ready), ctx.get(dut.o.valid), ctx.get(dut.o.payload)
             ctx.set(dut.o.ready, ready)
             assert (ctx.get(dut.i.ready), ctx.get(dut.o.valid), ctx.get(dut.o.payload)) == (i_ready, o_valid, o_data)
+            if trace is not None:
+                trace.append((i_ready, o_valid, o_data if o_valid else None))
             if o_valid and ready:
                 got.append(o_data)
                 cycles.append(cycle)
@@ -43,12 +46,68 @@ def _run(p_valid: float, p_ready: float, n: int = 200, seed: int = 1):
     return got, cycles
 
 
-def test_skid_buffer_delivers_every_beat_in_order_with_registered_handshakes():
+@pytest.mark.parametrize("ring", [False, True], ids=["skid", "ring"])
+def test_skid_buffer_delivers_every_beat_in_order_with_registered_handshakes(ring):
     for p_valid, p_ready in ((1.0, 1.0), (0.7, 0.5), (1.0, 0.3), (0.3, 1.0)):
-        got, _ = _run(p_valid, p_ready)
+        got, _ = _run(p_valid, p_ready, ring=ring)
         assert got == [k % 256 for k in range(200)], (p_valid, p_ready)
 
 
-def test_skid_buffer_takes_a_beat_a_cycle():
-    _, cycles = _run(1.0, 1.0)
+@pytest.mark.parametrize("ring", [False, True], ids=["skid", "ring"])
+def test_skid_buffer_takes_a_beat_a_cycle(ring):
+    _, cycles = _run(1.0, 1.0, ring=ring)
     assert cycles == list(range(1, 201))  # one cycle of latency, then one beat every cycle
+
+
+def test_ring_form_is_cycle_for_cycle_the_skid_form():
+    """The ring form (wide payloads) swaps in for the skid form without changing any cycle count: the same
+    ``i.ready``, ``o.valid`` and payload every cycle under random valid and ready. Planted: ``full`` set one
+    beat early (at one held) fails it."""
+    for seed, (p_valid, p_ready) in enumerate(((0.7, 0.5), (1.0, 0.3), (0.5, 0.9), (0.9, 0.6))):
+        skid, ring = [], []
+        _run(p_valid, p_ready, seed=seed, trace=skid)
+        _run(p_valid, p_ready, seed=seed, ring=True, trace=ring)
+        assert ring == skid, (p_valid, p_ready)
+
+
+def test_wide_payloads_take_the_ring_form():
+    from rtl_gen.streams import RING_WIDTH
+
+    assert SkidBuffer(shape=RING_WIDTH).ring and not SkidBuffer(shape=RING_WIDTH - 1).ring
+
+
+def test_replicas_stay_apart_through_the_ecp5_synthesis(tmp_path):
+    """``streams.replicas``: four copies of one control register, each the clear of its own 16 flip-flops, are
+    still four flip-flops after ``synth_ecp5`` (boards/ecp5.py's script). Planted: the script without
+    ``KEEP_REGISTERS`` merges them into one (65 flip-flops)."""
+    import json
+
+    from amaranth import Elaboratable, Module, Signal
+
+    from boards.ecp5 import ULX3S_85F, run_ecp5
+    from rtl_gen.streams import replicas
+    from rtl_gen.toolchain import to_verilog
+
+    class Copies(Elaboratable):
+        def __init__(self):
+            self.a, self.b = Signal(), Signal()
+            self.d, self.o = Signal(64), Signal(64)
+
+        def elaborate(self, platform):
+            m = Module()
+            clears = replicas(m, self.a & self.b, 4, name="clear", reset_less=True)
+            for k, clear in enumerate(clears):
+                for j in range(16 * k, 16 * k + 16):
+                    with m.If(clear):
+                        m.d.sync += self.o[j].eq(0)
+                    with m.Else():
+                        m.d.sync += self.o[j].eq(self.o[j] ^ self.d[j])
+            return m
+
+    dut = Copies()
+    verilog = to_verilog(dut, "copies", ports=[dut.a, dut.b, dut.d, dut.o])
+    rep = run_ecp5(verilog, "copies", workdir=tmp_path, board=ULX3S_85F, bitstream=False, place=False,
+                   check_fit=False)
+    cells = json.loads((rep.workdir / "design.json").read_text())["modules"]["copies"]["cells"]
+    ffs = sum(c["type"] == "TRELLIS_FF" for c in cells.values())
+    assert ffs == 64 + 4, f"{ffs} flip-flops: the copies were merged"
