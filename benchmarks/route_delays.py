@@ -1,16 +1,16 @@
-"""The routed nets with the longest wires of an ECP5 place-and-route run, from nextpnr's detailed timing report.
+"""Every failing routed path of an ECP5 place-and-route run, grouped, from nextpnr's detailed timing report.
 
-Routing is most of every worst path of the whole design in context (docs/results/timing.md), and nextpnr prints one
-critical path per clock. This ranks every net by the longest routed delay to any of its sinks, with its sink count,
-so that the long or wide nets behind many near-critical paths show at once: a control net that spans the die, a
-stream's ``ready`` reaching every payload bit, a phase register far from its loads.
+nextpnr prints one critical path per clock; a design far from its clock has thousands of failing endpoints behind
+it. Its detailed timing report gives, for every net, the latest arrival time at each sink. This script walks back
+from every register input (or memory write port) whose arrival is later than the clock period, always through the
+latest input of each cell, to the flip-flop, block-RAM output or pin where the path starts, and groups the failing
+endpoints by (start, end unit): the groups with the most endpoints are the structures to fix first.
 
-    .venv/bin/python benchmarks/route_delays.py DIR/ecp5/pnr.json [--top 30] [--over 3.0]
+    .venv/bin/python benchmarks/route_delays.py DIR/ecp5/pnr.json [--period 12.5] [--top 25]
 
 ``pnr.json`` is the ``--report`` of a run of boards/ecp5.py (``xnortrain generate --board ulx3s-85f`` or
-benchmarks/ecp5_fmax.py), which asks nextpnr for ``--detailed-timing-report``. The unit is the first part of the
-net's name (``po2b_1.dw_unit.finish`` -> ``po2b_1``); ``--over`` counts, per unit, the nets with a sink routed
-further than that many nanoseconds.
+benchmarks/ecp5_fmax.py), which asks nextpnr for ``--detailed-timing-report``. The unit is the first part of a
+name (``po2b_1.dw_unit.finish`` -> ``po2b_1``). ``--period`` is the clock period to check against (12.5 ns: 80 MHz).
 """
 
 from __future__ import annotations
@@ -45,25 +45,82 @@ def unit_of(net: str) -> str:
     return head if "." in net else "(top)"
 
 
+#: output ports where a path starts: flip-flop, block-RAM read register, I/O input
+def _starts_path(port: str) -> bool:
+    return port == "Q" or port.startswith("DO") or port == "O"
+
+
+#: LUT-RAM write ports: a path ends there (the read address, ``RAD``, goes on to the read data)
+def _write_port(port: str) -> bool:
+    return port.startswith(("WD", "WAD", "WRE"))
+
+
+def failing_paths(report: dict, period_ns: float) -> list[dict]:
+    """``{"end", "end_port", "arrival", "start", "nets"}`` for every endpoint (a flip-flop or block-RAM input, a
+    LUT-RAM write port) whose latest arrival exceeds ``period_ns``, latest first; ``nets`` the path's nets from the
+    start, each reached through the latest input of the cell it leaves."""
+    nets = report.get("detailed_net_timings")
+    if nets is None:
+        raise ValueError("the report has no detailed_net_timings: nextpnr ran without --detailed-timing-report")
+    arrival, feed = {}, {}  # (cell, port) -> latest arrival, its net
+    driver_ports = collections.defaultdict(set)
+    for n in nets:
+        driver_ports[n["driver"]].add(n["port"])
+        for e in n.get("endpoints", []):
+            a = max(e["delay"]) if isinstance(e["delay"], list) else e["delay"]
+            arrival[e["cell"], e["port"]] = a
+            feed[e["cell"], e["port"]] = n
+    inputs = collections.defaultdict(list)  # cell -> [(arrival, port)] of its combinational inputs
+    for (cell, port), a in arrival.items():
+        if not _write_port(port):
+            inputs[cell].append((a, port))
+
+    def is_endpoint(cell, port):
+        outs = driver_ports.get(cell, set())
+        return _write_port(port) or not outs or all(_starts_path(p) for p in outs)
+
+    out = []
+    for (cell, port), a in arrival.items():
+        if a <= period_ns or not is_endpoint(cell, port):
+            continue
+        path, at = [], (cell, port)
+        for _ in range(200):
+            n = feed[at]
+            path.append(n["net"].lstrip("\\"))
+            drv = n["driver"]
+            if _starts_path(n["port"]) or not inputs.get(drv):
+                break
+            at = (drv, max(inputs[drv])[1])
+        out.append({"end": cell.lstrip("\\"), "end_port": port, "arrival": round(a, 2),
+                    "start": feed[at]["driver"].lstrip("\\"), "nets": path[::-1]})
+    out.sort(key=lambda r: -r["arrival"])
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("report", type=Path, help="nextpnr's --report JSON (with --detailed-timing-report)")
-    ap.add_argument("--top", type=int, default=30, help="how many nets to list (default 30)")
-    ap.add_argument("--over", type=float, default=3.0, help="count per unit the nets over this many ns (default 3)")
+    ap.add_argument("--period", type=float, default=12.5, help="clock period in ns (default 12.5: 80 MHz)")
+    ap.add_argument("--top", type=int, default=25, help="how many groups to list (default 25)")
     args = ap.parse_args(argv)
     try:
-        rows = net_delays(json.loads(args.report.read_text()))
+        paths = failing_paths(json.loads(args.report.read_text()), args.period)
     except (OSError, ValueError) as e:
         print(f"route_delays: {args.report}: {e}", file=sys.stderr)
         return 2
-    print(f"{len(rows):,} routed nets; the {min(args.top, len(rows))} longest:")
-    print("| longest sink (ns) | sinks | net | driver |")
-    print("| ---: | ---: | --- | --- |")
-    for r in rows[: args.top]:
-        print(f"| {r['max_ns']:.2f} | {r['sinks']:,} | `{r['net']}` | `{r['driver']}` |")
-    per_unit = collections.Counter(unit_of(r["net"]) for r in rows if r["max_ns"] > args.over)
-    print(f"\nnets with a sink over {args.over:g} ns, by unit: "
-          + ", ".join(f"{u} {k}" for u, k in per_unit.most_common()))
+    groups = collections.defaultdict(list)
+    for p in paths:
+        groups[p["start"], unit_of(p["end"])].append(p)
+    print(f"{len(paths):,} endpoints arrive later than {args.period:g} ns, from {len(groups):,} (start, end unit) "
+          f"groups; by end unit: " + ", ".join(
+              f"{u} {k}" for u, k in collections.Counter(unit_of(p["end"]) for p in paths).most_common()))
+    print("\n| endpoints | latest (ns) | start | end unit | the latest path's nets |")
+    print("| ---: | ---: | --- | --- | --- |")
+    ranked = sorted(groups.items(), key=lambda kv: (-len(kv[1]), -kv[1][0]["arrival"]))
+    for (start, end_unit), ps in ranked[: args.top]:
+        worst = ps[0]
+        print(f"| {len(ps):,} | {worst['arrival']:.2f} | `{start}` | {end_unit} | "
+              + " / ".join(worst["nets"][:6]) + (" / ..." if len(worst["nets"]) > 6 else "") + " |")
     return 0
 
 

@@ -424,10 +424,15 @@ class TileReader(wiring.Component):
     of the code buffer ``c`` (both sample-banked: bank ``i`` of beat ``t`` holds sample ``t * banks + i``).
     Output ``o``: ``a`` (all banks), ``c`` (all banks), ``last`` (the tile's last beat of each pass); one beat
     per cycle; ``g_last``: the beat on ``o`` is the last of its group ``g`` (last tile, pass and beat). No output
-    queue (as :class:`MemoryReader`: the beat waits on the read ports, whose enable depends on ``o.ready``)."""
+    queue (as :class:`MemoryReader`: the beat waits on the read ports, whose enable depends on ``o.ready``), unless
+    ``registered``: then the beats (and ``g_last``) leave through a :class:`~rtl_gen.streams.SkidBuffer`, one
+    more cycle of latency, and the read enable depends on the reader's flip-flops only (the memories' read
+    registers no longer wait on the consumer's ``ready``: the SMALL design's routed paths into the code and
+    activation buffers' read registers, docs/results/timing.md)."""
 
     def __init__(self, *, a_width: int, c_width: int, banks: int, words: int, groups: int, tiles: int,
-                 passes: int = 1):
+                 passes: int = 1, registered: bool = False):
+        self._registered = bool(registered)
         self._aw, self._cw = _check("a_width", a_width, 1), _check("c_width", c_width, 1)
         self._passes = _check("passes", passes, 1, 4096)
         self._banks = _check("banks", banks, 1, 4096)
@@ -463,22 +468,38 @@ class TileReader(wiring.Component):
         c_addr = Signal(range(max(T * G, 2)))
         have = Signal()  # a beat waits on a_data / c_data
         s1_last = Signal()
+        s1_g_last = Signal()
         issue = Signal()
+        # the beat on the read ports' outputs: ``self.o`` itself, or the skid buffer's input
+        beat = stream.Signature(data.StructLayout({**self._layout.members, "g_last": 1})).create()
+        busy_out = Const(0)
+        if self._registered:
+            m.submodules.out = out = SkidBuffer(shape=beat.payload.shape())
+            wiring.connect(m, beat, out.i)
+            m.d.comb += [self.o.valid.eq(out.o.valid), out.o.ready.eq(self.o.ready),
+                         self.o.payload.a.eq(out.o.payload.a), self.o.payload.c.eq(out.o.payload.c),
+                         self.o.payload.last.eq(out.o.payload.last), self.g_last.eq(out.o.payload.g_last)]
+            busy_out = out.o.valid | ~out.i.ready
+        else:
+            m.d.comb += [self.o.valid.eq(beat.valid), beat.ready.eq(self.o.ready), self.o.payload.a.eq(beat.payload.a),
+                         self.o.payload.c.eq(beat.payload.c), self.o.payload.last.eq(beat.payload.last),
+                         self.g_last.eq(beat.payload.g_last)]
         m.d.comb += [
-            issue.eq(running & (~have | self.o.ready) & ~self.abort),
+            issue.eq(running & (~have | beat.ready) & ~self.abort),
             self.a_addr.eq(a_addr),
             self.c_addr.eq(c_addr),
             self.r_en.eq(issue),
-            self.busy.eq(running | have),
-            self.o.valid.eq(have),
-            self.o.payload.a.eq(self.a_data),
-            self.o.payload.c.eq(self.c_data),
-            self.o.payload.last.eq(s1_last),
+            self.busy.eq(running | have | busy_out),
+            beat.valid.eq(have),
+            beat.payload.a.eq(self.a_data),
+            beat.payload.c.eq(self.c_data),
+            beat.payload.last.eq(s1_last),
+            beat.payload.g_last.eq(s1_g_last),
         ]
         with m.If(issue):
             m.d.sync += [have.eq(1), s1_last.eq(t == T - 1),
-                         self.g_last.eq((t == T - 1) & (p == P - 1) & (k == W - 1))]
-        with m.Elif(self.o.ready):
+                         s1_g_last.eq((t == T - 1) & (p == P - 1) & (k == W - 1))]
+        with m.Elif(beat.ready):
             m.d.sync += have.eq(0)
         with m.If(issue):
             with m.If((t == T - 1) & (p != P - 1)):  # the same tile again for the next pass

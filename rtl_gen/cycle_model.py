@@ -39,6 +39,10 @@ STATS_QUEUE_DELAY = 2
 #: normaliser's arithmetic at once).
 SEFF_STAGE = 1
 
+#: ``upd``: the dW operands reach the po2 backward engine through a registered tile reader
+#: (``TileReader(registered=True)``: a skid buffer, one cycle; the buffers' read enables from its flip-flops).
+TILE_STAGE = 1
+
 
 @dataclass
 class CycleReport:
@@ -170,7 +174,7 @@ def update_cycles(plan, j: int) -> int:
 
     dw_latency = ARRAY_DW_LATENCY if plan.po2_array(j) else DW_LATENCY
     # the sweep's last visit drains LATENCY cycles
-    tiles = int(g.depth * per_row) + per_tile + dw_latency - 1 + LATENCY + tail
+    tiles = int(g.depth * per_row) + per_tile + dw_latency - 1 + LATENCY + tail + TILE_STAGE
     from .controller import bn_param_cycles
 
     beta = bn_param_cycles(plan.bn_param_layer(j), plan.cfg.hw, plan.cfg.hw.div_steps)["update"]

@@ -78,9 +78,9 @@ DX_LATENCY = 6
 included): weight read, the addends' decode, pair sums, picks and their sums by twos, the rest of the adder tree,
 accumulate and queue."""
 
-DW_LATENCY = 5
+DW_LATENCY = 6
 """dW: cycles beyond one per input beat, from the first ``xdy`` transfer to the last ``dw`` transfer: operand
-register, addends, accumulate, push into ``pend``, the queue."""
+register, addends, accumulate, the signs registered, push into ``pend``, the queue."""
 
 DW_PEND = 2
 """Tiles the dW unit's ``pend`` queue holds (its stages never stall: a tile starts only while ``pend`` has room for
@@ -882,24 +882,43 @@ class _Dw(wiring.Component):
             signs = self._fabric_accumulators(m, geo, d1, x1, adv, lane_step, lane_finish, s1_fin, s1_last,
                                                samples_last)
 
-        # Stage 2: the tile goes into ``pend`` after the finish slot of its last pass; ``pend`` feeds the queue.
+        # Stage 2: each weight's sign and zero flag registered as they leave the adders and compares (the carry
+        # chain's top bit went on into the sign's choice and the kept word's multiplexer in one cycle: the SMALL
+        # design's routed dW paths, docs/results/timing.md), with the padding; in the finish slot's stage 2 the
+        # signs go into ``kept`` (each lane's enable a copy of its own).
         s2_valid = Signal()
         s2_fin = Signal()
         s2_pass = Signal.like(pas)
         s2_last_tile = Signal()
+        lane_pad2 = Signal.like(lane_pad)
+        bit_pad2 = Signal.like(bit_pad)
         m.d.sync += [
             s2_valid.eq(s1b_valid),
             s2_fin.eq(s1b_fin),
             s2_pass.eq(s1b_pass),
             s2_last_tile.eq(s1b_last_tile),
+            lane_pad2.eq(lane_pad),
+            bit_pad2.eq(bit_pad),
+        ]
+        lane_keep = replicas(m, s1b_valid & s1b_fin, bank.lanes_out, name="keep")
+        # Stage 3: the tile goes into ``pend`` after the finish slot of its last pass; ``pend`` feeds the queue.
+        s3_valid = Signal()
+        s3_fin = Signal()
+        s3_pass = Signal.like(pas)
+        s3_last_tile = Signal()
+        m.d.sync += [
+            s3_valid.eq(s2_valid),
+            s3_fin.eq(s2_fin),
+            s3_pass.eq(s2_pass),
+            s3_last_tile.eq(s2_last_tile),
         ]
         m.submodules.queue = queue = SkidBuffer(shape=grad_layout(bank))
         kept = Signal(grad_layout(bank))  # signs of the tile's passes
         pop = Signal()
         m.d.comb += [
-            pend.i.valid.eq(s2_valid & s2_fin & (s2_pass == P - 1)),
+            pend.i.valid.eq(s3_valid & s3_fin & (s3_pass == P - 1)),
             pend.i.payload.g.eq(kept.g),
-            pend.i.payload.last.eq(s2_last_tile),
+            pend.i.payload.last.eq(s3_last_tile),
             pop.eq(pend.o.valid & queue.i.ready),
         ]
         wiring.connect(m, pend.o, queue.i)
@@ -908,10 +927,13 @@ class _Dw(wiring.Component):
         with m.Elif(pop & ~(take & tile_start)):
             m.d.sync += credit.eq(credit + 1)
         for (i, lane), (neg, zero) in signs.items():
+            neg2 = Signal(name=f"neg{i}_{lane}", reset_less=True)
+            zero2 = Signal(name=f"zero{i}_{lane}", reset_less=True)
+            m.d.sync += [neg2.eq(neg), zero2.eq(zero)]
             signal = Signal(signed(2), name=f"sign{i}_{lane}")
-            m.d.comb += signal.eq(Mux(lane_pad[lane] | bit_pad[i] | zero, 0, Mux(neg, -1, 1)))
+            m.d.comb += signal.eq(Mux(lane_pad2[lane] | bit_pad2[i] | zero2, 0, Mux(neg2, -1, 1)))
             for p in range(P):
-                with m.If(lane_finish[lane] & (s1b_pass == p)):
+                with m.If(lane_keep[lane] & (s2_pass == p)):
                     m.d.sync += kept.g[lane][p * LS + i].eq(signal)
         wiring.connect(m, queue.o, wiring.flipped(self.dw))
         return m

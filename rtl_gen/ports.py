@@ -10,7 +10,26 @@ from types import SimpleNamespace
 
 from amaranth import Cat, Const, Mux, Signal
 
-__all__ = ["OffsetPort", "PackedPort", "PortMux", "StreamView"]
+__all__ = ["OffsetPort", "PackedPort", "PortMux", "StreamView", "late_write"]
+
+
+def late_write(m, port, name: str):
+    """A memory write port taken a cycle late: the callers drive the returned ``addr``, ``data`` and ``en``, which
+    reach ``port`` through registers. The multiplexer of callers and their stream logic then end at flip-flops
+    next to them, and the memory's address, data and enable come from flip-flops (the routed SMALL design's
+    failing paths ended at the Y/dX buffer's distributed RAM, 832 endpoints: a writer's ``valid`` -> the port
+    multiplexer -> the write address and data of 38 RAM slices across the die). A word written in cycle ``t`` can
+    be read from cycle ``t + 2`` on (``t + 1`` with an immediate port): the top level's phases read nothing that
+    soon after writing it."""
+    shim = SimpleNamespace(addr=Signal.like(port.addr, name=f"{name}_addr"),
+                           data=Signal.like(port.data, name=f"{name}_data"),
+                           en=Signal.like(port.en, name=f"{name}_en"))
+    addr = Signal.like(port.addr, name=f"{name}_addr_q", reset_less=True)
+    data = Signal.like(port.data, name=f"{name}_data_q", reset_less=True)
+    en = Signal.like(port.en, name=f"{name}_en_q")
+    m.d.sync += [addr.eq(shim.addr), data.eq(shim.data), en.eq(shim.en)]
+    m.d.comb += [port.addr.eq(addr), port.data.eq(data), port.en.eq(en)]
+    return shim
 
 
 class PortMux:

@@ -293,7 +293,7 @@ class BackwardWiring:
         u, w, g, par = po2b[j], wm[j], rng[j], bnp[j]
         k_bits = plan.p.k
         tr = sub(f"tiles{j}", TileReader(a_width=li, c_width=lo * k_bits, banks=lb, words=W, groups=G,
-                                         tiles=lp.tiles, passes=plan.dw_reads(j)))
+                                         tiles=lp.tiles, passes=plan.dw_reads(j), registered=True))  # TILE_STAGE
         m.d.comb += tr.start.eq(st)
         for i in range(lb):
             ports[f"xb{j}_{i}_r"].add(a, addr=tr.a_addr, en=tr.r_en)

@@ -232,16 +232,20 @@ class ForwardWiring:
             m.d.comb += g_word.eq(incoming)
         else:
             gs = Signal(range(parts), name="g_part_index")
-            g_held = Signal(lo * gw, name="g_held")
+            g_held = Signal(lo * gw, name="g_held", reset_less=True)
             g_flush = Signal(name="g_flush")
             m.d.comb += g_flush.eq(g_take & ((gs == parts - 1) | loss.g.payload.last))
+            # part s of the word: taken now (s = gs), held (s < gs; each part's register loads only when that part
+            # is taken, so no enable or clear reaches the whole word), or not come (s > gs, a short last word): 0
             for s_ in range(parts):
                 sl = slice(s_ * nl * gw, (s_ + 1) * nl * gw)
-                m.d.comb += g_word[sl].eq(Mux(gs == s_, incoming, g_held[sl]))
+                m.d.comb += g_word[sl].eq(Mux(gs == s_, incoming, Mux(gs > s_, g_held[sl], 0)))
+                with m.If(g_take & (gs == s_)):
+                    m.d.sync += g_held[sl].eq(incoming)
             with m.If(st | g_flush):
-                m.d.sync += [gs.eq(0), g_held.eq(0)]
+                m.d.sync += gs.eq(0)
             with m.Elif(g_take):
-                m.d.sync += [gs.eq(gs + 1), g_held.eq(g_word)]
+                m.d.sync += gs.eq(gs + 1)
         ports["ydx_w"].add(g_flush, addr=self._g_base + g_count, data=g_word, en=1)
         with m.If(st):
             m.d.sync += g_count.eq(0)

@@ -289,23 +289,28 @@ def test_row_writer_reader_and_tiles_follow_the_banked_layout():
     groups, tiles = 2, depth // words
     for passes in (1, 3):  # the dW unit's passes: each tile's beats again per pass
         _check_tile_reader(banks, words, groups, tiles, passes)
+        # registered (a skid buffer after the read ports), under backpressure
+        _check_tile_reader(banks, words, groups, tiles, passes, registered=True, p_ready=0.6)
 
 
-def _check_tile_reader(banks, words, groups, tiles, passes):
-    tr = TileReader(a_width=8, c_width=4, banks=banks, words=words, groups=groups, tiles=tiles, passes=passes)
+def _check_tile_reader(banks, words, groups, tiles, passes, registered=False, p_ready=1.0):
+    tr = TileReader(a_width=8, c_width=4, banks=banks, words=words, groups=groups, tiles=tiles, passes=passes,
+                    registered=registered)
     beats = []
+    rnd = random.Random(passes)
 
     async def tiles_bench(ctx):
         ctx.set(tr.start, 1)
         await ctx.tick()
         ctx.set(tr.start, 0)
         pa = pc = None
-        for _ in range(40 * passes):
+        for _ in range(int(40 * passes / p_ready)):
             if pa is not None:
                 ctx.set(tr.a_data, [pa * 16 + b for b in range(banks)])
                 ctx.set(tr.c_data, [(pc + b) % 16 for b in range(banks)])
-            ctx.set(tr.o.ready, 1)
-            if ctx.get(tr.o.valid):
+            ready = rnd.random() < p_ready
+            ctx.set(tr.o.ready, ready)
+            if ready and ctx.get(tr.o.valid):
                 p = ctx.get(tr.o.payload)
                 beats.append((list(p.a), list(p.c), p.last, ctx.get(tr.g_last)))
             if ctx.get(tr.r_en):
