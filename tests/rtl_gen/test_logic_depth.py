@@ -109,24 +109,36 @@ def test_xc7_cells_and_black_boxes(mod):
     assert all("top.engine0" not in p["end"] for p in plain["pairs"])  # not a box: no endpoint, no start
 
 
-def test_route_delays_ranks_nets_by_their_longest_sink(tmp_path, capsys):
-    """benchmarks/route_delays.py on a hand-made detailed timing report: nets ranked by the longest routed sink
-    (not the first or the shortest), the unit taken from the net's name, and a report without the detailed
-    timing refused with exit status 2."""
+def test_route_delays_walks_each_failing_endpoint_back_to_its_start(tmp_path, capsys):
+    """benchmarks/route_delays.py on a hand-made detailed timing report: a flip-flop -> two LUTs -> a flip-flop's
+    input arriving after the period is walked back through each LUT's latest input (not its first) to the
+    flip-flop it starts at; an endpoint in time and a LUT's own input are not endpoints; a LUT-RAM's write
+    address is one; a report without the detailed timing is refused with exit status 2."""
     spec = importlib.util.spec_from_file_location("route_delays", PATH.parent / "route_delays.py")
     rd = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(rd)
 
-    def net(name, *delays):
-        return {"net": "\\" + name, "driver": name + "_FF", "port": "Q",
-                "endpoints": [{"cell": f"c{k}", "port": "CE", "delay": [d / 2, d]} for k, d in enumerate(delays)]}
+    def net(name, driver, port, *sinks):
+        return {"net": "\\" + name, "driver": driver, "port": port,
+                "endpoints": [{"cell": c, "port": p, "delay": [a / 2, a]} for c, p, a in sinks]}
 
-    report = {"detailed_net_timings": [net("a.x", 1.0, 4.5, 0.2), net("b.y", 3.0), net("z", 0.5), net("q")]}
-    rows = rd.net_delays(report)
-    assert [(r["net"], r["sinks"], r["max_ns"]) for r in rows] == [("a.x", 3, 4.5), ("b.y", 1, 3.0), ("z", 1, 0.5)]
-    assert [rd.unit_of(r["net"]) for r in rows] == ["a", "b", "(top)"]
+    report = {"detailed_net_timings": [
+        net("u.a", "ffa", "Q", ("lut1", "A", 1.0), ("ffz", "DI", 2.0)),
+        net("u.b", "ffb", "Q", ("lut1", "B", 4.0)),  # lut1's latest input
+        net("u.c", "lut1", "F", ("lut2", "C", 9.0)),
+        net("v.d", "lut2", "F", ("ffy", "DI", 13.0), ("ram", "WAD0", 13.5), ("ram", "RAD0", 14.0)),
+        net("v.e", "ffy", "Q", ("x", "DI", 1.0)),
+        net("v.f", "ffz", "Q", ("x", "CE", 1.0)),
+        net("v.g", "ram", "F", ("x", "M", 15.0)),
+    ]}
+    paths = rd.failing_paths(report, 12.5)
+    assert [(p["end"], p["end_port"], p["start"], p["nets"]) for p in paths] == [
+        ("x", "M", "ffb", ["u.b", "u.c", "v.d", "v.g"]),
+        ("ram", "WAD0", "ffb", ["u.b", "u.c", "v.d"]),
+        ("ffy", "DI", "ffb", ["u.b", "u.c", "v.d"]),
+    ]
     (tmp_path / "pnr.json").write_text(json.dumps(report))
-    assert rd.main([str(tmp_path / "pnr.json"), "--over", "2"]) == 0
-    assert "by unit: a 1, b 1" in capsys.readouterr().out
+    assert rd.main([str(tmp_path / "pnr.json")]) == 0
+    assert "3 endpoints arrive later than 12.5 ns" in capsys.readouterr().out
     (tmp_path / "bare.json").write_text(json.dumps({"fmax": {}}))
     assert rd.main([str(tmp_path / "bare.json")]) == 2
