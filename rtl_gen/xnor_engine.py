@@ -38,7 +38,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .shared import layer_port, per_layer
-from .streams import SkidBuffer
+from .streams import SkidBuffer, StreamFIFO
 
 __all__ = [
     "LATENCY",
@@ -51,12 +51,16 @@ __all__ = [
     "popcount",
 ]
 
-LATENCY = 4
+LATENCY = 5
 """Cycles from the transfer of a row's last input word (last group) to the transfer of its last output
-beat, minus one: weight read, agreement register, popcount register, output register. (The agreement register
-keeps the weight memory's output multiplexing and the XNOR apart from the popcount: in context the weight word
-arrives through the shared weight memory's lane choice, and word -> XNOR -> popcount -> count was the second
-deepest path of the SMALL design in context, 11.4 LUT levels, benchmarks/logic_depth.py.)"""
+beat, minus one: weight read, agreement register, popcount register, the ``pend`` FIFO, output register.
+(The agreement register keeps the weight memory's output multiplexing and the XNOR apart from the popcount: in
+context the weight word arrives through the shared weight memory's lane choice, and word -> XNOR -> popcount ->
+count was the second deepest path of the SMALL design in context, 11.4 LUT levels, benchmarks/logic_depth.py.)"""
+
+PEND_DEPTH = 8
+"""Results the engine's ``pend`` FIFO holds: rows in flight (issue to push, 3 cycles) and waiting, so that rows of
+one word each still issue one a cycle while the consumer takes one a cycle."""
 
 POPCOUNT_CHUNK = 16
 """Bits of the input word per registered popcount (stage 3); the accumulate stage adds a lane's counts."""
@@ -326,8 +330,18 @@ class XnorEngineCore(wiring.Component):
                     ]
 
         # Stage 0: issue one (group, word) step per cycle; the weight row address is group * K + word.
-        adv = Signal()  # the whole pipeline moves (low only while the output queue refuses a result)
+        # The stages after it move every cycle (no stall enable from the output queue's ready fanning out to every
+        # stage register and into the accumulators: the SMALL design's `s2_last` -> popcount paths in context,
+        # docs/results/timing.md). A result waits in ``pend`` (a FIFO in front of the output queue) when the
+        # queue is full, and a row (group) starts only while ``pend`` has room for it and every row already
+        # started (``credit``).
+        adv = Const(1)
         issue = Signal()
+        m.submodules.pend = pend = StreamFIFO(shape=geo.y_layout, depth=PEND_DEPTH)
+        credit = Signal(range(PEND_DEPTH + 1), init=PEND_DEPTH, name="pend_credit")
+        row_start = Signal()
+        go = Signal()  # the step may issue: it is not a row's first word, or there is credit for the row
+        pop = Signal()
         addr = Signal(range(max(g.depth for g in geos)))
         word = Signal(range(max(g.words for g in geos)))
         first_group = Signal()
@@ -337,11 +351,17 @@ class XnorEngineCore(wiring.Component):
             first_group.eq(addr < K),
             last_group.eq(addr >= last_start),
             last_word.eq(word == K1),
-            self.x.ready.eq(adv & first_group),
-            issue.eq(adv & (~first_group | self.x.valid)),
+            row_start.eq(word == 0),
+            go.eq(~row_start | (credit != 0)),
+            self.x.ready.eq(go & first_group),
+            issue.eq(go & (~first_group | self.x.valid)),
             self.weights.addr.eq(addr),
-            self.weights.en.eq(adv),
+            self.weights.en.eq(1),  # read every cycle: no enable to the weight word's registers
         ]
+        with m.If(issue & row_start & ~pop):
+            m.d.sync += credit.eq(credit - 1)
+        with m.Elif(pop & ~(issue & row_start)):
+            m.d.sync += credit.eq(credit + 1)
         with m.If(issue):
             m.d.sync += [
                 word.eq(Mux(last_word, 0, word + 1)),
@@ -427,10 +447,11 @@ class XnorEngineCore(wiring.Component):
         push = Signal()
         m.d.comb += [
             push.eq(s2_valid & s2_last),
-            adv.eq(~push | queue.i.ready),
-            queue.i.valid.eq(push),
-            queue.i.payload.last.eq(s2_last_group),
+            pend.i.valid.eq(push),
+            pend.i.payload.last.eq(s2_last_group),
+            pop.eq(pend.o.valid & queue.i.ready),
         ]
+        wiring.connect(m, pend.o, queue.i)
         real_min = min(g.n_out - (g.groups - 1) * lo for g in geos)
         for lane in range(lo):
             acc = Signal(y_shape, name=f"acc{lane}")
@@ -439,9 +460,9 @@ class XnorEngineCore(wiring.Component):
             with m.If(adv & s2_valid):
                 m.d.sync += acc.eq(total)
             if lane < real_min:
-                m.d.comb += queue.i.payload.y[lane].eq(total)
+                m.d.comb += pend.i.payload.y[lane].eq(total)
             else:  # padding lane in the last group (of some layer)
-                m.d.comb += queue.i.payload.y[lane].eq(Mux(s2_last_group & pad_lane[lane], 0, total))
+                m.d.comb += pend.i.payload.y[lane].eq(Mux(s2_last_group & pad_lane[lane], 0, total))
         wiring.connect(m, queue.o, wiring.flipped(self.y))
         return m
 

@@ -210,11 +210,11 @@ def test_geometry():
     g = ConvForwardGeometry(batch=24, channels=1, height=28, width=28, out_channels=16, lanes_in=64, lanes_out=16)
     assert (g.out_height, g.map_depth, g.map_width, g.engine.words, g.engine.groups) == (26, 672, 28, 1, 1)
     assert (g.pooling.out_height, g.pooling.y_width) == (13, 5)
-    assert g.cycles() == 5 + (24 * 26 - 1) * (25 + 4) + 26 + 4  # k + Wo cycles per output row
+    assert g.cycles() == 5 + (24 * 26 - 1) * (25 + 4) + 26 + 5  # k + Wo cycles per output row
     same = ConvForwardGeometry(batch=2, channels=2, height=5, width=6, out_channels=4, lanes_in=8, lanes_out=4,
                                padding="same")
     assert (same.pad, same.out_height, same.out_width, len(same.calibration), same.calibration[5]) == (1, 5, 6, 10, 0)
-    assert same.cycles() == 10 * 3 + 1 + (2 * 5 - 1) * (5 * 3 + 3 + 3) + 6 * 3 + 4  # 10 calibration windows first
+    assert same.cycles() == 10 * 3 + 1 + (2 * 5 - 1) * (5 * 3 + 3 + 3) + 6 * 3 + 5  # 10 calibration windows first
     with pytest.raises(ValueError, match="needs maps of at least 4 rows and columns, not 3x8"):
         ConvForwardGeometry(batch=1, channels=1, height=3, width=8, out_channels=4, lanes_in=8, lanes_out=4,
                             kernel=5, padding="same")
