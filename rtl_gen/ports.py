@@ -10,35 +10,25 @@ from types import SimpleNamespace
 
 from amaranth import Cat, Const, Mux, Signal
 
-__all__ = ["OffsetPort", "PackedPort", "PortMux", "StreamView", "late_write"]
-
-
-def late_write(m, port, name: str):
-    """A memory write port taken a cycle late: the callers drive the returned ``addr``, ``data`` and ``en``, which
-    reach ``port`` through registers. The multiplexer of callers and their stream logic then end at flip-flops
-    next to them, and the memory's address, data and enable come from flip-flops (the routed SMALL design's
-    failing paths ended at the Y/dX buffer's distributed RAM, 832 endpoints: a writer's ``valid`` -> the port
-    multiplexer -> the write address and data of 38 RAM slices across the die). A word written in cycle ``t`` can
-    be read from cycle ``t + 2`` on (``t + 1`` with an immediate port): the top level's phases read nothing that
-    soon after writing it."""
-    shim = SimpleNamespace(addr=Signal.like(port.addr, name=f"{name}_addr"),
-                           data=Signal.like(port.data, name=f"{name}_data"),
-                           en=Signal.like(port.en, name=f"{name}_en"))
-    addr = Signal.like(port.addr, name=f"{name}_addr_q", reset_less=True)
-    data = Signal.like(port.data, name=f"{name}_data_q", reset_less=True)
-    en = Signal.like(port.en, name=f"{name}_en_q")
-    m.d.sync += [addr.eq(shim.addr), data.eq(shim.data), en.eq(shim.en)]
-    m.d.comb += [port.addr.eq(addr), port.data.eq(data), port.en.eq(en)]
-    return shim
+__all__ = ["OffsetPort", "PackedPort", "PortMux", "StreamView"]
 
 
 class PortMux:
     """Drivers of one memory port from several phases: ``add(cond, **values)``; ``emit`` assigns them in an
-    if/elif chain (conditions are mutually exclusive; the first listed wins)."""
+    if/elif chain (conditions are mutually exclusive; the first listed wins).
 
-    def __init__(self, port, name: str):
+    ``late`` (a write port): every caller's condition and values are registered where the caller is, and the
+    chain picks among the registers, so each write reaches the memory a cycle after its caller asked for it. The
+    callers' stream logic then ends at flip-flops beside them, and the memory's address, data and enable come from
+    flip-flops through the chain alone (the routed SMALL design's failing paths had ended at the Y/dX buffer's
+    distributed RAM, 832 endpoints at 80 MHz: a writer's ``valid`` -> the multiplexer -> the write address and data
+    of 38 RAM slices across the die). A word written in cycle ``t`` can be read from cycle ``t + 2`` on: the top
+    level's phases read nothing that soon after writing it (the whole-step tests check every phase)."""
+
+    def __init__(self, port, name: str, *, late: bool = False):
         self.port = port
         self.name = name
+        self.late = late
         self.cases: list[tuple] = []
 
     def add(self, cond, **values):
@@ -47,9 +37,21 @@ class PortMux:
     def emit(self, m):
         first = True
         full = len(getattr(self.port, "en", Const(0, 1))) > 1  # a write port with lanes: en=1 writes all of them
-        for cond, values in self.cases:
+        cases = []
+        for i, (cond, values) in enumerate(self.cases):
             if full and isinstance(values.get("en"), int) and values["en"] == 1:
                 values = {**values, "en": Const(-1, len(self.port.en))}
+            if self.late:
+                held = Signal(name=f"{self.name}_c{i}_q")
+                m.d.sync += held.eq(cond)
+                regs = {}
+                for k, v in values.items():
+                    r = Signal.like(getattr(self.port, k), name=f"{self.name}_c{i}_{k}_q", reset_less=k != "en")
+                    m.d.sync += r.eq(v)
+                    regs[k] = r
+                cond, values = held, regs
+            cases.append((cond, values))
+        for cond, values in cases:
             ctx = m.If(cond) if first else m.Elif(cond)
             with ctx:
                 m.d.comb += [getattr(self.port, k).eq(v) for k, v in values.items()]

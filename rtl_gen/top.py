@@ -67,7 +67,7 @@ from .loss_unit import LossGradUnit, OutputLogitUnit
 from .plan import TOP_NAME, LayerPlan, SystemPlan
 from .po2_backward import Po2Backward
 from .po2_unit import Po2Unit
-from .ports import OffsetPort, PackedPort, PortMux, late_write
+from .ports import OffsetPort, PackedPort, PortMux
 from .rng import RngEngine
 from .streams import KEEP, SkidBuffer
 from .weight_memory import WeightMemory
@@ -349,9 +349,8 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
         ports = {}
 
         def pm(key, port):
-            if key.startswith(("ydx_", "scr_", "xb", "cb", "mx")) and key.endswith("_w"):  # the activation buffers
-                port = late_write(m, port, key)
-            ports[key] = PortMux(port, key)
+            late = key.startswith(("ydx_", "scr_", "xb", "cb", "mx", "seff", "alpha")) and key.endswith("_w")
+            ports[key] = PortMux(port, key, late=late)
             return ports[key]
 
         for j in xb:

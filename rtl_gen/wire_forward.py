@@ -40,6 +40,13 @@ class ForwardWiring:
         keys = [k for k in (key, rkey, ikey) if k in act]
         a = self._phase_reg(keys, f"fwd_any{j}")  # registers of their own (docs/architecture.md, "Timing discipline")
         st = self._phase_reg(keys, f"fwd_any_start{j}", start=True)
+        copies = iter(range(1000))
+
+        def stc():
+            """A copy of the start pulse of its own for one group of counters it clears (one register and its
+            OR with the reset reached 72-80 reset pins across the die in the SMALL design, routed)."""
+            return self._phase_reg(keys, f"fwd_any_start{j}_c{next(copies)}", start=True)
+
         e, bn, par = eng[j], bnf[j], bnp[j]
         m.d.comb += [bn.eval_mode.eq(ev), par.eval_mode.eq(ev), bn.run.eq(par.run)]
         # rows of X_j -> engine
@@ -69,7 +76,7 @@ class ForwardWiring:
         y_take = Signal(name=f"y_take{j}")
         m.d.comb += y_take.eq(a & e.y.valid & bn.y.ready)
         ports["ydx_w"].add(y_take, addr=y_count, data=y_word, en=1)
-        with m.If(st):
+        with m.If(stc()):
             m.d.sync += y_count.eq(0)
         with m.Elif(y_take):
             m.d.sync += y_count.eq(y_count + 1)
@@ -80,7 +87,7 @@ class ForwardWiring:
         rr = self._pooled(m, sub, "y_replay", (ry,),
                           lambda: MemoryReader(width=ry, depth=rd_depth, repeat=3, registered=True), a)
         replay_started = Signal(name=f"replay_started{j}")
-        with m.If(st):
+        with m.If(stc()):
             m.d.sync += replay_started.eq(0)
         with m.Elif(a & (y_count == lp.beats) & ~replay_started):
             m.d.sync += replay_started.eq(1)
@@ -89,13 +96,13 @@ class ForwardWiring:
         m.d.comb += rr.r_data.eq(ports["ydx_r"].port.data[:ry])
         r_count = Signal(range(reps * lp.beats + 1), name=f"replay_count{j}")
         to_bn = Signal(name=f"replay_to_bn{j}")  # r_count < 2 beats, as a flip-flop (it steers the replay's ready)
-        with m.If(st):
+        with m.If(stc()):
             m.d.sync += [r_count.eq(0), to_bn.eq(1)]
         with m.Elif(rr.o.valid & rr.o.ready):
             m.d.sync += [r_count.eq(r_count + 1), to_bn.eq(r_count + 1 < 2 * lp.beats)]
         groups_last = Signal(name=f"replay_last{j}")
         rg = Signal(range(G), name=f"replay_g{j}")
-        with m.If(st):
+        with m.If(stc()):
             m.d.sync += rg.eq(0)
         with m.Elif(rr.o.valid & rr.o.ready):
             m.d.sync += rg.eq(Mux(rg == G - 1, 0, rg + 1))
@@ -115,12 +122,12 @@ class ForwardWiring:
         m.d.comb += [bn.x.ready.eq(a), x_take.eq(a & bn.x.valid)]
         mx_data = Cat(bn.x.payload.x_hat, bn.x.payload.mask) if lp.top else bn.x.payload.mask
         ports[f"mx{j}_w"].add(x_take, addr=x_count, data=mx_data, en=1)
-        with m.If(st):
+        with m.If(stc()):
             m.d.sync += x_count.eq(0)
         with m.Elif(x_take):
             m.d.sync += x_count.eq(x_count + 1)
         if not lp.top:
-            self._pack_next(m, plan, lp, st, x_take, bn.x.payload.x_hat, ports, sub)
+            self._pack_next(m, plan, lp, stc(), x_take, bn.x.payload.x_hat, ports, sub)
         # per-channel statistics: S', alpha; running statistics; (output layer) logit constants
         st_count = Signal(range(lp.n_out + 1), name=f"stats_count{j}")
         to_par = StreamView(Signal(name=f"stats_par_valid{j}"), Signal(name=f"stats_par_ready{j}"))
@@ -138,18 +145,18 @@ class ForwardWiring:
         ports[f"seff{j}_w"].add(move, addr=st_count, data=sp.S_eff, en=1)
         pad = Const(0, self._alpha_w - len(sp.alpha_q))
         ports[f"alpha{j}_w"].add(move, addr=st_count, data=Cat(sp.alpha_q, pad, sp.S == 0), en=1)
-        with m.If(st):
+        with m.If(stc()):
             m.d.sync += st_count.eq(0)
         with m.Elif(move):
             m.d.sync += st_count.eq(st_count + 1)
         fin = (st_count == lp.n_out) & (x_count == lp.beats) & ~par.busy
         if lp.top:
-            fin = fin & self._output(m, plan, lp, a, st, rr, to_bn, rg, logit, loss, ports, correct, rerun, ev)
+            fin = fin & self._output(m, plan, lp, a, stc, rr, to_bn, rg, logit, loss, ports, correct, rerun, ev)
         m.d.comb += [done[key].eq(fin), done[ikey].eq(fin)]
         if rkey in done:
             m.d.comb += done[rkey].eq(fin)
 
-    def _output(self, m, plan, lp, a, st, rr, to_bn, rg, logit, loss, ports, correct, rerun, ev):
+    def _output(self, m, plan, lp, a, stc, rr, to_bn, rg, logit, loss, ports, correct, rerun, ev):
         """Logits (third Y replay), loss gradient g into the top of YDX, logits into their buffer, correct count.
 
         The logit and loss units take ``nl = plan.loss_lanes`` classes per beat: each Y beat of ``lo`` lanes is
@@ -187,7 +194,7 @@ class ForwardWiring:
             logit.y.valid.eq(a & ~to_bn & rr.o.valid),
             rr.o.ready.eq(a & Mux(to_bn, self._bn_replay_ready, logit.y.ready & part_end)),
         ]
-        with m.If(st):
+        with m.If(stc()):
             m.d.sync += sb.eq(0)
         with m.Elif(logit.y.valid & logit.y.ready):
             m.d.sync += sb.eq(Mux(part_end, 0, sb + 1))
@@ -201,19 +208,19 @@ class ForwardWiring:
                      logit.x.ready.eq(a & (ev | loss.x.ready))]
         lg_take = Signal(name="logit_take")
         m.d.comb += lg_take.eq(a & logit.x.valid & (ev | loss.x.ready))
-        cls_done = self._argmax(m, plan, st, lg_take & ev, logit.x.payload, ports)
+        cls_done = self._argmax(m, plan, stc(), lg_take & ev, logit.x.payload, ports)
         lg_word = Signal(nl * lw, name="logit_word")
         for lane in range(nl):
             m.d.comb += lg_word[lane * lw:(lane + 1) * lw].eq(logit.x.payload.x[lane])
         ports["lgb_w"].add(lg_take & ~rerun, addr=lg_count, data=lg_word, en=1)
-        with m.If(st):
+        with m.If(stc()):
             m.d.sync += lg_count.eq(0)
         with m.Elif(lg_take):
             m.d.sync += lg_count.eq(lg_count + 1)
         # labels
         labr = self._sub("labels_reader", MemoryReader(width=plan.label_bits, depth=B))
         # not started in infer: a reader left holding a word would hand it to the next step's loss unit
-        m.d.comb += [labr.start.eq(st & ~ev), labr.base.eq(0), labr.count.eq(B), labr.wrap.eq(0)]
+        m.d.comb += [labr.start.eq(stc() & ~ev), labr.base.eq(0), labr.count.eq(B), labr.wrap.eq(0)]
         ports["lab_r"].add(a, addr=labr.r_addr, en=labr.r_en)
         m.d.comb += [labr.r_data.eq(ports["lab_r"].port.data), loss.label.payload.eq(labr.o.payload.data),
                      loss.label.valid.eq(a & ~ev & labr.o.valid), labr.o.ready.eq(a & ~ev & loss.label.ready)]
@@ -242,17 +249,17 @@ class ForwardWiring:
                 m.d.comb += g_word[sl].eq(Mux(gs == s_, incoming, Mux(gs > s_, g_held[sl], 0)))
                 with m.If(g_take & (gs == s_)):
                     m.d.sync += g_held[sl].eq(incoming)
-            with m.If(st | g_flush):
+            with m.If(stc() | g_flush):
                 m.d.sync += gs.eq(0)
             with m.Elif(g_take):
                 m.d.sync += gs.eq(gs + 1)
         ports["ydx_w"].add(g_flush, addr=self._g_base + g_count, data=g_word, en=1)
-        with m.If(st):
+        with m.If(stc()):
             m.d.sync += g_count.eq(0)
         with m.Elif(g_flush):
             m.d.sync += g_count.eq(g_count + 1)
         loss_done = Signal(name="loss_done")
-        with m.If(st):
+        with m.If(stc()):
             m.d.sync += loss_done.eq(0)
         with m.Elif(loss.done):
             m.d.sync += loss_done.eq(1)
