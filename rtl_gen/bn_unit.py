@@ -378,6 +378,11 @@ STATS_QUEUE_DEPTH = 4
 """Entries of :class:`BnForwardCore`'s EPI3 queue (a channel's stats fields from its division's request to its
 response): more than the divider holds, so the queue never holds the requests back at the divider's rate."""
 
+THR_WRITE_STAGES = 1
+"""Cycles at the end of :class:`BnForwardCore`'s EPI1 and EPI2 (each): a channel's thresholds are registered
+before their write to ``thr_mem`` (ECP5 timing proxy, docs/results/timing.md), and the next pass starts once
+the last channel's are written."""
+
 BN_FWD_ACC_STAGES = 1
 """Stages of :class:`BnForwardCore`'s element passes after stage 1 (the compares): the accumulators are read,
 added to and written a cycle later (ECP5 timing proxy, docs/results.md), so each pass ends that many cycles after
@@ -535,6 +540,8 @@ def forward_cycles(layer: BnLayer, div_steps: int = 1) -> dict[str, int]:
     # C -+ S' 2^Fb, saturation, the three dividends over B^2 (the group's read first), the request: ten cycles a
     # channel; done with the last channel's quotients
     epi2 = 10 + sum(11 if c % L == 0 else 10 for c in range(1, M)) + CONST_DIV_LATENCY + 1
+    epi1 += THR_WRITE_STAGES
+    epi2 += THR_WRITE_STAGES
     epi3 = epi3_responses(layer, div_steps)[-1] + 1
     pc += BN_FWD_ACC_STAGES
     out = {
@@ -676,8 +683,14 @@ class BnForwardCore(wiring.Component):
         cnt = _BeatCounter(m, ch, B, accept, "in")
         p1 = phase == Phase.PASS1
         hazard = _raw_hazard(ch, s1_valid)
+        # pass 3's x_hat and mask are registered (``xr``) before the x queue (timing: the threshold memory's read
+        # word, the compares and the queue's input multiplexer in one cycle closed at 82.4 MHz at the paper's
+        # widths on the ECP5 proxy); ``xr`` takes stage 1's beat when it is empty or the queue takes its own
+        xr_valid = Signal(name="xr_valid")
+        xr_adv = Signal(name="xr_adv")
+        m.d.comb += xr_adv.eq(~xr_valid | x_queue.i.ready)
         m.d.comb += [
-            adv.eq(~(s1_valid & (phase == Phase.PASS3)) | x_queue.i.ready),
+            adv.eq(~(s1_valid & (phase == Phase.PASS3)) | xr_adv),
             self.y.ready.eq(p1 & ~in_done & adv & ~hazard),
             self.y_replay.ready.eq(((phase == Phase.PASS2) | (phase == Phase.PASS3)) & ~in_done & adv & ~hazard),
             accept.eq((self.y.valid & self.y.ready) | (self.y_replay.valid & self.y_replay.ready)),
@@ -737,11 +750,13 @@ class BnForwardCore(wiring.Component):
                 x_hat[lane].eq(sel & real),
                 mask[lane].eq((y >= thr.lo) & (y <= thr.hi) & real),
             ]
+        xr = Signal(lay.x_layout, name="xr", reset_less=True)
+        with m.If(xr_adv):
+            m.d.sync += [xr_valid.eq(s1_valid & (phase == Phase.PASS3)),
+                         xr.x_hat.eq(x_hat), xr.mask.eq(mask), xr.last.eq(s1_last_group)]
         m.d.comb += [
-            x_queue.i.valid.eq(s1_valid & (phase == Phase.PASS3)),
-            x_queue.i.payload.x_hat.eq(x_hat),
-            x_queue.i.payload.mask.eq(mask),
-            x_queue.i.payload.last.eq(s1_last_group),
+            x_queue.i.valid.eq(xr_valid),
+            x_queue.i.payload.eq(xr),
             sum_wr.addr.eq(s2_g),
             sum_wr.data.eq(sum_new),
             sum_wr.en.eq(writes & (phase == Phase.PASS1)),
@@ -792,12 +807,22 @@ class BnForwardCore(wiring.Component):
         with m.If(in_pass & s2_valid & s2_last):  # each pass is followed by its epilogue
             m.d.sync += [phase.eq(phase + 1), in_pass.eq(0), est.eq(RD), in_done.eq(0)]
 
+        # EPI1 and EPI2 end a cycle after their last channel (THR_WRITE_STAGES), when its registered thresholds
+        # are written: a layer of one group reads that word in the pass's first cycle
+        thr_fin = Signal(name="thr_fin")
+
+        def end_epilogue(next_phase):
+            if next_phase == Phase.PASS1:
+                m.d.sync += [phase.eq(next_phase), in_pass.eq(1)]
+            else:
+                m.d.sync += thr_fin.eq(1)
+
         def channel_done(next_phase):
             walk.next_channel(m)
             with m.If(walk.last_lane):
                 m.d.sync += est.eq(RD)
                 with m.If(walk.last_group):
-                    m.d.sync += [phase.eq(next_phase), in_pass.eq(next_phase in _FWD_PASSES)]
+                    end_epilogue(next_phase)
             with m.Else():
                 m.d.sync += est.eq(CH0)
 
@@ -813,7 +838,8 @@ class BnForwardCore(wiring.Component):
             """The response side of EPI1 / EPI2 / EPI3: a channel's result was taken."""
             rwalk.next_channel(m)
             with m.If(rwalk.last_lane & rwalk.last_group):
-                m.d.sync += [phase.eq(next_phase), in_pass.eq(next_phase in _FWD_PASSES), est.eq(RD)]
+                m.d.sync += est.eq(RD)
+                end_epilogue(next_phase)
 
         # EPI3's alpha division on the divider (one a channel; responses in order)
         alpha_n = Signal(wn, name="alpha_dividend")
@@ -841,10 +867,19 @@ class BnForwardCore(wiring.Component):
                      *(c_pipe[i].eq(c_pipe[i - 1]) for i in range(1, CONST_DIV_LATENCY))]
         c_resp = c_pipe[-1]
 
+        # a channel's thresholds are chosen (EPI1's, EPI2's or the eval ones) into registers and written to
+        # thr_mem a cycle later (THR_WRITE_STAGES; timing: `c_eval_sat` -> `t_eval` -> the word's multiplexer ->
+        # every lane's LUT RAM write data closed at 81.4 MHz at the paper's widths on the ECP5 proxy)
         thr_word = Signal(lay.thr_layout)
-        m.d.comb += thr_wr.addr.eq(Mux(self.eval_mode & (phase == Phase.EPI2), walk.g, rwalk.g))
+        thr_en = Signal(L, name="thr_en")
+        thr_word_r = Signal(lay.thr_layout, name="thr_word_r", reset_less=True)
+        thr_en_r = Signal(L, name="thr_en_r")
+        thr_addr_r = Signal(range(G), name="thr_addr_r", reset_less=True)
+        m.d.sync += [thr_word_r.eq(thr_word), thr_en_r.eq(thr_en),
+                     thr_addr_r.eq(Mux(self.eval_mode & (phase == Phase.EPI2), walk.g, rwalk.g))]
+        m.d.comb += [thr_wr.addr.eq(thr_addr_r), thr_wr.en.eq(thr_en_r)]
         for lane in range(L):
-            m.d.comb += thr_wr.data[lane].eq(thr_word)
+            m.d.comb += thr_wr.data[lane].eq(thr_word_r)
 
         # Registers of the per-channel arithmetic.
         beta_r = Signal(signed(lay.beta_width))
@@ -951,7 +986,7 @@ class BnForwardCore(wiring.Component):
                     m.d.comb += [
                         c_req.eq(est == CH0),
                         thr_word.theta.eq(q1 - ymax),
-                        thr_wr.en.eq(Mux(c_resp, 1 << rwalk.l, 0)),
+                        thr_en.eq(Mux(c_resp, 1 << rwalk.l, 0)),
                     ]
                     with m.If(est == CH0):
                         channel_issued()
@@ -990,7 +1025,7 @@ class BnForwardCore(wiring.Component):
                         with m.Case(CH2A):  # saturated at +-T K (timing: one carry chain a cycle)
                             with m.If(self.eval_mode):  # theta = ceil(C' / 2^(Fr+Fb)), saturated: a shift, no division
                                 m.d.comb += [thr_word.theta.eq(t_eval), thr_word.lo.eq(t_eval), thr_word.hi.eq(t_eval),
-                                             thr_wr.en.eq(1 << walk.l)]
+                                             thr_en.eq(1 << walk.l)]
                                 channel_done(Phase.PASS3)
                             with m.Else():
                                 m.d.sync += [*(v_r[i].eq(clamp(v_r[i])) for i in range(3)), est.eq(CH2B)]
@@ -1008,7 +1043,7 @@ class BnForwardCore(wiring.Component):
                     with m.If(~self.eval_mode):  # the three quotients of a channel together, in channel order
                         m.d.comb += [thr_word.theta.eq(q2[0] - T), thr_word.lo.eq(q2[1] - T), thr_word.hi.eq(q2[2] - T)]
                         with m.If(c_resp):
-                            m.d.comb += thr_wr.en.eq(1 << rwalk.l)
+                            m.d.comb += thr_en.eq(1 << rwalk.l)
                             channel_answered(Phase.PASS3)
                 with m.Case(Phase.EPI3):
                     with m.Switch(est):
@@ -1051,6 +1086,8 @@ class BnForwardCore(wiring.Component):
                     ]
                     with m.If(s_go):
                         channel_answered(Phase.PASS1)
+        with m.If(thr_fin):  # EPI1 -> PASS2, EPI2 -> PASS3 (nothing else moves in this cycle: est is RD)
+            m.d.sync += [phase.eq(phase + 1), in_pass.eq(1), est.eq(RD), thr_fin.eq(0)]
         return m
 
 

@@ -82,7 +82,7 @@ def forward_cycles(plan, j: int, *, infer: bool = False) -> int:
     ``infer`` (``ifwd j``): the same passes in evaluation mode: the thresholds without divisions (six cycles
     a channel), the per-channel constants without ``alpha`` or a running update (two cycles a channel), the
     logits without the loss unit."""
-    from .bn_unit import BN_FWD_ACC_STAGES, BnForwardUnit, epi3_responses
+    from .bn_unit import BN_FWD_ACC_STAGES, THR_WRITE_STAGES, BnForwardUnit, epi3_responses
     from .loss_unit import OutputGeometry
 
     lp = plan.layers[j]
@@ -95,7 +95,7 @@ def forward_cycles(plan, j: int, *, infer: bool = False) -> int:
 
     resp = epi3_responses(plan.bn_unit_layer(j), cfg.hw.div_steps)
     if infer:
-        out = engine + 1 + bn["epi1"] + bn["pass2"] + (G + 6 * M) + bn["pass3"]
+        out = engine + 1 + bn["epi1"] + bn["pass2"] + (G + 6 * M + THR_WRITE_STAGES) + bn["pass3"]
         if not lp.top:  # a group's read, then two cycles a channel; the last beat through the stats queue
             return out + G + 2 * M + STATS_QUEUE_DELAY + PHASE_OVERHEAD
         geo = OutputGeometry.from_config(cfg, lanes=plan.loss_lanes, div_steps=cfg.hw.div_steps)
