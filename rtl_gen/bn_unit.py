@@ -506,9 +506,13 @@ def divider_widths(layer: BnLayer) -> tuple[int, int, int]:
     return wd + wq, wd, wq
 
 
-EPI1_DIV_STAGES = 1
+EPI1_DIV_STAGES = 2
 """BN forward EPI1: registers between the channel's lane of ``sum_mem`` (plus its offset) and the division by
-``B`` (:func:`rtl_gen.divider.const_divide`); each adds a cycle to EPI1, not a cycle a channel."""
+``B`` (:func:`rtl_gen.divider.const_divide`): the lane chosen within each part of :data:`EPI1_PART` lanes, then
+the part; each adds a cycle to EPI1, not a cycle a channel."""
+
+EPI1_PART = 8
+"""Lanes of a part of BN forward EPI1's two-stage lane choice (:data:`EPI1_DIV_STAGES`)."""
 
 EPI3_ISSUE = 6
 """BN forward EPI3: cycles from one channel's division request to the next one's (within a group): the lane's
@@ -717,7 +721,7 @@ class BnForwardCore(wiring.Component):
         s2_last = Signal()
         s2_g = Signal(range(G))
         s2_y = Signal(data.ArrayLayout(signed(w["y"]), L))  # pass 1: y into sum_y
-        s2_dy = Signal(data.ArrayLayout(signed(w["y"] + 1), L))  # passes 2, 3: +-y into Ys
+        s2_neg_y = Signal(data.ArrayLayout(signed(w["y"] + 1), L))  # passes 2, 3: -y, and s2_y, into Ys
         s2_sel = Signal(L)  # passes 2, 3: +-1 into Ns
         m.d.sync += s2_valid.eq(s1_valid & adv)
         with m.If(adv):
@@ -736,12 +740,14 @@ class BnForwardCore(wiring.Component):
             sel = Signal(name=f"sel{lane}")  # y >= t_mu (pass 2), y >= theta (pass 3): t_mu lives in slot theta
             neg_y = Signal(signed(w["y"] + 1), name=f"neg_y{lane}")
             m.d.comb += [sel.eq(y >= thr.theta), neg_y.eq(-y)]
+            # the compare registered alone, +-y chosen in stage 2 (timing: the compare's carry chain and the choice
+            # of +-y in one cycle closed at 92.0 MHz at the paper's widths on the ECP5 proxy)
             with m.If(adv):
-                m.d.sync += [s2_sel[lane].eq(sel), s2_dy[lane].eq(Mux(sel, y, neg_y))]
+                m.d.sync += [s2_sel[lane].eq(sel), s2_neg_y[lane].eq(neg_y)]
             ns_inc = Signal(cnt_shape, name=f"ns_inc{lane}")
             m.d.comb += [
                 sum_new[lane].eq(Mux(s2_first, 0, sum_old[lane]) + s2_y[lane]),
-                ys_new[lane].eq(Mux(s2_first, 0, ys_old[lane]) + s2_dy[lane]),
+                ys_new[lane].eq(Mux(s2_first, 0, ys_old[lane]) + Mux(s2_sel[lane], s2_y[lane], s2_neg_y[lane])),
                 ns_inc.eq(Mux(s2_sel[lane], 1, -1)),
                 ns_new[lane].eq(Mux(s2_first, 0, ns_old[lane]) + ns_inc),
             ]
@@ -791,14 +797,27 @@ class BnForwardCore(wiring.Component):
         # EPI1's dividend, offset in every lane before the lane choice (timing: the lane index's fan-out into
         # the multiplexer, then the offset's carry chain into the divider's request register closed at 99.6 MHz
         # on the ECP5 proxy; now the index reaches only the final choice)
+        # chosen in two registered stages: the lane within each part of EPI1_PART lanes, then the part (timing:
+        # the lane index's fan-out into the 64-lane multiplexer, one cycle, closed at 85.4 MHz at the paper's
+        # widths on the ECP5 proxy, 87 % routing)
         epi1_n = Signal(wn, name="epi1_dividend")
         epi1_lanes = [Signal(wn, name=f"epi1_dividend{i}") for i in range(L)]
         for i, sig in enumerate(epi1_lanes):
             m.d.comb += sig.eq(sum_rd.data[i] + (B * ymax + B - 1))
-        with m.Switch(walk.l):
-            for i, sig in enumerate(epi1_lanes):
-                with m.Case(i):
-                    m.d.comb += epi1_n.eq(sig)
+        lo_bits = min(EPI1_PART, L).bit_length() - 1 if L > 1 else 0
+        parts = [epi1_lanes[i:i + (1 << lo_bits)] for i in range(0, L, 1 << lo_bits)]
+        part_r = [Signal(wn, name=f"epi1_part{j}", reset_less=True) for j in range(len(parts))]
+        l_hi = Signal(range(len(parts)), name="epi1_part_r", reset_less=True)
+        m.d.sync += l_hi.eq(walk.l >> lo_bits)
+        for part, reg in zip(parts, part_r, strict=True):
+            with m.Switch(walk.l[:lo_bits] if lo_bits else Const(0, 1)):
+                for i, sig in enumerate(part):
+                    with m.Case(i):
+                        m.d.sync += reg.eq(sig)
+        with m.Switch(l_hi):
+            for j, reg in enumerate(part_r):
+                with m.Case(j):
+                    m.d.comb += epi1_n.eq(reg)
         ys_l = _lane(m, ys_rd.data, walk.l, sum_shape, "ys_l")
         ns_l = _lane(m, ns_rd.data, walk.l, cnt_shape, "ns_l")
         thr_l = _lane(m, thr_rd.data, walk.l, lay.thr_layout, "thr_l")
@@ -860,8 +879,9 @@ class BnForwardCore(wiring.Component):
         n2 = [Signal(((2 * TK + K - 1) >> fb).bit_length(), name=f"epi2_n{i}") for i in range(3)]
         q2 = [const_divide(m, n2[i], B * B, f"epi2_div{i}") for i in range(3)]
         c_req = Signal()
+        c_req0 = Signal(name="epi1_req_part")
         c_req1 = Signal(name="epi1_req_r")
-        m.d.sync += c_req1.eq(c_req & (phase == Phase.EPI1))
+        m.d.sync += [c_req0.eq(c_req & (phase == Phase.EPI1)), c_req1.eq(c_req0)]
         c_pipe = [Signal(name=f"cdiv_v{i}") for i in range(CONST_DIV_LATENCY)]
         m.d.sync += [c_pipe[0].eq(Mux(phase == Phase.EPI1, c_req1, c_req)),
                      *(c_pipe[i].eq(c_pipe[i - 1]) for i in range(1, CONST_DIV_LATENCY))]
