@@ -374,6 +374,11 @@ def pass_cycles(layer: BnLayer) -> int:
     return 2 * layer.batch if layer.groups == 1 else layer.beats + 1
 
 
+X_QUEUE_DEPTH = 8
+"""Entries of :class:`BnForwardCore`'s x queue: pass 3 takes a beat only while the queue has room for every beat
+ahead of it (its stages never stall); more than the beats in the credit loop (stage 1, ``xr``, the queue's two
+cycles, the take), so that an always-ready consumer sees a beat a cycle."""
+
 STATS_QUEUE_DEPTH = 4
 """Entries of :class:`BnForwardCore`'s EPI3 queue (a channel's stats fields from its division's request to its
 response): more than the divider holds, so the queue never holds the requests back at the divider's rate."""
@@ -673,7 +678,13 @@ class BnForwardCore(wiring.Component):
         # ---- element passes --------------------------------------------------------------------------------
         # Stage 0 accepts a beat and reads the group's words; stage 1 compares, accumulates (read-modify-write)
         # and, in pass 3, pushes x_hat / mask into the output queue.
-        m.submodules.x_queue = x_queue = SkidBuffer(shape=lay.x_layout)
+        # The stages never stall (``adv`` is 1): pass 3 takes a beat only while the x queue has room for it and
+        # every beat ahead of it (``x_credits``, X_QUEUE_DEPTH in all; timing: the x queue's ready as the stall
+        # enable of the stage registers and the threshold memory's read register, 528 clock enables, closed at
+        # 84.1 MHz at the paper's widths on the ECP5 proxy, 90 % routing)
+        m.submodules.x_queue = x_queue = SyncFIFOBuffered(width=Shape.cast(lay.x_layout).width, depth=X_QUEUE_DEPTH)
+        x_credits = Signal(range(X_QUEUE_DEPTH + 1), init=X_QUEUE_DEPTH, name="x_credits")
+        x_room = Signal(init=1, name="x_room")  # x_credits != 0, a register
         adv = Signal()
         in_done = Signal()  # every beat of this pass accepted
         accept = Signal()
@@ -689,14 +700,23 @@ class BnForwardCore(wiring.Component):
         hazard = _raw_hazard(ch, s1_valid)
         # pass 3's x_hat and mask are registered (``xr``) before the x queue (timing: the threshold memory's read
         # word, the compares and the queue's input multiplexer in one cycle closed at 82.4 MHz at the paper's
-        # widths on the ECP5 proxy); ``xr`` takes stage 1's beat when it is empty or the queue takes its own
+        # widths on the ECP5 proxy)
         xr_valid = Signal(name="xr_valid")
-        xr_adv = Signal(name="xr_adv")
-        m.d.comb += xr_adv.eq(~xr_valid | x_queue.i.ready)
+        x_view = data.View(lay.x_layout, x_queue.r_data)
+        x_take, x_give, x_next = Signal(), Signal(), Signal.like(x_credits)
         m.d.comb += [
-            adv.eq(~(s1_valid & (phase == Phase.PASS3)) | xr_adv),
-            self.y.ready.eq(p1 & ~in_done & adv & ~hazard),
-            self.y_replay.ready.eq(((phase == Phase.PASS2) | (phase == Phase.PASS3)) & ~in_done & adv & ~hazard),
+            x_take.eq(self.y_replay.valid & self.y_replay.ready & (phase == Phase.PASS3)),
+            x_give.eq(self.x.valid & self.x.ready),
+            x_next.eq(x_credits - x_take + x_give),
+            self.x.valid.eq(x_queue.r_rdy),
+            self.x.payload.eq(x_view),
+            x_queue.r_en.eq(self.x.ready),
+        ]
+        m.d.sync += [x_credits.eq(x_next), x_room.eq(x_next != 0)]
+        m.d.comb += [
+            adv.eq(1),
+            self.y.ready.eq(p1 & ~in_done & ~hazard),
+            self.y_replay.ready.eq(((phase == Phase.PASS2) | ((phase == Phase.PASS3) & x_room)) & ~in_done & ~hazard),
             accept.eq((self.y.valid & self.y.ready) | (self.y_replay.valid & self.y_replay.ready)),
             in_payload.eq(Mux(p1, self.y.payload, self.y_replay.payload)),
         ]
@@ -757,12 +777,11 @@ class BnForwardCore(wiring.Component):
                 mask[lane].eq((y >= thr.lo) & (y <= thr.hi) & real),
             ]
         xr = Signal(lay.x_layout, name="xr", reset_less=True)
-        with m.If(xr_adv):
-            m.d.sync += [xr_valid.eq(s1_valid & (phase == Phase.PASS3)),
-                         xr.x_hat.eq(x_hat), xr.mask.eq(mask), xr.last.eq(s1_last_group)]
+        m.d.sync += [xr_valid.eq(s1_valid & (phase == Phase.PASS3)),
+                     xr.x_hat.eq(x_hat), xr.mask.eq(mask), xr.last.eq(s1_last_group)]
         m.d.comb += [
-            x_queue.i.valid.eq(xr_valid),
-            x_queue.i.payload.eq(xr),
+            x_queue.w_en.eq(xr_valid),  # never full: the credits
+            x_queue.w_data.eq(xr),
             sum_wr.addr.eq(s2_g),
             sum_wr.data.eq(sum_new),
             sum_wr.en.eq(writes & (phase == Phase.PASS1)),
@@ -773,7 +792,6 @@ class BnForwardCore(wiring.Component):
             ns_wr.data.eq(ns_new),
             ns_wr.en.eq(writes & ((phase == Phase.PASS2) | (phase == Phase.PASS3))),
         ]
-        wiring.connect(m, x_queue.o, wiring.flipped(self.x))
 
         # ---- per-channel sequencer (epilogues) ------------------------------------------------------------
         walk = _LaneWalker(m, ch, "epi")
