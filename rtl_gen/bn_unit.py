@@ -906,7 +906,7 @@ class BnForwardCore(wiring.Component):
         c_resp = c_pipe[-1]
 
         # a channel's thresholds are chosen (EPI1's, EPI2's or the eval ones) into registers and written to
-        # thr_mem a cycle later (THR_WRITE_STAGES; timing: `c_eval_sat` -> `t_eval` -> the word's multiplexer ->
+        # thr_mem a cycle later (THR_WRITE_STAGES; timing: `C'` saturated -> `t_eval` -> the word's multiplexer ->
         # every lane's LUT RAM write data closed at 81.4 MHz at the paper's widths on the ECP5 proxy)
         thr_word = Signal(lay.thr_layout)
         thr_en = Signal(L, name="thr_en")
@@ -968,15 +968,16 @@ class BnForwardCore(wiring.Component):
         def clamp(v):
             return Mux(v < -TK, -TK, Mux(v > TK, TK, v))
 
-        # eval threshold ceil(C' / 2^(Fr+Fb)) saturated to [-T, T] (bn_forward_eval): saturate C' to +-T 2^(Fr+Fb)
+        # eval threshold ceil(C' / 2^(Fr+Fb)) saturated to [-T, T] (bn_forward_eval): ceil(C' / 2^(Fr+Fb)) into a
+        # register every cycle (read a cycle after C' settles), then saturated at +-T (the same: ceil is monotone
+        # and +-T 2^(Fr+Fb) are multiples of 2^(Fr+Fb)). Timing: C' saturated at +-T 2^(Fr+Fb) into a register
+        # (two compares of C' into its set / reset) closed at 88.5 MHz at the paper's widths on the ECP5 proxy;
+        # compare, add and shift into the threshold memory's write port in one cycle at 70 MHz
         fe = p.running_frac + fb
-        te = T << fe
         t_eval = Signal(signed(w["theta"]), name="t_eval")
-        c_sat = Signal(signed(max(lay.c_width, te.bit_length() + 1)), name="c_eval_sat")
-        # saturated every cycle into a register (timing: compare, add and shift into the threshold memory's write
-        # port in one cycle closed at 70 MHz on the ECP5 proxy); read a cycle after C' settles
-        m.d.sync += c_sat.eq(Mux(c_r < -te, -te, Mux(c_r > te, te, c_r)))
-        m.d.comb += t_eval.eq((c_sat + ((1 << fe) - 1)) >> fe)
+        t_raw = Signal(signed(max(lay.c_width + 1 - fe, T.bit_length() + 2)), name="t_eval_raw")
+        m.d.sync += t_raw.eq((c_r + ((1 << fe) - 1)) >> fe)
+        m.d.comb += t_eval.eq(Mux(t_raw < -T, -T, Mux(t_raw > T, T, t_raw)))
 
         m.d.comb += [
             chan_rd.addr.eq(walk.ch),
