@@ -343,6 +343,13 @@ class BnParamUnit(wiring.Component):
         e_new = Signal(signed(E_WIDTH))  # the exponent after this update (set in "exponent")
         e_in = Signal(signed(E_WIDTH))
         e_load = Signal()
+        # the update's new exponent is written a cycle after its last channel, from a register (timing: the FSM
+        # state and the channel compare into the exponent registers' clock enables closed at 95.5 MHz at the
+        # paper's widths on the ECP5 proxy); the host reaches e no earlier than three cycles after the update
+        e_upd = Signal(name="e_upd")
+        m.d.sync += e_upd.eq(0)
+        with m.If(e_upd):
+            m.d.comb += [e_in.eq(e_new), e_load.eq(1)]
         with m.Switch(sel):
             for i in range(n_layers):
                 with m.Case(i):
@@ -802,7 +809,7 @@ class BnParamUnit(wiring.Component):
                     wr["beta"].addr.eq(base + ch), wr["beta"].data.eq(beta_new), wr["beta"].en.eq(1),
                 ]
                 with m.If(ch == M1):
-                    m.d.comb += [e_in.eq(e_new), e_load.eq(1)]
+                    m.d.sync += e_upd.eq(1)
                     m.d.sync += ch.eq(0)
                     m.next = "idle"
                 with m.Else():  # the next channel's read requested
