@@ -442,6 +442,42 @@ class _LaneWalker:
             m.d.sync += [self.l.eq(self.l + 1), self.ch.eq(self.ch + 1)]
 
 
+class _CountdownWalker:
+    """A per-channel sequencer as :class:`_LaneWalker` (``g``, ``l``, ``ch``, ``last_lane``, ``last_group``,
+    :meth:`next_channel`) whose ``last_lane`` is ``left == 0``, a count of the group's lanes still to come in a
+    register of its own: the lane index ``l`` then fans out to the data path's lane multiplexers alone. ``left``
+    is loaded for group 0 by :meth:`restart` (every cycle while the sequencer rests at channel 0, so that a
+    shared unit's layer may change between batches)."""
+
+    def __init__(self, m: Module, ch: _Channels, name: str):
+        self._ch = ch
+        self.g = Signal(range(ch.max_groups), name=f"{name}_g")
+        self.l = Signal(range(ch.lanes), name=f"{name}_l")
+        self.ch = Signal(range(ch.max_channels), name=f"{name}_ch")
+        self.left = Signal(range(ch.lanes), name=f"{name}_left")
+        self.last_lane = Signal(name=f"{name}_last_lane")
+        self.last_group = Signal(name=f"{name}_last_group")
+        m.d.comb += [self.last_group.eq(self.g == ch.g1), self.last_lane.eq(self.left == 0)]
+
+    def _lanes1(self, last_group):
+        return Mux(last_group, self._ch.ll1, self._ch.lanes - 1)
+
+    def restart(self, m: Module):
+        m.d.sync += self.left.eq(self._lanes1(self._ch.single))
+
+    def next_channel(self, m: Module):
+        """Sync statements moving to the next channel (wrapping to channel 0 after the last)."""
+        with m.If(self.last_lane):
+            m.d.sync += self.l.eq(0)
+            with m.If(self.last_group):
+                m.d.sync += [self.g.eq(0), self.ch.eq(0), self.left.eq(self._lanes1(self._ch.single))]
+            with m.Else():
+                m.d.sync += [self.g.eq(self.g + 1), self.ch.eq(self.ch + 1),
+                             self.left.eq(self._lanes1(self.g + 1 == self._ch.g1))]
+        with m.Else():
+            m.d.sync += [self.l.eq(self.l + 1), self.ch.eq(self.ch + 1), self.left.eq(self.left - 1)]
+
+
 def _lane(m: Module, view, index, shape, name: str) -> Signal:
     """``view[index]`` (dynamic lane select) bound to a Signal, so the multiplexer is built once."""
     sig = Signal(shape, name=name)
@@ -794,10 +830,15 @@ class BnForwardCore(wiring.Component):
         ]
 
         # ---- per-channel sequencer (epilogues) ------------------------------------------------------------
-        walk = _LaneWalker(m, ch, "epi")
+        # (timing: the lane index's fan-out to the lane multiplexers and into the sequencer's own last-lane
+        # compare closed at 80.8 MHz at the paper's widths on the ECP5 proxy: _CountdownWalker)
+        walk = _CountdownWalker(m, ch, "epi")
         # EPI1 and EPI2 overlap channels: ``walk`` issues a channel's divisions and moves on (WT once every
         # channel's are issued), ``rwalk`` takes the responses in order and writes each channel's thresholds.
-        rwalk = _LaneWalker(m, ch, "resp")
+        rwalk = _CountdownWalker(m, ch, "resp")
+        with m.If(in_pass):  # both rest at channel 0 in a pass
+            walk.restart(m)
+            rwalk.restart(m)
         est = Signal(range(13), name="est")  # step within the epilogue: a group's read, then a channel's steps
         RD, CH0, CH1, CH2, CH3, WT, CH2A, CH2B, CH0B, CH1B, CH1C, CH0C, CH1R = range(13)
         epi_rd = Signal()
