@@ -374,7 +374,19 @@ class BnParamUnit(wiring.Component):
                                                             init=init, name=name)
             mems[name] = (mem.read, mem.write)
         mem_rd = {k: v[0] for k, v in mems.items()}
-        wr = {k: v[1] for k, v in mems.items()}
+        # the write ports too take their address, data and enable from registers, the requests below a cycle
+        # earlier (timing: the FSM state -> the write multiplexers -> the segment compare -> beta_mem's tail write
+        # enable closed at 92.9 MHz at the paper's widths on the ECP5 proxy); every word is read a pass or more
+        # after its write, the host's reads three cycles or more after it
+        wr = {}
+        for name, (_, port) in mems.items():
+            req = wr[name] = _WriteRequest(Signal.like(port.addr, name=f"{name}_wr_addr_n"),
+                                           Signal.like(port.data, name=f"{name}_wr_data_n"),
+                                           Signal(name=f"{name}_wr_en_n"))
+            regs = (Signal.like(port.addr, name=f"{name}_wr_addr_r", reset_less=True),
+                    Signal.like(port.data, name=f"{name}_wr_data_r", reset_less=True), Signal(name=f"{name}_wr_en_r"))
+            m.d.sync += [r.eq(v) for r, v in zip(regs, (req.addr, req.data, req.en), strict=True)]
+            m.d.comb += [port.addr.eq(regs[0]), port.data.eq(regs[1]), port.en.eq(regs[2])]
         # every read port's address and enable come from registers, loaded a cycle before the read from the
         # requests below (``rd``: the host, the beta stream, the running statistics, the update's passes; timing:
         # `b_left` -> the running statistics' read enable and the FSM state -> a_mem's address, decoded and
@@ -830,6 +842,15 @@ class _ReadRequest:
     addr: Signal
     en: Signal
     data: object
+
+
+@dataclass
+class _WriteRequest:
+    """A write port's request (registered before the port)."""
+
+    addr: Signal
+    data: Signal
+    en: Signal
 
 
 class _HwView:
