@@ -374,9 +374,19 @@ def pass_cycles(layer: BnLayer) -> int:
     return 2 * layer.batch if layer.groups == 1 else layer.beats + 1
 
 
+X_QUEUE_DEPTH = 8
+"""Entries of :class:`BnForwardCore`'s x queue: pass 3 takes a beat only while the queue has room for every beat
+ahead of it (its stages never stall); more than the beats in the credit loop (stage 1, ``xr``, the queue's two
+cycles, the take), so that an always-ready consumer sees a beat a cycle."""
+
 STATS_QUEUE_DEPTH = 4
 """Entries of :class:`BnForwardCore`'s EPI3 queue (a channel's stats fields from its division's request to its
 response): more than the divider holds, so the queue never holds the requests back at the divider's rate."""
+
+THR_WRITE_STAGES = 1
+"""Cycles at the end of :class:`BnForwardCore`'s EPI1 and EPI2 (each): a channel's thresholds are registered
+before their write to ``thr_mem`` (ECP5 timing proxy, docs/results/timing.md), and the next pass starts once
+the last channel's are written."""
 
 BN_FWD_ACC_STAGES = 1
 """Stages of :class:`BnForwardCore`'s element passes after stage 1 (the compares): the accumulators are read,
@@ -430,6 +440,42 @@ class _LaneWalker:
                 m.d.sync += [self.g.eq(self.g + 1), self.ch.eq(self.ch + 1)]
         with m.Else():
             m.d.sync += [self.l.eq(self.l + 1), self.ch.eq(self.ch + 1)]
+
+
+class _CountdownWalker:
+    """A per-channel sequencer as :class:`_LaneWalker` (``g``, ``l``, ``ch``, ``last_lane``, ``last_group``,
+    :meth:`next_channel`) whose ``last_lane`` is ``left == 0``, a count of the group's lanes still to come in a
+    register of its own: the lane index ``l`` then fans out to the data path's lane multiplexers alone. ``left``
+    is loaded for group 0 by :meth:`restart` (every cycle while the sequencer rests at channel 0, so that a
+    shared unit's layer may change between batches)."""
+
+    def __init__(self, m: Module, ch: _Channels, name: str):
+        self._ch = ch
+        self.g = Signal(range(ch.max_groups), name=f"{name}_g")
+        self.l = Signal(range(ch.lanes), name=f"{name}_l")
+        self.ch = Signal(range(ch.max_channels), name=f"{name}_ch")
+        self.left = Signal(range(ch.lanes), name=f"{name}_left")
+        self.last_lane = Signal(name=f"{name}_last_lane")
+        self.last_group = Signal(name=f"{name}_last_group")
+        m.d.comb += [self.last_group.eq(self.g == ch.g1), self.last_lane.eq(self.left == 0)]
+
+    def _lanes1(self, last_group):
+        return Mux(last_group, self._ch.ll1, self._ch.lanes - 1)
+
+    def restart(self, m: Module):
+        m.d.sync += self.left.eq(self._lanes1(self._ch.single))
+
+    def next_channel(self, m: Module):
+        """Sync statements moving to the next channel (wrapping to channel 0 after the last)."""
+        with m.If(self.last_lane):
+            m.d.sync += self.l.eq(0)
+            with m.If(self.last_group):
+                m.d.sync += [self.g.eq(0), self.ch.eq(0), self.left.eq(self._lanes1(self._ch.single))]
+            with m.Else():
+                m.d.sync += [self.g.eq(self.g + 1), self.ch.eq(self.ch + 1),
+                             self.left.eq(self._lanes1(self.g + 1 == self._ch.g1))]
+        with m.Else():
+            m.d.sync += [self.l.eq(self.l + 1), self.ch.eq(self.ch + 1), self.left.eq(self.left - 1)]
 
 
 def _lane(m: Module, view, index, shape, name: str) -> Signal:
@@ -501,9 +547,13 @@ def divider_widths(layer: BnLayer) -> tuple[int, int, int]:
     return wd + wq, wd, wq
 
 
-EPI1_DIV_STAGES = 1
+EPI1_DIV_STAGES = 2
 """BN forward EPI1: registers between the channel's lane of ``sum_mem`` (plus its offset) and the division by
-``B`` (:func:`rtl_gen.divider.const_divide`); each adds a cycle to EPI1, not a cycle a channel."""
+``B`` (:func:`rtl_gen.divider.const_divide`): the lane chosen within each part of :data:`EPI1_PART` lanes, then
+the part; each adds a cycle to EPI1, not a cycle a channel."""
+
+EPI1_PART = 8
+"""Lanes of a part of BN forward EPI1's two-stage lane choice (:data:`EPI1_DIV_STAGES`)."""
 
 EPI3_ISSUE = 6
 """BN forward EPI3: cycles from one channel's division request to the next one's (within a group): the lane's
@@ -535,6 +585,8 @@ def forward_cycles(layer: BnLayer, div_steps: int = 1) -> dict[str, int]:
     # C -+ S' 2^Fb, saturation, the three dividends over B^2 (the group's read first), the request: ten cycles a
     # channel; done with the last channel's quotients
     epi2 = 10 + sum(11 if c % L == 0 else 10 for c in range(1, M)) + CONST_DIV_LATENCY + 1
+    epi1 += THR_WRITE_STAGES
+    epi2 += THR_WRITE_STAGES
     epi3 = epi3_responses(layer, div_steps)[-1] + 1
     pc += BN_FWD_ACC_STAGES
     out = {
@@ -662,7 +714,13 @@ class BnForwardCore(wiring.Component):
         # ---- element passes --------------------------------------------------------------------------------
         # Stage 0 accepts a beat and reads the group's words; stage 1 compares, accumulates (read-modify-write)
         # and, in pass 3, pushes x_hat / mask into the output queue.
-        m.submodules.x_queue = x_queue = SkidBuffer(shape=lay.x_layout)
+        # The stages never stall (``adv`` is 1): pass 3 takes a beat only while the x queue has room for it and
+        # every beat ahead of it (``x_credits``, X_QUEUE_DEPTH in all; timing: the x queue's ready as the stall
+        # enable of the stage registers and the threshold memory's read register, 528 clock enables, closed at
+        # 84.1 MHz at the paper's widths on the ECP5 proxy, 90 % routing)
+        m.submodules.x_queue = x_queue = SyncFIFOBuffered(width=Shape.cast(lay.x_layout).width, depth=X_QUEUE_DEPTH)
+        x_credits = Signal(range(X_QUEUE_DEPTH + 1), init=X_QUEUE_DEPTH, name="x_credits")
+        x_room = Signal(init=1, name="x_room")  # x_credits != 0, a register
         adv = Signal()
         in_done = Signal()  # every beat of this pass accepted
         accept = Signal()
@@ -676,10 +734,25 @@ class BnForwardCore(wiring.Component):
         cnt = _BeatCounter(m, ch, B, accept, "in")
         p1 = phase == Phase.PASS1
         hazard = _raw_hazard(ch, s1_valid)
+        # pass 3's x_hat and mask are registered (``xr``) before the x queue (timing: the threshold memory's read
+        # word, the compares and the queue's input multiplexer in one cycle closed at 82.4 MHz at the paper's
+        # widths on the ECP5 proxy)
+        xr_valid = Signal(name="xr_valid")
+        x_view = data.View(lay.x_layout, x_queue.r_data)
+        x_take, x_give, x_next = Signal(), Signal(), Signal.like(x_credits)
         m.d.comb += [
-            adv.eq(~(s1_valid & (phase == Phase.PASS3)) | x_queue.i.ready),
-            self.y.ready.eq(p1 & ~in_done & adv & ~hazard),
-            self.y_replay.ready.eq(((phase == Phase.PASS2) | (phase == Phase.PASS3)) & ~in_done & adv & ~hazard),
+            x_take.eq(self.y_replay.valid & self.y_replay.ready & (phase == Phase.PASS3)),
+            x_give.eq(self.x.valid & self.x.ready),
+            x_next.eq(x_credits - x_take + x_give),
+            self.x.valid.eq(x_queue.r_rdy),
+            self.x.payload.eq(x_view),
+            x_queue.r_en.eq(self.x.ready),
+        ]
+        m.d.sync += [x_credits.eq(x_next), x_room.eq(x_next != 0)]
+        m.d.comb += [
+            adv.eq(1),
+            self.y.ready.eq(p1 & ~in_done & ~hazard),
+            self.y_replay.ready.eq(((phase == Phase.PASS2) | ((phase == Phase.PASS3) & x_room)) & ~in_done & ~hazard),
             accept.eq((self.y.valid & self.y.ready) | (self.y_replay.valid & self.y_replay.ready)),
             in_payload.eq(Mux(p1, self.y.payload, self.y_replay.payload)),
         ]
@@ -704,7 +777,7 @@ class BnForwardCore(wiring.Component):
         s2_last = Signal()
         s2_g = Signal(range(G))
         s2_y = Signal(data.ArrayLayout(signed(w["y"]), L))  # pass 1: y into sum_y
-        s2_dy = Signal(data.ArrayLayout(signed(w["y"] + 1), L))  # passes 2, 3: +-y into Ys
+        s2_neg_y = Signal(data.ArrayLayout(signed(w["y"] + 1), L))  # passes 2, 3: -y, and s2_y, into Ys
         s2_sel = Signal(L)  # passes 2, 3: +-1 into Ns
         m.d.sync += s2_valid.eq(s1_valid & adv)
         with m.If(adv):
@@ -723,12 +796,14 @@ class BnForwardCore(wiring.Component):
             sel = Signal(name=f"sel{lane}")  # y >= t_mu (pass 2), y >= theta (pass 3): t_mu lives in slot theta
             neg_y = Signal(signed(w["y"] + 1), name=f"neg_y{lane}")
             m.d.comb += [sel.eq(y >= thr.theta), neg_y.eq(-y)]
+            # the compare registered alone, +-y chosen in stage 2 (timing: the compare's carry chain and the choice
+            # of +-y in one cycle closed at 92.0 MHz at the paper's widths on the ECP5 proxy)
             with m.If(adv):
-                m.d.sync += [s2_sel[lane].eq(sel), s2_dy[lane].eq(Mux(sel, y, neg_y))]
+                m.d.sync += [s2_sel[lane].eq(sel), s2_neg_y[lane].eq(neg_y)]
             ns_inc = Signal(cnt_shape, name=f"ns_inc{lane}")
             m.d.comb += [
                 sum_new[lane].eq(Mux(s2_first, 0, sum_old[lane]) + s2_y[lane]),
-                ys_new[lane].eq(Mux(s2_first, 0, ys_old[lane]) + s2_dy[lane]),
+                ys_new[lane].eq(Mux(s2_first, 0, ys_old[lane]) + Mux(s2_sel[lane], s2_y[lane], s2_neg_y[lane])),
                 ns_inc.eq(Mux(s2_sel[lane], 1, -1)),
                 ns_new[lane].eq(Mux(s2_first, 0, ns_old[lane]) + ns_inc),
             ]
@@ -737,11 +812,12 @@ class BnForwardCore(wiring.Component):
                 x_hat[lane].eq(sel & real),
                 mask[lane].eq((y >= thr.lo) & (y <= thr.hi) & real),
             ]
+        xr = Signal(lay.x_layout, name="xr", reset_less=True)
+        m.d.sync += [xr_valid.eq(s1_valid & (phase == Phase.PASS3)),
+                     xr.x_hat.eq(x_hat), xr.mask.eq(mask), xr.last.eq(s1_last_group)]
         m.d.comb += [
-            x_queue.i.valid.eq(s1_valid & (phase == Phase.PASS3)),
-            x_queue.i.payload.x_hat.eq(x_hat),
-            x_queue.i.payload.mask.eq(mask),
-            x_queue.i.payload.last.eq(s1_last_group),
+            x_queue.w_en.eq(xr_valid),  # never full: the credits
+            x_queue.w_data.eq(xr),
             sum_wr.addr.eq(s2_g),
             sum_wr.data.eq(sum_new),
             sum_wr.en.eq(writes & (phase == Phase.PASS1)),
@@ -752,13 +828,17 @@ class BnForwardCore(wiring.Component):
             ns_wr.data.eq(ns_new),
             ns_wr.en.eq(writes & ((phase == Phase.PASS2) | (phase == Phase.PASS3))),
         ]
-        wiring.connect(m, x_queue.o, wiring.flipped(self.x))
 
         # ---- per-channel sequencer (epilogues) ------------------------------------------------------------
-        walk = _LaneWalker(m, ch, "epi")
+        # (timing: the lane index's fan-out to the lane multiplexers and into the sequencer's own last-lane
+        # compare closed at 80.8 MHz at the paper's widths on the ECP5 proxy: _CountdownWalker)
+        walk = _CountdownWalker(m, ch, "epi")
         # EPI1 and EPI2 overlap channels: ``walk`` issues a channel's divisions and moves on (WT once every
         # channel's are issued), ``rwalk`` takes the responses in order and writes each channel's thresholds.
-        rwalk = _LaneWalker(m, ch, "resp")
+        rwalk = _CountdownWalker(m, ch, "resp")
+        with m.If(in_pass):  # both rest at channel 0 in a pass
+            walk.restart(m)
+            rwalk.restart(m)
         est = Signal(range(13), name="est")  # step within the epilogue: a group's read, then a channel's steps
         RD, CH0, CH1, CH2, CH3, WT, CH2A, CH2B, CH0B, CH1B, CH1C, CH0C, CH1R = range(13)
         epi_rd = Signal()
@@ -776,14 +856,27 @@ class BnForwardCore(wiring.Component):
         # EPI1's dividend, offset in every lane before the lane choice (timing: the lane index's fan-out into
         # the multiplexer, then the offset's carry chain into the divider's request register closed at 99.6 MHz
         # on the ECP5 proxy; now the index reaches only the final choice)
+        # chosen in two registered stages: the lane within each part of EPI1_PART lanes, then the part (timing:
+        # the lane index's fan-out into the 64-lane multiplexer, one cycle, closed at 85.4 MHz at the paper's
+        # widths on the ECP5 proxy, 87 % routing)
         epi1_n = Signal(wn, name="epi1_dividend")
         epi1_lanes = [Signal(wn, name=f"epi1_dividend{i}") for i in range(L)]
         for i, sig in enumerate(epi1_lanes):
             m.d.comb += sig.eq(sum_rd.data[i] + (B * ymax + B - 1))
-        with m.Switch(walk.l):
-            for i, sig in enumerate(epi1_lanes):
-                with m.Case(i):
-                    m.d.comb += epi1_n.eq(sig)
+        lo_bits = min(EPI1_PART, L).bit_length() - 1 if L > 1 else 0
+        parts = [epi1_lanes[i:i + (1 << lo_bits)] for i in range(0, L, 1 << lo_bits)]
+        part_r = [Signal(wn, name=f"epi1_part{j}", reset_less=True) for j in range(len(parts))]
+        l_hi = Signal(range(len(parts)), name="epi1_part_r", reset_less=True)
+        m.d.sync += l_hi.eq(walk.l >> lo_bits)
+        for part, reg in zip(parts, part_r, strict=True):
+            with m.Switch(walk.l[:lo_bits] if lo_bits else Const(0, 1)):
+                for i, sig in enumerate(part):
+                    with m.Case(i):
+                        m.d.sync += reg.eq(sig)
+        with m.Switch(l_hi):
+            for j, reg in enumerate(part_r):
+                with m.Case(j):
+                    m.d.comb += epi1_n.eq(reg)
         ys_l = _lane(m, ys_rd.data, walk.l, sum_shape, "ys_l")
         ns_l = _lane(m, ns_rd.data, walk.l, cnt_shape, "ns_l")
         thr_l = _lane(m, thr_rd.data, walk.l, lay.thr_layout, "thr_l")
@@ -792,12 +885,22 @@ class BnForwardCore(wiring.Component):
         with m.If(in_pass & s2_valid & s2_last):  # each pass is followed by its epilogue
             m.d.sync += [phase.eq(phase + 1), in_pass.eq(0), est.eq(RD), in_done.eq(0)]
 
+        # EPI1 and EPI2 end a cycle after their last channel (THR_WRITE_STAGES), when its registered thresholds
+        # are written: a layer of one group reads that word in the pass's first cycle
+        thr_fin = Signal(name="thr_fin")
+
+        def end_epilogue(next_phase):
+            if next_phase == Phase.PASS1:
+                m.d.sync += [phase.eq(next_phase), in_pass.eq(1)]
+            else:
+                m.d.sync += thr_fin.eq(1)
+
         def channel_done(next_phase):
             walk.next_channel(m)
             with m.If(walk.last_lane):
                 m.d.sync += est.eq(RD)
                 with m.If(walk.last_group):
-                    m.d.sync += [phase.eq(next_phase), in_pass.eq(next_phase in _FWD_PASSES)]
+                    end_epilogue(next_phase)
             with m.Else():
                 m.d.sync += est.eq(CH0)
 
@@ -813,7 +916,8 @@ class BnForwardCore(wiring.Component):
             """The response side of EPI1 / EPI2 / EPI3: a channel's result was taken."""
             rwalk.next_channel(m)
             with m.If(rwalk.last_lane & rwalk.last_group):
-                m.d.sync += [phase.eq(next_phase), in_pass.eq(next_phase in _FWD_PASSES), est.eq(RD)]
+                m.d.sync += est.eq(RD)
+                end_epilogue(next_phase)
 
         # EPI3's alpha division on the divider (one a channel; responses in order)
         alpha_n = Signal(wn, name="alpha_dividend")
@@ -834,17 +938,27 @@ class BnForwardCore(wiring.Component):
         n2 = [Signal(((2 * TK + K - 1) >> fb).bit_length(), name=f"epi2_n{i}") for i in range(3)]
         q2 = [const_divide(m, n2[i], B * B, f"epi2_div{i}") for i in range(3)]
         c_req = Signal()
+        c_req0 = Signal(name="epi1_req_part")
         c_req1 = Signal(name="epi1_req_r")
-        m.d.sync += c_req1.eq(c_req & (phase == Phase.EPI1))
+        m.d.sync += [c_req0.eq(c_req & (phase == Phase.EPI1)), c_req1.eq(c_req0)]
         c_pipe = [Signal(name=f"cdiv_v{i}") for i in range(CONST_DIV_LATENCY)]
         m.d.sync += [c_pipe[0].eq(Mux(phase == Phase.EPI1, c_req1, c_req)),
                      *(c_pipe[i].eq(c_pipe[i - 1]) for i in range(1, CONST_DIV_LATENCY))]
         c_resp = c_pipe[-1]
 
+        # a channel's thresholds are chosen (EPI1's, EPI2's or the eval ones) into registers and written to
+        # thr_mem a cycle later (THR_WRITE_STAGES; timing: `C'` saturated -> `t_eval` -> the word's multiplexer ->
+        # every lane's LUT RAM write data closed at 81.4 MHz at the paper's widths on the ECP5 proxy)
         thr_word = Signal(lay.thr_layout)
-        m.d.comb += thr_wr.addr.eq(Mux(self.eval_mode & (phase == Phase.EPI2), walk.g, rwalk.g))
+        thr_en = Signal(L, name="thr_en")
+        thr_word_r = Signal(lay.thr_layout, name="thr_word_r", reset_less=True)
+        thr_en_r = Signal(L, name="thr_en_r")
+        thr_addr_r = Signal(range(G), name="thr_addr_r", reset_less=True)
+        m.d.sync += [thr_word_r.eq(thr_word), thr_en_r.eq(thr_en),
+                     thr_addr_r.eq(Mux(self.eval_mode & (phase == Phase.EPI2), walk.g, rwalk.g))]
+        m.d.comb += [thr_wr.addr.eq(thr_addr_r), thr_wr.en.eq(thr_en_r)]
         for lane in range(L):
-            m.d.comb += thr_wr.data[lane].eq(thr_word)
+            m.d.comb += thr_wr.data[lane].eq(thr_word_r)
 
         # Registers of the per-channel arithmetic.
         beta_r = Signal(signed(lay.beta_width))
@@ -895,15 +1009,16 @@ class BnForwardCore(wiring.Component):
         def clamp(v):
             return Mux(v < -TK, -TK, Mux(v > TK, TK, v))
 
-        # eval threshold ceil(C' / 2^(Fr+Fb)) saturated to [-T, T] (bn_forward_eval): saturate C' to +-T 2^(Fr+Fb)
+        # eval threshold ceil(C' / 2^(Fr+Fb)) saturated to [-T, T] (bn_forward_eval): ceil(C' / 2^(Fr+Fb)) into a
+        # register every cycle (read a cycle after C' settles), then saturated at +-T (the same: ceil is monotone
+        # and +-T 2^(Fr+Fb) are multiples of 2^(Fr+Fb)). Timing: C' saturated at +-T 2^(Fr+Fb) into a register
+        # (two compares of C' into its set / reset) closed at 88.5 MHz at the paper's widths on the ECP5 proxy;
+        # compare, add and shift into the threshold memory's write port in one cycle at 70 MHz
         fe = p.running_frac + fb
-        te = T << fe
         t_eval = Signal(signed(w["theta"]), name="t_eval")
-        c_sat = Signal(signed(max(lay.c_width, te.bit_length() + 1)), name="c_eval_sat")
-        # saturated every cycle into a register (timing: compare, add and shift into the threshold memory's write
-        # port in one cycle closed at 70 MHz on the ECP5 proxy); read a cycle after C' settles
-        m.d.sync += c_sat.eq(Mux(c_r < -te, -te, Mux(c_r > te, te, c_r)))
-        m.d.comb += t_eval.eq((c_sat + ((1 << fe) - 1)) >> fe)
+        t_raw = Signal(signed(max(lay.c_width + 1 - fe, T.bit_length() + 2)), name="t_eval_raw")
+        m.d.sync += t_raw.eq((c_r + ((1 << fe) - 1)) >> fe)
+        m.d.comb += t_eval.eq(Mux(t_raw < -T, -T, Mux(t_raw > T, T, t_raw)))
 
         m.d.comb += [
             chan_rd.addr.eq(walk.ch),
@@ -951,7 +1066,7 @@ class BnForwardCore(wiring.Component):
                     m.d.comb += [
                         c_req.eq(est == CH0),
                         thr_word.theta.eq(q1 - ymax),
-                        thr_wr.en.eq(Mux(c_resp, 1 << rwalk.l, 0)),
+                        thr_en.eq(Mux(c_resp, 1 << rwalk.l, 0)),
                     ]
                     with m.If(est == CH0):
                         channel_issued()
@@ -990,7 +1105,7 @@ class BnForwardCore(wiring.Component):
                         with m.Case(CH2A):  # saturated at +-T K (timing: one carry chain a cycle)
                             with m.If(self.eval_mode):  # theta = ceil(C' / 2^(Fr+Fb)), saturated: a shift, no division
                                 m.d.comb += [thr_word.theta.eq(t_eval), thr_word.lo.eq(t_eval), thr_word.hi.eq(t_eval),
-                                             thr_wr.en.eq(1 << walk.l)]
+                                             thr_en.eq(1 << walk.l)]
                                 channel_done(Phase.PASS3)
                             with m.Else():
                                 m.d.sync += [*(v_r[i].eq(clamp(v_r[i])) for i in range(3)), est.eq(CH2B)]
@@ -1008,7 +1123,7 @@ class BnForwardCore(wiring.Component):
                     with m.If(~self.eval_mode):  # the three quotients of a channel together, in channel order
                         m.d.comb += [thr_word.theta.eq(q2[0] - T), thr_word.lo.eq(q2[1] - T), thr_word.hi.eq(q2[2] - T)]
                         with m.If(c_resp):
-                            m.d.comb += thr_wr.en.eq(1 << rwalk.l)
+                            m.d.comb += thr_en.eq(1 << rwalk.l)
                             channel_answered(Phase.PASS3)
                 with m.Case(Phase.EPI3):
                     with m.Switch(est):
@@ -1051,6 +1166,8 @@ class BnForwardCore(wiring.Component):
                     ]
                     with m.If(s_go):
                         channel_answered(Phase.PASS1)
+        with m.If(thr_fin):  # EPI1 -> PASS2, EPI2 -> PASS3 (nothing else moves in this cycle: est is RD)
+            m.d.sync += [phase.eq(phase + 1), in_pass.eq(1), est.eq(RD), thr_fin.eq(0)]
         return m
 
 

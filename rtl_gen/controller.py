@@ -40,6 +40,7 @@ after the command to the cycle it completes), ``steps`` counts completed trainin
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
@@ -213,13 +214,14 @@ def bn_param_cycles(layer, hw, div_steps: int) -> dict:
     M = layer.channels
     # running: a stats beat a cycle (the divisions by constants are a pipeline)
     running = 1
-    # update: maxima pass (its reads, the read words registered, then a registered |P1| before the comparisons),
-    # exponent (4 cycles) and the aligner's amounts (2), M + 8 in all (measured in RTL, 784-12-10), then per
+    # update: maxima pass (its reads' registered requests, the reads, the read words registered, then a registered
+    # |P1| before the comparisons), exponent (4 cycles) and the aligner's amounts (2), M + 9 in all (measured in
+    # RTL, 784-12-10), then per
     # channel read, the read words
     # registered, align (4: m, a, g through the two-cycle aligner), ema, ratio operands, |m|, request, the
     # divider's latency (|r| taken with the response), the sign of r, delta (the learning-rate shift of r),
     # beta - delta, apply
-    return {"running": running, "update": M + 8 + M * (lat + 14)}
+    return {"running": running, "update": M + 9 + M * (lat + 14)}
 
 
 class BnParamUnit(wiring.Component):
@@ -326,17 +328,32 @@ class BnParamUnit(wiring.Component):
         else:
             sel = Const(0, 1)
         Mmax = max(chans)
-        M = Signal(range(Mmax + 1))
-        base = Signal(range(max(total, 2)))
+        # the layer's channels (and less one) and base address are registers of their own, loaded from ``layer``
+        # as ``layer_q`` is (timing: ``layer_q``'s decode in front of the count compares and the base adders,
+        # then the FSM's next state, closed at 83.4 MHz at the paper's widths on the ECP5 proxy)
+        M = Signal(range(Mmax + 1), init=chans[0], name="M_q")
+        M1 = Signal(range(Mmax), init=chans[0] - 1, name="M1_q")
+        base = Signal(range(max(total, 2)), name="base_q")
+        with m.Switch(self.layer if n_layers > 1 else Const(0, 1)):
+            for i, c in enumerate(chans):
+                with m.Case(i):
+                    m.d.sync += [M.eq(c), M1.eq(c - 1), base.eq(sum(chans[:i]))]
         e_regs = [Signal(signed(E_WIDTH), name=f"e{i}") for i in range(n_layers)]
         e_reg = Signal(signed(E_WIDTH))
         e_new = Signal(signed(E_WIDTH))  # the exponent after this update (set in "exponent")
         e_in = Signal(signed(E_WIDTH))
         e_load = Signal()
+        # the update's new exponent is written a cycle after its last channel, from a register (timing: the FSM
+        # state and the channel compare into the exponent registers' clock enables closed at 95.5 MHz at the
+        # paper's widths on the ECP5 proxy); the host reaches e no earlier than three cycles after the update
+        e_upd = Signal(name="e_upd")
+        m.d.sync += e_upd.eq(0)
+        with m.If(e_upd):
+            m.d.comb += [e_in.eq(e_new), e_load.eq(1)]
         with m.Switch(sel):
-            for i, c in enumerate(chans):
+            for i in range(n_layers):
                 with m.Case(i):
-                    m.d.comb += [M.eq(c), base.eq(sum(chans[:i])), e_reg.eq(e_regs[i])]
+                    m.d.comb += e_reg.eq(e_regs[i])
                     with m.If(e_load):
                         m.d.sync += e_regs[i].eq(e_in)
         M_now = Signal.like(M)
@@ -356,8 +373,33 @@ class BnParamUnit(wiring.Component):
             mem = m.submodules[f"{name}_mem"] = SplitMemory(shape=shape, depth=max(total, 2), block=1024,
                                                             init=init, name=name)
             mems[name] = (mem.read, mem.write)
-        rd = {k: v[0] for k, v in mems.items()}
-        wr = {k: v[1] for k, v in mems.items()}
+        mem_rd = {k: v[0] for k, v in mems.items()}
+        # the write ports too take their address, data and enable from registers, the requests below a cycle
+        # earlier (timing: the FSM state -> the write multiplexers -> the segment compare -> beta_mem's tail write
+        # enable closed at 92.9 MHz at the paper's widths on the ECP5 proxy); every word is read a pass or more
+        # after its write, the host's reads three cycles or more after it
+        wr = {}
+        for name, (_, port) in mems.items():
+            req = wr[name] = _WriteRequest(Signal.like(port.addr, name=f"{name}_wr_addr_n"),
+                                           Signal.like(port.data, name=f"{name}_wr_data_n"),
+                                           Signal(name=f"{name}_wr_en_n"))
+            regs = (Signal.like(port.addr, name=f"{name}_wr_addr_r", reset_less=True),
+                    Signal.like(port.data, name=f"{name}_wr_data_r", reset_less=True), Signal(name=f"{name}_wr_en_r"))
+            m.d.sync += [r.eq(v) for r, v in zip(regs, (req.addr, req.data, req.en), strict=True)]
+            m.d.comb += [port.addr.eq(regs[0]), port.data.eq(regs[1]), port.en.eq(regs[2])]
+        # every read port's address and enable come from registers, loaded a cycle before the read from the
+        # requests below (``rd``: the host, the beta stream, the running statistics, the update's passes; timing:
+        # `b_left` -> the running statistics' read enable and the FSM state -> a_mem's address, decoded and
+        # multiplexed into every block RAM of the memory in one cycle, closed at 88.4 and 95.0 MHz at the paper's
+        # widths on the ECP5 proxy); each requester takes the word a cycle later than from the port itself
+        rd = {}
+        for name, port in mem_rd.items():
+            req = rd[name] = _ReadRequest(Signal.like(port.addr, name=f"{name}_rd_addr_n"),
+                                          Signal(name=f"{name}_rd_en_n"), port.data)
+            addr_r = Signal.like(port.addr, name=f"{name}_rd_addr_r", reset_less=True)
+            en_r = Signal(name=f"{name}_rd_en_r")
+            m.d.sync += [addr_r.eq(req.addr), en_r.eq(req.en)]
+            m.d.comb += [port.addr.eq(addr_r), port.en.eq(en_r)]
 
         # ---- host access (only while idle) ----------------------------------------------------------------
         # A request is taken into registers (offset, data, space one-hot) and carried out from them a cycle
@@ -368,6 +410,7 @@ class BnParamUnit(wiring.Component):
         busy = Signal()
         busy_r = Signal()
         m.d.sync += busy_r.eq(busy)
+        host_pending0 = Signal()  # the read's request registered
         host_pending = Signal()
         host_pending2 = Signal()
         host_space = Signal(3)
@@ -382,7 +425,8 @@ class BnParamUnit(wiring.Component):
         hq_space = Signal(3, reset_less=True)
         hq_is = {sp: Signal(name=f"hq_is{sp}", reset_less=True) for sp in (*spaces.values(), SPACE_E)}
         m.d.comb += [
-            self.host.ready.eq(~busy_r & ~(hq_valid & ~hq_write) & ~host_pending & ~host_pending2 & ~resp_full),
+            self.host.ready.eq(~busy_r & ~(hq_valid & ~hq_write) & ~host_pending0 & ~host_pending & ~host_pending2 &
+                               ~resp_full),
             self.host_rdata.valid.eq(resp_full),
             self.host_rdata.payload.eq(resp_data),
         ]
@@ -395,7 +439,9 @@ class BnParamUnit(wiring.Component):
         host_wr = Signal()
         m.d.comb += [host_rd.eq(hq_valid & ~hq_write), host_wr.eq(hq_valid & hq_write), hq_addr.eq(base + hq_outer)]
         with m.If(host_rd):
-            m.d.sync += [host_pending.eq(1), host_space.eq(hq_space), host_e.eq(e_reg)]
+            m.d.sync += [host_pending0.eq(1), host_space.eq(hq_space), host_e.eq(e_reg)]
+        with m.If(host_pending0):
+            m.d.sync += [host_pending0.eq(0), host_pending.eq(1)]
         # a read: the memories' words registered as they leave the block RAMs, then the space's word chosen
         # (timing: the block RAM's output through the space multiplexer into host_rdata closed at 84 MHz at the
         # paper's widths on the ECP5 proxy; a cycle of the host path, outside the step)
@@ -429,18 +475,21 @@ class BnParamUnit(wiring.Component):
         # ---- beta stream for the forward unit -----------------------------------------------------------------
         b_left = Signal(range(Mmax + 1))
         b_addr = Signal(range(Mmax))
+        b_inflight0 = Signal()  # the read's request registered
         b_inflight = Signal()
         b_full = Signal()
         b_data = Signal(signed(self.beta_width))
         b_issue = Signal()
         m.d.comb += [
-            b_issue.eq((b_left != 0) & ~b_inflight & ~b_full),
+            b_issue.eq((b_left != 0) & ~b_inflight0 & ~b_inflight & ~b_full),
             self.beta.valid.eq(b_full),
             self.beta.payload.eq(b_data),
         ]
         with m.If(b_issue):
             m.d.comb += [rd["beta"].addr.eq(base + b_addr), rd["beta"].en.eq(1)]
-            m.d.sync += [b_addr.eq(b_addr + 1), b_left.eq(b_left - 1), b_inflight.eq(1)]
+            m.d.sync += [b_addr.eq(b_addr + 1), b_left.eq(b_left - 1), b_inflight0.eq(1)]
+        with m.If(b_inflight0):
+            m.d.sync += [b_inflight0.eq(0), b_inflight.eq(1)]
         b_run = Signal.like(self.run)
         m.d.comb += self.run.eq(b_run)
         with m.If(b_issue & self.eval_mode):  # eval: the running statistics travel with beta (no stats arrive then)
@@ -460,7 +509,7 @@ class BnParamUnit(wiring.Component):
         m.d.comb += self.p1.ready.eq(1)
         with m.If(self.p1.valid):
             m.d.comb += [wr["p1"].addr.eq(base + p1_addr), wr["p1"].data.eq(self.p1.payload), wr["p1"].en.eq(1)]
-            m.d.sync += p1_addr.eq(Mux(p1_addr == M - 1, 0, p1_addr + 1))
+            m.d.sync += p1_addr.eq(Mux(p1_addr == M1, 0, p1_addr + 1))
 
         # ---- running statistics -----------------------------------------------------------------------------
         # mu_b = floor((2 sum_y 2^Fr + B) / 2B) (signed floor), s_b = floor((2 S 2^Fr + B^2) / 2B^2), then
@@ -488,7 +537,7 @@ class BnParamUnit(wiring.Component):
         with m.If(take):
             m.d.comb += [rd["mu"].addr.eq(base + run_ch), rd["mu"].en.eq(1),
                          rd["s"].addr.eq(base + run_ch), rd["s"].en.eq(1)]
-            m.d.sync += run_ch.eq(Mux(run_ch == M - 1, 0, run_ch + 1))
+            m.d.sync += run_ch.eq(Mux(run_ch == M1, 0, run_ch + 1))
         depth = RUNNING_LATENCY  # stage 0, stage 1, the quotients, the sums, the write
         v = [Signal(name=f"run_v{i}") for i in range(depth)]
         addr = [Signal.like(wr["mu"].addr, name=f"run_addr{i}") for i in range(depth)]
@@ -511,9 +560,11 @@ class BnParamUnit(wiring.Component):
         old_mu = [Signal(signed(self.run_width), name=f"run_mu_old{i}") for i in range(CONST_DIV_LATENCY + 1)]
         old_s = [Signal(signed(self.run_width), name=f"run_s_old{i}") for i in range(CONST_DIV_LATENCY + 1)]
         m.d.sync += [n_mu.eq(Mux(n1 < 0, -n1 + 2 * B - 1, n1)), n_s.eq((s_val0 << (fr + 1)) + B * B),
-                     neg[0].eq(n1 < 0), old_mu[0].eq(rd["mu"].data), old_s[0].eq(rd["s"].data)]
+                     neg[0].eq(n1 < 0), old_mu[1].eq(rd["mu"].data), old_s[1].eq(rd["s"].data)]
         for i in range(1, CONST_DIV_LATENCY + 1):
-            m.d.sync += [neg[i].eq(neg[i - 1]), old_mu[i].eq(old_mu[i - 1]), old_s[i].eq(old_s[i - 1])]
+            m.d.sync += neg[i].eq(neg[i - 1])
+        for i in range(2, CONST_DIV_LATENCY + 1):  # the read words arrive in stage 2 (the request registered)
+            m.d.sync += [old_mu[i].eq(old_mu[i - 1]), old_s[i].eq(old_s[i - 1])]
         q_mu = const_divide(m, n_mu, 2 * B, "run_mu")
         q_s = const_divide(m, n_s, 2 * B * B, "run_s")
         # the sums b - r + half (the old values CONST_DIV_LATENCY cycles behind the dividends, beside the quotients)
@@ -543,7 +594,9 @@ class BnParamUnit(wiring.Component):
         dm = Signal(signed(E_WIDTH + 1))
         dg = Signal(signed(E_WIDTH + 1))
         c_issue = Signal(range(Mmax + 1))
+        c_more = Signal()  # c_issue != M, a register (the maxima pass's reads to come)
         c_seen = Signal(range(Mmax + 1))
+        rd_valid0 = Signal()  # a read requested (registered)
         rd_valid = Signal()
         mx_valid = Signal()
         mx_rq_valid = Signal()
@@ -611,16 +664,16 @@ class BnParamUnit(wiring.Component):
             with m.State("idle"):
                 m.d.comb += fsm_idle.eq(1)
                 with m.If(pending & ~run_busy):
-                    m.d.sync += [pending.eq(0), gmax.eq(0), amax.eq(0), c_issue.eq(0), c_seen.eq(0), rd_valid.eq(0),
-                                 mx_rq_valid.eq(0), mx_valid.eq(0)]
+                    m.d.sync += [pending.eq(0), gmax.eq(0), amax.eq(0), c_issue.eq(0), c_more.eq(1), c_seen.eq(0),
+                                 rd_valid0.eq(0), rd_valid.eq(0), mx_rq_valid.eq(0), mx_valid.eq(0)]
                     m.next = "max"
             # beta update pass 0: maxima of |P1| and a
             with m.State("max"):
-                with m.If(c_issue != M):
+                with m.If(c_more):
                     m.d.comb += [rd["a"].addr.eq(base + c_issue), rd["a"].en.eq(1),
                                  rd["p1"].addr.eq(base + c_issue), rd["p1"].en.eq(1)]
-                    m.d.sync += c_issue.eq(c_issue + 1)
-                m.d.sync += rd_valid.eq(c_issue != M)
+                    m.d.sync += [c_issue.eq(c_issue + 1), c_more.eq(c_issue != M1)]
+                m.d.sync += [rd_valid0.eq(c_more), rd_valid.eq(rd_valid0)]
                 # the words registered as they leave the block RAMs, then |P1| and a registered before the
                 # comparisons (timing: the negation, the comparison and the maxima's enables in one cycle closed
                 # at 95.7 MHz on the ECP5 proxy; the block RAM's output into the negation at 87 MHz at the paper's
@@ -633,7 +686,7 @@ class BnParamUnit(wiring.Component):
                         m.d.sync += gmax.eq(mx_g)
                     with m.If(mx_a > amax):
                         m.d.sync += amax.eq(mx_a)
-                with m.If((c_issue == M) & ~rd_valid & ~mx_rq_valid & ~mx_valid):
+                with m.If(~c_more & ~rd_valid0 & ~rd_valid & ~mx_rq_valid & ~mx_valid):
                     m.next = "exponent"
             # the layer exponent over four cycles (timing: leading-one positions, the comparison and the
             # differences in one cycle closed at 48 MHz on the ECP5 proxy); both candidates carry the
@@ -660,12 +713,12 @@ class BnParamUnit(wiring.Component):
                 m.next = "amounts"
             with m.State("amounts"):  # the alignments' amount sets follow dm and dg (-dm, -dg, then the sets)
                 m.next = "amounts2"
-            with m.State("amounts2"):
-                m.next = "read"
-            # al_choose names the NEXT cycle's alignment (its amounts are registered)
-            with m.State("read"):
+            with m.State("amounts2"):  # the first channel's read requested
                 for name in ("m", "a", "beta", "p1"):
                     m.d.comb += [rd[name].addr.eq(base + ch), rd[name].en.eq(1)]
+                m.next = "read"
+            # al_choose names the NEXT cycle's alignment (its amounts are registered)
+            with m.State("read"):  # the words leave the memories (requested in the state before)
                 m.next = "read_q"
             # the channel's words registered as they leave the memories, before the aligner and beta - delta
             # (timing: a_mem's output, the operand multiplexer and the rounding add in one cycle closed at 77 MHz
@@ -717,14 +770,17 @@ class BnParamUnit(wiring.Component):
             # the division always runs (its result is replaced when a = 0 or |m| >= 2a), so every
             # channel takes the same time and the cycle model is exact; its operands are registered first
             # (timing: |m|, the comparison and the dividend in front of the divider's first stages)
-            with m.State("ratio_abs"):  # |m| registered (timing: with the comparison and the dividend, 85 MHz)
-                m.d.sync += m_abs_r.eq(Mux(m2 < 0, -m2, m2))
+            # |m| registered (timing: with the comparison and the dividend, 85 MHz), and the cases a = 0 and
+            # |m| >= 2a (as m - 2a >= 0 or m + 2a <= 0, beside |m|; timing: |m| >= 2a, the case and the dividend in
+            # one cycle closed at 83.6 MHz at the paper's widths on the ECP5 proxy)
+            zero_a = Signal(name="ratio_zero_a")
+            big = Signal(name="ratio_big_m")
+            with m.State("ratio_abs"):
+                m.d.sync += [m_abs_r.eq(Mux(m2 < 0, -m2, m2)), zero_a.eq(a2 == 0),
+                             big.eq((m2 - (a2 << 1) >= 0) | (m2 + (a2 << 1) <= 0))]
                 m.next = "ratio"
             with m.State("ratio"):
                 m_abs = m_abs_r
-                zero_a = Signal()
-                big = Signal()
-                m.d.comb += [zero_a.eq(a2 == 0), big.eq(m_abs >= (a2 << 1))]
                 m.d.sync += [ratio_n.eq(Mux(zero_a | big, 0, (m_abs << 9) + a2)), ratio_d.eq(Mux(zero_a, 1, a2 << 1)),
                              ratio_zero.eq(zero_a), ratio_big.eq(big), ratio_neg.eq(m2 < 0)]
                 m.next = "ratio_req"
@@ -764,17 +820,37 @@ class BnParamUnit(wiring.Component):
                     wr["a"].addr.eq(base + ch), wr["a"].data.eq(a2), wr["a"].en.eq(1),
                     wr["beta"].addr.eq(base + ch), wr["beta"].data.eq(beta_new), wr["beta"].en.eq(1),
                 ]
-                with m.If(ch == M - 1):
-                    m.d.comb += [e_in.eq(e_new), e_load.eq(1)]
+                with m.If(ch == M1):
+                    m.d.sync += e_upd.eq(1)
                     m.d.sync += ch.eq(0)
                     m.next = "idle"
-                with m.Else():
+                with m.Else():  # the next channel's read requested
+                    for name in ("m", "a", "beta", "p1"):
+                        m.d.comb += [rd[name].addr.eq(base + ch + 1), rd[name].en.eq(1)]
                     m.d.sync += ch.eq(ch + 1)
                     m.next = "read"
-        m.d.comb += busy.eq(~fsm.ongoing("idle") | pending | (b_left != 0) | b_inflight | b_full | run_busy |
-                            stats_held)
+        m.d.comb += busy.eq(~fsm.ongoing("idle") | pending | (b_left != 0) | b_inflight0 | b_inflight | b_full |
+                            run_busy | stats_held)
         m.d.comb += self.busy.eq(busy)
         return m
+
+
+@dataclass
+class _ReadRequest:
+    """A read port's request (``addr``, ``en``: registered before the port) and the port's ``data``."""
+
+    addr: Signal
+    en: Signal
+    data: object
+
+
+@dataclass
+class _WriteRequest:
+    """A write port's request (registered before the port)."""
+
+    addr: Signal
+    data: Signal
+    en: Signal
 
 
 class _HwView:

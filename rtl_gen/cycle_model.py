@@ -86,8 +86,8 @@ def forward_cycles(plan, j: int, *, infer: bool = False) -> int:
     ``infer`` (``ifwd j``): the same passes in evaluation mode: the thresholds without divisions (six cycles
     a channel), the per-channel constants without ``alpha`` or a running update (two cycles a channel), the
     logits without the loss unit."""
-    from .bn_unit import BN_FWD_ACC_STAGES, BnForwardUnit, epi3_responses
-    from .loss_unit import OutputGeometry
+    from .bn_unit import BN_FWD_ACC_STAGES, THR_WRITE_STAGES, BnForwardUnit, epi3_responses
+    from .loss_unit import LOGIT_LATENCY, OutputGeometry
 
     lp = plan.layers[j]
     cfg = plan.cfg
@@ -99,7 +99,7 @@ def forward_cycles(plan, j: int, *, infer: bool = False) -> int:
 
     resp = epi3_responses(plan.bn_unit_layer(j), cfg.hw.div_steps)
     if infer:
-        out = engine + 1 + bn["epi1"] + bn["pass2"] + (G + 6 * M) + bn["pass3"]
+        out = engine + 1 + bn["epi1"] + bn["pass2"] + (G + 6 * M + THR_WRITE_STAGES) + bn["pass3"]
         if not lp.top:  # a group's read, then two cycles a channel; the last beat through the stats queue
             return out + G + 2 * M + STATS_QUEUE_DELAY + PHASE_OVERHEAD
         geo = OutputGeometry.from_config(cfg, lanes=plan.loss_lanes, div_steps=cfg.hw.div_steps)
@@ -112,8 +112,9 @@ def forward_cycles(plan, j: int, *, infer: bool = False) -> int:
         # the first stats beat with channel 0's response, one more cycle, then the channels at the logit unit's
         # pace (slower than EPI3's)
         out += resp[0] + 1 + M * max(geo.channel_cycles(), 5)
-        # third Y replay -> logits -> loss; the loss unit's per-sample period paces it for cross-entropy
-        out += max(geo.logit_cycles() - M * geo.channel_cycles(), geo.loss_cycles(B)) + 4
+        # third Y replay -> logits -> loss; the loss unit's per-sample period paces it for cross-entropy (from the
+        # first logit, LOGIT_LATENCY cycles after the first Y)
+        out += max(geo.logit_cycles() - M * geo.channel_cycles() + 4, geo.loss_cycles(B) + LOGIT_LATENCY)
     else:
         # a hidden layer's stats beats go to the running-statistics pipeline, a beat a cycle: EPI3 paces them,
         # and the phase ends when the last channel's update is written

@@ -68,8 +68,8 @@ __all__ = [
 LOG2E_FRAC = 16
 """Fractional bits of :data:`sim.hw.arith.LOG2E_Q16` (the ``>> 16`` of docs/arithmetic.md section 4, step 2)."""
 
-LOGIT_LATENCY = 4
-"""OutputLogitUnit: cycles from the last Y transfer to the last logit transfer (R y product, B^2 shift-add and
+LOGIT_LATENCY = 5
+"""OutputLogitUnit: cycles from the last Y transfer to the last logit transfer (R y product, B^2 shift-add,
 subtract, shift into the output queue, queue)."""
 
 HINGE_LATENCY = 2
@@ -108,12 +108,10 @@ def _csd(k: int) -> list[tuple[int, int]]:
 def _const_mul(value, k: int):
     """``value * k`` for a constant ``k >= 1`` as shifts and adds (canonical signed digits), so that Yosys builds
     carry-chain adders rather than spending a DSP48 on a constant."""
-    terms = _csd(k)
-    sign, shift = terms[-1]  # the top digit is +1
-    acc = value << shift
-    for sign, shift in reversed(terms[:-1]):
-        acc = acc + (value << shift) if sign > 0 else acc - (value << shift)
-    return acc
+    terms = [value << shift if sign > 0 else -(value << shift) for sign, shift in _csd(k)]
+    while len(terms) > 1:  # a balanced tree of adders (timing: a chain of three closed at 92.6 MHz, B = 100)
+        terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i] for i in range(0, len(terms), 2)]
+    return terms[0]
 
 
 def _pack(values, width: int) -> int:
@@ -615,10 +613,11 @@ class OutputLogitUnit(wiring.Component):
         with m.If(issue & (self.y.payload.last != last_group)):
             m.d.sync += self.framing_error.eq(1)
 
-        v1, v2, v3 = Signal(), Signal(), Signal()
-        last1, last2, last3 = Signal(), Signal(), Signal()
+        v1, v2, v3, v4 = Signal(), Signal(), Signal(), Signal()
+        last1, last2, last3, last4 = Signal(), Signal(), Signal(), Signal()
         with m.If(adv):
-            m.d.sync += [v1.eq(issue), v2.eq(v1), v3.eq(v2), last1.eq(last_group), last2.eq(last1), last3.eq(last2)]
+            m.d.sync += [v1.eq(issue), v2.eq(v1), v3.eq(v2), v4.eq(v3),
+                         last1.eq(last_group), last2.eq(last1), last3.eq(last2), last4.eq(last3)]
         out_lanes = []
         for lane in range(L):
             mem = m.submodules[f"consts{lane}"] = Memory(shape=slot, depth=G, init=[])
@@ -635,29 +634,37 @@ class OutputLogitUnit(wiring.Component):
             ry2 = Signal(signed(signed_bits(ry_max)), name=f"ry2_{lane}")
             d2 = Signal.like(slot_in.d, name=f"d2_{lane}")
             sh2 = Signal(sh_shape, name=f"sh2_{lane}")
-            diff3 = Signal(signed(signed_bits(diff_max)), name=f"diff3_{lane}")
+            # B^2 (R y) registered apart from "- D" (timing: the shifted copies' sum and the subtraction in one
+            # cycle closed at 92.6 MHz at the paper's widths on the ECP5 proxy)
+            bry3 = Signal(signed(signed_bits(max(geo.batch_square, geo.eval_mul) * ry_max)), name=f"bry3_{lane}")
+            d3 = Signal.like(slot_in.d, name=f"d3_{lane}")
             sh3 = Signal(sh_shape, name=f"sh3_{lane}")
+            diff4 = Signal(signed(signed_bits(diff_max)), name=f"diff4_{lane}")
+            sh4 = Signal(sh_shape, name=f"sh4_{lane}")
             with m.If(adv):
                 m.d.sync += [
                     y1.eq(self.y.payload.y[lane]),
                     ry2.eq(rd.data.r * y1),  # the DSP48 product
                     d2.eq(rd.data.d),
                     sh2.eq(rd.data.sh),
-                    diff3.eq(Mux(self.eval_mode, ry2 << p.running_frac, _const_mul(ry2, geo.batch_square)) - d2),
+                    bry3.eq(Mux(self.eval_mode, ry2 << p.running_frac, _const_mul(ry2, geo.batch_square))),
+                    d3.eq(d2),
                     sh3.eq(sh2),
+                    diff4.eq(bry3 - d3),
+                    sh4.eq(sh3),
                 ]
-            xq = Signal(signed(geo.out_width), name=f"x3_{lane}")
-            m.d.comb += xq.eq((diff3 >> (guard + 1)) >> sh3)  # keeps the low bits: |x| <= the logit bound
+            xq = Signal(signed(geo.out_width), name=f"x4_{lane}")
+            m.d.comb += xq.eq((diff4 >> (guard + 1)) >> sh4)  # keeps the low bits: |x| <= the logit bound
             if lane >= geo.real_last:
-                out_lanes.append(Mux(last3, 0, xq))
+                out_lanes.append(Mux(last4, 0, xq))
             else:
                 out_lanes.append(xq)
 
         m.d.comb += [
-            push.eq(v3),
+            push.eq(v4),
             adv.eq(~push | queue.i.ready),
             queue.i.valid.eq(push),
-            queue.i.payload.last.eq(last3),
+            queue.i.payload.last.eq(last4),
         ]
         m.d.comb += [queue.i.payload.x[lane].eq(v) for lane, v in enumerate(out_lanes)]
         wiring.connect(m, queue.o, wiring.flipped(self.x))
@@ -952,16 +959,19 @@ class LossGradUnit(wiring.Component):
             pad = lane >= geo.real_last
             bank = m.submodules[f"bank{lane}"] = Memory(shape=signed(xw), depth=2 * G, init=[])
             bw = bank.write_port()
-            br = bank.read_port()
+            br = bank.read_port(domain="comb")  # a LUT RAM: the word read as the beat issues
             m.d.comb += [
                 bw.addr.eq(Mux(wsel, G, 0) + group),
                 bw.data.eq(self.x.payload.x[lane]),
                 bw.en.eq(take),
                 br.addr.eq(Mux(rsel, G, 0) + cnt),
             ]
-            # E1: d = x - max <= 0 (padding lanes: junk, dropped at E3); the LOG2E product.
+            # E0: d = x - max <= 0 registered (padding lanes: junk, dropped at E3); E1: the LOG2E product
+            # (timing: the subtraction into the product's multiplier in one cycle closed at 95.3 MHz at the
+            # paper's widths on the ECP5 proxy)
+            d1 = Signal(signed(xw + 1), name=f"d1_{lane}")
             tp2 = Signal(signed(signed_bits(tp_max)), name=f"tp2_{lane}")
-            m.d.sync += tp2.eq((br.data - mx) * LOG2E_Q16)
+            m.d.sync += [d1.eq(br.data - mx), tp2.eq(d1 * LOG2E_Q16)]
             # E2: t in Q.FL; the table is read at t mod 2^FL, the shift is -(t >> FL) (0 when >= table width).
             t2 = Signal(t_shape, name=f"t2_{lane}")
             whole = Signal(signed(t_shape.width - fl), name=f"whole2_{lane}")
@@ -996,7 +1006,13 @@ class LossGradUnit(wiring.Component):
             grad = Signal(signed(geo.grad_width), name=f"g2_{lane}")
             m.d.comb += [prob.eq((prod + (1 << (fe + 1))) >> (fe + 2)), grad.eq(prob - Mux(is_label, 1 << fp, 0))]
             m.d.comb += queue.i.payload.g[lane].eq(Mux(o2_last, 0, grad) if pad else grad)
-            label_p.append(Mux(is_label, (1 << fp) - prob, 0))
+            # 2^Fp - p as one subtraction from a constant: 2^Fp - floor((prod + 2^(Fe+1)) / 2^(Fe+2)) =
+            # floor((2^(Fp+Fe+2) - 2^(Fe+1) + 2^(Fe+2) - 1 - prod) / 2^(Fe+2)) (timing: the rounding add, the
+            # subtraction, the OR over lanes and the accumulator in one cycle closed at 98.6 MHz, B = 100)
+            k_label = (1 << (fp + fe + 2)) - (1 << (fe + 1)) + (1 << (fe + 2)) - 1
+            lterm = Signal(fp + 1, name=f"lterm2_{lane}")
+            m.d.comb += lterm.eq((k_label - prod) >> (fe + 2))
+            label_p.append(Mux(is_label, lterm, 0))
 
         with m.If(e5_v):
             m.d.sync += total.eq(total + sum(es))

@@ -15,6 +15,7 @@ from amaranth.sim import Simulator
 from rtl_gen.bn_unit import (
     EPI1_DIV_STAGES,
     EPI3_ISSUE,
+    THR_WRITE_STAGES,
     BnBackwardUnit,
     BnForwardUnit,
     BnLayer,
@@ -77,21 +78,22 @@ def test_cycle_models():
     assert fwd.div_widths[2] == 14 and fwd.div_iterations == 14
     c = fwd.cycles()
     # EPI1: a channel a cycle, a cycle more at each of the 15 later groups' reads, the first group's read, the
-    # registered dividend (EPI1_DIV_STAGES = 1), the constant division's three cycles and the last write; EPI2:
-    # ten cycles a channel (eleven at a later group's start) and the same tail without the dividend's register
-    assert EPI1_DIV_STAGES == 1
-    assert (c["epi1"], c["epi2"]) == (1 + 255 + 15 + 1 + 3 + 1, 10 + 255 * 10 + 15 + 3 + 1) == (276, 2579)
+    # registered dividend (EPI1_DIV_STAGES = 2: the lane within its part, then the part), the constant division's
+    # three cycles, the last response and the thresholds' registered write (THR_WRITE_STAGES = 1); EPI2: ten
+    # cycles a channel (eleven at a later group's start) and the same tail without the dividend's registers
+    assert EPI1_DIV_STAGES == 2 and THR_WRITE_STAGES == 1
+    assert (c["epi1"], c["epi2"]) == (1 + 255 + 15 + 2 + 3 + 1 + 1, 10 + 255 * 10 + 15 + 3 + 1 + 1) == (278, 2580)
     # EPI3, one stage (latency 15): the stage busy, I = 14 cycles a division after the first request (at
     # EPI3_ISSUE = 6: the channel's word registered before its products; entering at 7)
     assert EPI3_ISSUE == 6 and c["epi3"] == 8 + 256 * 14
     # each pass: B G beats, the compare stage and the accumulators' write stage
-    assert c["total"] == 3 * (1600 + 1 + 1) + 276 + 2579 + c["epi3"] == 11253
+    assert c["total"] == 3 * (1600 + 1 + 1) + 278 + 2580 + c["epi3"] == 11256
     l0, l1 = BnLayer.from_config(cfg, 0, lanes=16), BnLayer.from_config(cfg, 1, lanes=16)
     # 3 and 4 bits a cycle: two stages, 5 and 4 trips: two divisions per 10 and 8 cycles once the ring is full, so
     # EPI3's issue side (six cycles a channel, seven at each of the 15 later groups' starts) paces it, the first
     # division's latency (11 and 9) and the ring's slots (a division enters when its slot comes by) on top
     c3, c4 = forward_cycles(l0, 3), forward_cycles(l0, 4)
-    assert (c3["epi1"], c3["epi2"]) == (c4["epi1"], c4["epi2"]) == (276, 2579)
+    assert (c3["epi1"], c3["epi2"]) == (c4["epi1"], c4["epi2"]) == (278, 2580)
     assert 6 * 256 + 15 + 9 <= c4["epi3"] == 1561 < c3["epi3"] == 1563 <= 6 * 256 + 15 + 11 + 2
     assert BnForwardUnit(layer=l1).div_iterations == 14
     bwd = BnBackwardUnit(layer=l1)
@@ -215,6 +217,27 @@ def test_forward_in_amaranth_simulator(geo):
     measured, model = _pysim_forward(lay, y, beta, seed=3, p_idle=0.0, p_stall=0.0, div_steps=steps)
     assert measured == model
     _pysim_forward(lay, y, beta, seed=4, p_idle=0.3, p_stall=0.4, div_steps=steps)
+
+
+def test_forward_thresholds_reach_the_next_pass_in_one_group():
+    """A layer of one group reads its thresholds' word in the first cycle of PASS2 and PASS3: the last channel's
+    thresholds (registered before their write, THR_WRITE_STAGES) must be in ``thr_mem`` by then. The last
+    channel's values lie on both sides of a mean far from the memory's former word (0), in training and in
+    evaluation mode."""
+    batch, channels, fan_in, lanes = 5, 3, 9, 4
+    lay = BnLayer.from_config(small_config(batch, channels, fan_in), 0, lanes=lanes)
+    rng = np.random.default_rng(2)
+    p = lay.params
+    y = rng.integers(-fan_in, fan_in + 1, (batch, channels))
+    y[:, -1] = [3, 4, 6, 8, 9]
+    beta = rng.integers(p.beta_lo, p.beta_hi + 1, channels)
+    beta[-1] = 0
+    measured, model = _pysim_forward(lay, y, beta, seed=3, p_idle=0.0, p_stall=0.0)
+    assert measured == model
+    mu = np.zeros(channels, dtype=np.int64)
+    mu[-1] = 6 << p.running_frac
+    s_r = np.full(channels, 1 << p.running_frac)
+    _pysim_forward_eval(lay, y, beta, mu, s_r, seed=5, p_idle=0.0, p_stall=0.0)
 
 
 def _pysim_forward_eval(lay, y, beta, mu, s_r, *, seed, p_idle, p_stall):
