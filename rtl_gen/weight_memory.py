@@ -88,9 +88,12 @@ words chosen from them and registered (timing: the state memory's block RAMs, 17
 are spread over the die; their output delay and the routes to one register closed at 62.5 MHz on the ECP5
 proxy)."""
 
-WRITE_STAGE = OPT_STAGE + 3
-"""The pipeline stage that writes a visit back: stages :data:`OPT_STAGE` .. ``WRITE_STAGE - 1`` the optimiser on
-the registered words (:meth:`WeightMemory._datapath`). No read-after-write
+WRITE_STAGE = OPT_STAGE + 4
+"""The pipeline stage that writes a visit back: stages :data:`OPT_STAGE` .. ``WRITE_STAGE - 2`` the optimiser on
+the registered words (:meth:`WeightMemory._datapath`), stage ``WRITE_STAGE - 1`` loads the write ports' address,
+data and enable registers (one set per bank and per state slice; timing: one write-back stage's op and valid bit
+fanned out to every memory's write data and enables, 63.1 / 68.0 MHz at the paper's widths on the ECP5 proxy,
+nextpnr seeds 1 / 2). No read-after-write
 hazard at any depth: each state row is visited once per sweep, consecutive visits of one bank row write disjoint
 ``update_lanes`` chunks (a write enable per chunk), and the next command waits until the last write is done."""
 
@@ -392,7 +395,8 @@ class WeightMemoryGeometry:
 class _CountedPort:
     """A port of a :class:`StateMemory` whose address is a register: it takes ``addr`` after a cycle with
     ``load`` high, else steps by one after a cycle with ``inc`` high. Read port: ``data`` is the word read two
-    cycles before (it reads every cycle). Write port: ``data`` is written in a cycle with ``en`` high."""
+    cycles before (it reads every cycle). Write port: ``data`` given in a cycle with ``en`` high is written in the
+    next cycle, at the address the register holds then (``data`` and ``en`` are registered first)."""
 
     def __init__(self, shape, depth: int, name: str):
         self.load = Signal(name=f"{name}_load")
@@ -420,12 +424,13 @@ class StateMemory(Elaboratable):
     :class:`rtl_gen.buffers.SplitMemory`, cut into segments, then the tail), each cut into slices of at most
     ``slice_bits`` bits of the word, each slice its own memory with its own copy of the address registers (the
     address minus the segment's base, counting by itself: the synthesis keeps the copies apart) and a register
-    saying whether the write address is in the segment; each segment's word is registered as it leaves its block
+    and write data and write enable registers of its own (loaded a cycle before the write under the slice's own
+    enable, the write address in the segment); each segment's word is registered as it leaves its block
     RAM, and the segment of the address read is chosen from these registers a
     cycle later. A deep memory is many block RAMs over the die: the registers let each RAM's output delay and the
     route to the choice fall in different cycles, and no logic sits between the address registers and the RAMs'
-    address pins, one gate before a write enable (timing: a read enable or an address multiplexer fanning out to
-    179 block RAMs closed at 54 and 63 MHz at the paper's widths on the ECP5 proxy)."""
+    address, data and write enable pins (timing: a read enable or an address multiplexer fanning out to 179 block
+    RAMs closed at 54 and 63 MHz at the paper's widths on the ECP5 proxy, the write enable at 68 MHz)."""
 
     def __init__(self, *, shape, depth: int, name: str = "state", segment: int = STATE_SEGMENT, block: int = 4096,
                  slice_bits: int = 8):
@@ -468,13 +473,20 @@ class StateMemory(Elaboratable):
                 rd, wr = mem.read_port(), mem.write_port()
                 a, _ = self._counted(m, self.read, base, f"{self.name}_seg{i}_s{j}_ra")
                 wa, wa_next = self._counted(m, self.write, base, f"{self.name}_seg{i}_s{j}_wa")
-                whit = Signal(name=f"{self.name}_seg{i}_s{j}_whit")  # wa < n
-                m.d.sync += whit.eq(wa_next < n)
+                # the write in the next cycle, if its address is in the segment: the enable and the data in
+                # registers of the slice (each loads under its own enable, so the copies stay apart)
+                load = Signal(name=f"{self.name}_seg{i}_s{j}_wload")
+                we = Signal(name=f"{self.name}_seg{i}_s{j}_we")
+                wd = Signal(hi - lo, name=f"{self.name}_seg{i}_s{j}_wd")
+                m.d.comb += load.eq(self.write.en & (wa_next < n))
+                m.d.sync += we.eq(load)
+                with m.If(load):
+                    m.d.sync += wd.eq(wdata[lo:hi])
                 if j == 0:
                     m.d.sync += [hit1.eq(a < n), hit2.eq(hit1)]
                 m.d.comb += [
                     rd.addr.eq(a[: len(rd.addr)]), rd.en.eq(1),
-                    wr.addr.eq(wa[: len(wr.addr)]), wr.data.eq(wdata[lo:hi]), wr.en.eq(self.write.en & whit),
+                    wr.addr.eq(wa[: len(wr.addr)]), wr.data.eq(wd), wr.en.eq(we),
                 ]  # fmt: skip
                 m.d.sync += word[lo:hi].eq(rd.data)
             words.append(Mux(hit2, word, 0))
@@ -673,7 +685,8 @@ class WeightMemory(wiring.Component):
         # --- stages 2 .. WRITE_STAGE; a visit moves on every cycle (no stalls). Stage 2 holds the memories'
         # words as they leave the block RAMs, stage OPT_STAGE the chosen words (timing: block-RAM output into the
         # optimiser closed at 29-35 MHz on the ECP5 proxy, into one register at 62.5 at the paper's widths), the
-        # optimiser runs in stages OPT_STAGE .. WRITE_STAGE - 1 (:meth:`_datapath`), WRITE_STAGE writes back ---
+        # optimiser runs in stages OPT_STAGE .. WRITE_STAGE - 2 (:meth:`_datapath`), WRITE_STAGE - 1 loads the write
+        # ports' registers, WRITE_STAGE writes back ---
         WB = WRITE_STAGE
 
         def stages(x, name, first=1):
@@ -830,7 +843,7 @@ class WeightMemory(wiring.Component):
                     twr.en.eq(host_wr & (h.space == SPACE_TABLE)),
                 ]
 
-        # --- the optimiser (stages OPT_STAGE .. WRITE_STAGE - 1) ---
+        # --- the optimiser (stages OPT_STAGE .. WRITE_STAGE - 2; its results belong to WRITE_STAGE - 1) ---
         new_w = Signal(U)
         new_state = {
             name: Signal(data.ArrayLayout(opt.field_shape(name), U), name=f"new_{name}") for name, _ in opt.fields
@@ -838,50 +851,53 @@ class WeightMemory(wiring.Component):
         self._datapath(m, s_op[OPT_STAGE], shift, s3_inc, w_old[OPT_STAGE], s3_g, s3_u, st_q, new_w, new_state,
                        table_ports)
 
-        # --- write-back (stage WRITE_STAGE) ---
-        wb_write = s_valid[WB] & (s_op[WB] != UNDO)
-        wb_bits = Signal(U)
+        # --- write-back: stage WRITE_STAGE - 1 loads the write ports' registers, stage WRITE_STAGE writes ---
+        # Every write port takes its address, data and enables from registers of its own (per bank, per state
+        # slice), loaded a cycle before the write with the visit of stage WRITE_STAGE - 1 or the host's write (the
+        # host writes only while no sweep runs); each copy loads under an enable of its own (its bank's lane, its
+        # slice's segment), so the synthesis cannot merge the copies. Timing: the write-back stage's op choosing
+        # the write data (UNDO's bits or the new ones) and its valid bit forming the write enables fanned out to
+        # every bank's and every state block RAM's pins, 63.1 / 68.0 MHz at the paper's widths on the ECP5 proxy
+        # (nextpnr seeds 1 / 2).
+        LD = WB - 1
+        wb_bits = Signal(U)  # the bank bits of the visit in stage LD
         undo_bits = stages(st_q["undo"].as_value(), "undo", OPT_STAGE) if "undo" in st_q else w_old
-        m.d.comb += wb_bits.eq(Mux(s_op[WB] == UNDO, undo_bits[WB], new_w))
-        # the write ports take the write-back stage's visit when it is valid, else the host's write (the host
-        # writes only while no sweep runs); selected by the stage's valid bit, not by busy (timing: busy's
-        # fan-out)
-        wb_valid = s_valid[WB]
-        # the host's writes (weights and state) happen a cycle after their request, from registers, and the banks'
-        # write address is a register: the write-back stage's row, or the host's (timing: the write-back's valid
-        # bit choosing the address fanned out to every block RAM, 63 MHz at the paper's widths on the ECP5 proxy)
-        hw_data = Signal.like(h.data, name="host_wr_data")
-        hw_bank = Signal(name="host_wr_bank")
-        hw_lane = Signal.like(h.lane, name="host_wr_lane")
-        bank_wa = Signal.like(bank_ra, name="bank_wa")
-        m.d.sync += [hw_bank.eq(host_wr & (h.space == SPACE_WEIGHTS)),
-                     bank_wa.eq(Mux(host_wr, bbase + h.addr, s_addr[WB - 1]))]
-        with m.If(host_wr):
-            m.d.sync += [hw_data.eq(h.data), hw_lane.eq(h.lane)]
+        m.d.comb += wb_bits.eq(Mux(s_op[LD] == UNDO, undo_bits[LD], new_w))
+        host_bank = Signal()
+        m.d.comb += host_bank.eq(host_wr & (h.space == SPACE_WEIGHTS))
+        host_addr = Signal.like(bank_ra, name="host_wr_addr")
+        m.d.comb += host_addr.eq(bbase + h.addr)
+        sweep_lane = [Signal(name=f"ld_lane{lane_i}") for lane_i in range(L)]  # stage LD's visit writes bank lane_i
+        for lane_i, sl in enumerate(sweep_lane):
+            m.d.sync += sl.eq(s_valid[LD - 1] & (s_lane[LD - 1] == lane_i))
+        chunk_hot = Signal(chunks)
+        m.d.comb += chunk_hot.eq(Const(1, chunks) << s_chunk[LD])
         for lane_i, wr in enumerate(bank_wr):
-            m.d.comb += [
-                wr.addr.eq(bank_wa),
-                wr.data.eq(Mux(wb_valid, Cat(*([wb_bits] * chunks)), hw_data[: bank.lanes_in])),
-                wr.en.eq(Mux(wb_valid & (s_lane[WB] == lane_i), Const(1, chunks) << s_chunk[WB], 0)
-                         | Mux(hw_bank & (hw_lane == lane_i), (1 << chunks) - 1, 0)),
-            ]
+            host_i = Signal(name=f"host_wr_bank{lane_i}")
+            m.d.comb += host_i.eq(host_bank & (h.lane == lane_i))
+            wa = Signal.like(bank_ra, name=f"bank{lane_i}_wa")
+            wd = Signal(bank.lanes_in, name=f"bank{lane_i}_wd")
+            we = Signal(chunks, name=f"bank{lane_i}_we")
+            m.d.sync += we.eq(Mux(sweep_lane[lane_i], chunk_hot, 0) | Mux(host_i, (1 << chunks) - 1, 0))
+            with m.If(sweep_lane[lane_i] | host_i):
+                m.d.sync += [wa.eq(Mux(sweep_lane[lane_i], s_addr[LD], host_addr)),
+                             wd.eq(Mux(sweep_lane[lane_i], Cat(*([wb_bits] * chunks)), h.data[: bank.lanes_in]))]
+            m.d.comb += [wr.addr.eq(wa), wr.data.eq(wd), wr.en.eq(we)]
         for name, _ in opt.fields:
             wr = st_wr[name]
             host_here = host_wr & (h.space == geo.field_space(name))
-            hw_en = Signal(name=f"host_wr_{name}")  # the host's write of this field, a cycle after its request
-            m.d.sync += hw_en.eq(host_here)
             m.d.comb += [  # the write-back's visit: counted from the command's first row on (one a valid stage)
                 wr.load.eq(cmd_go | host_here),
                 wr.addr.eq(Mux(cmd_go, sbase, sbase + h.addr)),
-                wr.inc.eq(wb_valid),
-                wr.data.eq(Mux(wb_valid, new_state[name].as_value(), hw_data[: geo.field_width(name)])),
-                wr.en.eq(wb_write | hw_en),
+                wr.inc.eq(s_valid[WB]),
+                wr.data.eq(Mux(s_valid[LD], new_state[name].as_value(), h.data[: geo.field_width(name)])),
+                wr.en.eq((s_valid[LD] & (s_op[LD] != UNDO)) | host_here),
             ]
 
-        # --- flip counter ---
+        # --- flip counter (the changed bits registered in stage WB, counted there) ---
         changed = Signal(U)
-        valid_mask = Mux(s_partial[WB], vmask, (1 << U) - 1)
-        m.d.comb += changed.eq((wb_bits ^ w_old[WB]) & valid_mask)
+        valid_mask = Mux(s_partial[LD], vmask, (1 << U) - 1)
+        m.d.sync += changed.eq((wb_bits ^ w_old[LD]) & valid_mask)
         with m.If(s_valid[WB]):
             m.d.sync += flips.eq(flips + popcount(changed))
 
@@ -904,10 +920,10 @@ class WeightMemory(wiring.Component):
     def _datapath(self, m, op, shift, inc, w_old, g, u, st_rd, new_w, new_state, table_ports):
         """The optimiser: its inputs (``op``, ``w_old``, ``g``, ``u``, the state words ``st_rd``; switch: ``inc``,
         the gated increment per row and its negation) are the registers of stage ``S =`` :data:`OPT_STAGE`,
-        ``new_w`` and ``new_state`` belong to stage :data:`WRITE_STAGE` (the write-back). The switch optimiser adds
-        and compares in stage ``S``, clamps and looks its table up in ``S + 1``, compares with the entry in ``S + 2``
-        and forms the write data in ``S + 3``; the others compute in stage ``S`` and their registered results wait
-        for the write-back."""
+        ``new_w`` and ``new_state`` belong to stage ``WRITE_STAGE - 1 = S + 3`` (which loads the write-back's
+        registers). The switch optimiser adds and compares in stage ``S``, clamps and looks its table up in
+        ``S + 1``, compares with the entry in ``S + 2`` and forms the write data in ``S + 3``; the others compute in
+        stage ``S`` and their registered results wait for stage ``S + 3``."""
         opt = self._geometry.optimizer
         U = self._geometry.sweep.update_lanes
         kind = opt.kind
@@ -920,14 +936,14 @@ class WeightMemory(wiring.Component):
             return r
 
         def at_wb(x, stage, name):
-            """``x`` of stage ``stage`` delayed to the write-back stage."""
-            for st in range(stage + 1, WRITE_STAGE + 1):
+            """``x`` of stage ``stage`` delayed to stage ``WRITE_STAGE - 1``."""
+            for st in range(stage + 1, WRITE_STAGE):
                 x = late(x, f"{name}_s{st}")
             return x
 
         S = OPT_STAGE
-        ops = {S: op}  # op in stages S .. WRITE_STAGE
-        for st in range(S + 1, WRITE_STAGE + 1):
+        ops = {S: op}  # op in stages S .. WRITE_STAGE - 1
+        for st in range(S + 1, WRITE_STAGE):
             ops[st] = late(ops[st - 1], f"op{st}")
         # Per-sweep constants derived from the command's shift, registered (shift is stable during a sweep).
         if kind == "bop":
