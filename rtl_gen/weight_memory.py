@@ -445,15 +445,23 @@ class StateMemory(Elaboratable):
         self.write = _CountedPort(shape, depth, f"{name}_wr")
 
     @staticmethod
-    def _counted(m: Module, port: _CountedPort, base: int, name: str):
-        """``(register, next value)`` of ``port``'s address minus ``base`` modulo ``2^bits`` (below the segment's
-        words exactly when the address is in it: an address below the base wraps to ``2^bits - base + address``,
-        at least the words, as base + words <= 2^bits)."""
-        a = Signal(len(port.addr), name=name)
+    def _counted(m: Module, port: _CountedPort, base: int, n: int, name: str):
+        """``(register, whether its next value is in the segment)`` of ``port``'s address minus ``base`` modulo
+        ``2^bits`` (below the segment's ``n`` words exactly when the address is in it: an address below the base
+        wraps to ``2^bits - base + address``, at least the words, as base + words <= 2^bits). The flag is chosen
+        from compares of each candidate, in parallel with the choice (timing: the load's fan-out, then the compare
+        of the chosen address, 14.1 ns at the paper's widths on the ECP5 proxy)."""
+        bits = len(port.addr)
+        a = Signal(bits, name=name)
         nxt = Signal.like(a, name=f"{name}_next")
-        m.d.comb += nxt.eq(Mux(port.load, port.addr - base, Mux(port.inc, a + 1, a)))
+        hit = Signal(name=f"{name}_hit_next")
+        m.d.comb += [
+            nxt.eq(Mux(port.load, port.addr - base, Mux(port.inc, a + 1, a))),
+            hit.eq(Mux(port.load, (port.addr >= base) & (port.addr < base + n),
+                       Mux(port.inc, (a < n - 1) | (a == (1 << bits) - 1), a < n))),
+        ]
         m.d.sync += a.eq(nxt)
-        return a, nxt
+        return a, hit
 
     def elaborate(self, platform):
         m = Module()
@@ -471,14 +479,14 @@ class StateMemory(Elaboratable):
                 mem = Memory(shape=hi - lo, depth=max(n, 2), init=[], attrs=NO_RW_CHECK)
                 m.submodules[f"seg{i}_{j}"] = mem
                 rd, wr = mem.read_port(), mem.write_port()
-                a, _ = self._counted(m, self.read, base, f"{self.name}_seg{i}_s{j}_ra")
-                wa, wa_next = self._counted(m, self.write, base, f"{self.name}_seg{i}_s{j}_wa")
+                a, _ = self._counted(m, self.read, base, n, f"{self.name}_seg{i}_s{j}_ra")
+                wa, whit = self._counted(m, self.write, base, n, f"{self.name}_seg{i}_s{j}_wa")
                 # the write in the next cycle, if its address is in the segment: the enable and the data in
                 # registers of the slice (each loads under its own enable, so the copies stay apart)
                 load = Signal(name=f"{self.name}_seg{i}_s{j}_wload")
                 we = Signal(name=f"{self.name}_seg{i}_s{j}_we")
                 wd = Signal(hi - lo, name=f"{self.name}_seg{i}_s{j}_wd")
-                m.d.comb += load.eq(self.write.en & (wa_next < n))
+                m.d.comb += load.eq(self.write.en & whit)
                 m.d.sync += we.eq(load)
                 with m.If(load):
                     m.d.sync += wd.eq(wdata[lo:hi])
@@ -727,13 +735,19 @@ class WeightMemory(wiring.Component):
         resp_valid = Signal()
         resp_data = Signal(geo.data_width)
         h = self.host.payload
-        idle = ~busy & ~rd_issued & ~rd_held & ~rd_held2 & ~rd_held3 & ~resp_valid
+        # idle: no sweep, no host read in flight and no response waiting, a register (timing: its gates in front of
+        # the handshakes whose load fans out to every state slice's address registers, 70.8 MHz at the paper's
+        # widths on the ECP5 proxy), loaded from the next values of those registers
+        idle = Signal(init=1)
+        busy_next = Signal()
+        resp_next = Signal()
         # busy = running or a visit in a stage, as a register (timing: the OR of the stages' valid bits fanning out
         # to every memory port's multiplexers closed at 44.5 MHz at the paper's widths on the ECP5 proxy): its
         # next value from the next values of running (set by a command; an issue implies running, so its last
         # visit's clearing is covered by that visit entering stage 1) and of the stages' valid bits
-        m.d.sync += busy.eq(running | (self.cmd.valid & self.cmd.ready)
-                            | Cat(*(s_valid[st] for st in range(1, WRITE_STAGE))).any())
+        m.d.comb += busy_next.eq(running | (self.cmd.valid & self.cmd.ready)
+                                 | Cat(*(s_valid[st] for st in range(1, WRITE_STAGE))).any())
+        m.d.sync += busy.eq(busy_next)
         m.d.comb += [
             self.busy.eq(busy),
             self.cmd.ready.eq(idle),
@@ -748,8 +762,11 @@ class WeightMemory(wiring.Component):
         m.d.sync += [rd_issued.eq(host_rd), rd_held.eq(rd_issued), rd_held2.eq(rd_held), rd_held3.eq(rd_held2)]
         with m.If(host_rd):
             m.d.sync += [rd_space.eq(h.space), rd_lane.eq(h.lane)]
-        with m.If(self.host_rdata.ready):
-            m.d.sync += resp_valid.eq(0)
+        # the response: a bank's word two cycles after the read, the state's three (the words are registered first)
+        m.d.comb += resp_next.eq((rd_held2 & (rd_space == SPACE_WEIGHTS)) | (rd_held3 & (rd_space != SPACE_WEIGHTS))
+                                 | (resp_valid & ~self.host_rdata.ready))
+        m.d.sync += [resp_valid.eq(resp_next),
+                     idle.eq(~(busy_next | host_rd | rd_issued | rd_held | rd_held2 | resp_next))]
         flips = Signal.like(self.flips)
         m.d.comb += self.flips.eq(flips)
         with m.If(self.cmd.valid & self.cmd.ready):
@@ -904,9 +921,8 @@ class WeightMemory(wiring.Component):
         # --- host read responses (the memories read a cycle after the request; the words are registered first: a
         # bank's two cycles after the read, the state's three) ---
         with m.If(rd_held2 & (rd_space == SPACE_WEIGHTS)):
-            m.d.sync += [resp_valid.eq(1), resp_data.eq(w_row2)]
+            m.d.sync += resp_data.eq(w_row2)
         with m.If(rd_held3 & (rd_space != SPACE_WEIGHTS)):
-            m.d.sync += resp_valid.eq(1)
             with m.Switch(rd_space):
                 for name, _ in opt.fields:
                     with m.Case(geo.field_space(name)):
