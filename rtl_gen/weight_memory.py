@@ -728,8 +728,8 @@ class WeightMemory(wiring.Component):
         busy = Signal()
         rd_issued = Signal()
         rd_held = Signal()  # the memories read (a cycle after the request: their address registers)
-        rd_held2 = Signal()  # the weight bank's word in its register (w_rows)
-        rd_held3 = Signal()  # the state words in theirs (st_q)
+        rd_held2 = Signal()  # the words in their registers (w_rows, the state slices')
+        rd_held3 = Signal()  # the state words in theirs (st_q), the bank's word in its group's (host_groups)
         rd_space = Signal(2)
         rd_lane = Signal(range(L))
         resp_valid = Signal()
@@ -762,9 +762,8 @@ class WeightMemory(wiring.Component):
         m.d.sync += [rd_issued.eq(host_rd), rd_held.eq(rd_issued), rd_held2.eq(rd_held), rd_held3.eq(rd_held2)]
         with m.If(host_rd):
             m.d.sync += [rd_space.eq(h.space), rd_lane.eq(h.lane)]
-        # the response: a bank's word two cycles after the read, the state's three (the words are registered first)
-        m.d.comb += resp_next.eq((rd_held2 & (rd_space == SPACE_WEIGHTS)) | (rd_held3 & (rd_space != SPACE_WEIGHTS))
-                                 | (resp_valid & ~self.host_rdata.ready))
+        # the response three cycles after the memories' read (the words are registered first)
+        m.d.comb += resp_next.eq(rd_held3 | (resp_valid & ~self.host_rdata.ready))
         m.d.sync += [resp_valid.eq(resp_next),
                      idle.eq(~(busy_next | host_rd | rd_issued | rd_held | rd_held2 | resp_next))]
         flips = Signal.like(self.flips)
@@ -814,18 +813,36 @@ class WeightMemory(wiring.Component):
             bank_rd.append(rd)
             bank_wr.append(wr)
         # every bank's word registered as it leaves the RAM (timing: a block RAM's output delay, 5.6 ns on the
-        # ECP5 proxy, left no time for a multiplexer behind it; the 7-series' block RAMs absorb such a register);
-        # the sweep picks its lane and chunk in stage 2, a host read its lane a cycle after the read
-        w_rows = Array(Signal(bank.lanes_in, name=f"s2_w_row{lane_i}") for lane_i in range(L))
+        # ECP5 proxy, left no time for a multiplexer behind it; the 7-series' block RAMs absorb such a register).
+        # The sweep picks the visit's chunk of each bank's word in stage 2, by a chunk register per bank (loaded
+        # with the chunk of that bank's visits only, so the copies stay apart), and its bank in stage 3; a host read
+        # picks a bank in each group of GL banks, then the group (timing: one register choosing among all banks'
+        # words, 16 x 64 bits gathered from the whole die, closed at 76.3 MHz at the paper's widths on the ECP5
+        # proxy)
+        w_rows = [Signal(bank.lanes_in, name=f"s2_w_row{lane_i}") for lane_i in range(L)]
         m.d.sync += [w_rows[lane_i].eq(rd.data) for lane_i, rd in enumerate(bank_rd)]
-        # one lane multiplexer for the sweep and the host (a host read runs only while no sweep does), its select
-        # registered: the lane of stage 2 during a sweep, the host read's lane from the cycle after the read on
-        w_sel = Signal(range(L), name="w_sel")
-        m.d.sync += w_sel.eq(Mux(busy, s_lane[1], rd_lane))
-        w_row2 = Signal(bank.lanes_in)
-        w_old2 = Signal(U)
-        m.d.comb += [w_row2.eq(w_rows[w_sel]), w_old2.eq(w_row2.word_select(s_chunk[2], U))]
-        w_old = stages(w_old2, "w_old", 2)
+        c_rows = [Signal(U, name=f"s3_w_chunk{lane_i}") for lane_i in range(L)]
+        for lane_i in range(L):
+            if chunks == 1:
+                m.d.sync += c_rows[lane_i].eq(w_rows[lane_i])
+                continue
+            csel = Signal(range(chunks), name=f"s2_chunk{lane_i}")
+            with m.If(s_valid[1] & (s_lane[1] == lane_i)):
+                m.d.sync += csel.eq(s_chunk[1])
+            m.d.sync += c_rows[lane_i].eq(w_rows[lane_i].word_select(csel, U))
+        w_old4 = Signal(U, name="s4_w_old")
+        m.d.sync += w_old4.eq(Array(c_rows)[s_lane[3]])
+        w_old = stages(w_old4, "w_old", OPT_STAGE + 1)
+        GL = 4  # banks per group of a host read's first choice
+        host_groups = []
+        for k in range(0, L, GL):
+            rows = w_rows[k:k + GL]
+            gsel = Signal(range(len(rows)), name=f"host_rd_sel{k // GL}")
+            with m.If(host_rd & (h.lane >= k) & (h.lane < k + len(rows))):
+                m.d.sync += gsel.eq(h.lane - k)
+            grp = Signal(bank.lanes_in, name=f"host_rd_row{k // GL}")
+            m.d.sync += grp.eq(Array(rows)[gsel])
+            host_groups.append(grp)
 
         # --- state memories ---
         st_rd, st_wr, st_q = {}, {}, {}  # st_q: the read words in stage OPT_STAGE
@@ -865,7 +882,7 @@ class WeightMemory(wiring.Component):
         new_state = {
             name: Signal(data.ArrayLayout(opt.field_shape(name), U), name=f"new_{name}") for name, _ in opt.fields
         }
-        self._datapath(m, s_op[OPT_STAGE], shift, s3_inc, w_old[OPT_STAGE], s3_g, s3_u, st_q, new_w, new_state,
+        self._datapath(m, s_op[OPT_STAGE], shift, s3_inc, w_old[OPT_STAGE + 1], s3_g, s3_u, st_q, new_w, new_state,
                        table_ports)
 
         # --- write-back: stage WRITE_STAGE - 1 loads the write ports' registers, stage WRITE_STAGE writes ---
@@ -918,10 +935,10 @@ class WeightMemory(wiring.Component):
         with m.If(s_valid[WB]):
             m.d.sync += flips.eq(flips + popcount(changed))
 
-        # --- host read responses (the memories read a cycle after the request; the words are registered first: a
-        # bank's two cycles after the read, the state's three) ---
-        with m.If(rd_held2 & (rd_space == SPACE_WEIGHTS)):
-            m.d.sync += resp_data.eq(w_row2)
+        # --- host read responses (the memories read a cycle after the request; the words are registered first,
+        # three cycles after the read: a bank's word, its group's choice, the response) ---
+        with m.If(rd_held3 & (rd_space == SPACE_WEIGHTS)):
+            m.d.sync += resp_data.eq(Array(host_groups)[rd_lane // GL])
         with m.If(rd_held3 & (rd_space != SPACE_WEIGHTS)):
             with m.Switch(rd_space):
                 for name, _ in opt.fields:
@@ -934,12 +951,13 @@ class WeightMemory(wiring.Component):
     # --- the four optimisers, per update lane ------------------------------------------------------------
 
     def _datapath(self, m, op, shift, inc, w_old, g, u, st_rd, new_w, new_state, table_ports):
-        """The optimiser: its inputs (``op``, ``w_old``, ``g``, ``u``, the state words ``st_rd``; switch: ``inc``,
-        the gated increment per row and its negation) are the registers of stage ``S =`` :data:`OPT_STAGE`,
-        ``new_w`` and ``new_state`` belong to stage ``WRITE_STAGE - 1 = S + 3`` (which loads the write-back's
-        registers). The switch optimiser adds and compares in stage ``S``, clamps and looks its table up in
-        ``S + 1``, compares with the entry in ``S + 2`` and forms the write data in ``S + 3``; the others compute in
-        stage ``S`` and their registered results wait for stage ``S + 3``."""
+        """The optimiser: its inputs (``op``, ``g``, ``u``, the state words ``st_rd``; switch: ``inc``, the gated
+        increment per row and its negation) are the registers of stage ``S =`` :data:`OPT_STAGE`, ``w_old`` the
+        register of stage ``S + 1`` (the bank word is picked over two stages); ``new_w`` and ``new_state`` belong to
+        stage ``WRITE_STAGE - 1 = S + 3`` (which loads the write-back's registers). The switch optimiser adds and
+        compares in stage ``S``, clamps and looks its table up in ``S + 1``, compares with the entry in ``S + 2``
+        and forms the write data in ``S + 3``; the others compute in stage ``S``, form the weight with the old one
+        in ``S + 1``, and their registered results wait for stage ``S + 3``."""
         opt = self._geometry.optimizer
         U = self._geometry.sweep.update_lanes
         kind = opt.kind
@@ -996,8 +1014,9 @@ class WeightMemory(wiring.Component):
             if kind == "switch":  # nw in stage S + 3
                 init5 = late(late(late(init_w, f"init3_{j}"), f"init4_{j}"), f"init5_{j}")
                 m.d.comb += new_w[j].eq(at_wb(Mux(ops[S + 3] == INIT, init5, nw), S + 3, f"nw{j}"))
-            else:
-                m.d.comb += new_w[j].eq(at_wb(Mux(op == INIT, init_w, nw), S, f"nw{j}"))
+            else:  # nw in stage S + 1, with the weight
+                m.d.comb += new_w[j].eq(at_wb(Mux(ops[S + 1] == INIT, late(init_w, f"init3_{j}"), nw), S + 1,
+                                              f"nw{j}"))
 
             def state_in(name, j=j):
                 return st_rd[name][j]
@@ -1026,7 +1045,7 @@ class WeightMemory(wiring.Component):
                 ]
                 s3, ns3, hi3, lo3 = (late(s, f"sum3_{j}"), late(ns, f"nsum3_{j}"), late(hi, f"hi3_{j}"),
                                      late(lo, f"lo3_{j}"))
-                w3, rhi3 = late(w, f"w3_{j}"), late(r_hi, f"rhi3_{j}")
+                w3, rhi3 = w, late(r_hi, f"rhi3_{j}")
                 # stage S + 1: clamp(s) and clamp(-s) = -clamp(s) (the clamp is symmetric), p = +-clamp(s) by the
                 # weight, its table entry
                 acc3 = Signal(signed(len(acc)), name=f"acc3_{j}")
@@ -1057,7 +1076,7 @@ class WeightMemory(wiring.Component):
                     d.eq((gj << F) - mm),
                     t.eq(d + (r_lo & mask)),
                     m1.eq(mm + (t >> shift)),
-                    nw.eq(w ^ Mux(w, m1 > opt.tau, m1 < -opt.tau)),
+                    nw.eq(w ^ Mux(w, late(m1 > opt.tau, f"up3_{j}"), late(m1 < -opt.tau, f"dn3_{j}"))),
                 ]
                 state_out("m", m1)
             elif kind == "iir":
@@ -1076,7 +1095,7 @@ class WeightMemory(wiring.Component):
                     e.eq((m1 << (FG - Fm)) - gg),
                     t.eq(e + ((r_hi << r_lsh) & a_mask)),
                     g1.eq(gg + (t >> shift)),
-                    nw.eq(Mux(g1 > 0, 0, Mux(g1 < 0, 1, w))),
+                    nw.eq(Mux(late(g1 > 0, f"pos3_{j}"), 0, Mux(late(g1 < 0, f"neg3_{j}"), 1, w))),
                 ]
                 state_out("m", m1)
                 state_out("g", g1)
@@ -1106,7 +1125,7 @@ class WeightMemory(wiring.Component):
                 lim = 1 << Fc
                 c2 = Signal(signed(Fc + 1), name=f"latent{j}")
                 m.d.comb += [c1.eq(c - delta), c2.eq(Mux(c1 < -lim, -lim, Mux(c1 > lim - 1, lim - 1, c1)))]
-                m.d.comb += nw.eq(c2 >= 0)
+                m.d.comb += nw.eq(late(c2 >= 0, f"sign3_{j}"))
                 # Initial latent: magnitude from the number's low 16 bits, sign from the initial weight.
                 mag_bits = Fc - opt.init_shift
                 lo = uj[:16]
