@@ -530,9 +530,9 @@ class WeightMemory(wiring.Component):
         host: ``In(stream.Signature(host_layout))`` ``write``, ``space`` (0 weights: ``lane``, ``addr`` = bank
             row, ``data`` = the row; 1 and 3 (:data:`STATE_SPACES`) the first and second state field:
             ``addr`` = visit, ``data`` = the field's ``update_lanes`` values (low bits); 2 switch table:
-            ``addr`` = p, ``data`` = T[p], write only), ``lane``, ``addr``, ``data``. Ready while idle; one
-            read outstanding. A weight or state write takes effect in the cycle after its transfer, a read
-            reads then (both from registers).
+            ``addr`` = p, ``data`` = T[p], write only), ``lane``, ``addr``, ``data``. Ready while idle, not in
+            the cycle after a transfer; one read outstanding. A weight or state write takes effect two cycles
+            after its transfer, a read reads in the cycle after it (both from registers).
         host_rdata: ``Out(stream.Signature(data_width))`` one word per host read (table reads return 0).
         busy: ``Out(1)`` a sweep is running. flips: ``Out(range(n_in * n_out + 1))`` weights changed by
             the last sweep (valid once ``busy`` is low).
@@ -735,7 +735,8 @@ class WeightMemory(wiring.Component):
         resp_valid = Signal()
         resp_data = Signal(geo.data_width)
         h = self.host.payload
-        # idle: no sweep, no host read in flight and no response waiting, a register (timing: its gates in front of
+        # idle: no sweep, no host request in the cycle before, no host read in flight and no response waiting, a
+        # register (timing: its gates in front of
         # the handshakes whose load fans out to every state slice's address registers, 70.8 MHz at the paper's
         # widths on the ECP5 proxy), loaded from the next values of those registers
         idle = Signal(init=1)
@@ -765,7 +766,7 @@ class WeightMemory(wiring.Component):
         # the response three cycles after the memories' read (the words are registered first)
         m.d.comb += resp_next.eq(rd_held3 | (resp_valid & ~self.host_rdata.ready))
         m.d.sync += [resp_valid.eq(resp_next),
-                     idle.eq(~(busy_next | host_rd | rd_issued | rd_held | rd_held2 | resp_next))]
+                     idle.eq(~(busy_next | host_go | rd_issued | rd_held | rd_held2 | resp_next))]
         flips = Signal.like(self.flips)
         m.d.comb += self.flips.eq(flips)
         with m.If(self.cmd.valid & self.cmd.ready):
@@ -897,10 +898,22 @@ class WeightMemory(wiring.Component):
         wb_bits = Signal(U)  # the bank bits of the visit in stage LD
         undo_bits = stages(st_q["undo"].as_value(), "undo", OPT_STAGE) if "undo" in st_q else w_old
         m.d.comb += wb_bits.eq(Mux(s_op[LD] == UNDO, undo_bits[LD], new_w))
+        # the host's weight and state writes: the request registered first (no transfer is taken in the cycle
+        # after it, idle), then the write ports' registers load from it; the write is two cycles after the request
+        # (timing: the handshake into every bank's write registers, 86.8 MHz at the paper's widths on the ECP5
+        # proxy)
+        hw_valid = Signal(name="host_wr_valid")
+        hw_space = Signal.like(h.space, name="host_wr_space")
+        hw_lane = Signal.like(h.lane, name="host_wr_lane")
+        host_addr = Signal.like(bank_ra, name="host_wr_addr")  # the bank row, the layer's base included
+        hw_saddr = Signal(range(max(V_all, 2)), name="host_wr_visit")  # the state row, likewise
+        hw_data = Signal.like(h.data, name="host_wr_data")
+        m.d.sync += hw_valid.eq(host_wr)
+        with m.If(host_wr):
+            m.d.sync += [hw_space.eq(h.space), hw_lane.eq(h.lane), host_addr.eq(bbase + h.addr),
+                         hw_saddr.eq(sbase + h.addr), hw_data.eq(h.data)]
         host_bank = Signal()
-        m.d.comb += host_bank.eq(host_wr & (h.space == SPACE_WEIGHTS))
-        host_addr = Signal.like(bank_ra, name="host_wr_addr")
-        m.d.comb += host_addr.eq(bbase + h.addr)
+        m.d.comb += host_bank.eq(hw_valid & (hw_space == SPACE_WEIGHTS))
         sweep_lane = [Signal(name=f"ld_lane{lane_i}") for lane_i in range(L)]  # stage LD's visit writes bank lane_i
         for lane_i, sl in enumerate(sweep_lane):
             m.d.sync += sl.eq(s_valid[LD - 1] & (s_lane[LD - 1] == lane_i))
@@ -908,23 +921,25 @@ class WeightMemory(wiring.Component):
         m.d.comb += chunk_hot.eq(Const(1, chunks) << s_chunk[LD])
         for lane_i, wr in enumerate(bank_wr):
             host_i = Signal(name=f"host_wr_bank{lane_i}")
-            m.d.comb += host_i.eq(host_bank & (h.lane == lane_i))
+            m.d.comb += host_i.eq(host_bank & (hw_lane == lane_i))
             wa = Signal.like(bank_ra, name=f"bank{lane_i}_wa")
             wd = Signal(bank.lanes_in, name=f"bank{lane_i}_wd")
             we = Signal(chunks, name=f"bank{lane_i}_we")
             m.d.sync += we.eq(Mux(sweep_lane[lane_i], chunk_hot, 0) | Mux(host_i, (1 << chunks) - 1, 0))
             with m.If(sweep_lane[lane_i] | host_i):
                 m.d.sync += [wa.eq(Mux(sweep_lane[lane_i], s_addr[LD], host_addr)),
-                             wd.eq(Mux(sweep_lane[lane_i], Cat(*([wb_bits] * chunks)), h.data[: bank.lanes_in]))]
+                             wd.eq(Mux(sweep_lane[lane_i], Cat(*([wb_bits] * chunks)), hw_data[: bank.lanes_in]))]
             m.d.comb += [wr.addr.eq(wa), wr.data.eq(wd), wr.en.eq(we)]
         for name, _ in opt.fields:
             wr = st_wr[name]
-            host_here = host_wr & (h.space == geo.field_space(name))
-            m.d.comb += [  # the write-back's visit: counted from the command's first row on (one a valid stage)
-                wr.load.eq(cmd_go | host_here),
-                wr.addr.eq(Mux(cmd_go, sbase, sbase + h.addr)),
+            host_here = Signal(name=f"host_wr_{name}")
+            m.d.comb += host_here.eq(hw_valid & (hw_space == geo.field_space(name)))
+            m.d.comb += [  # the write-back's visit: counted from the sweep's first row (loaded while no sweep runs,
+                # so not from the command's handshake: timing), one a valid stage
+                wr.load.eq(~busy | host_here),
+                wr.addr.eq(Mux(host_here, hw_saddr, sbase)),
                 wr.inc.eq(s_valid[WB]),
-                wr.data.eq(Mux(s_valid[LD], new_state[name].as_value(), h.data[: geo.field_width(name)])),
+                wr.data.eq(Mux(s_valid[LD], new_state[name].as_value(), hw_data[: geo.field_width(name)])),
                 wr.en.eq((s_valid[LD] & (s_op[LD] != UNDO)) | host_here),
             ]
 
