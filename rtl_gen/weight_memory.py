@@ -531,8 +531,9 @@ class WeightMemory(wiring.Component):
             row, ``data`` = the row; 1 and 3 (:data:`STATE_SPACES`) the first and second state field:
             ``addr`` = visit, ``data`` = the field's ``update_lanes`` values (low bits); 2 switch table:
             ``addr`` = p, ``data`` = T[p], write only), ``lane``, ``addr``, ``data``. Ready while idle, not in
-            the cycle after a transfer; one read outstanding. A weight or state write takes effect two cycles
-            after its transfer, a read reads in the cycle after it (both from registers).
+            the cycle after a transfer; one read outstanding. A state write takes effect two cycles after its
+            transfer, a weight row's ``update_lanes``-bit chunks one a cycle from then on (not ready meanwhile),
+            a read reads in the cycle after it (all from registers).
         host_rdata: ``Out(stream.Signature(data_width))`` one word per host read (table reads return 0).
         busy: ``Out(1)`` a sweep is running. flips: ``Out(range(n_in * n_out + 1))`` weights changed by
             the last sweep (valid once ``busy`` is low).
@@ -741,6 +742,7 @@ class WeightMemory(wiring.Component):
         # widths on the ECP5 proxy), loaded from the next values of those registers
         idle = Signal(init=1)
         busy_next = Signal()
+        host_bank_next = Signal()  # a host weight write's chunks are being written (below)
         resp_next = Signal()
         # busy = running or a visit in a stage, as a register (timing: the OR of the stages' valid bits fanning out
         # to every memory port's multiplexers closed at 44.5 MHz at the paper's widths on the ECP5 proxy): its
@@ -766,7 +768,7 @@ class WeightMemory(wiring.Component):
         # the response three cycles after the memories' read (the words are registered first)
         m.d.comb += resp_next.eq(rd_held3 | (resp_valid & ~self.host_rdata.ready))
         m.d.sync += [resp_valid.eq(resp_next),
-                     idle.eq(~(busy_next | host_go | rd_issued | rd_held | rd_held2 | resp_next))]
+                     idle.eq(~(busy_next | host_go | host_bank_next | rd_issued | rd_held | rd_held2 | resp_next))]
         flips = Signal.like(self.flips)
         m.d.comb += self.flips.eq(flips)
         with m.If(self.cmd.valid & self.cmd.ready):
@@ -899,9 +901,10 @@ class WeightMemory(wiring.Component):
         undo_bits = stages(st_q["undo"].as_value(), "undo", OPT_STAGE) if "undo" in st_q else w_old
         m.d.comb += wb_bits.eq(Mux(s_op[LD] == UNDO, undo_bits[LD], new_w))
         # the host's weight and state writes: the request registered first (no transfer is taken in the cycle
-        # after it, idle), then the write ports' registers load from it; the write is two cycles after the request
-        # (timing: the handshake into every bank's write registers, 86.8 MHz at the paper's widths on the ECP5
-        # proxy)
+        # after it, idle), then the write ports' registers load from it; a state write is two cycles after the
+        # request, a weight row's chunks follow one a cycle from then on, as the sweep's (timing: the handshake
+        # into every bank's write registers, 86.8 MHz at the paper's widths on the ECP5 proxy; a whole row's write
+        # data register per bank loaded from the registered row did not route)
         hw_valid = Signal(name="host_wr_valid")
         hw_space = Signal.like(h.space, name="host_wr_space")
         hw_lane = Signal.like(h.lane, name="host_wr_lane")
@@ -912,8 +915,17 @@ class WeightMemory(wiring.Component):
         with m.If(host_wr):
             m.d.sync += [hw_space.eq(h.space), hw_lane.eq(h.lane), host_addr.eq(bbase + h.addr),
                          hw_saddr.eq(sbase + h.addr), hw_data.eq(h.data)]
-        host_bank = Signal()
-        m.d.comb += host_bank.eq(hw_valid & (hw_space == SPACE_WEIGHTS))
+        host_bank = Signal()  # a host weight write's chunk is loaded into the bank's registers (hw_chunk)
+        hw_chunk = Signal(range(chunks), name="host_wr_chunk")
+        hw_bits = Signal(U, name="host_wr_bits")
+        m.d.comb += hw_bits.eq(hw_data.word_select(hw_chunk, U) if chunks > 1 else hw_data[:U])
+        with m.If(host_wr & (h.space == SPACE_WEIGHTS)):
+            m.d.sync += [host_bank.eq(1), hw_chunk.eq(0)]
+        with m.Elif(host_bank):
+            m.d.sync += hw_chunk.eq(hw_chunk + 1)
+            with m.If(hw_chunk == chunks - 1):
+                m.d.sync += host_bank.eq(0)
+        m.d.comb += host_bank_next.eq((host_wr & (h.space == SPACE_WEIGHTS)) | (host_bank & (hw_chunk != chunks - 1)))
         sweep_lane = [Signal(name=f"ld_lane{lane_i}") for lane_i in range(L)]  # stage LD's visit writes bank lane_i
         for lane_i, sl in enumerate(sweep_lane):
             m.d.sync += sl.eq(s_valid[LD - 1] & (s_lane[LD - 1] == lane_i))
@@ -923,13 +935,13 @@ class WeightMemory(wiring.Component):
             host_i = Signal(name=f"host_wr_bank{lane_i}")
             m.d.comb += host_i.eq(host_bank & (hw_lane == lane_i))
             wa = Signal.like(bank_ra, name=f"bank{lane_i}_wa")
-            wd = Signal(bank.lanes_in, name=f"bank{lane_i}_wd")
+            wd = Signal(U, name=f"bank{lane_i}_wd")  # the chunk's bits, on every chunk's data pins
             we = Signal(chunks, name=f"bank{lane_i}_we")
-            m.d.sync += we.eq(Mux(sweep_lane[lane_i], chunk_hot, 0) | Mux(host_i, (1 << chunks) - 1, 0))
+            m.d.sync += we.eq(Mux(sweep_lane[lane_i], chunk_hot, 0) | Mux(host_i, Const(1, chunks) << hw_chunk, 0))
             with m.If(sweep_lane[lane_i] | host_i):
                 m.d.sync += [wa.eq(Mux(sweep_lane[lane_i], s_addr[LD], host_addr)),
-                             wd.eq(Mux(sweep_lane[lane_i], Cat(*([wb_bits] * chunks)), hw_data[: bank.lanes_in]))]
-            m.d.comb += [wr.addr.eq(wa), wr.data.eq(wd), wr.en.eq(we)]
+                             wd.eq(Mux(sweep_lane[lane_i], wb_bits, hw_bits))]
+            m.d.comb += [wr.addr.eq(wa), wr.data.eq(Cat(*([wd] * chunks))), wr.en.eq(we)]
         for name, _ in opt.fields:
             wr = st_wr[name]
             host_here = Signal(name=f"host_wr_{name}")

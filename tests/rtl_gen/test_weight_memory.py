@@ -439,7 +439,7 @@ def test_write_ports_take_registers_of_their_own(tmp_path):
     for i in range(4):
         port, wa, wd, we = (mems[f"wbank{i}"], nets[f"bank{i}_wa"], nets[f"bank{i}_wd"], nets[f"bank{i}_we"])
         assert port["waddr"] == wa[: len(port["waddr"])]
-        assert port["wdata"] == wd
+        assert port["wdata"] == wd * 2  # the chunk's bits on both chunks' pins
         assert port["wen"] == tuple(b for b in we for _ in range(4))  # a chunk's enable on its 4 bits
         seen += [wa[0], wd[0], we[0]]
     slices = [name for name in mems if name.startswith("state_")]
