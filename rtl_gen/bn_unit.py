@@ -44,7 +44,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 
-from amaranth import Cat, Const, Module, Mux, Shape, Signal, signed, unsigned
+from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
@@ -1367,7 +1367,6 @@ class BnBackwardUnit(wiring.Component):
         accept = Signal()
         s1_valid = Signal()
         s1 = Signal(lay.dx_layout)
-        s1_first = Signal()
         s1_last = Signal()
         s1_last_group = Signal()
         s1_g = Signal(range(G))
@@ -1405,13 +1404,25 @@ class BnBackwardUnit(wiring.Component):
             m.d.sync += [
                 s1_valid.eq(accept),
                 s1.eq(in_payload),
-                s1_first.eq(cnt.first_row),
                 s1_last.eq(cnt.last),
                 s1_last_group.eq(cnt.last_group),
                 s1_g.eq(cnt.g),
             ]
         writes = Signal()
         m.d.comb += writes.eq(s1_valid & adv & (phase == PASS1))
+        # the first row's clear of the read words, one copy per lane, each from a batch-row counter of its own that
+        # steps as the beat counter's does (copies with equal inputs would be merged by the synthesis). Timing: one
+        # s1_first into the adders of every lane, 960 inputs at the paper's widths, closed at 88.2 / 92.6 MHz on
+        # the ECP5 proxy (nextpnr seeds 1 / 2)
+        lane_first = []
+        for lane in range(L):
+            row = Signal(range(B), name=f"in_b{lane}")
+            with m.If(accept & cnt.last_group):
+                m.d.sync += row.eq(Mux(row == B - 1, 0, row + 1))
+            first = Signal(name=f"s1_first{lane}")
+            with m.If(adv):
+                m.d.sync += first.eq(row == 0)
+            lane_first.append(first)
         # P2 is bounded like P1 (both at most sum |dx|)
         p1_new = Signal(data.ArrayLayout(p_shape, L))
         p2_new = Signal(data.ArrayLayout(p_shape, L))
@@ -1421,8 +1432,8 @@ class BnBackwardUnit(wiring.Component):
             xh = s1.x_hat[lane]
             p2_acc = Signal(p_shape, name=f"p2_acc{lane}")
             m.d.comb += [
-                p1_new[lane].eq(Mux(s1_first, 0, p1_rd.data[lane]) + dx),
-                p2_acc.eq(Mux(s1_first, 0, p2_rd.data[lane])),
+                p1_new[lane].eq(Mux(lane_first[lane], 0, p1_rd.data[lane]) + dx),
+                p2_acc.eq(Mux(lane_first[lane], 0, p2_rd.data[lane])),
                 p2_new[lane].eq(Mux(xh, p2_acc + dx, p2_acc - dx)),
             ]
 
@@ -1459,10 +1470,23 @@ class BnBackwardUnit(wiring.Component):
             for pi in range(parts):
                 with m.Case(pi):
                     m.d.comb += [
-                        part_dx.as_value().eq(s1.dx.as_value().word_select(pi, pl * Shape.cast(dx_shape).width)),
                         part_xh.eq(s1.x_hat.word_select(pi, pl)),
                         part_real.eq(real_all.word_select(pi, pl)),
                     ]
+        # each lane of the part picks its dx by a part counter of its own, stepping as pp does (copies with equal
+        # inputs would be merged by the synthesis; timing: pp into every lane's dx multiplexer, then B dx, closed at
+        # 96.6 MHz at the paper's widths on the ECP5 proxy)
+        for lane in range(pl):
+            lane_pp = Signal.like(pp, name=f"q_part_l{lane}")
+            if parts > 1:
+                with m.If(adv):
+                    m.d.sync += lane_pp.eq(0)
+                with m.Elif(take):
+                    m.d.sync += lane_pp.eq(lane_pp + 1)
+            with m.Switch(lane_pp):
+                for pi in range(parts):
+                    with m.Case(pi):
+                        m.d.comb += part_dx[lane].eq(s1.dx[pi * pl + lane])
         # stage a: the part's dx operands, its lanes' padding flags, framing. B dx formed here, from the part's dx
         # (timing: dx's product by B over two MULT18s, their join and the subtraction of P1 in one cycle closed at
         # 91 MHz at the paper's widths on the ECP5 proxy)

@@ -88,9 +88,12 @@ words chosen from them and registered (timing: the state memory's block RAMs, 17
 are spread over the die; their output delay and the routes to one register closed at 62.5 MHz on the ECP5
 proxy)."""
 
-WRITE_STAGE = OPT_STAGE + 3
-"""The pipeline stage that writes a visit back: stages :data:`OPT_STAGE` .. ``WRITE_STAGE - 1`` the optimiser on
-the registered words (:meth:`WeightMemory._datapath`). No read-after-write
+WRITE_STAGE = OPT_STAGE + 4
+"""The pipeline stage that writes a visit back: stages :data:`OPT_STAGE` .. ``WRITE_STAGE - 2`` the optimiser on
+the registered words (:meth:`WeightMemory._datapath`), stage ``WRITE_STAGE - 1`` loads the write ports' address,
+data and enable registers (one set per bank and per state slice; timing: one write-back stage's op and valid bit
+fanned out to every memory's write data and enables, 63.1 / 68.0 MHz at the paper's widths on the ECP5 proxy,
+nextpnr seeds 1 / 2). No read-after-write
 hazard at any depth: each state row is visited once per sweep, consecutive visits of one bank row write disjoint
 ``update_lanes`` chunks (a write enable per chunk), and the next command waits until the last write is done."""
 
@@ -392,7 +395,8 @@ class WeightMemoryGeometry:
 class _CountedPort:
     """A port of a :class:`StateMemory` whose address is a register: it takes ``addr`` after a cycle with
     ``load`` high, else steps by one after a cycle with ``inc`` high. Read port: ``data`` is the word read two
-    cycles before (it reads every cycle). Write port: ``data`` is written in a cycle with ``en`` high."""
+    cycles before (it reads every cycle). Write port: ``data`` given in a cycle with ``en`` high is written in the
+    next cycle, at the address the register holds then (``data`` and ``en`` are registered first)."""
 
     def __init__(self, shape, depth: int, name: str):
         self.load = Signal(name=f"{name}_load")
@@ -420,12 +424,13 @@ class StateMemory(Elaboratable):
     :class:`rtl_gen.buffers.SplitMemory`, cut into segments, then the tail), each cut into slices of at most
     ``slice_bits`` bits of the word, each slice its own memory with its own copy of the address registers (the
     address minus the segment's base, counting by itself: the synthesis keeps the copies apart) and a register
-    saying whether the write address is in the segment; each segment's word is registered as it leaves its block
+    and write data and write enable registers of its own (loaded a cycle before the write under the slice's own
+    enable, the write address in the segment); each segment's word is registered as it leaves its block
     RAM, and the segment of the address read is chosen from these registers a
     cycle later. A deep memory is many block RAMs over the die: the registers let each RAM's output delay and the
     route to the choice fall in different cycles, and no logic sits between the address registers and the RAMs'
-    address pins, one gate before a write enable (timing: a read enable or an address multiplexer fanning out to
-    179 block RAMs closed at 54 and 63 MHz at the paper's widths on the ECP5 proxy)."""
+    address, data and write enable pins (timing: a read enable or an address multiplexer fanning out to 179 block
+    RAMs closed at 54 and 63 MHz at the paper's widths on the ECP5 proxy, the write enable at 68 MHz)."""
 
     def __init__(self, *, shape, depth: int, name: str = "state", segment: int = STATE_SEGMENT, block: int = 4096,
                  slice_bits: int = 8):
@@ -440,15 +445,23 @@ class StateMemory(Elaboratable):
         self.write = _CountedPort(shape, depth, f"{name}_wr")
 
     @staticmethod
-    def _counted(m: Module, port: _CountedPort, base: int, name: str):
-        """``(register, next value)`` of ``port``'s address minus ``base`` modulo ``2^bits`` (below the segment's
-        words exactly when the address is in it: an address below the base wraps to ``2^bits - base + address``,
-        at least the words, as base + words <= 2^bits)."""
-        a = Signal(len(port.addr), name=name)
+    def _counted(m: Module, port: _CountedPort, base: int, n: int, name: str):
+        """``(register, whether its next value is in the segment)`` of ``port``'s address minus ``base`` modulo
+        ``2^bits`` (below the segment's ``n`` words exactly when the address is in it: an address below the base
+        wraps to ``2^bits - base + address``, at least the words, as base + words <= 2^bits). The flag is chosen
+        from compares of each candidate, in parallel with the choice (timing: the load's fan-out, then the compare
+        of the chosen address, 14.1 ns at the paper's widths on the ECP5 proxy)."""
+        bits = len(port.addr)
+        a = Signal(bits, name=name)
         nxt = Signal.like(a, name=f"{name}_next")
-        m.d.comb += nxt.eq(Mux(port.load, port.addr - base, Mux(port.inc, a + 1, a)))
+        hit = Signal(name=f"{name}_hit_next")
+        m.d.comb += [
+            nxt.eq(Mux(port.load, port.addr - base, Mux(port.inc, a + 1, a))),
+            hit.eq(Mux(port.load, (port.addr >= base) & (port.addr < base + n),
+                       Mux(port.inc, (a < n - 1) | (a == (1 << bits) - 1), a < n))),
+        ]
         m.d.sync += a.eq(nxt)
-        return a, nxt
+        return a, hit
 
     def elaborate(self, platform):
         m = Module()
@@ -466,15 +479,22 @@ class StateMemory(Elaboratable):
                 mem = Memory(shape=hi - lo, depth=max(n, 2), init=[], attrs=NO_RW_CHECK)
                 m.submodules[f"seg{i}_{j}"] = mem
                 rd, wr = mem.read_port(), mem.write_port()
-                a, _ = self._counted(m, self.read, base, f"{self.name}_seg{i}_s{j}_ra")
-                wa, wa_next = self._counted(m, self.write, base, f"{self.name}_seg{i}_s{j}_wa")
-                whit = Signal(name=f"{self.name}_seg{i}_s{j}_whit")  # wa < n
-                m.d.sync += whit.eq(wa_next < n)
+                a, _ = self._counted(m, self.read, base, n, f"{self.name}_seg{i}_s{j}_ra")
+                wa, whit = self._counted(m, self.write, base, n, f"{self.name}_seg{i}_s{j}_wa")
+                # the write in the next cycle, if its address is in the segment: the enable and the data in
+                # registers of the slice (each loads under its own enable, so the copies stay apart)
+                load = Signal(name=f"{self.name}_seg{i}_s{j}_wload")
+                we = Signal(name=f"{self.name}_seg{i}_s{j}_we")
+                wd = Signal(hi - lo, name=f"{self.name}_seg{i}_s{j}_wd")
+                m.d.comb += load.eq(self.write.en & whit)
+                m.d.sync += we.eq(load)
+                with m.If(load):
+                    m.d.sync += wd.eq(wdata[lo:hi])
                 if j == 0:
                     m.d.sync += [hit1.eq(a < n), hit2.eq(hit1)]
                 m.d.comb += [
                     rd.addr.eq(a[: len(rd.addr)]), rd.en.eq(1),
-                    wr.addr.eq(wa[: len(wr.addr)]), wr.data.eq(wdata[lo:hi]), wr.en.eq(self.write.en & whit),
+                    wr.addr.eq(wa[: len(wr.addr)]), wr.data.eq(wd), wr.en.eq(we),
                 ]  # fmt: skip
                 m.d.sync += word[lo:hi].eq(rd.data)
             words.append(Mux(hit2, word, 0))
@@ -510,9 +530,10 @@ class WeightMemory(wiring.Component):
         host: ``In(stream.Signature(host_layout))`` ``write``, ``space`` (0 weights: ``lane``, ``addr`` = bank
             row, ``data`` = the row; 1 and 3 (:data:`STATE_SPACES`) the first and second state field:
             ``addr`` = visit, ``data`` = the field's ``update_lanes`` values (low bits); 2 switch table:
-            ``addr`` = p, ``data`` = T[p], write only), ``lane``, ``addr``, ``data``. Ready while idle; one
-            read outstanding. A weight or state write takes effect in the cycle after its transfer, a read
-            reads then (both from registers).
+            ``addr`` = p, ``data`` = T[p], write only), ``lane``, ``addr``, ``data``. Ready while idle, not in
+            the cycle after a transfer; one read outstanding. A state write takes effect two cycles after its
+            transfer, a weight row's ``update_lanes``-bit chunks one a cycle from then on (not ready meanwhile),
+            a read reads in the cycle after it (all from registers).
         host_rdata: ``Out(stream.Signature(data_width))`` one word per host read (table reads return 0).
         busy: ``Out(1)`` a sweep is running. flips: ``Out(range(n_in * n_out + 1))`` weights changed by
             the last sweep (valid once ``busy`` is low).
@@ -654,10 +675,25 @@ class WeightMemory(wiring.Component):
         s1_chunk = Signal(range(chunks))
         s1_addr = Signal(range(max(D_all, 2)))  # the bank row (the layer's base included)
         s1_partial = Signal()
-        s1_g = Signal(data.ArrayLayout(signed(2), U))
         s1_u = Signal(data.ArrayLayout(32, U))
-        grad_lane = Signal(data.ArrayLayout(signed(2), bank.lanes_in))
-        m.d.comb += grad_lane.eq(self.grad.payload.g[lane])
+        # stage 0 picks the visit's chunk of every lane's gradient, by a chunk counter per lane (each counts from its
+        # own value, so the copies stay apart), stage 1 the lane (timing: lane and chunk choosing 2 U of the tile's
+        # 2 lanes_in lanes_out bits in one cycle closed at 79.4 MHz at the paper's widths on the ECP5 proxy)
+        s1_gch = []
+        for lane_i in range(L):
+            gl = Signal(2 * bank.lanes_in, name=f"grad_lane{lane_i}")
+            m.d.comb += gl.eq(self.grad.payload.g[lane_i].as_value())
+            if chunks > 1:
+                cc = Signal(range(chunks), name=f"chunk{lane_i}")
+                with m.If(self.cmd.valid & self.cmd.ready):
+                    m.d.sync += cc.eq(0)
+                with m.Elif(issue):
+                    m.d.sync += cc.eq(Mux(last_chunk, 0, cc + 1))
+                gl = gl.word_select(cc, 2 * U)
+            r = Signal(2 * U, name=f"s1_g{lane_i}")
+            with m.If(issue):
+                m.d.sync += r.eq(gl)
+            s1_gch.append(r)
         m.d.sync += s1_valid.eq(issue)
         with m.If(issue):
             m.d.sync += [
@@ -666,14 +702,14 @@ class WeightMemory(wiring.Component):
                 s1_chunk.eq(chunk),
                 s1_addr.eq(bank_ra),
                 s1_partial.eq(partial),
-                s1_g.eq(grad_lane.as_value().word_select(chunk, 2 * U)),
                 s1_u.eq(self.rng.payload.u),
             ]
 
         # --- stages 2 .. WRITE_STAGE; a visit moves on every cycle (no stalls). Stage 2 holds the memories'
         # words as they leave the block RAMs, stage OPT_STAGE the chosen words (timing: block-RAM output into the
         # optimiser closed at 29-35 MHz on the ECP5 proxy, into one register at 62.5 at the paper's widths), the
-        # optimiser runs in stages OPT_STAGE .. WRITE_STAGE - 1 (:meth:`_datapath`), WRITE_STAGE writes back ---
+        # optimiser runs in stages OPT_STAGE .. WRITE_STAGE - 2 (:meth:`_datapath`), WRITE_STAGE - 1 loads the write
+        # ports' registers, WRITE_STAGE writes back ---
         WB = WRITE_STAGE
 
         def stages(x, name, first=1):
@@ -690,9 +726,9 @@ class WeightMemory(wiring.Component):
         s_chunk = stages(s1_chunk, "chunk")
         s_addr = stages(s1_addr, "addr")
         s_partial = stages(s1_partial, "partial")
-        s2_g, s3_g = Signal.like(s1_g), Signal.like(s1_g)
+        s2_g, s3_g = Signal(data.ArrayLayout(signed(2), U)), Signal(data.ArrayLayout(signed(2), U))
         s2_u, s3_u = Signal.like(s1_u), Signal.like(s1_u)
-        m.d.sync += [s2_g.eq(s1_g), s2_u.eq(s1_u), s3_g.eq(s2_g), s3_u.eq(s2_u)]
+        m.d.sync += [s2_g.eq(Array(s1_gch)[s_lane[1]]), s2_u.eq(s1_u), s3_g.eq(s2_g), s3_u.eq(s2_u)]
         assert OPT_STAGE == 3
         # switch: the increment per row, sgn(dW) where the schedule's gate takes it ((u & 0xFFFF) < gate) and 0
         # elsewhere, formed in stage 2
@@ -707,20 +743,28 @@ class WeightMemory(wiring.Component):
         busy = Signal()
         rd_issued = Signal()
         rd_held = Signal()  # the memories read (a cycle after the request: their address registers)
-        rd_held2 = Signal()  # the weight bank's word in its register (w_rows)
-        rd_held3 = Signal()  # the state words in theirs (st_q)
+        rd_held2 = Signal()  # the words in their registers (w_rows, the state slices')
+        rd_held3 = Signal()  # the state words in theirs (st_q), the bank's word in its group's (host_groups)
         rd_space = Signal(2)
         rd_lane = Signal(range(L))
         resp_valid = Signal()
         resp_data = Signal(geo.data_width)
         h = self.host.payload
-        idle = ~busy & ~rd_issued & ~rd_held & ~rd_held2 & ~rd_held3 & ~resp_valid
+        # idle: no sweep, no host request in the cycle before, no host read in flight and no response waiting, a
+        # register (timing: its gates in front of
+        # the handshakes whose load fans out to every state slice's address registers, 70.8 MHz at the paper's
+        # widths on the ECP5 proxy), loaded from the next values of those registers
+        idle = Signal(init=1)
+        busy_next = Signal()
+        host_bank_next = Signal()  # a host weight write's chunks are being written (below)
+        resp_next = Signal()
         # busy = running or a visit in a stage, as a register (timing: the OR of the stages' valid bits fanning out
         # to every memory port's multiplexers closed at 44.5 MHz at the paper's widths on the ECP5 proxy): its
         # next value from the next values of running (set by a command; an issue implies running, so its last
         # visit's clearing is covered by that visit entering stage 1) and of the stages' valid bits
-        m.d.sync += busy.eq(running | (self.cmd.valid & self.cmd.ready)
-                            | Cat(*(s_valid[st] for st in range(1, WRITE_STAGE))).any())
+        m.d.comb += busy_next.eq(running | (self.cmd.valid & self.cmd.ready)
+                                 | Cat(*(s_valid[st] for st in range(1, WRITE_STAGE))).any())
+        m.d.sync += busy.eq(busy_next)
         m.d.comb += [
             self.busy.eq(busy),
             self.cmd.ready.eq(idle),
@@ -735,8 +779,10 @@ class WeightMemory(wiring.Component):
         m.d.sync += [rd_issued.eq(host_rd), rd_held.eq(rd_issued), rd_held2.eq(rd_held), rd_held3.eq(rd_held2)]
         with m.If(host_rd):
             m.d.sync += [rd_space.eq(h.space), rd_lane.eq(h.lane)]
-        with m.If(self.host_rdata.ready):
-            m.d.sync += resp_valid.eq(0)
+        # the response three cycles after the memories' read (the words are registered first)
+        m.d.comb += resp_next.eq(rd_held3 | (resp_valid & ~self.host_rdata.ready))
+        m.d.sync += [resp_valid.eq(resp_next),
+                     idle.eq(~(busy_next | host_go | host_bank_next | rd_issued | rd_held | rd_held2 | resp_next))]
         flips = Signal.like(self.flips)
         m.d.comb += self.flips.eq(flips)
         with m.If(self.cmd.valid & self.cmd.ready):
@@ -784,18 +830,36 @@ class WeightMemory(wiring.Component):
             bank_rd.append(rd)
             bank_wr.append(wr)
         # every bank's word registered as it leaves the RAM (timing: a block RAM's output delay, 5.6 ns on the
-        # ECP5 proxy, left no time for a multiplexer behind it; the 7-series' block RAMs absorb such a register);
-        # the sweep picks its lane and chunk in stage 2, a host read its lane a cycle after the read
-        w_rows = Array(Signal(bank.lanes_in, name=f"s2_w_row{lane_i}") for lane_i in range(L))
+        # ECP5 proxy, left no time for a multiplexer behind it; the 7-series' block RAMs absorb such a register).
+        # The sweep picks the visit's chunk of each bank's word in stage 2, by a chunk register per bank (loaded
+        # with the chunk of that bank's visits only, so the copies stay apart), and its bank in stage 3; a host read
+        # picks a bank in each group of GL banks, then the group (timing: one register choosing among all banks'
+        # words, 16 x 64 bits gathered from the whole die, closed at 76.3 MHz at the paper's widths on the ECP5
+        # proxy)
+        w_rows = [Signal(bank.lanes_in, name=f"s2_w_row{lane_i}") for lane_i in range(L)]
         m.d.sync += [w_rows[lane_i].eq(rd.data) for lane_i, rd in enumerate(bank_rd)]
-        # one lane multiplexer for the sweep and the host (a host read runs only while no sweep does), its select
-        # registered: the lane of stage 2 during a sweep, the host read's lane from the cycle after the read on
-        w_sel = Signal(range(L), name="w_sel")
-        m.d.sync += w_sel.eq(Mux(busy, s_lane[1], rd_lane))
-        w_row2 = Signal(bank.lanes_in)
-        w_old2 = Signal(U)
-        m.d.comb += [w_row2.eq(w_rows[w_sel]), w_old2.eq(w_row2.word_select(s_chunk[2], U))]
-        w_old = stages(w_old2, "w_old", 2)
+        c_rows = [Signal(U, name=f"s3_w_chunk{lane_i}") for lane_i in range(L)]
+        for lane_i in range(L):
+            if chunks == 1:
+                m.d.sync += c_rows[lane_i].eq(w_rows[lane_i])
+                continue
+            csel = Signal(range(chunks), name=f"s2_chunk{lane_i}")
+            with m.If(s_valid[1] & (s_lane[1] == lane_i)):
+                m.d.sync += csel.eq(s_chunk[1])
+            m.d.sync += c_rows[lane_i].eq(w_rows[lane_i].word_select(csel, U))
+        w_old4 = Signal(U, name="s4_w_old")
+        m.d.sync += w_old4.eq(Array(c_rows)[s_lane[3]])
+        w_old = stages(w_old4, "w_old", OPT_STAGE + 1)
+        GL = 4  # banks per group of a host read's first choice
+        host_groups = []
+        for k in range(0, L, GL):
+            rows = w_rows[k:k + GL]
+            gsel = Signal(range(len(rows)), name=f"host_rd_sel{k // GL}")
+            with m.If(host_rd & (h.lane >= k) & (h.lane < k + len(rows))):
+                m.d.sync += gsel.eq(h.lane - k)
+            grp = Signal(bank.lanes_in, name=f"host_rd_row{k // GL}")
+            m.d.sync += grp.eq(Array(rows)[gsel])
+            host_groups.append(grp)
 
         # --- state memories ---
         st_rd, st_wr, st_q = {}, {}, {}  # st_q: the read words in stage OPT_STAGE
@@ -830,67 +894,93 @@ class WeightMemory(wiring.Component):
                     twr.en.eq(host_wr & (h.space == SPACE_TABLE)),
                 ]
 
-        # --- the optimiser (stages OPT_STAGE .. WRITE_STAGE - 1) ---
+        # --- the optimiser (stages OPT_STAGE .. WRITE_STAGE - 2; its results belong to WRITE_STAGE - 1) ---
         new_w = Signal(U)
         new_state = {
             name: Signal(data.ArrayLayout(opt.field_shape(name), U), name=f"new_{name}") for name, _ in opt.fields
         }
-        self._datapath(m, s_op[OPT_STAGE], shift, s3_inc, w_old[OPT_STAGE], s3_g, s3_u, st_q, new_w, new_state,
+        self._datapath(m, s_op[OPT_STAGE], shift, s3_inc, w_old[OPT_STAGE + 1], s3_g, s3_u, st_q, new_w, new_state,
                        table_ports)
 
-        # --- write-back (stage WRITE_STAGE) ---
-        wb_write = s_valid[WB] & (s_op[WB] != UNDO)
-        wb_bits = Signal(U)
+        # --- write-back: stage WRITE_STAGE - 1 loads the write ports' registers, stage WRITE_STAGE writes ---
+        # Every write port takes its address, data and enables from registers of its own (per bank, per state
+        # slice), loaded a cycle before the write with the visit of stage WRITE_STAGE - 1 or the host's write (the
+        # host writes only while no sweep runs); each copy loads under an enable of its own (its bank's lane, its
+        # slice's segment), so the synthesis cannot merge the copies. Timing: the write-back stage's op choosing
+        # the write data (UNDO's bits or the new ones) and its valid bit forming the write enables fanned out to
+        # every bank's and every state block RAM's pins, 63.1 / 68.0 MHz at the paper's widths on the ECP5 proxy
+        # (nextpnr seeds 1 / 2).
+        LD = WB - 1
+        wb_bits = Signal(U)  # the bank bits of the visit in stage LD
         undo_bits = stages(st_q["undo"].as_value(), "undo", OPT_STAGE) if "undo" in st_q else w_old
-        m.d.comb += wb_bits.eq(Mux(s_op[WB] == UNDO, undo_bits[WB], new_w))
-        # the write ports take the write-back stage's visit when it is valid, else the host's write (the host
-        # writes only while no sweep runs); selected by the stage's valid bit, not by busy (timing: busy's
-        # fan-out)
-        wb_valid = s_valid[WB]
-        # the host's writes (weights and state) happen a cycle after their request, from registers, and the banks'
-        # write address is a register: the write-back stage's row, or the host's (timing: the write-back's valid
-        # bit choosing the address fanned out to every block RAM, 63 MHz at the paper's widths on the ECP5 proxy)
-        hw_data = Signal.like(h.data, name="host_wr_data")
-        hw_bank = Signal(name="host_wr_bank")
+        m.d.comb += wb_bits.eq(Mux(s_op[LD] == UNDO, undo_bits[LD], new_w))
+        # the host's weight and state writes: the request registered first (no transfer is taken in the cycle
+        # after it, idle), then the write ports' registers load from it; a state write is two cycles after the
+        # request, a weight row's chunks follow one a cycle from then on, as the sweep's (timing: the handshake
+        # into every bank's write registers, 86.8 MHz at the paper's widths on the ECP5 proxy; a whole row's write
+        # data register per bank loaded from the registered row did not route)
+        hw_valid = Signal(name="host_wr_valid")
+        hw_space = Signal.like(h.space, name="host_wr_space")
         hw_lane = Signal.like(h.lane, name="host_wr_lane")
-        bank_wa = Signal.like(bank_ra, name="bank_wa")
-        m.d.sync += [hw_bank.eq(host_wr & (h.space == SPACE_WEIGHTS)),
-                     bank_wa.eq(Mux(host_wr, bbase + h.addr, s_addr[WB - 1]))]
+        host_addr = Signal.like(bank_ra, name="host_wr_addr")  # the bank row, the layer's base included
+        hw_saddr = Signal(range(max(V_all, 2)), name="host_wr_visit")  # the state row, likewise
+        hw_data = Signal.like(h.data, name="host_wr_data")
+        m.d.sync += hw_valid.eq(host_wr)
         with m.If(host_wr):
-            m.d.sync += [hw_data.eq(h.data), hw_lane.eq(h.lane)]
+            m.d.sync += [hw_space.eq(h.space), hw_lane.eq(h.lane), host_addr.eq(bbase + h.addr),
+                         hw_saddr.eq(sbase + h.addr), hw_data.eq(h.data)]
+        host_bank = Signal()  # a host weight write's chunk is loaded into the bank's registers (hw_chunk)
+        hw_chunk = Signal(range(chunks), name="host_wr_chunk")
+        hw_bits = Signal(U, name="host_wr_bits")
+        m.d.comb += hw_bits.eq(hw_data.word_select(hw_chunk, U) if chunks > 1 else hw_data[:U])
+        with m.If(host_wr & (h.space == SPACE_WEIGHTS)):
+            m.d.sync += [host_bank.eq(1), hw_chunk.eq(0)]
+        with m.Elif(host_bank):
+            m.d.sync += hw_chunk.eq(hw_chunk + 1)
+            with m.If(hw_chunk == chunks - 1):
+                m.d.sync += host_bank.eq(0)
+        m.d.comb += host_bank_next.eq((host_wr & (h.space == SPACE_WEIGHTS)) | (host_bank & (hw_chunk != chunks - 1)))
+        sweep_lane = [Signal(name=f"ld_lane{lane_i}") for lane_i in range(L)]  # stage LD's visit writes bank lane_i
+        for lane_i, sl in enumerate(sweep_lane):
+            m.d.sync += sl.eq(s_valid[LD - 1] & (s_lane[LD - 1] == lane_i))
+        chunk_hot = Signal(chunks)
+        m.d.comb += chunk_hot.eq(Const(1, chunks) << s_chunk[LD])
         for lane_i, wr in enumerate(bank_wr):
-            m.d.comb += [
-                wr.addr.eq(bank_wa),
-                wr.data.eq(Mux(wb_valid, Cat(*([wb_bits] * chunks)), hw_data[: bank.lanes_in])),
-                wr.en.eq(Mux(wb_valid & (s_lane[WB] == lane_i), Const(1, chunks) << s_chunk[WB], 0)
-                         | Mux(hw_bank & (hw_lane == lane_i), (1 << chunks) - 1, 0)),
-            ]
+            host_i = Signal(name=f"host_wr_bank{lane_i}")
+            m.d.comb += host_i.eq(host_bank & (hw_lane == lane_i))
+            wa = Signal.like(bank_ra, name=f"bank{lane_i}_wa")
+            wd = Signal(U, name=f"bank{lane_i}_wd")  # the chunk's bits, on every chunk's data pins
+            we = Signal(chunks, name=f"bank{lane_i}_we")
+            m.d.sync += we.eq(Mux(sweep_lane[lane_i], chunk_hot, 0) | Mux(host_i, Const(1, chunks) << hw_chunk, 0))
+            with m.If(sweep_lane[lane_i] | host_i):
+                m.d.sync += [wa.eq(Mux(sweep_lane[lane_i], s_addr[LD], host_addr)),
+                             wd.eq(Mux(sweep_lane[lane_i], wb_bits, hw_bits))]
+            m.d.comb += [wr.addr.eq(wa), wr.data.eq(Cat(*([wd] * chunks))), wr.en.eq(we)]
         for name, _ in opt.fields:
             wr = st_wr[name]
-            host_here = host_wr & (h.space == geo.field_space(name))
-            hw_en = Signal(name=f"host_wr_{name}")  # the host's write of this field, a cycle after its request
-            m.d.sync += hw_en.eq(host_here)
-            m.d.comb += [  # the write-back's visit: counted from the command's first row on (one a valid stage)
-                wr.load.eq(cmd_go | host_here),
-                wr.addr.eq(Mux(cmd_go, sbase, sbase + h.addr)),
-                wr.inc.eq(wb_valid),
-                wr.data.eq(Mux(wb_valid, new_state[name].as_value(), hw_data[: geo.field_width(name)])),
-                wr.en.eq(wb_write | hw_en),
+            host_here = Signal(name=f"host_wr_{name}")
+            m.d.comb += host_here.eq(hw_valid & (hw_space == geo.field_space(name)))
+            m.d.comb += [  # the write-back's visit: counted from the sweep's first row (loaded while no sweep runs,
+                # so not from the command's handshake: timing), one a valid stage
+                wr.load.eq(~busy | host_here),
+                wr.addr.eq(Mux(host_here, hw_saddr, sbase)),
+                wr.inc.eq(s_valid[WB]),
+                wr.data.eq(Mux(s_valid[LD], new_state[name].as_value(), hw_data[: geo.field_width(name)])),
+                wr.en.eq((s_valid[LD] & (s_op[LD] != UNDO)) | host_here),
             ]
 
-        # --- flip counter ---
+        # --- flip counter (the changed bits registered in stage WB, counted there) ---
         changed = Signal(U)
-        valid_mask = Mux(s_partial[WB], vmask, (1 << U) - 1)
-        m.d.comb += changed.eq((wb_bits ^ w_old[WB]) & valid_mask)
+        valid_mask = Mux(s_partial[LD], vmask, (1 << U) - 1)
+        m.d.sync += changed.eq((wb_bits ^ w_old[LD]) & valid_mask)
         with m.If(s_valid[WB]):
             m.d.sync += flips.eq(flips + popcount(changed))
 
-        # --- host read responses (the memories read a cycle after the request; the words are registered first: a
-        # bank's two cycles after the read, the state's three) ---
-        with m.If(rd_held2 & (rd_space == SPACE_WEIGHTS)):
-            m.d.sync += [resp_valid.eq(1), resp_data.eq(w_row2)]
+        # --- host read responses (the memories read a cycle after the request; the words are registered first,
+        # three cycles after the read: a bank's word, its group's choice, the response) ---
+        with m.If(rd_held3 & (rd_space == SPACE_WEIGHTS)):
+            m.d.sync += resp_data.eq(Array(host_groups)[rd_lane // GL])
         with m.If(rd_held3 & (rd_space != SPACE_WEIGHTS)):
-            m.d.sync += resp_valid.eq(1)
             with m.Switch(rd_space):
                 for name, _ in opt.fields:
                     with m.Case(geo.field_space(name)):
@@ -902,12 +992,13 @@ class WeightMemory(wiring.Component):
     # --- the four optimisers, per update lane ------------------------------------------------------------
 
     def _datapath(self, m, op, shift, inc, w_old, g, u, st_rd, new_w, new_state, table_ports):
-        """The optimiser: its inputs (``op``, ``w_old``, ``g``, ``u``, the state words ``st_rd``; switch: ``inc``,
-        the gated increment per row and its negation) are the registers of stage ``S =`` :data:`OPT_STAGE`,
-        ``new_w`` and ``new_state`` belong to stage :data:`WRITE_STAGE` (the write-back). The switch optimiser adds
-        and compares in stage ``S``, clamps and looks its table up in ``S + 1``, compares with the entry in ``S + 2``
-        and forms the write data in ``S + 3``; the others compute in stage ``S`` and their registered results wait
-        for the write-back."""
+        """The optimiser: its inputs (``op``, ``g``, ``u``, the state words ``st_rd``; switch: ``inc``, the gated
+        increment per row and its negation) are the registers of stage ``S =`` :data:`OPT_STAGE`, ``w_old`` the
+        register of stage ``S + 1`` (the bank word is picked over two stages); ``new_w`` and ``new_state`` belong to
+        stage ``WRITE_STAGE - 1 = S + 3`` (which loads the write-back's registers). The switch optimiser adds and
+        compares in stage ``S``, clamps and looks its table up in ``S + 1``, compares with the entry in ``S + 2``
+        and forms the write data in ``S + 3``; the others compute in stage ``S``, form the weight with the old one
+        in ``S + 1``, and their registered results wait for stage ``S + 3``."""
         opt = self._geometry.optimizer
         U = self._geometry.sweep.update_lanes
         kind = opt.kind
@@ -920,14 +1011,14 @@ class WeightMemory(wiring.Component):
             return r
 
         def at_wb(x, stage, name):
-            """``x`` of stage ``stage`` delayed to the write-back stage."""
-            for st in range(stage + 1, WRITE_STAGE + 1):
+            """``x`` of stage ``stage`` delayed to stage ``WRITE_STAGE - 1``."""
+            for st in range(stage + 1, WRITE_STAGE):
                 x = late(x, f"{name}_s{st}")
             return x
 
         S = OPT_STAGE
-        ops = {S: op}  # op in stages S .. WRITE_STAGE
-        for st in range(S + 1, WRITE_STAGE + 1):
+        ops = {S: op}  # op in stages S .. WRITE_STAGE - 1
+        for st in range(S + 1, WRITE_STAGE):
             ops[st] = late(ops[st - 1], f"op{st}")
         # Per-sweep constants derived from the command's shift, registered (shift is stable during a sweep).
         if kind == "bop":
@@ -964,8 +1055,9 @@ class WeightMemory(wiring.Component):
             if kind == "switch":  # nw in stage S + 3
                 init5 = late(late(late(init_w, f"init3_{j}"), f"init4_{j}"), f"init5_{j}")
                 m.d.comb += new_w[j].eq(at_wb(Mux(ops[S + 3] == INIT, init5, nw), S + 3, f"nw{j}"))
-            else:
-                m.d.comb += new_w[j].eq(at_wb(Mux(op == INIT, init_w, nw), S, f"nw{j}"))
+            else:  # nw in stage S + 1, with the weight
+                m.d.comb += new_w[j].eq(at_wb(Mux(ops[S + 1] == INIT, late(init_w, f"init3_{j}"), nw), S + 1,
+                                              f"nw{j}"))
 
             def state_in(name, j=j):
                 return st_rd[name][j]
@@ -994,7 +1086,7 @@ class WeightMemory(wiring.Component):
                 ]
                 s3, ns3, hi3, lo3 = (late(s, f"sum3_{j}"), late(ns, f"nsum3_{j}"), late(hi, f"hi3_{j}"),
                                      late(lo, f"lo3_{j}"))
-                w3, rhi3 = late(w, f"w3_{j}"), late(r_hi, f"rhi3_{j}")
+                w3, rhi3 = w, late(r_hi, f"rhi3_{j}")
                 # stage S + 1: clamp(s) and clamp(-s) = -clamp(s) (the clamp is symmetric), p = +-clamp(s) by the
                 # weight, its table entry
                 acc3 = Signal(signed(len(acc)), name=f"acc3_{j}")
@@ -1025,7 +1117,7 @@ class WeightMemory(wiring.Component):
                     d.eq((gj << F) - mm),
                     t.eq(d + (r_lo & mask)),
                     m1.eq(mm + (t >> shift)),
-                    nw.eq(w ^ Mux(w, m1 > opt.tau, m1 < -opt.tau)),
+                    nw.eq(w ^ Mux(w, late(m1 > opt.tau, f"up3_{j}"), late(m1 < -opt.tau, f"dn3_{j}"))),
                 ]
                 state_out("m", m1)
             elif kind == "iir":
@@ -1044,7 +1136,7 @@ class WeightMemory(wiring.Component):
                     e.eq((m1 << (FG - Fm)) - gg),
                     t.eq(e + ((r_hi << r_lsh) & a_mask)),
                     g1.eq(gg + (t >> shift)),
-                    nw.eq(Mux(g1 > 0, 0, Mux(g1 < 0, 1, w))),
+                    nw.eq(Mux(late(g1 > 0, f"pos3_{j}"), 0, Mux(late(g1 < 0, f"neg3_{j}"), 1, w))),
                 ]
                 state_out("m", m1)
                 state_out("g", g1)
@@ -1074,7 +1166,7 @@ class WeightMemory(wiring.Component):
                 lim = 1 << Fc
                 c2 = Signal(signed(Fc + 1), name=f"latent{j}")
                 m.d.comb += [c1.eq(c - delta), c2.eq(Mux(c1 < -lim, -lim, Mux(c1 > lim - 1, lim - 1, c1)))]
-                m.d.comb += nw.eq(c2 >= 0)
+                m.d.comb += nw.eq(late(c2 >= 0, f"sign3_{j}"))
                 # Initial latent: magnitude from the number's low 16 bits, sign from the initial weight.
                 mag_bits = Fc - opt.init_shift
                 lo = uj[:16]

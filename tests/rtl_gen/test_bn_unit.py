@@ -442,3 +442,21 @@ def test_backward_memories_read_at_registers_of_their_own(tmp_path):
     assert {name: reads[f"{name}_mem"]["addr"] for name in regs} == regs
     assert len(set(regs.values())) == 3
     assert all(reads[f"{name}_mem"]["en"] == ("1",) for name in regs)
+
+
+@pytest.mark.timing
+def test_backward_first_row_clear_is_one_register_per_lane(tmp_path):
+    """Yosys's view of the unit (a layer of three groups, two lanes): pass 1's first-row clear of the read words
+    is a register per lane (``s1_first{lane}``), the copies not merged into one, each driving only its own lane's
+    P1 and P2 adders (timing: one clear into the adders of every lane, 960 inputs at the paper's widths)."""
+    from yosys_nets import fanout, gate_netlist  # same folder
+
+    lay = BnLayer.from_config(small_config(4, 5, 7), 0, lanes=2)
+    mod = gate_netlist(BnBackwardUnit(layer=lay), "bn_backward", tmp_path)
+    nets = {name: tuple(n["bits"]) for name, n in mod["netnames"].items()}
+    copies = [nets[f"s1_first{lane}"] for lane in range(2)]
+    assert all(len(c) == 1 and isinstance(c[0], int) for c in copies)
+    assert len({c[0] for c in copies}) == 2  # not merged
+    fan = fanout(mod)
+    p_bits = lay.widths["P"]
+    assert all(fan[c[0]] <= 2 * p_bits + 4 for c in copies), [fan[c[0]] for c in copies]

@@ -67,8 +67,9 @@ class WeightMemoryWithEngine(wiring.Component):
 def test_state_memory_segments_read_back_what_was_written():
     """StateMemory with several segments (a 16-word segment of 8-word blocks, 50 words: 16, 16, 16 and a 2-word
     tail) of three slices each: random writes and reads at the ports' address registers (loaded, stepped across
-    the segments' bounds, or held), each read's word two cycles later, against a dictionary (a read of an address
-    written in the same cycle may give either word: no read-during-write logic)."""
+    the segments' bounds, or held; a write's data and enable given a cycle before it writes at the register's
+    address), each read's word two cycles later, against a dictionary (a read of an address written in the same
+    cycle may give either word: no read-during-write logic)."""
     import random
 
     from amaranth.sim import Simulator
@@ -84,6 +85,7 @@ def test_state_memory_segments_read_back_what_was_written():
     async def bench(ctx):
         model, pending = {}, [None, None]  # the words read one and two cycles ago
         regs = {"read": 0, "write": 0}  # the address registers
+        wpend = None  # the data given with en in the cycle before: written in this cycle
         stepped = {"read": 0, "write": 0}
         for port in (mem.read, mem.write):
             ctx.set(port.load, 1)
@@ -104,10 +106,11 @@ def test_state_memory_segments_read_back_what_was_written():
             if want is not None:
                 assert ctx.get(mem.read.data) in want
             data, ra, wa = ctx.get(mem.write.data), regs["read"], regs["write"]
-            pending.append({model.get(ra, 0)} | ({data} if we and wa == ra else set()))
+            pending.append({model.get(ra, 0)} | ({wpend} if wpend is not None and wa == ra else set()))
             await ctx.tick()
-            if we:
-                model[wa] = data
+            if wpend is not None:
+                model[wa] = wpend
+            wpend = data if we else None
             regs = nxt
         assert min(stepped.values()) >= 5  # each register stepped from one segment into the next
 
@@ -395,8 +398,9 @@ def test_weight_memory_rtl(case, request):
 def test_state_memory_segments_read_at_registers_of_their_own(tmp_path):
     """Yosys's view of a StateMemory of four segments of two slices: each slice's memory reads every cycle (read
     enable 1) at the low bits of a read address register of its own and writes at those of a write address
-    register of its own, with no logic between (timing: the read enable and the address multiplexers fanned out to
-    every block RAM of the state), and the copies are not merged into one."""
+    register of its own the data and enable of registers of its own, with no logic between (timing: the read
+    enable and the address multiplexers fanned out to every block RAM of the state, the write enable to every
+    slice), and the copies are not merged into one."""
     from yosys_nets import memory_read_ports  # same folder
 
     mem = StateMemory(shape=7, depth=50, segment=16, block=8, name="st", slice_bits=4)
@@ -410,3 +414,41 @@ def test_state_memory_segments_read_at_registers_of_their_own(tmp_path):
                                                                   zip(regs, mems, strict=True)]
         assert len({r[0] for r in regs}) == 8
     assert all(reads[f"seg{i}_{j}"]["en"] == ("1",) for i, j, _ in mems)
+    for key, reg in (("wdata", "wd"), ("wen", "we")):
+        regs = [nets[f"st_seg{i}_s{j}_{reg}"] for i, j, _ in mems]
+        widths = [len(reads[f"seg{i}_{j}"]["wdata"]) for i, j, _ in mems]
+        want = regs if key == "wdata" else [r * n for r, n in zip(regs, widths, strict=True)]
+        assert [reads[f"seg{i}_{j}"][key] for i, j, _ in mems] == want
+        assert len({r[0] for r in regs}) == 8
+
+
+@pytest.mark.timing
+def test_write_ports_take_registers_of_their_own(tmp_path):
+    """Yosys's view of a WeightMemory (37 x 10, switch with undo, 4 banks of two chunks): every bank writes at the
+    address, the data and the chunk enables of registers of its own, and every state slice its data and enable,
+    with no logic between (timing: the write-back stage's op and valid bit fanned out to the write data and
+    enables of every bank and state block RAM, 63.1 / 68.0 MHz at the paper's widths on the ECP5 proxy), and the
+    copies are not merged."""
+    from yosys_nets import gate_netlist, memory_ports  # same folder
+
+    cfg = apply_overrides(load_config("mlp"), small_config(**{"hw.switch_cutoff": 15, "hw.switch_undo": True}))
+    geo = WeightMemoryGeometry.from_config(cfg, 0, lanes_in=8, lanes_out=4, update_lanes=4)
+    nets, mems = memory_ports(gate_netlist(WeightMemory(geometry=geo), "weight_memory", tmp_path))
+    mems = {r["cell"]: r for r in mems}
+    seen = []
+    for i in range(4):
+        port, wa, wd, we = (mems[f"wbank{i}"], nets[f"bank{i}_wa"], nets[f"bank{i}_wd"], nets[f"bank{i}_we"])
+        assert port["waddr"] == wa[: len(port["waddr"])]
+        assert port["wdata"] == wd * 2  # the chunk's bits on both chunks' pins
+        assert port["wen"] == tuple(b for b in we for _ in range(4))  # a chunk's enable on its 4 bits
+        seen += [wa[0], wd[0], we[0]]
+    slices = [name for name in mems if name.startswith("state_")]
+    assert len(slices) == 4  # acc: 8, 8 and 4 bits; undo: 4 bits
+    for name in slices:
+        field, mem = name.split(".")
+        reg = f"{field}.{field}_seg0_s{mem.split('_')[1]}"
+        wd, we = nets[f"{reg}_wd"], nets[f"{reg}_we"]
+        assert mems[name]["wdata"] == wd
+        assert mems[name]["wen"] == we * len(wd)
+        seen += [wd[0], we[0]]
+    assert len(set(seen)) == len(seen)

@@ -1,17 +1,18 @@
 """A small design's memories after Yosys's synthesis to gates (``memory -nomap``, ``techmap``, ``opt -full``), for the
-tests of what drives their read ports: Yosys merges flip-flops with equal inputs, so a register replicated per
-memory must differ in its logic (a copy that counts from its own value stays a copy of its own)."""
+tests of what drives their ports: Yosys merges flip-flops with equal inputs, so a register replicated per
+memory must differ in its logic (a copy that counts from its own value, or loads under an enable of its own,
+stays a copy of its own)."""
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 
-def memory_read_ports(design, top: str, folder: Path, ports=None) -> tuple[dict, list]:
-    """``(nets, reads)`` of ``design`` (an Amaranth component, or an elaboratable and its ``ports``): ``nets`` maps
-    every net name to its bits, ``reads`` lists per memory cell ``{"cell", "addr", "en", "waddr"}``, the bits of its
-    read address, read enable and write address (a constant bit is the string ``"0"`` or ``"1"``)."""
+def gate_netlist(design, top: str, folder: Path, ports=None) -> dict:
+    """The Yosys JSON module of ``design`` (an Amaranth component, or an elaboratable and its ``ports``) after the
+    synthesis to gates above."""
     from rtl_gen.toolchain import run_yowasp, to_verilog
 
     kwargs = {} if ports is None else {"ports": ports}
@@ -20,9 +21,30 @@ def memory_read_ports(design, top: str, folder: Path, ports=None) -> tuple[dict,
     script = (f"read_verilog design.v; hierarchy -top {top}; proc; flatten; opt; memory -nomap; opt; techmap; "
               "opt -full; write_json net.json")
     run_yowasp("yosys", ["-q", "-p", script], cwd=folder)
-    mod = json.loads((folder / "net.json").read_text())["modules"][top]
+    return json.loads((folder / "net.json").read_text())["modules"][top]
+
+
+def memory_ports(mod: dict) -> tuple[dict, list]:
+    """``(nets, mems)`` of a :func:`gate_netlist` module: ``nets`` maps every net name to its bits, ``mems`` lists
+    per memory cell ``{"cell", "addr", "en", "waddr", "wdata", "wen"}``, the bits of its read address and read
+    enable and of its write address, data and enable (a constant bit is the string ``"0"`` or ``"1"``)."""
     nets = {name: tuple(n["bits"]) for name, n in mod["netnames"].items()}
-    reads = [{"cell": name, "addr": tuple(c["connections"]["RD_ADDR"]), "en": tuple(c["connections"]["RD_EN"]),
-              "waddr": tuple(c["connections"]["WR_ADDR"])}
-             for name, c in mod["cells"].items() if c["type"] == "$mem_v2"]
-    return nets, reads
+    keys = {"addr": "RD_ADDR", "en": "RD_EN", "waddr": "WR_ADDR", "wdata": "WR_DATA", "wen": "WR_EN"}
+    mems = [{"cell": name, **{k: tuple(c["connections"][p]) for k, p in keys.items()}}
+            for name, c in mod["cells"].items() if c["type"] == "$mem_v2"]
+    return nets, mems
+
+
+def memory_read_ports(design, top: str, folder: Path, ports=None) -> tuple[dict, list]:
+    """``(nets, reads)``: :func:`memory_ports` of :func:`gate_netlist` (``reads``: the memory cells' ports)."""
+    return memory_ports(gate_netlist(design, top, folder, ports))
+
+
+def fanout(mod: dict) -> Counter:
+    """Per net bit of a :func:`gate_netlist` module, the cell input pins it drives (memory pins included)."""
+    out = Counter()
+    for c in mod["cells"].values():
+        for port, bits in c["connections"].items():
+            if c["port_directions"].get(port) == "input":
+                out.update(b for b in bits if isinstance(b, int))
+    return out
