@@ -44,7 +44,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 
-from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth import Cat, Const, Module, Mux, Shape, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
