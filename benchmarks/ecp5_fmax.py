@@ -153,6 +153,9 @@ def main(argv=None) -> int:
     ap.add_argument("--top-only", action="store_true", help="only the whole design")
     ap.add_argument("--synth-only", action="store_true",
                     help="whole design: synthesis and the fit check only (estimated LUT4/FF/EBR/MULT18/IO), no units")
+    ap.add_argument("--pins", action="store_true",
+                    help="place the whole design with a pin per port bit instead of inside the stand-in for the PS "
+                         "(boards.ecp5.ps_shell_verilog)")
     ap.add_argument("--flag", type=float, default=100.0, help="name the critical path of units below this (MHz)")
     ap.add_argument("--seed", type=int, action="append", default=[], metavar="N",
                     help="whole design: nextpnr seed (repeat for several: one run after the other, each cached in "
@@ -191,13 +194,16 @@ def main(argv=None) -> int:
         from rtl_gen.synth import DoesNotFitError
 
         digest = hashlib.sha256(verilog.encode()).hexdigest()[:12]
-        base = build_root() / "ecp5" / f"{plan.name}-{digest}"
+        # the synthesis alone (make test-timing's depth guard) and --pins place the design as it is; a place and
+        # route puts it inside the stand-in for the PS (the folder of `xnortrain generate --board ulx3s-85f`)
+        shell = not (args.synth_only or args.pins)
+        base = build_root() / "ecp5" / (f"{plan.name}-{digest}" + ("-ps" if shell else ""))
         seeds = args.seed or [1]
         reports = {}
         try:
             for seed in seeds:
                 rep = run_ecp5(verilog, plan.name, workdir=seed_folder(base, seed), board=ULX3S_85F, freq_mhz=freq,
-                               bitstream=True, place=not args.synth_only, seed=seed, log=print)
+                               bitstream=True, place=not args.synth_only, seed=seed, ps_shell=shell, log=print)
                 reports[seed] = rep
                 if args.synth_only:
                     break

@@ -33,6 +33,8 @@ import json
 import sys
 from pathlib import Path
 
+from boards.ecp5 import PS_CORE
+
 #: LUT levels of a cell's combinational arcs (input port -> output port), by cell type
 LUT_LEVEL = 1.0
 WIDE_MUX = 0.3
@@ -126,7 +128,7 @@ def _endpoint_ports(cell: dict, boxes=frozenset()) -> list[str]:
 
 
 def unit_of(net: str) -> str:
-    net = net.lstrip("\\")
+    net = net.lstrip("\\").removeprefix(PS_CORE + ".")  # inside the PS stand-in (boards.ecp5.ps_shell_verilog)
     # Yosys' own names ($abc$..., $techmap$...cc:694...) are the top level's, whatever dots they hold
     return net.split(".")[0] if "." in net and not net.startswith("$") else "(top)"
 

@@ -21,6 +21,8 @@ import json
 import sys
 from pathlib import Path
 
+from boards.ecp5 import PS_CORE
+
 
 def net_delays(report: dict) -> list[dict]:
     """``{"net", "driver", "sinks", "max_ns"}`` per routed net, longest first (``max_ns``: the largest of the
@@ -41,6 +43,7 @@ def net_delays(report: dict) -> list[dict]:
 
 
 def unit_of(net: str) -> str:
+    net = net.removeprefix(PS_CORE + ".")  # the design inside the PS stand-in (boards.ecp5.ps_shell_verilog)
     head = net.split(".", 1)[0]
     return head if "." in net else "(top)"
 

@@ -183,6 +183,71 @@ def port_bits(verilog: str, top: str) -> int:
     return bits
 
 
+def top_ports(verilog: str, top: str) -> list[tuple[str, str, int]]:
+    """``(direction, name, width)`` of every port of module ``top``, in declaration order."""
+    block = re.search(rf"^module \\?{re.escape(top)}\b.*?^endmodule", verilog, re.M | re.S)
+    if block is None:
+        raise ValueError(f"top module {top!r} is not defined in the Verilog text")
+    out = []
+    for d, rng, name in re.findall(r"^\s*(input|output|inout)\s+(?:wire\s+|reg\s+|signed\s+)*(\[[^\]]+\])?\s*"
+                                   r"(\\?[^\s;]+)\s*;", block.group(0), re.M):
+        width = 1
+        if rng:
+            hi, lo = (int(v) for v in rng.strip("[]").split(":"))
+            width = abs(hi - lo) + 1
+        out.append((d, name, width))
+    return out
+
+
+#: the instance name of the design inside :func:`ps_shell_verilog` (its cells are named ``core.<unit>...``)
+PS_CORE = "core"
+
+
+def ps_shell_verilog(verilog: str, top: str, *, clock: str = "clk", reset: str = "rst") -> tuple[str, str]:
+    """A stand-in for the Zynq's processing system around module ``top``: ``(verilog, shell_top)``.
+
+    On the Zynq the accelerator's AXI ports go to the PS7 inside the chip, at one place on the die, and the PS
+    side of each is a register. Placed in context on the ECP5 with a pin per port bit (185 for the MLP family),
+    nextpnr spreads the port bits over the whole package and pulls the host-facing logic apart towards them. The
+    shell keeps only ``clock``, ``reset`` and two scan pins: every input bit of ``top`` comes from a flip-flop of
+    an input shift chain, and every output bit is folded (XOR) into a flip-flop of an output chain, so no port bit
+    is constant or unobserved and each flip-flop can sit next to the logic it serves. Paths from and to those
+    flip-flops are register to register in the clock domain: timed, as the PS7's ports are in Vivado."""
+    ports = top_ports(verilog, top)
+    names = {n for _d, n, _w in ports}
+    for need in (clock, reset):
+        if need not in names:
+            raise ValueError(f"top module {top!r} has no port {need!r}")
+    ins = [(n, w) for d, n, w in ports if d == "input" and n not in (clock, reset)]
+    outs = [(n, w) for d, n, w in ports if d == "output"]
+    if any(d == "inout" for d, _n, _w in ports):
+        raise ValueError(f"top module {top!r} has inout ports: the PS stand-in takes inputs and outputs only")
+    n_in = max(sum(w for _n, w in ins), 1)
+    n_out = max(sum(w for _n, w in outs), 1)
+    shell = f"{top}_ps_shell"
+    lines = [f"module {shell}({clock}, {reset}, scan_in, scan_out);", f"  input {clock};", f"  input {reset};",
+             "  input scan_in;", "  output scan_out;",
+             f"  reg [{n_in - 1}:0] in_chain;", f"  reg [{n_out - 1}:0] out_chain;",
+             f"  wire [{n_out - 1}:0] out_bits;"]
+    conns, lo = [f".{clock}({clock})", f".{reset}({reset})"], 0
+    for n, w in ins:
+        conns.append(f".{n}(in_chain[{lo + w - 1}:{lo}])")
+        lo += w
+    lo = 0
+    for n, w in outs:
+        conns.append(f".{n}(out_bits[{lo + w - 1}:{lo}])")
+        lo += w
+    if not outs:
+        lines.append("  assign out_bits = 1'b0;")
+    shift_in = "scan_in" if n_in == 1 else f"{{in_chain[{n_in - 2}:0], scan_in}}"
+    shift_out = "1'b0" if n_out == 1 else f"{{out_chain[{n_out - 2}:0], 1'b0}}"
+    lines += [f"  {top} {PS_CORE}(" + ", ".join(conns) + ");",
+              f"  always @(posedge {clock}) in_chain <= {shift_in};",
+              f"  always @(posedge {clock}) out_chain <= {shift_out} ^ out_bits;",
+              f"  assign scan_out = out_chain[{n_out - 1}];", "endmodule", ""]
+    return verilog.rstrip("\n") + "\n\n" + "\n".join(lines), shell
+
+
 def check_ecp5_fit(resources: Mapping[str, float], limits: Mapping[str, int], *, what: str) -> list[str]:
     """One line per resource of ``limits`` that ``resources`` exceeds, e.g.
     ``"EBR: needs 290 of 208 (+82, 139 %)"``; empty when it fits."""
@@ -356,14 +421,17 @@ ROUTERS = ("router1", "router2")
 
 def run_ecp5(verilog: str, top: str, *, workdir: str | os.PathLike, board: str | Ecp5Board = "ulx3s-85f",
              freq_mhz: float = 100.0, out_of_context: bool = False, bitstream: bool = True, check_fit: bool = True,
-             seed: int = 1, place: bool = True, router: str = NEXTPNR_ROUTER, log=None) -> Ecp5Report:
+             seed: int = 1, place: bool = True, router: str = NEXTPNR_ROUTER, ps_shell: bool = False,
+             log=None) -> Ecp5Report:
     """Synthesise, place and route ``verilog`` (top module ``top``) for ``board`` in ``workdir``; with
     ``bitstream`` (not with ``out_of_context``) also pack ``workdir/xnortrain.bit``.
 
     With ``check_fit`` the synthesised netlist is compared with the die and the package before place and route:
     :class:`rtl_gen.synth.DoesNotFitError` names every resource over the limit (LUT4, FF, EBR, MULT18, IO).
     ``place=False`` stops after synthesis and the fit check (a report without Fmax: ``synth`` only). ``router``:
-    nextpnr's ``--router`` (:data:`ROUTERS`; default :data:`NEXTPNR_ROUTER`)."""
+    nextpnr's ``--router`` (:data:`ROUTERS`; default :data:`NEXTPNR_ROUTER`). ``ps_shell`` (in context only):
+    synthesise and place ``top`` inside :func:`ps_shell_verilog`'s stand-in for the Zynq's PS, with four pins
+    instead of one per port bit; its cells are then named ``core.<unit>...`` (:data:`PS_CORE`)."""
     from rtl_gen.synth import DoesNotFitError, memory_init_files
     from rtl_gen.toolchain import run_yowasp
 
@@ -376,7 +444,13 @@ def run_ecp5(verilog: str, top: str, *, workdir: str | os.PathLike, board: str |
         raise ValueError(f"router {router!r}: expected one of {', '.join(ROUTERS)}")
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_$]*", top):
         raise ValueError(f"top must be a Verilog identifier, not {top!r}")
+    if ps_shell and out_of_context:
+        raise ValueError("ps_shell places the design in context: not with out_of_context")
     n_ports = port_bits(verilog, top)
+    synth_top = top
+    if ps_shell:
+        verilog, synth_top = ps_shell_verilog(verilog, top)
+        n_ports = port_bits(verilog, synth_top)
     say = log or (lambda _msg: None)
     versions = {t: importlib.metadata.version(f"yowasp-{t}") for t in ("yosys", "nextpnr-ecp5")}
     folder = Path(workdir).resolve()
@@ -384,7 +458,7 @@ def run_ecp5(verilog: str, top: str, *, workdir: str | os.PathLike, board: str |
     # one run at a time in a work folder: a second (another process, a parallel test) waits, then finds the
     # first one's results in the cache instead of reading a netlist that is still being written
     with FileLock(str(folder / "run.lock")):
-        synth_key = _synth_key(verilog, top, versions["yosys"])
+        synth_key = _synth_key(verilog, synth_top, versions["yosys"])
         pnr_key = {**synth_key, "nextpnr": versions["nextpnr-ecp5"], "board": brd.name, "freq": float(freq_mhz),
                    "ooc": out_of_context, "seed": seed, "bit": bitstream, "router": router}
         meta = _read_json(folder / "meta.json") or {}
@@ -401,7 +475,7 @@ def run_ecp5(verilog: str, top: str, *, workdir: str | os.PathLike, board: str |
                 (folder / name).write_text(content)
             (folder / "design.v").write_text(text)
             (folder / "global_buffer.v").write_text(global_buffer_verilog("ecp5"))
-            (folder / "synth.ys").write_text(_synth_script(top))
+            (folder / "synth.ys").write_text(_synth_script(synth_top))
             say(f"  yosys synth_ecp5 {top} ...")
             t0 = time.perf_counter()
             res = run_yowasp("yosys", ["-q", "-l", "yosys.log", "-s", "synth.ys"], cwd=folder, check=False)

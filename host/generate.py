@@ -361,7 +361,9 @@ def _ecp5_flow(report: dict, lines: list, verilog: str, plan, board, out: Path, 
     freq = float(freq)
     log(f"ECP5 timing proxy on the {board.title}: yosys synth_ecp5 + nextpnr-ecp5 at {freq:g} MHz (minutes) ...")
     digest = hashlib.sha256(verilog.encode()).hexdigest()[:12]
-    work = build_root() / "ecp5" / f"{plan.name}-{digest}"
+    # placed inside the stand-in for the PS (boards.ecp5.ps_shell_verilog); its own folder, so the synthesis
+    # without it (make test-timing's depth guard) keeps its cache
+    work = build_root() / "ecp5" / f"{plan.name}-{digest}-ps"
     from rtl_gen.synth import DoesNotFitError
 
     seeds = list(dict.fromkeys(int(x) for x in seeds)) or [1]
@@ -371,7 +373,7 @@ def _ecp5_flow(report: dict, lines: list, verilog: str, plan, board, out: Path, 
             if len(seeds) > 1:
                 log(f"  nextpnr seed {seed} of {', '.join(map(str, seeds))}")
             by_seed[seed] = run_ecp5(verilog, plan.name, workdir=seed_folder(work, seed), board=board,
-                                     freq_mhz=freq, bitstream=True, seed=seed, log=log)
+                                     freq_mhz=freq, bitstream=True, seed=seed, ps_shell=True, log=log)
     except DoesNotFitError as e:
         report["device"] = board.device.name
         report["fits"] = False

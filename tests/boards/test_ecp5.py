@@ -406,3 +406,36 @@ def test_large_initial_contents_reach_yosys_as_readmemh_files(tmp_path, monkeypa
     run_ecp5(design(100), "rom", workdir=tmp_path / "small", place=False)
     assert "mem[99] = 8'h63;" in (tmp_path / "small" / "design.v").read_text()
     assert not list((tmp_path / "small").glob("meminit*.hex"))
+
+
+SHELL_DEMO = """module demo(clk, rst, a, b, q, v);
+  input clk;
+  input rst;
+  input [7:0] a;
+  input [7:0] b;
+  output reg [7:0] q;
+  output v;
+  always @(posedge clk) q <= rst ? 8'd0 : (a ^ b);
+  assign v = ^a;
+endmodule
+"""
+
+
+def test_the_ps_shell_keeps_every_port_bit_on_a_flip_flop_of_its_own(tmp_path):
+    """The stand-in for the PS: four pins, every input bit from a flip-flop of the input chain, every output bit
+    folded into a flip-flop of the output chain, and nothing of the design optimised away (real synth_ecp5)."""
+    from boards.ecp5 import PS_CORE, ps_shell_verilog, top_ports
+
+    assert top_ports(SHELL_DEMO, "demo") == [("input", "clk", 1), ("input", "rst", 1), ("input", "a", 8),
+                                             ("input", "b", 8), ("output", "q", 8), ("output", "v", 1)]
+    text, shell = ps_shell_verilog(SHELL_DEMO, "demo")
+    assert shell == "demo_ps_shell" and port_bits(text, shell) == 4
+    rep = run_ecp5(SHELL_DEMO, "demo", workdir=tmp_path / "w", place=False, ps_shell=True)
+    # 16 input-chain, 9 output-chain and the design's own 8 flip-flops; the IO count is the shell's pins
+    assert (rep.synth["FF"], rep.synth["IO"]) == (16 + 9 + 8, 4)
+    cells = json.loads((rep.workdir / "design.json").read_text())["modules"][shell]["cells"]
+    assert any(name.startswith(PS_CORE + ".") for name in cells)
+    with pytest.raises(ValueError, match="no port 'rst'"):
+        ps_shell_verilog(SHELL_DEMO.replace("rst", "reset"), "demo")
+    with pytest.raises(ValueError, match="out_of_context"):
+        run_ecp5(SHELL_DEMO, "demo", workdir=tmp_path / "x", out_of_context=True, bitstream=False, ps_shell=True)
