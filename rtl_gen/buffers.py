@@ -17,7 +17,7 @@ Beats per word are a run-time input (``beats``), so one instance serves quantiti
 
 from __future__ import annotations
 
-from amaranth import Const, Elaboratable, Module, Mux, Signal
+from amaranth import Array, Const, Elaboratable, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -151,20 +151,33 @@ class BeatWriter(wiring.Component):
         return m
 
 
+#: words in a registered :class:`MemoryReader`'s queue (its credits): a read, its word taken a cycle later and the
+#: credit back a cycle after the consumer took it make a loop of three cycles, so three keep one word a cycle
+PREFETCH = 3
+
+
 class MemoryReader(wiring.Component):
     """Reads ``count`` consecutive addresses from ``base`` through a synchronous read port (``r_addr``,
     ``r_en``, ``r_data`` one cycle later) and offers the words on ``o`` (``last`` on the final word), one
     per cycle while ``o.ready`` is high.
 
     Parameters: ``width`` (word bits), ``depth`` (address range), ``repeat`` (largest ``count`` in units of
-    ``depth``), ``registered`` (the words leave through a :class:`~rtl_gen.streams.SkidBuffer`: one more cycle of
-    latency, and neither the read data nor the consumer's ``ready`` crosses into the other side in one cycle; for a
-    consumer that does arithmetic on the word at once, docs/architecture.md "Timing discipline").
+    ``depth``), ``registered`` (the words leave from registers of the reader's own: one more cycle of latency, and
+    neither the read data nor the consumer's ``ready`` crosses into the other side in one cycle; for a consumer
+    that does arithmetic on the word at once, docs/architecture.md "Timing discipline").
 
-    No output queue: a word read stays on the read port's output (the port's enable is low while it waits), so
-    ``o.payload.data`` is ``r_data`` itself and ``r_en`` depends on ``o.ready`` in the same cycle (the next read
-    is issued as the word leaves). The read port must hold its data while ``r_en`` is low and nothing else may
-    read through it while the reader runs.
+    Unregistered: no output queue; a word read stays on the read port's output (the port's enable is low while it
+    waits), so ``o.payload.data`` is ``r_data`` itself and ``r_en`` depends on ``o.ready`` in the same cycle (the
+    next read is issued as the word leaves). The read port must hold its data while ``r_en`` is low and nothing
+    else may read through it while the reader runs.
+
+    Registered: a queue of :data:`PREFETCH` words and as many credits. A read is issued while a credit is left
+    (``r_en`` depends on the reader's flip-flops only), its word is taken from ``r_data`` in the next cycle
+    whatever the consumer does, and a word taken by the consumer returns its credit a cycle later. The read port
+    need not hold its data, so a port whose readers are all registered may read every cycle (its enable tied
+    high: no enable fanned out to every bit of the port's data register). Latency two cycles from the read, one
+    word a cycle, and the same words in the same cycles as the earlier form (the port's word and a skid buffer,
+    three words in all), checked cycle for cycle in tests/rtl_gen/test_buffers.py.
 
     Ports: ``start`` (pulse, with ``base``, ``count`` and ``wrap``), ``abort`` (pulse: stop issuing and empty
     the queue), ``base``, ``count``, ``wrap`` (nonzero: the address returns to 0 after ``wrap - 1``, to read
@@ -196,46 +209,82 @@ class MemoryReader(wiring.Component):
     def layout(self):
         return self._layout
 
-    def elaborate(self, platform):
-        m = Module()
+    def _counters(self, m, issue):
+        """The address and the count of reads left: ``(more, one)``, ``left != 0`` and ``left == 1`` as
+        flip-flops (the read enable is one gate of registers, not a wide compare)."""
         addr = Signal(range(max(self._depth, 2)))
         left = Signal(range(self._repeat * self._depth + 1))  # reads still to issue
         wrap = Signal(range(self._depth + 1))
-        have = Signal()  # a word waits on r_data
-        have_last = Signal()
-        issue = Signal()
-        o = stream.Signature(self._layout).create()  # the word on the read port's output
-        busy_out = Const(0)
-        if self._registered:
-            m.submodules.out = out = SkidBuffer(shape=self._layout)
-            wiring.connect(m, o, out.i)
-            wiring.connect(m, out.o, wiring.flipped(self.o))
-            busy_out = out.o.valid | ~out.i.ready
-        else:
-            wiring.connect(m, o, wiring.flipped(self.o))
-        # ``left != 0`` and ``left == 1`` as flip-flops: the read enable is one gate of registers and the
-        # consumer's ready, not a wide compare
         more, one = Signal(), Signal()
-        m.d.comb += [
-            issue.eq(more & (~have | o.ready) & ~self.abort),
-            self.r_addr.eq(addr),
-            self.r_en.eq(issue),
-            o.valid.eq(have),
-            o.payload.data.eq(self.r_data),
-            o.payload.last.eq(have_last),
-            self.busy.eq(more | have | busy_out),
-            self.reading.eq(more | have),
-        ]
+        m.d.comb += self.r_addr.eq(addr)
         with m.If(issue):
-            m.d.sync += [have.eq(1), have_last.eq(one), more.eq(~one), one.eq(left == 2),
+            m.d.sync += [more.eq(~one), one.eq(left == 2),
                          addr.eq(Mux((wrap != 0) & (addr == wrap - 1), 0, addr + 1)), left.eq(left - 1)]
-        with m.Elif(o.ready):
-            m.d.sync += have.eq(0)
         with m.If(self.start):
             m.d.sync += [addr.eq(self.base), left.eq(self.count), wrap.eq(self.wrap), more.eq(self.count != 0),
                          one.eq(self.count == 1)]
+        with m.If(self.abort):
+            m.d.sync += [left.eq(0), more.eq(0), one.eq(0)]
+        return more, one
+
+    def _elaborate_prefetch(self, m):
+        issue = Signal()
+        more, one = self._counters(m, issue)
+        credits = Signal(range(PREFETCH + 1), init=PREFETCH)
+        issued = Signal()  # a read issued in the cycle before: its word is on r_data
+        issued_last = Signal()
+        slots = [Signal(self._layout, name=f"slot{k}") for k in range(PREFETCH)]
+        wp = Signal(range(PREFETCH))
+        rp = Signal(range(PREFETCH))
+        count = Signal(range(PREFETCH + 1))
+        take = Signal()
+        pop = Signal()
+        m.d.comb += [
+            issue.eq(more & (credits != 0) & ~self.abort),
+            self.r_en.eq(issue),
+            take.eq(issued & ~self.abort),
+            self.o.valid.eq(count != 0),
+            self.o.payload.eq(Array(slots)[rp]),
+            pop.eq(self.o.valid & self.o.ready),
+            self.busy.eq(more | issued | (count != 0)),
+            self.reading.eq(more | issued),
+        ]
+        m.d.sync += [issued.eq(issue), issued_last.eq(issue & one),
+                     count.eq(count + take - pop), credits.eq(credits - issue + pop)]
+        for k, slot in enumerate(slots):
+            with m.If(take & (wp == k)):
+                m.d.sync += [slot.data.eq(self.r_data), slot.last.eq(issued_last)]
+        with m.If(take):
+            m.d.sync += wp.eq(Mux(wp == PREFETCH - 1, 0, wp + 1))
+        with m.If(pop):
+            m.d.sync += rp.eq(Mux(rp == PREFETCH - 1, 0, rp + 1))
+        with m.If(self.abort):  # stop issuing, drop the word on its way and the queue
+            m.d.sync += [count.eq(0), credits.eq(PREFETCH), wp.eq(0), rp.eq(0)]
+        return m
+
+    def elaborate(self, platform):
+        m = Module()
+        if self._registered:
+            return self._elaborate_prefetch(m)
+        have = Signal()  # a word waits on r_data
+        have_last = Signal()
+        issue = Signal()
+        more, one = self._counters(m, issue)
+        m.d.comb += [
+            issue.eq(more & (~have | self.o.ready) & ~self.abort),
+            self.r_en.eq(issue),
+            self.o.valid.eq(have),
+            self.o.payload.data.eq(self.r_data),
+            self.o.payload.last.eq(have_last),
+            self.busy.eq(more | have),
+            self.reading.eq(more | have),
+        ]
+        with m.If(issue):
+            m.d.sync += [have.eq(1), have_last.eq(one)]
+        with m.Elif(self.o.ready):
+            m.d.sync += have.eq(0)
         with m.If(self.abort):  # stop issuing, drop the waiting word
-            m.d.sync += [left.eq(0), more.eq(0), one.eq(0), have.eq(0)]
+            m.d.sync += have.eq(0)
         return m
 
 

@@ -15,7 +15,9 @@ the rewritten codes are ``X^T t``.
 - ``upd j``: the dW operand stream goes through ``codes_in`` -> ``codes_out`` combinationally (``banks`` samples
   a beat, each of ``lanes`` codes), rewritten against the head; its groups come in order (``g`` outer, as
   :class:`rtl_gen.buffers.TileReader` reads them), and ``advance`` (the last beat of a group taken) turns the
-  ring once. After the ``G`` groups the ring is back at group 0.
+  ring once. After the ``G`` groups the ring is back at group 0. Both turns take effect a cycle later, from
+  registers (see :meth:`CodeWindow.elaborate`), so the rewrite may start from the second cycle after the last
+  tracked beat (the phases in between take more).
 
 ``clear`` (the start of ``bwd j``) sets every field to 0; the head's position needs no reset, since tracking
 starts at the head whatever group it held before. No cycle is added to any phase.
@@ -63,25 +65,35 @@ class CodeWindow(wiring.Component):
         m = Module()
         L, G, fw = self.lanes, self.groups, self.code_bits - 1
         ring = [Signal(data.ArrayLayout(fw, L), name=f"colmax{i}") for i in range(G)]
+        # The ring turns a cycle after its cause, from flip-flops (timing: ``track`` and ``advance``, handshakes
+        # of other units, as the enable of every ring bit, 16.3 ns in context on the ECP5 proxy): a tracked beat's
+        # fields are registered with it, and a group's ``advance`` is pending for one cycle, in which the rewrite
+        # already compares against the next group's maxima, ``ring[1]``.
+        track_q = Signal()
+        codes_q = Signal.like(self.track_codes, name="track_codes_q")
+        advance_q = Signal()
+        m.d.sync += [track_q.eq(self.track), codes_q.eq(self.track_codes), advance_q.eq(self.advance)]
         head = ring[0]
         raised = Signal.like(head, name="colmax_raised")
         for lane in range(L):
-            f = self.track_codes[lane].field
+            f = codes_q[lane].field
             m.d.comb += raised[lane].eq(Mux(f > head[lane], f, head[lane]))
         turn = Signal()
-        m.d.comb += turn.eq(self.track | self.advance)
+        m.d.comb += turn.eq(track_q | advance_q)
         with m.If(self.clear):
             m.d.sync += [r.eq(0) for r in ring]
         with m.Elif(turn):
             m.d.sync += [ring[i].eq(ring[i + 1]) for i in range(G - 1)]
-            m.d.sync += ring[G - 1].eq(Mux(self.track, raised, head))
+            m.d.sync += ring[G - 1].eq(Mux(track_q, raised, head))
+        top = Signal.like(head, name="colmax_now")  # the maxima of the group being rewritten
+        m.d.comb += top.eq(Mux(advance_q, ring[1], head) if G > 1 else head)
         for b in range(self.banks):
             for lane in range(L):
                 c_in, c_out = self.codes_in[b * L + lane], self.codes_out[b * L + lane]
                 keep = Signal(name=f"keep{b}_{lane}")
                 # field > top - d, written without a subtraction: field + d > top
                 m.d.comb += [
-                    keep.eq((c_in.field != 0) & (c_in.field + self.window > head[lane])),
+                    keep.eq((c_in.field != 0) & (c_in.field + self.window > top[lane])),
                     c_out.field.eq(keep),
                     c_out.neg.eq(keep & c_in.neg),
                 ]

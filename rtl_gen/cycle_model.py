@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 __all__ = ["CycleReport", "conv_dx_cycles", "conv_forward_cycles", "conv_layer_forward_cycles", "conv_update_cycles",
            "infer_cycles", "step_cycles"]
 
-#: Controller cycles per phase besides the units' own (start pulse, done detection, phase advance).
-PHASE_OVERHEAD = 3
+#: Controller cycles per phase besides the units' own (start pulse, done detection, the registered advance).
+PHASE_OVERHEAD = 4
 
 #: ``ifwd`` of the output layer: cycles after the logit unit's last beat until the phase is done.
 INFER_TAIL = 0
@@ -35,13 +35,17 @@ INFER_TAIL = 0
 STATS_QUEUE_DELAY = 2
 
 #: ``bwd``: the per-channel ``S'`` reaches the po2 unit's prologue, and the scratch words its second pass, through
-#: registered readers (``MemoryReader(registered=True)``: a skid buffer, one cycle; ``S'`` goes into the
+#: registered readers (``MemoryReader(registered=True)``: one cycle more than the read port; ``S'`` goes into the
 #: normaliser's arithmetic at once).
 SEFF_STAGE = 1
 
 #: ``upd``: the dW operands reach the po2 backward engine through a registered tile reader
 #: (``TileReader(registered=True)``: a skid buffer, one cycle; the buffers' read enables from its flip-flops).
 TILE_STAGE = 1
+
+#: ``upd`` with ``hw.dw_window``: the operands rewritten by the code window are registered again before the engine
+#: (a skid buffer, one cycle).
+WINDOW_STAGE = 1
 
 
 @dataclass
@@ -176,6 +180,8 @@ def update_cycles(plan, j: int) -> int:
     dw_latency = ARRAY_DW_LATENCY if plan.po2_array(j) else DW_LATENCY
     # the sweep's last visit drains LATENCY cycles
     tiles = int(g.depth * per_row) + per_tile + dw_latency - 1 + LATENCY + tail + TILE_STAGE
+    if plan.cfg.hw.dw_window:
+        tiles += WINDOW_STAGE
     from .controller import bn_param_cycles
 
     beta = bn_param_cycles(plan.bn_param_layer(j), plan.cfg.hw, plan.cfg.hw.div_steps)["update"]

@@ -691,19 +691,20 @@ class WeightMemory(wiring.Component):
                     m.d.sync += cc.eq(Mux(last_chunk, 0, cc + 1))
                 gl = gl.word_select(cc, 2 * U)
             r = Signal(2 * U, name=f"s1_g{lane_i}")
-            with m.If(issue):
-                m.d.sync += r.eq(gl)
+            m.d.sync += r.eq(gl)
             s1_gch.append(r)
-        m.d.sync += s1_valid.eq(issue)
-        with m.If(issue):
-            m.d.sync += [
-                s1_op.eq(op),
-                s1_lane.eq(lane),
-                s1_chunk.eq(chunk),
-                s1_addr.eq(bank_ra),
-                s1_partial.eq(partial),
-                s1_u.eq(self.rng.payload.u),
-            ]
+        # stage 1 loads in every cycle, its valid bit says whether it holds a visit (every later use is gated by
+        # the stages' valid bits). Timing: ``issue`` (the gradient's and the random numbers' valid) as the enable
+        # of every stage-1 bit, 256 of them at the paper's widths.
+        m.d.sync += [
+            s1_valid.eq(issue),
+            s1_op.eq(op),
+            s1_lane.eq(lane),
+            s1_chunk.eq(chunk),
+            s1_addr.eq(bank_ra),
+            s1_partial.eq(partial),
+            s1_u.eq(self.rng.payload.u),
+        ]
 
         # --- stages 2 .. WRITE_STAGE; a visit moves on every cycle (no stalls). Stage 2 holds the memories'
         # words as they leave the block RAMs, stage OPT_STAGE the chosen words (timing: block-RAM output into the
@@ -777,8 +778,13 @@ class WeightMemory(wiring.Component):
         host_wr = host_go & h.write
         cmd_go = self.cmd.valid & self.cmd.ready
         m.d.sync += [rd_issued.eq(host_rd), rd_held.eq(rd_issued), rd_held2.eq(rd_held), rd_held3.eq(rd_held2)]
-        with m.If(host_rd):
-            m.d.sync += [rd_space.eq(h.space), rd_lane.eq(h.lane)]
+        # a host read's space and lane taken a cycle after the request, from registers loaded every cycle (timing:
+        # the handshake into their enables, from the host request slice across the die)
+        h_space1 = Signal.like(rd_space, name="host_space1")
+        h_lane1 = Signal.like(rd_lane, name="host_lane1")
+        m.d.sync += [h_space1.eq(h.space), h_lane1.eq(h.lane)]
+        with m.If(rd_issued):
+            m.d.sync += [rd_space.eq(h_space1), rd_lane.eq(h_lane1)]
         # the response three cycles after the memories' read (the words are registered first)
         m.d.comb += resp_next.eq(rd_held3 | (resp_valid & ~self.host_rdata.ready))
         m.d.sync += [resp_valid.eq(resp_next),
@@ -855,8 +861,8 @@ class WeightMemory(wiring.Component):
         for k in range(0, L, GL):
             rows = w_rows[k:k + GL]
             gsel = Signal(range(len(rows)), name=f"host_rd_sel{k // GL}")
-            with m.If(host_rd & (h.lane >= k) & (h.lane < k + len(rows))):
-                m.d.sync += gsel.eq(h.lane - k)
+            with m.If(rd_issued & (h_lane1 >= k) & (h_lane1 < k + len(rows))):
+                m.d.sync += gsel.eq(h_lane1 - k)
             grp = Signal(bank.lanes_in, name=f"host_rd_row{k // GL}")
             m.d.sync += grp.eq(Array(rows)[gsel])
             host_groups.append(grp)
@@ -878,7 +884,7 @@ class WeightMemory(wiring.Component):
             st_rd[name], st_wr[name] = rd, wr
             st_q[name] = Signal(layout, name=f"st3_{name}")
             m.d.sync += st_q[name].eq(rd.data)
-        table_ports = []
+        table_ports, table_writes = [], []
         if opt.kind == "switch":
             # one copy of the table per update lane, each with one read port: Yosys' memory_libmap would
             # duplicate a many-port table itself, but its search over the port assignments of a 16-read-port
@@ -887,12 +893,7 @@ class WeightMemory(wiring.Component):
                 table = Memory(shape=PROB_BITS + 1, depth=opt.cutoff + 1, init=[])
                 m.submodules[f"switch_table{j}"] = table
                 table_ports.append(table.read_port(domain="comb"))
-                twr = table.write_port()
-                m.d.comb += [
-                    twr.addr.eq(h.addr),
-                    twr.data.eq(h.data),
-                    twr.en.eq(host_wr & (h.space == SPACE_TABLE)),
-                ]
+                table_writes.append(table.write_port())  # from the registered host write (below)
 
         # --- the optimiser (stages OPT_STAGE .. WRITE_STAGE - 2; its results belong to WRITE_STAGE - 1) ---
         new_w = Signal(U)
@@ -925,11 +926,18 @@ class WeightMemory(wiring.Component):
         host_addr = Signal.like(bank_ra, name="host_wr_addr")  # the bank row, the layer's base included
         hw_saddr = Signal(range(max(V_all, 2)), name="host_wr_visit")  # the state row, likewise
         hw_data = Signal.like(h.data, name="host_wr_data")
-        m.d.sync += hw_valid.eq(host_wr)
-        with m.If(host_wr):
-            m.d.sync += [hw_space.eq(h.space), hw_lane.eq(h.lane), host_addr.eq(bbase + h.addr),
-                         hw_saddr.eq(sbase + h.addr), hw_data.eq(h.data)]
+        hw_taddr = Signal(range(max(opt.cutoff + 1, 2)) if opt.kind == "switch" else 1, name="host_wr_table_addr")
         host_bank = Signal()  # a host weight write's chunk is loaded into the bank's registers (hw_chunk)
+        m.d.sync += hw_valid.eq(host_wr)
+        # loaded in every cycle but those of a weight row's chunks (timing: host_wr, the handshake with the host
+        # request slice, as the enable of every bit, 17.7 ns in context on the ECP5 proxy); only hw_valid's cycle
+        # and a weight row's chunks use them
+        with m.If(~host_bank):
+            m.d.sync += [hw_space.eq(h.space), hw_lane.eq(h.lane), host_addr.eq(bbase + h.addr),
+                         hw_saddr.eq(sbase + h.addr), hw_data.eq(h.data), hw_taddr.eq(h.addr)]
+        for twr in table_writes:  # the switch table's rows, a cycle after the request
+            m.d.comb += [twr.addr.eq(hw_taddr), twr.data.eq(hw_data),
+                         twr.en.eq(hw_valid & (hw_space == SPACE_TABLE))]
         hw_chunk = Signal(range(chunks), name="host_wr_chunk")
         hw_bits = Signal(U, name="host_wr_bits")
         m.d.comb += hw_bits.eq(hw_data.word_select(hw_chunk, U) if chunks > 1 else hw_data[:U])

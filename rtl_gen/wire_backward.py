@@ -15,6 +15,7 @@ from .buffers import (
     TileReader,
 )
 from .code_window import CodeWindow
+from .streams import SkidBuffer
 from .weight_memory import UNDO, UPDATE
 
 __all__ = ["BackwardWiring"]
@@ -40,7 +41,7 @@ class BackwardWiring:
             rd = self._pooled(m, sub, f"{name}_reader", (rw,),
                               lambda rw=rw, ch_max=ch_max: MemoryReader(width=rw, depth=ch_max, registered=True), a)
             m.d.comb += [rd.start.eq(st), rd.base.eq(0), rd.count.eq(lp.n_out), rd.wrap.eq(0)]
-            ports[f"{name}{j}_r"].add(a, addr=rd.r_addr, en=rd.r_en)
+            ports[f"{name}{j}_r"].add(a, addr=rd.r_addr, en=1)  # a registered reader: the port reads every cycle
             m.d.comb += [rd.r_data.eq(ports[f"{name}{j}_r"].port.data), dst.payload.eq(rd.o.payload.data),
                          dst.valid.eq(a & rd.o.valid), rd.o.ready.eq(a & dst.ready)]
         # dx (twice): g (output layer) or dX times the mask, both from YDX, with x_hat
@@ -54,8 +55,9 @@ class BackwardWiring:
                                                  registered=True), a)
         m.d.comb += [feed.start.eq(st), feed.base.eq(0), feed.count.eq(2 * lp.beats), feed.wrap.eq(lp.beats)]
         # (the port is the feed's until its last word is taken; then the po2 scratch reader's, which may share it)
-        ports[f"{src_name}_r"].add(a & feed.reading, addr=feed.r_addr + src_base, en=feed.r_en)
-        ports[f"mx{j}_r"].add(a, addr=feed.r_addr, en=feed.r_en)
+        # (registered readers take their word a cycle after the read: the ports read every cycle, en=1)
+        ports[f"{src_name}_r"].add(a & feed.reading, addr=feed.r_addr + src_base, en=1)
+        ports[f"mx{j}_r"].add(a, addr=feed.r_addr, en=1)
         if lp.top:  # x_hat is in the MX word, beside the mask
             m.d.comb += feed.r_data.eq(Cat(ports[f"{src_name}_r"].port.data, ports[f"mx{j}_r"].port.data))
         else:  # x_hat read from XB_{j+1} in step with the feed, and registered with its word
@@ -115,7 +117,7 @@ class BackwardWiring:
         with m.If(a & pu.bias.valid):
             m.d.sync += unit_exp[j].eq(pu.bias.payload.unit_exp)
             m.d.comb += [srd.start.eq(1), srd.base.eq(0), srd.count.eq(lp.beats), srd.wrap.eq(0)]
-        ports["scr_r"].add(a, addr=srd.r_addr, en=srd.r_en)
+        ports["scr_r"].add(a, addr=srd.r_addr, en=1)  # a registered reader
         sg = Signal(range(max(G, 2)), name=f"scr_g{j}")
         with m.If(st):
             m.d.sync += sg.eq(0)
@@ -305,16 +307,29 @@ class BackwardWiring:
         ag = self._phase_reg([key], f"upd_grad{j}")
         with m.If(a):  # the engine may serve several layers
             self._select_layer(m, plan, u, j)
-            m.d.comb += u.xdy.valid.eq(tr.o.valid)
+            if not plan.cfg.hw.dw_window:
+                m.d.comb += u.xdy.valid.eq(tr.o.valid)
         with m.If(ag):
             m.d.comb += u.dw.ready.eq(w.grad.ready)
         codes = tr.o.payload.c.as_value()
         if plan.cfg.hw.dw_window:  # the ternary codes of the windowed sign gradient, group by group
             cwin = self._code_window(m, sub, plan, lp, lb, a)
             m.d.comb += [cwin.codes_in.as_value().eq(codes), cwin.advance.eq(a & tr.o.valid & tr.o.ready & tr.g_last)]
-            codes = cwin.codes_out.as_value()
-        self._wide(m, a, [(u.xdy.payload.as_value(), Cat(tr.o.payload.a.as_value(), codes, tr.o.payload.last))])
-        m.d.comb += [tr.o.ready.eq(a & u.xdy.ready), w.grad.valid.eq(ag & u.dw.valid), w.grad.payload.eq(u.dw.payload)]
+            # the rewritten operands registered before the engine (timing: the tile reader's word through the
+            # window shared by the layers, then into the engine's operand register, 16.5 ns in context on the ECP5
+            # proxy): cycle_model.WINDOW_STAGE
+            wout = sub(f"window_out{j}", SkidBuffer(shape=len(u.xdy.payload.as_value())))
+            m.d.comb += [wout.i.valid.eq(a & tr.o.valid), tr.o.ready.eq(a & wout.i.ready),
+                         wout.i.payload.eq(Cat(tr.o.payload.a.as_value(), cwin.codes_out.as_value(),
+                                               tr.o.payload.last))]
+            with m.If(a):
+                m.d.comb += u.xdy.valid.eq(wout.o.valid)
+            m.d.comb += wout.o.ready.eq(a & u.xdy.ready)
+            self._wide(m, a, [(u.xdy.payload.as_value(), wout.o.payload)])
+        else:
+            self._wide(m, a, [(u.xdy.payload.as_value(), Cat(tr.o.payload.a.as_value(), codes, tr.o.payload.last))])
+            m.d.comb += tr.o.ready.eq(a & u.xdy.ready)
+        m.d.comb += [w.grad.valid.eq(ag & u.dw.valid), w.grad.payload.eq(u.dw.payload)]
         wiring.connect(m, g.u, w.rng)
         cmd_sent = Signal(name=f"upd_cmd_sent{j}")
         m.d.comb += [w.cmd.valid.eq(a & ~cmd_sent), w.cmd.payload.op.eq(UPDATE), w.cmd.payload.shift.eq(sched_shift),
