@@ -25,10 +25,15 @@ Flow (:func:`run_ecp5`, everything relative to one work folder, YoWASP sees no a
   and ignored). The script runs ``synth_ecp5`` up to ``map_luts``, maps with classic ABC, and resumes at
   ``map_cells``.
 - Pins: the accelerator's ports are AXI4-Lite and AXI-Stream, which go to the Zynq's PS7 inside the chip and have
-  no counterpart on a ULX3S. The LPF (:func:`lpf_text`) puts the clock on the board's 25 MHz oscillator pin and
-  lets nextpnr place every other port bit on any free pin (``--lpf-allow-unconstrained``): the bitstream is real
-  but only a placement study, it would not run anything on the board. The top of the paper's family uses 185
-  port bits; the CABGA381 package has 205 user I/O pins on the 85k die (ECP5 data sheet).
+  no counterpart on a ULX3S. The whole design is placed inside a stand-in for the PS (``run_ecp5(ps_shell=True)``,
+  :func:`ps_shell_verilog`, as ``xnortrain generate --board ulx3s-85f`` does): every port bit comes from or goes
+  to a flip-flop of a scan chain, and only the clock, the reset and two scan pins are pins. The LPF
+  (:func:`lpf_text`) puts the clock on the board's 25 MHz oscillator pin and lets nextpnr place the others
+  (``--lpf-allow-unconstrained``): the bitstream is real but only a placement study, it would not run anything on
+  the board. Without the shell (``benchmarks/ecp5_fmax.py --pins``) every port bit takes a pin of its own, 185 for
+  the paper's family of 205 user I/O pins of the CABGA381 package, spread around the die, and they pull the
+  host-facing logic apart: the SMALL design at the same commit and seed routed at 56.4 MHz with 1,887 endpoints
+  later than 12.5 ns with pins, 60.6 MHz with 163 inside the shell (docs/results/timing.md).
 - Units (:func:`run_ecp5` with ``out_of_context=True``): nextpnr's ``--out-of-context`` inserts no I/O buffers,
   so a unit with hundreds of port bits places without pins. Its ports are unclocked: the Fmax covers paths from
   register to register inside the unit, as when every unit boundary is registered.

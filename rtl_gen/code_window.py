@@ -87,13 +87,18 @@ class CodeWindow(wiring.Component):
             m.d.sync += ring[G - 1].eq(Mux(track_q, raised, head))
         top = Signal.like(head, name="colmax_now")  # the maxima of the group being rewritten
         m.d.comb += top.eq(Mux(advance_q, ring[1], head) if G > 1 else head)
+        # field > top - d: the bound and whether it is below 0 come from the ring's registers, so the codes
+        # coming in meet one compare (timing: the operand word into an adder and a compare)
+        low = Signal(L, name="colmax_low")  # top < d: every nonzero field is kept
+        bound = Signal(data.ArrayLayout(fw, L), name="colmax_bound")  # top - d where top >= d
+        for lane in range(L):
+            m.d.comb += [low[lane].eq(top[lane] < self.window), bound[lane].eq(top[lane] - self.window)]
         for b in range(self.banks):
             for lane in range(L):
                 c_in, c_out = self.codes_in[b * L + lane], self.codes_out[b * L + lane]
                 keep = Signal(name=f"keep{b}_{lane}")
-                # field > top - d, written without a subtraction: field + d > top
                 m.d.comb += [
-                    keep.eq((c_in.field != 0) & (c_in.field + self.window > top[lane])),
+                    keep.eq((c_in.field != 0) & (low[lane] | (c_in.field > bound[lane]))),
                     c_out.field.eq(keep),
                     c_out.neg.eq(keep & c_in.neg),
                 ]

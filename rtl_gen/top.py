@@ -453,11 +453,17 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
         ]
         if plan.loss_bits > 32:
             m.d.comb += regs.loss_hi.value.eq(self._loss_q[32:])
-        cmds = {c: getattr(regs.cmd, c) for c in ("upload", "train", "readback", "restore", "abort", "infer")}
+        # the commands (the cmd register's write strobes) registered before the controller acts on them (timing: the
+        # AXI write's address decode into the FSM and every phase register's next value); a command starts a
+        # cycle later, the step's cycles do not change
+        strobes = {c: getattr(regs.cmd, c) for c in ("upload", "train", "readback", "restore", "abort", "infer")}
+        cmds = {c: Signal(name=f"cmd_{c}") for c in strobes}
         n_cmds = Signal(range(7))
         any_cmd = Signal()
-        m.d.comb += [n_cmds.eq(sum(s_.as_unsigned() for s_ in cmds.values())), any_cmd.eq(n_cmds != 0),
-                     abort.eq(cmds["abort"])]
+        m.d.sync += [cmds[c].eq(v) for c, v in strobes.items()]
+        m.d.sync += [n_cmds.eq(sum(s_.as_unsigned() for s_ in strobes.values())),
+                     any_cmd.eq(Cat(*strobes.values()).any())]
+        m.d.comb += abort.eq(cmds["abort"])
 
         # the upload's word count and batch check from registers, a cycle behind the arg register (the command
         # comes in a later AXI write): no product or comparison of the register between the bus and the beat

@@ -313,7 +313,9 @@ class BackwardWiring:
             m.d.comb += u.dw.ready.eq(w.grad.ready)
         codes = tr.o.payload.c.as_value()
         if plan.cfg.hw.dw_window:  # the ternary codes of the windowed sign gradient, group by group
-            cwin = self._code_window(m, sub, plan, lp, lb, a)
+            # the shared window's inputs selected by a copy of the phase register of their own (the routed SMALL
+            # design's worst path ran from act_upd1, across the die, into the window's operand multiplexer)
+            cwin = self._code_window(m, sub, plan, lp, lb, self._phase_reg([key], f"window_upd{j}"))
             m.d.comb += [cwin.codes_in.as_value().eq(codes), cwin.advance.eq(a & tr.o.valid & tr.o.ready & tr.g_last)]
             # the rewritten operands registered before the engine (timing: the tile reader's word through the
             # window shared by the layers, then into the engine's operand register, 16.5 ns in context on the ECP5
