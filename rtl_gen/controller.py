@@ -505,10 +505,15 @@ class BnParamUnit(wiring.Component):
             m.d.sync += [b_left.eq(M_now), b_addr.eq(0)]
 
         # ---- P1 capture ----------------------------------------------------------------------------------------
+        # (each beat registered first and written a cycle later: timing, BN backward's output valid into the
+        # memory's write port multiplexer; P1 is read in the upd phase, phases later)
         p1_addr = Signal(range(Mmax))
+        p1_v = Signal(name="p1_q_valid")
+        p1_d = Signal.like(self.p1.payload, name="p1_q", reset_less=True)
         m.d.comb += self.p1.ready.eq(1)
-        with m.If(self.p1.valid):
-            m.d.comb += [wr["p1"].addr.eq(base + p1_addr), wr["p1"].data.eq(self.p1.payload), wr["p1"].en.eq(1)]
+        m.d.sync += [p1_v.eq(self.p1.valid), p1_d.eq(self.p1.payload)]
+        with m.If(p1_v):
+            m.d.comb += [wr["p1"].addr.eq(base + p1_addr), wr["p1"].data.eq(p1_d), wr["p1"].en.eq(1)]
             m.d.sync += p1_addr.eq(Mux(p1_addr == M1, 0, p1_addr + 1))
 
         # ---- running statistics -----------------------------------------------------------------------------
