@@ -90,7 +90,7 @@ def forward_cycles(plan, j: int, *, infer: bool = False) -> int:
     ``infer`` (``ifwd j``): the same passes in evaluation mode: the thresholds without divisions (six cycles
     a channel), the per-channel constants without ``alpha`` or a running update (two cycles a channel), the
     logits without the loss unit."""
-    from .bn_unit import BN_FWD_ACC_STAGES, THR_WRITE_STAGES, BnForwardUnit, epi3_responses
+    from .bn_unit import BN_FWD_ACC_STAGES, STATS_OUT_STAGE, THR_WRITE_STAGES, BnForwardUnit, epi3_responses
     from .loss_unit import LOGIT_LATENCY, OutputGeometry
 
     lp = plan.layers[j]
@@ -105,24 +105,24 @@ def forward_cycles(plan, j: int, *, infer: bool = False) -> int:
     if infer:
         out = engine + 1 + bn["epi1"] + bn["pass2"] + (G + 6 * M + THR_WRITE_STAGES) + bn["pass3"]
         if not lp.top:  # a group's read, then two cycles a channel; the last beat through the stats queue
-            return out + G + 2 * M + STATS_QUEUE_DELAY + PHASE_OVERHEAD
+            return out + G + 2 * M + STATS_QUEUE_DELAY + STATS_OUT_STAGE + PHASE_OVERHEAD
         geo = OutputGeometry.from_config(cfg, lanes=plan.loss_lanes, div_steps=cfg.hw.div_steps)
         # the first group's read and channel read, then the logit unit's pace (later groups' reads hide in it);
         # measured: 784-12-10 (two groups) and the paper's MLP (one group)
-        return out + 2 + STATS_QUEUE_DELAY + geo.logit_cycles() + INFER_TAIL + PHASE_OVERHEAD
+        return out + 2 + STATS_QUEUE_DELAY + STATS_OUT_STAGE + geo.logit_cycles() + INFER_TAIL + PHASE_OVERHEAD
     out = engine + 1 + bn["epi1"] + bn["pass2"] + bn["epi2"] + bn["pass3"]
     if lp.top:
         geo = OutputGeometry.from_config(cfg, lanes=plan.loss_lanes, div_steps=cfg.hw.div_steps)
         # the first stats beat with channel 0's response, one more cycle, then the channels at the logit unit's
         # pace (slower than EPI3's)
-        out += resp[0] + 1 + M * max(geo.channel_cycles(), 5)
+        out += resp[0] + 1 + STATS_OUT_STAGE + M * max(geo.channel_cycles(), 5)
         # third Y replay -> logits -> loss; the loss unit's per-sample period paces it for cross-entropy (from the
         # first logit, LOGIT_LATENCY cycles after the first Y)
         out += max(geo.logit_cycles() - M * geo.channel_cycles() + 4, geo.loss_cycles(B) + LOGIT_LATENCY)
     else:
         # a hidden layer's stats beats go to the running-statistics pipeline, a beat a cycle: EPI3 paces them,
         # and the phase ends when the last channel's update is written
-        out += resp[-1] + 1 + STATS_IN_STAGE + RUNNING_LATENCY
+        out += resp[-1] + 1 + STATS_OUT_STAGE + STATS_IN_STAGE + RUNNING_LATENCY
     return out + PHASE_OVERHEAD
 
 

@@ -15,6 +15,7 @@ from amaranth.sim import Simulator
 from rtl_gen.bn_unit import (
     EPI1_DIV_STAGES,
     EPI3_ISSUE,
+    STATS_OUT_STAGE,
     THR_WRITE_STAGES,
     BnBackwardUnit,
     BnForwardUnit,
@@ -84,17 +85,18 @@ def test_cycle_models():
     assert EPI1_DIV_STAGES == 2 and THR_WRITE_STAGES == 1
     assert (c["epi1"], c["epi2"]) == (1 + 255 + 15 + 2 + 3 + 1 + 1, 10 + 255 * 10 + 15 + 3 + 1 + 1) == (278, 2580)
     # EPI3, one stage (latency 15): the stage busy, I = 14 cycles a division after the first request (at
-    # EPI3_ISSUE = 6: the channel's word registered before its products; entering at 7)
-    assert EPI3_ISSUE == 6 and c["epi3"] == 8 + 256 * 14
+    # EPI3_ISSUE = 6: the channel's word registered before its products; entering at 7), and the registered
+    # stats output (STATS_OUT_STAGE = 1)
+    assert EPI3_ISSUE == 6 and STATS_OUT_STAGE == 1 and c["epi3"] == 8 + 256 * 14 + 1
     # each pass: B G beats, the compare stage and the accumulators' write stage
-    assert c["total"] == 3 * (1600 + 1 + 1) + 278 + 2580 + c["epi3"] == 11256
+    assert c["total"] == 3 * (1600 + 1 + 1) + 278 + 2580 + c["epi3"] == 11257
     l0, l1 = BnLayer.from_config(cfg, 0, lanes=16), BnLayer.from_config(cfg, 1, lanes=16)
     # 3 and 4 bits a cycle: two stages, 5 and 4 trips: two divisions per 10 and 8 cycles once the ring is full, so
     # EPI3's issue side (six cycles a channel, seven at each of the 15 later groups' starts) paces it, the first
     # division's latency (11 and 9) and the ring's slots (a division enters when its slot comes by) on top
     c3, c4 = forward_cycles(l0, 3), forward_cycles(l0, 4)
     assert (c3["epi1"], c3["epi2"]) == (c4["epi1"], c4["epi2"]) == (278, 2580)
-    assert 6 * 256 + 15 + 9 <= c4["epi3"] == 1561 < c3["epi3"] == 1563 <= 6 * 256 + 15 + 11 + 2
+    assert 6 * 256 + 15 + 9 + 1 <= c4["epi3"] == 1562 < c3["epi3"] == 1564 <= 6 * 256 + 15 + 11 + 2 + 1
     assert BnForwardUnit(layer=l1).div_iterations == 14
     bwd = BnBackwardUnit(layer=l1)
     assert bwd.cycles()["total"] == 2 * 1600 + 16 + 256 + 8  # pass 1 drain 1, pass 2 drain 2 + 5 Q stages
