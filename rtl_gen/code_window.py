@@ -31,7 +31,7 @@ from amaranth.lib.wiring import In, Out
 
 from .xnor_engine import _check_int as _check
 
-__all__ = ["CodeWindow"]
+__all__ = ["CodeWindow", "rewrite"]
 
 
 class CodeWindow(wiring.Component):
@@ -42,7 +42,9 @@ class CodeWindow(wiring.Component):
     (samples a dW beat).
 
     Ports: ``clear``, ``track``, ``track_codes`` (``lanes`` codes), ``advance``, ``codes_in`` / ``codes_out``
-    (``banks x lanes`` codes, bank-major, as the codes buffer's banks are concatenated)."""
+    (``banks x lanes`` codes, bank-major, as the codes buffer's banks are concatenated); ``bound`` / ``low`` (per
+    lane: the current group's largest field minus the window, and whether it is below 0), from which
+    :func:`rewrite` forms ``codes_out`` elsewhere (the top level registers them beside the codes)."""
 
     def __init__(self, *, lanes: int, groups: int, code_bits: int, window: int, banks: int = 1):
         self.lanes = _check("lanes", lanes, 1, 4096)
@@ -59,6 +61,8 @@ class CodeWindow(wiring.Component):
             "advance": In(1),
             "codes_in": In(data.ArrayLayout(code, lanes * banks)),
             "codes_out": Out(data.ArrayLayout(code, lanes * banks)),
+            "bound": Out(data.ArrayLayout(code_bits - 1, lanes)),
+            "low": Out(lanes),
         })
 
     def elaborate(self, platform):
@@ -89,17 +93,25 @@ class CodeWindow(wiring.Component):
         m.d.comb += top.eq(Mux(advance_q, ring[1], head) if G > 1 else head)
         # field > top - d: the bound and whether it is below 0 come from the ring's registers, so the codes
         # coming in meet one compare (timing: the operand word into an adder and a compare)
-        low = Signal(L, name="colmax_low")  # top < d: every nonzero field is kept
-        bound = Signal(data.ArrayLayout(fw, L), name="colmax_bound")  # top - d where top >= d
-        for lane in range(L):
-            m.d.comb += [low[lane].eq(top[lane] < self.window), bound[lane].eq(top[lane] - self.window)]
-        for b in range(self.banks):
-            for lane in range(L):
-                c_in, c_out = self.codes_in[b * L + lane], self.codes_out[b * L + lane]
-                keep = Signal(name=f"keep{b}_{lane}")
-                m.d.comb += [
-                    keep.eq((c_in.field != 0) & (low[lane] | (c_in.field > bound[lane]))),
-                    c_out.field.eq(keep),
-                    c_out.neg.eq(keep & c_in.neg),
-                ]
+        for lane in range(L):  # low: top < d, every nonzero field is kept; bound: top - d where top >= d
+            m.d.comb += [self.low[lane].eq(top[lane] < self.window), self.bound[lane].eq(top[lane] - self.window)]
+        m.d.comb += self.codes_out.eq(rewrite(m, self.codes_in, self.bound, self.low, lanes=L, banks=self.banks))
         return m
+
+
+def rewrite(m, codes, bound, low, *, lanes: int, banks: int, name: str = "keep"):
+    """The ternary codes of ``codes`` (``banks x lanes`` codes, bank-major) against a group's ``bound`` and ``low``
+    (:class:`CodeWindow`'s outputs): a nonzero code whose field is above ``bound`` (or any nonzero code where
+    ``low``) becomes +-1 (field 1), every other code 0. Returns the rewritten codes (a value of ``codes``'s
+    layout)."""
+    out = Signal.like(codes, name=f"{name}_codes")
+    for b in range(banks):
+        for lane in range(lanes):
+            c_in, c_out = codes[b * lanes + lane], out[b * lanes + lane]
+            keep = Signal(name=f"{name}{b}_{lane}")
+            m.d.comb += [
+                keep.eq((c_in.field != 0) & (low[lane] | (c_in.field > bound[lane]))),
+                c_out.field.eq(keep),
+                c_out.neg.eq(keep & c_in.neg),
+            ]
+    return out

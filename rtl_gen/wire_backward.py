@@ -6,7 +6,7 @@ update's inputs), ``dx j`` (dX into the buffer of layer ``j-1``, on the fabric e
 from __future__ import annotations
 
 from amaranth import Cat, Mux, Signal
-from amaranth.lib import wiring
+from amaranth.lib import data, wiring
 
 from .buffers import (
     MemoryReader,
@@ -14,7 +14,7 @@ from .buffers import (
     RowWriter,
     TileReader,
 )
-from .code_window import CodeWindow
+from .code_window import CodeWindow, rewrite
 from .streams import SkidBuffer
 from .weight_memory import UNDO, UPDATE
 
@@ -313,21 +313,28 @@ class BackwardWiring:
             m.d.comb += u.dw.ready.eq(w.grad.ready)
         codes = tr.o.payload.c.as_value()
         if plan.cfg.hw.dw_window:  # the ternary codes of the windowed sign gradient, group by group
-            # the shared window's inputs selected by a copy of the phase register of their own (the routed SMALL
-            # design's worst path ran from act_upd1, across the die, into the window's operand multiplexer)
+            # the operands and their group's bound from the window (shared by the layers of one geometry) are
+            # registered (cycle_model.WINDOW_STAGE), and the rewrite happens behind the register, beside the
+            # engine (timing: the tile reader's word through the window's multiplexer and compare, then across the
+            # die into the engine's operand register, 16.5 ns in context on the ECP5 proxy); the window's advance
+            # follows the tile reader's handshake, so the bound belongs to the word beside it
             cwin = self._code_window(m, sub, plan, lp, lb, self._phase_reg([key], f"window_upd{j}"))
-            m.d.comb += [cwin.codes_in.as_value().eq(codes), cwin.advance.eq(a & tr.o.valid & tr.o.ready & tr.g_last)]
-            # the rewritten operands registered before the engine (timing: the tile reader's word through the
-            # window shared by the layers, then into the engine's operand register, 16.5 ns in context on the ECP5
-            # proxy): cycle_model.WINDOW_STAGE
-            wout = sub(f"window_out{j}", SkidBuffer(shape=len(u.xdy.payload.as_value())))
-            m.d.comb += [wout.i.valid.eq(a & tr.o.valid), tr.o.ready.eq(a & wout.i.ready),
-                         wout.i.payload.eq(Cat(tr.o.payload.a.as_value(), cwin.codes_out.as_value(),
-                                               tr.o.payload.last))]
+            m.d.comb += cwin.advance.eq(a & tr.o.valid & tr.o.ready & tr.g_last)
+            op_a, op_c, op_last = tr.o.payload.a.as_value(), codes, tr.o.payload.last
+            packed = Cat(op_a, op_c, op_last, cwin.bound.as_value(), cwin.low)
+            wout = sub(f"window_out{j}", SkidBuffer(shape=len(packed)))
+            m.d.comb += [wout.i.valid.eq(a & tr.o.valid), tr.o.ready.eq(a & wout.i.ready), wout.i.payload.eq(packed)]
+            q = wout.o.payload
+            widths = [len(op_a), len(op_c), 1, len(cwin.bound.as_value()), len(cwin.low)]
+            cuts = [sum(widths[:i]) for i in range(len(widths) + 1)]
+            q_a, q_c, q_last, q_bound, q_low = (q[cuts[i]:cuts[i + 1]] for i in range(len(widths)))
+            code_view = data.View(cwin.codes_in.shape(), q_c)
+            bound_view = data.View(cwin.bound.shape(), q_bound)
+            ternary = rewrite(m, code_view, bound_view, q_low, lanes=lp.lanes_out, banks=lb, name=f"window_keep{j}_")
             with m.If(a):
                 m.d.comb += u.xdy.valid.eq(wout.o.valid)
             m.d.comb += wout.o.ready.eq(a & u.xdy.ready)
-            self._wide(m, a, [(u.xdy.payload.as_value(), wout.o.payload)])
+            self._wide(m, a, [(u.xdy.payload.as_value(), Cat(q_a, ternary.as_value(), q_last))])
         else:
             self._wide(m, a, [(u.xdy.payload.as_value(), Cat(tr.o.payload.a.as_value(), codes, tr.o.payload.last))])
             m.d.comb += tr.o.ready.eq(a & u.xdy.ready)
