@@ -9,7 +9,7 @@ per-element accumulator would exceed ``hw.max_acc_bits``.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from ..schema import ConfigError
 from .arith import ArithParams
@@ -20,6 +20,7 @@ __all__ = [
     "pools_after",
     "pools_before_bn",
     "bn_spatial",
+    "pooling_after_bn",
     "dx_cover",
     "LayerBounds",
     "signed_bits",
@@ -170,7 +171,8 @@ def model_support_error(cfg) -> str | None:
     """Why the bit-exact model cannot run this topology (one line naming the layer), or None.
 
     It runs dense and conv layers (stride 1, valid / same padding), each with batch norm, a maxpool directly after
-    a conv layer (pooling the BN output before the sign, as the float reference).
+    a conv layer (pooling the BN output before the sign, as the float reference, or with ``before_bn`` the conv's
+    ``Y`` before its BN).
     """
     shapes = cfg.layer_shapes()
     for i, s in enumerate(shapes):
@@ -203,6 +205,14 @@ def pools_before_bn(cfg) -> list[bool]:
         elif out:
             out[-1] = bool(s.spec.before_bn)
     return out
+
+
+def pooling_after_bn(cfg):
+    """``cfg`` with every maxpool pooling the BN output (``before_bn = false``): the order the RTL conv units
+    (``rtl_gen.conv_layer``, ``conv_backward``, ``conv_update``) implement, for building them from a preset that
+    pools before BN (``configs/cnn_mnist.toml``)."""
+    layers = [replace(s, before_bn=False) if s.type == "maxpool" else s for s in cfg.model.layers]
+    return replace(cfg, model=replace(cfg.model, layers=layers))
 
 
 def bn_spatial(cfg) -> list[int]:

@@ -16,6 +16,15 @@ estimator one well-defined pre-activation per binary output: its mask
 ``|x| <= 1`` is taken at the pooled maximum and the gradient goes back to the
 arg-max position only.
 
+A maxpool with ``before_bn = true`` pools the conv layer's ``Y`` instead, as
+BinaryNet does::
+
+    conv -> maxpool -> BN -> sign -> next layer
+
+BN's statistics are then those of the pooled values the sign sees (so its bias
+starts at 0, not at ``ops.pooled_bn_beta``); the BN backward runs over the pooled
+positions and ``dY`` (after its quantisation) goes to each window's first maximum.
+
 Which variant runs is set by ``cfg.approx`` (each switch on its own, so the
 ablation of Table 4 is any combination):
 
