@@ -10,11 +10,12 @@ statistics of 1,000-image test batches (the weights' own accuracy, free of the r
 per step and the mean BN bias of every layer.
 
     OMP_NUM_THREADS=1 nice -n 19 .venv/bin/python benchmarks/cnn_diagnose.py --arith float --set train.batch_size=16
-    OMP_NUM_THREADS=1 nice -n 19 .venv/bin/python benchmarks/cnn_diagnose.py --arith hw --pooled-beta 0 ...
+    OMP_NUM_THREADS=1 nice -n 19 .venv/bin/python benchmarks/cnn_diagnose.py --arith float --images 22699 --epochs 4
+    OMP_NUM_THREADS=1 nice -n 19 .venv/bin/python benchmarks/cnn_diagnose.py --arith float --lrs 0.001,0.0003,0.0001
 
-``--pooled-beta V`` starts the BN biases of the layers a max pool follows at ``V`` instead of the models' own
-``pooled_bn_beta`` (``0``: as before that rule); ``--no-output-bn`` drops the output layer's BN (float reference
-only: the hardware contract has it).
+``--pooled-beta V`` starts the BN biases of the layers whose BN output a max pool takes (not ``before_bn``) at
+``V`` instead of the models' own ``pooled_bn_beta`` (``0``: as before that rule); ``--no-output-bn`` drops the
+output layer's BN (float reference only: the hardware contract has it). ``--lrs`` gives a rate per epoch.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ if str(ROOT) not in sys.path:
 
 from sim.config import apply_overrides, load_config  # noqa: E402
 from sim.datasets import batches, load_dataset  # noqa: E402
-from sim.hw.widths import pools_after  # noqa: E402
+from sim.hw.widths import pools_after, pools_before_bn  # noqa: E402
 from sim.train_loop import dither_rng  # noqa: E402
 
 
@@ -68,11 +69,11 @@ def main(argv=None) -> int:
         from sim.reference.engine import ReferenceEngine as Engine
     eng = Engine(cfg)
     model = eng.model
-    pools = pools_after(cfg)
+    pools, first = pools_after(cfg), pools_before_bn(cfg)
     frac = 0 if args.arith == "float" else cfg.hw.beta_frac_bits
     if args.pooled_beta is not None:
         for k, pool in enumerate(pools):
-            if pool > 1:
+            if pool > 1 and not first[k]:
                 model.beta[k][:] = args.pooled_beta if args.arith == "float" else round(args.pooled_beta * (1 << frac))
     rng = np.random.default_rng(cfg.train.seed)
     B, lr = cfg.train.batch_size, cfg.train.lr.initial

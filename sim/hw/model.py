@@ -75,8 +75,8 @@ class HwModel:
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
-        """Power-on state: weights drawn from the generators (one sweep), the bias of a BN layer that a max pool
-        follows at ``pooled_bn_beta`` (as the float reference), everything else zero."""
+        """Power-on state: weights drawn from the generators (one sweep), the bias of a BN layer whose output a max
+        pool takes (not ``before_bn``) at ``pooled_bn_beta`` (as the float reference), everything else zero."""
         h, p = self.h, self.p
         self.rng = RngBank(self.mshapes, h.rng_seed, h.rng_block)
         u0 = self._sweep()
