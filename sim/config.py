@@ -178,6 +178,10 @@ class ModelConfig:
         if not self.layers:
             raise ConfigError(f"{path}.layers is empty: give at least one dense layer (or use a preset)")
         self.layers = [x if isinstance(x, LayerSpec) else _parse_layer(i, x) for i, x in enumerate(self.layers)]
+        for i, spec in enumerate(self.layers):
+            if spec.before_bn and (i == 0 or self.layers[i - 1].type != "conv"):
+                raise ConfigError(f"{path}.layers[{i}].before_bn = true: only a maxpool right after a conv layer "
+                                  f"can pool that layer's Y before its BN")
 
 
 @dataclass
