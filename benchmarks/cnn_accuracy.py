@@ -20,11 +20,10 @@ resuming from its checkpoint, so a run cut short leaves both curves at the same 
 ``--set key=value`` applies configuration overrides, e.g. ``--set train.epochs=1 --set data.train_limit=6000``
 for a quick look; ``--resume`` continues each run from its checkpoint.
 
-The first candidate (9020acb: B = 16, every BN bias starting at 0) reached 86-92 % test accuracy in epochs 1-5 and
-swung between epochs in both models (bit-exact 88.61, 90.30, 53.15 %; float 86.26, 87.98, 78.49, 91.93, 91.17 %).
-The causes and the preset's figures (B = 24, the pooled layers' initial bias): docs/results/accuracy.md, "Binary
-CNN for MNIST". One epoch of the preset (945 steps of B = 24) took 307 s in the bit-exact model on a machine
-loaded well past its two cores.
+The first candidates (9020acb: B = 16, every BN bias at 0; 0777ab2: B = 24, max pools on the BN output) levelled
+off at 92-95 %; the causes and the current preset's figures: docs/results/accuracy.md, "Binary CNN for MNIST".
+One epoch of the current preset (945 steps of B = 24) took 61 s in the bit-exact model and 75 s in the float
+reference at nice 19 on a machine loaded past its two cores.
 """
 
 from __future__ import annotations

@@ -81,6 +81,7 @@ class LayerSpec:
     padding: str = "valid"  # conv: "valid" or "same" (stride is always 1)
     pool: int = 2  # maxpool window and stride
     bn: bool = True  # batch norm after this dense / conv layer
+    before_bn: bool = False  # maxpool: pool the conv layer's Y before its BN (BinaryNet's order), not the BN output
 
     @property
     def has_weights(self) -> bool:
@@ -129,7 +130,7 @@ def _parse_layer(i: int, d: Any) -> LayerSpec:
     allowed = {
         "dense": {"type", "units", "bn"},
         "conv": {"type", "channels", "kernel", "padding", "bn"},
-        "maxpool": {"type", "pool"},
+        "maxpool": {"type", "pool", "before_bn"},
     }[d["type"]]
     extra = sorted(set(d) - allowed, key=str)
     if extra:
@@ -147,8 +148,9 @@ def _parse_layer(i: int, d: Any) -> LayerSpec:
         raise ConfigError(f"{path}.channels is required for a conv layer")
     if "padding" in d and d["padding"] not in ("valid", "same"):
         raise ConfigError(f"{path}.padding = {d['padding']!r} is not allowed; allowed: 'valid', 'same'")
-    if "bn" in d and not isinstance(d["bn"], bool):
-        raise ConfigError(f"{path}.bn = {d['bn']!r}: expected true or false")
+    for key in ("bn", "before_bn"):
+        if key in d and not isinstance(d[key], bool):
+            raise ConfigError(f"{path}.{key} = {d[key]!r}: expected true or false")
     if d["type"] == "conv" and d.get("padding") == "same" and d.get("kernel", 3) % 2 == 0:
         raise ConfigError(f"{path}.kernel = {d['kernel']}: 'same' padding needs an odd kernel")
     return LayerSpec(**d)
@@ -176,6 +178,10 @@ class ModelConfig:
         if not self.layers:
             raise ConfigError(f"{path}.layers is empty: give at least one dense layer (or use a preset)")
         self.layers = [x if isinstance(x, LayerSpec) else _parse_layer(i, x) for i, x in enumerate(self.layers)]
+        for i, spec in enumerate(self.layers):
+            if spec.before_bn and (i == 0 or self.layers[i - 1].type != "conv"):
+                raise ConfigError(f"{path}.layers[{i}].before_bn = true: only a maxpool right after a conv layer "
+                                  f"can pool that layer's Y before its BN")
 
 
 @dataclass
@@ -428,6 +434,8 @@ class Config:
 def _layer_to_dict(spec: LayerSpec) -> dict:
     keep = {"dense": ("type", "units", "bn"), "conv": ("type", "channels", "kernel", "padding", "bn"),
             "maxpool": ("type", "pool")}[spec.type]
+    if spec.before_bn:  # written only when set: configurations without it keep their text (and fingerprints)
+        keep = (*keep, "before_bn")
     return {k: getattr(spec, k) for k in keep}
 
 

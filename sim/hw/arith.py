@@ -70,6 +70,7 @@ __all__ = [
     "maxpool_argmax",
     "maxpool_select",
     "maxpool_route",
+    "route_codes",
     "po2_backward_dx_conv",
     "po2_backward_dw_conv",
     "po2_backward_dw_window_conv",
@@ -737,3 +738,10 @@ def maxpool_route(d: np.ndarray, idx: np.ndarray, shape: tuple, pool: int) -> np
     out[:, :, : ho * pool, : wo * pool] = (
         blocks.reshape(b, c, ho, wo, pool, pool).transpose(0, 1, 2, 4, 3, 5).reshape(b, c, ho * pool, wo * pool))
     return out
+
+
+def route_codes(codes: Po2Codes, idx: np.ndarray, shape: tuple, pool: int) -> Po2Codes:
+    """Max-pool backward of po2 codes (maxpool ``before_bn``): the pooled codes ([B, C, Ho, Wo]) at each window's
+    index ``idx`` (:func:`maxpool_route`), zero (field 0) at every other position of ``shape``; same bias."""
+    return Po2Codes(maxpool_route(codes.neg, idx, shape, pool), maxpool_route(codes.field, idx, shape, pool),
+                    codes.bias, codes.unit_exp)

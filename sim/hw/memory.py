@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .arith import ArithParams
 from .optim import PROB_BITS, state_bits
-from .widths import layer_bounds, pools_after, signed_bits
+from .widths import bn_spatial, layer_bounds, pools_after, pools_before_bn, signed_bits
 
 __all__ = ["memory_report", "ZYNQ7020_KIB", "BRAM36_BITS"]
 
@@ -35,23 +35,29 @@ def memory_report(cfg) -> dict:
     buf: dict[str, int] = {}
     first_bits = 8 if h.input_kind(cfg) == "int8" else 1
     pools = pools_after(cfg)
+    first = pools_before_bn(cfg)
+    # values per image a layer's BN sees: its Y, or the pooled Y with maxpool before_bn (the conv output streams
+    # through the pooling; only the pooled Y, its window indices and, backwards, the pooled dY codes are kept)
+    bn_size = [s.out_channels * sp for s, sp in zip(wl, bn_spatial(cfg), strict=True)]
     buf[f"retained inputs X_hat (1 bit; first layer {first_bits} bits)"] = sum(
         B * s.in_size * (first_bits if j == 0 else 1) for j, s in enumerate(wl)
     )
     # a pooled conv layer: the next layer's input and mask are the pooled values; its own BN backward reads the
-    # signs of every position before the pooling, and the pooling's window index says where each value came from
+    # signs of every position before the pooling (BN before the pooling), and the pooling's window index says
+    # where each value came from
     buf["straight-through masks (1 bit)"] = sum(B * wl[j + 1].in_size for j in range(len(wl) - 1))
     pooled = [j for j in range(len(wl)) if pools[j]]
+    if any(not first[j] for j in pooled):
+        buf["signs before pooling (1 bit)"] = sum(B * wl[j].out_size for j in pooled if not first[j])
     if pooled:
-        buf["signs before pooling (1 bit)"] = sum(B * wl[j].out_size for j in pooled)
         buf["max-pool window indices"] = sum(
             B * wl[j + 1].in_size * max((pools[j] ** 2 - 1).bit_length(), 1) for j in pooled)
-    y_bits = max(B * s.out_size * signed_bits(b.y) for s, b in zip(wl, bounds, strict=True))
+    y_bits = max(B * size * signed_bits(b.y) for size, b in zip(bn_size, bounds, strict=True))
     dx_bits = max((B * wl[j].in_size * signed_bits(bounds[j].dX) for j in range(1, len(wl))), default=0)
     # Y is dead before the backward pass starts and dX is born after it: one buffer serves both.
     buf["Y / dX shared buffer (largest layer)"] = max(y_bits, dx_bits)
     buf["output logits"] = B * wl[-1].out_size * signed_bits(bounds[-1].logit_q)
-    buf["dY po2 codes + exponent scratch (largest layer)"] = max(B * s.out_size * (p.k + 2) for s in wl)
+    buf["dY po2 codes + exponent scratch (largest layer)"] = max(B * size * (p.k + 2) for size in bn_size)
     per_channel = (
         signed_bits(1 << (p.beta_int - 1 + p.beta_frac))  # beta
         + 2 * h.beta_state_bits  # beta EMAs m, |.| (block floating point; + 8-bit exponent per layer)

@@ -23,7 +23,7 @@ from ..schema import ConfigError
 from . import arith as A
 from . import optim as O
 from .rng import RngBank
-from .widths import check_widths, layer_bounds, model_support_error, pools_after
+from .widths import check_widths, layer_bounds, model_support_error, pools_after, pools_before_bn
 
 __all__ = ["HwModel", "StepTrace", "StateError", "validate_state"]
 
@@ -62,6 +62,7 @@ class HwModel:
             check_widths(cfg, conv=True)  # load time checked the dense topologies only
         self.layers = cfg.weight_layers()
         self.pools = pools_after(cfg)
+        self.pool_first = pools_before_bn(cfg)  # per layer: Y pooled before its BN (maxpool before_bn)
         self.input_kind = self.h.input_kind(cfg)
         self.x_max = [128 if (j == 0 and self.input_kind == "int8") else 1 for j in range(len(self.layers))]
         self.bounds = layer_bounds(cfg)
@@ -74,8 +75,8 @@ class HwModel:
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
-        """Power-on state: weights drawn from the generators (one sweep), the bias of a BN layer that a max pool
-        follows at ``pooled_bn_beta`` (as the float reference), everything else zero."""
+        """Power-on state: weights drawn from the generators (one sweep), the bias of a BN layer whose output a max
+        pool takes (not ``before_bn``) at ``pooled_bn_beta`` (as the float reference), everything else zero."""
         h, p = self.h, self.p
         self.rng = RngBank(self.mshapes, h.rng_seed, h.rng_block)
         u0 = self._sweep()
@@ -83,7 +84,7 @@ class HwModel:
         m = [s.out_channels for s in self.layers]
         self.beta = [np.zeros(c, dtype=np.int64) for c in m]
         for j, pool in enumerate(self.pools):  # BN before a max pool: the float reference's initial bias
-            if pool > 1:
+            if pool > 1 and not self.pool_first[j]:
                 self.beta[j][:] = round(pooled_bn_beta(pool) * (1 << p.beta_frac))
         self.m_beta = [np.zeros(c, dtype=np.int64) for c in m]
         self.a_beta = [np.zeros(c, dtype=np.int64) for c in m]
@@ -163,19 +164,21 @@ class HwModel:
         logits = None
         for j in range(L):
             xin, y = self._layer_y(j, cur, w[j])
-            fwd = A.bn_forward(y, self.beta[j], p, self.bounds[j].y)
-            trace.y.append(y)
-            trace.bn.append(fwd)
             pool = self.pools[j]
             idx = A.maxpool_argmax(y, pool) if pool else None
+            first = self.pool_first[j]
+            # before_bn: BN over the pooled Y (its x_hat and mask are the next layer's input and mask)
+            fwd = A.bn_forward(A.maxpool_select(y, idx, pool) if first else y, self.beta[j], p, self.bounds[j].y)
+            trace.y.append(y)
+            trace.bn.append(fwd)
             trace.pool_idx.append(idx)
             # the next layer's input and its straight-through mask: at each window's first largest Y when pooled
-            mask = A.maxpool_select(fwd.mask, idx, pool) if pool else fwd.mask
+            mask = A.maxpool_select(fwd.mask, idx, pool) if pool and not first else fwd.mask
             saved.append((xin, fwd, y, idx, mask))
             if j == L - 1:
                 logits = A.output_logits(y, fwd, p)
             else:
-                cur = A.maxpool_select(fwd.x_hat, idx, pool) if pool else fwd.x_hat
+                cur = A.maxpool_select(fwd.x_hat, idx, pool) if pool and not first else fwd.x_hat
         return saved, logits
 
     def _layer_y(self, j: int, cur: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -196,9 +199,11 @@ class HwModel:
             _, y = self._layer_y(j, cur, self.w[j])
             if j == L - 1:
                 return A.output_logits_eval(y, self.beta[j], self.mu_r[j], self.s_r[j], p)
-            cur = A.bn_forward_eval(y, self.beta[j], self.mu_r[j], self.s_r[j], p, self.bounds[j].y)
             pool = self.pools[j]
-            if pool:  # the sign at the first largest Y of each window (= the window's largest sign)
+            cur = A.bn_forward_eval(y, self.beta[j], self.mu_r[j], self.s_r[j], p, self.bounds[j].y)
+            # the sign at the first largest Y of each window (= the window's largest sign); with before_bn the same
+            # value, the sign of the pooled Y: the threshold of the running statistics is monotone in Y
+            if pool:
                 cur = A.maxpool_select(cur, A.maxpool_argmax(y, pool), pool)
         raise AssertionError("unreachable")
 
@@ -224,6 +229,9 @@ class HwModel:
             xin, fwd, *_ = saved[j]
             q, p1 = A.bn_backward(dx, fwd.x_hat, fwd.alpha_q, p, fwd.zero)
             codes = A.po2_quantise(q, fwd.S_eff, scale, p, times_batch=not top)
+            if self.pool_first[j]:  # before_bn: the pooled codes go to their windows' first largest Y
+                _, _, y_j, idx_j, _ = saved[j]
+                codes = A.route_codes(codes, idx_j, y_j.shape, self.pools[j])
             top = False
             dw = self._dw(j, xin, codes)
             dw_signs[j] = np.sign(dw).astype(np.int8)
@@ -243,7 +251,7 @@ class HwModel:
                     dX, scale = A.po2_backward_dx(codes, self.w[j], p)
                 _, _, y_below, idx, mask = saved[j - 1]
                 dx = dX.reshape(mask.shape) * mask
-                if idx is not None:  # max-pool backward: to each window's first largest Y
+                if idx is not None and not self.pool_first[j - 1]:  # max-pool backward: to each first largest Y
                     dx = A.maxpool_route(dx, idx, y_below.shape, self.pools[j - 1])
         # update
         old_w = [w.copy() for w in self.w] if h.switch_undo else None

@@ -9,7 +9,7 @@ per-element accumulator would exceed ``hw.max_acc_bits``.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from ..schema import ConfigError
 from .arith import ArithParams
@@ -18,6 +18,9 @@ __all__ = [
     "hw_supported",
     "model_support_error",
     "pools_after",
+    "pools_before_bn",
+    "bn_spatial",
+    "pooling_after_bn",
     "dx_cover",
     "LayerBounds",
     "signed_bits",
@@ -92,11 +95,12 @@ def layer_bounds(cfg) -> list[LayerBounds]:
     beta_max = 1 << (p.beta_int - 1 + fb)  # |beta_q| <= 2^(I-1+Fb)
     beta_real = 1 << (p.beta_int - 1)
     out = []
+    spatial = bn_spatial(cfg)
     # Gradient into the output layer's BN comes from the loss; into hidden layers from dX above.
     for j, s in enumerate(wl):
         first = j == 0
         x_max = 128 if (first and h.input_kind(cfg) == "int8") else 1
-        n = B * s.spatial
+        n = B * spatial[j]  # BN statistics: over the batch and the (pooled, with before_bn) positions
         m = s.out_channels
         y = s.fan_in * x_max
         sum_y = n * y
@@ -118,7 +122,7 @@ def layer_bounds(cfg) -> list[LayerBounds]:
         # output layer: the loss's 1/B cancels the B; conv: n = B H W goes into the per-channel thresholds
         po2_num = Q if (last or s.spec.type == "conv") else Q * n
         dX = 0 if first else m * dx_cover(s) * (1 << p.span)
-        dW = n * x_max * (1 << p.span)
+        dW = B * s.spatial * x_max * (1 << p.span)  # over every position (the routed codes with before_bn)
         running = (2 * y + 1) << p.running_frac
         out.append(
             LayerBounds(j, s.fan_in, m, n, x_max, y, sum_y, S, C, z, A, alpha_q, y + 1, logit_q, dx, P, Q,
@@ -167,7 +171,8 @@ def model_support_error(cfg) -> str | None:
     """Why the bit-exact model cannot run this topology (one line naming the layer), or None.
 
     It runs dense and conv layers (stride 1, valid / same padding), each with batch norm, a maxpool directly after
-    a conv layer (pooling the BN output before the sign, as the float reference).
+    a conv layer (pooling the BN output before the sign, as the float reference, or with ``before_bn`` the conv's
+    ``Y`` before its BN).
     """
     shapes = cfg.layer_shapes()
     for i, s in enumerate(shapes):
@@ -187,6 +192,39 @@ def pools_after(cfg) -> list[int]:
             out.append(0)
         elif out:
             out[-1] = s.spec.pool
+    return out
+
+
+def pools_before_bn(cfg) -> list[bool]:
+    """Per weight layer: whether the maxpool after it pools its ``Y`` before the BN (``before_bn``, BinaryNet's
+    order ``conv -> maxpool -> BN -> sign``) rather than the BN output."""
+    out = []
+    for s in cfg.layer_shapes():
+        if s.spec.has_weights:
+            out.append(False)
+        elif out:
+            out[-1] = bool(s.spec.before_bn)
+    return out
+
+
+def pooling_after_bn(cfg):
+    """``cfg`` with every maxpool pooling the BN output (``before_bn = false``): the order the RTL conv units
+    (``rtl_gen.conv_layer``, ``conv_backward``, ``conv_update``) implement, for building them from a preset that
+    pools before BN (``configs/cnn_mnist.toml``)."""
+    layers = [replace(s, before_bn=False) if s.type == "maxpool" else s for s in cfg.model.layers]
+    return replace(cfg, model=replace(cfg.model, layers=layers))
+
+
+def bn_spatial(cfg) -> list[int]:
+    """Per weight layer: the positions per image its BN statistics run over (the pooled ones for ``before_bn``)."""
+    pools, first = pools_after(cfg), pools_before_bn(cfg)
+    out = []
+    for j, s in enumerate(cfg.weight_layers()):
+        if first[j]:
+            p = pools[j]
+            out.append((s.out_shape[1] // p) * (s.out_shape[2] // p))
+        else:
+            out.append(s.spatial)
     return out
 
 

@@ -16,6 +16,15 @@ estimator one well-defined pre-activation per binary output: its mask
 ``|x| <= 1`` is taken at the pooled maximum and the gradient goes back to the
 arg-max position only.
 
+A maxpool with ``before_bn = true`` pools the conv layer's ``Y`` instead, as
+BinaryNet does::
+
+    conv -> maxpool -> BN -> sign -> next layer
+
+BN's statistics are then those of the pooled values the sign sees (so its bias
+starts at 0, not at ``ops.pooled_bn_beta``); the BN backward runs over the pooled
+positions and ``dY`` (after its quantisation) goes to each window's first maximum.
+
 Which variant runs is set by ``cfg.approx`` (each switch on its own, so the
 ablation of Table 4 is any combination):
 
@@ -106,8 +115,16 @@ class BNNModel:
                 pools.append(0)
             elif pools:
                 pools[-1] = sh.spec.pool
+        # A maxpool with before_bn pools its conv layer's Y before the BN (conv -> maxpool -> BN -> sign):
+        # per weight layer its window, and the maxpool layers so folded into the layer above.
+        self.pool_first: dict[int, int] = {}
+        self._fused_pools: set[int] = set()
+        for prev, sh in zip(self.shapes, self.shapes[1:], strict=False):
+            if sh.spec.type == "maxpool" and sh.spec.before_bn and prev.spec.type == "conv":
+                self.pool_first[self.wlayers.index(prev)] = sh.spec.pool
+                self._fused_pools.add(sh.index)
         for j, k in enumerate(self.bn_layers):
-            if pools[k] > 1:
+            if pools[k] > 1 and k not in self.pool_first:
                 self.beta[j][:] = self._store(np.float32(ops.pooled_bn_beta(pools[k], self.bn_kind)))
         self.running_mu = [np.zeros(s, dtype=np.float32) for s in beta_shapes]
         self.running_scale = [np.ones(s, dtype=np.float32) for s in beta_shapes]
@@ -155,6 +172,8 @@ class BNNModel:
         for s in self.shapes:
             rec: dict = {"type": s.spec.type, "index": s.index}
             if s.spec.type == "maxpool":
+                if s.index in self._fused_pools:
+                    continue  # pooled Y before its BN (conv layer above)
                 rec["in_shape"] = cur.shape
                 cur, pcache = ops.maxpool_forward(cur, s.spec.pool)
                 rec["pool"] = pcache
@@ -182,6 +201,9 @@ class BNNModel:
                     rec["x_in"] = self._retain_input(cols, rec["first"])
                     rec["x_shape"] = xin.shape
             y = self._store(y)
+            if k in self.pool_first:
+                rec["pre_pool"] = (y.shape, self.pool_first[k])
+                y, rec["pre_pool_idx"] = ops.maxpool_forward(y, self.pool_first[k])
             if s.spec.bn:
                 j = self._bn_index[k]
                 if train:
@@ -264,7 +286,11 @@ class BNNModel:
                 continue
             k = rec["k"]
             s = self.wlayers[k]
-            g = g.reshape((B, *s.out_shape))
+            pre = rec.get("pre_pool")
+            if pre is not None:
+                g = g.reshape((B, pre[0][1], pre[0][2] // pre[1], pre[0][3] // pre[1]))
+            else:
+                g = g.reshape((B, *s.out_shape))
             if s.spec.bn:
                 j = self._bn_index[k]
                 dy, dbeta = ops.bn_backward(g, rec["bn"], self.bn_kind)
@@ -272,6 +298,8 @@ class BNNModel:
             else:
                 dy = g
             dy = ops.quantise_dy(np.asarray(dy, dtype=np.float32), a.dy, a.dy_bits)  # Algorithm 2 line 13
+            if pre is not None:
+                dy = ops.maxpool_backward(dy, rec["pre_pool_idx"], pre[0], pre[1])
             xin = rec["x_in"].astype(np.float32)
             w = wb[k].astype(np.float32, copy=False)
             if self._per_image:

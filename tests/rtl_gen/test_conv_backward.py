@@ -150,8 +150,9 @@ def test_conv_layer_backward_codes_in_amaranth_simulator(case):
 def test_conv_layer_backward_preset_second_layer():
     """The MNIST preset's second conv layer (32 channels, 11x11 positions, pooled to 5x5) at B = 2."""
     from sim.config import apply_overrides, load_config
+    from sim.hw.widths import pooling_after_bn  # the preset pools before BN; this unit pools the BN output
 
-    cfg = apply_overrides(load_config("configs/cnn_mnist.toml"), ["train.batch_size=2"])
+    cfg = apply_overrides(pooling_after_bn(load_config("configs/cnn_mnist.toml")), ["train.batch_size=2"])
     g = ConvLayerGeometry.from_config(cfg, 1, lanes_in=64, lanes_out=16)
     _run(g, seed=7)
     _run(g, seed=8, codes=True)

@@ -250,9 +250,9 @@ def test_conv_layer_forward_larger(case):
 
 def test_geometry():
     from sim.config import load_config
-    from sim.hw.widths import derive_widths
+    from sim.hw.widths import derive_widths, pooling_after_bn
 
-    cfg = load_config("configs/cnn_mnist.toml")
+    cfg = pooling_after_bn(load_config("configs/cnn_mnist.toml"))  # the preset pools before BN; this unit after
     g = ConvLayerGeometry.from_config(cfg, 0, lanes_in=64, lanes_out=16)
     assert (g.positions, g.beats, g.next_depth, g.next_word, g.bn.groups) == (16224, 16224, 24 * 13, 208, 1)
     assert g.bn.widths == derive_widths(cfg)[0]  # the BN unit's widths are the layer's, from n = B Ho Wo

@@ -82,6 +82,12 @@ def test_topology_errors_are_caught_at_load_time():
         ([{"type": "conv", "channels": 2, "kernel": 4, "padding": "same"}], "odd kernel"),
         ([{"type": "dense", "units": 10, "kernel": 3}], "not a field"),
         ([], "empty"),
+        ([{"type": "conv", "channels": 2}, {"type": "maxpool", "before_bn": 1}, {"type": "dense", "units": 10}],
+         "before_bn = 1: expected true or false"),
+        ([{"type": "maxpool", "before_bn": True}, {"type": "dense", "units": 10}], r"layers\[0\].before_bn = true"),
+        ([{"type": "conv", "channels": 2}, {"type": "maxpool"}, {"type": "maxpool", "before_bn": True},
+          {"type": "dense", "units": 10}], "only a maxpool right after a conv layer"),
+        ([{"type": "dense", "units": 4, "before_bn": True}, {"type": "dense", "units": 10}], "not a field"),
     ]
     for layers, words in cases:
         with pytest.raises(ConfigError, match=words):

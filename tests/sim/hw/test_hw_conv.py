@@ -323,13 +323,59 @@ def test_conv_step_composes_the_components(window):
     q0, _ = A.bn_backward(dx0, f0.x_hat, f0.alpha_q, p, f0.zero)
     assert np.array_equal(q0, tr.q[2])
     c0 = A.po2_quantise(q0, f0.S_eff, scale, p)
+    _check_first_layer_dw(tr, x0, c0, window, p)
+    assert tr.dw_sign[2].shape == (6, 1, 3, 3)
+
+
+def _check_first_layer_dw(tr, x0, c0, window, p):
+    """Layer 0's codes in the trace are ``c0`` and its sgn(dW) the correlation of its input with them."""
     assert np.array_equal(c0.field, tr.codes[2].field) and c0.bias == tr.codes[2].bias
     if window:
         dw0 = A.po2_backward_dw_window_conv(x0, c0, window, 3, "same", p, 128)
     else:
         dw0 = A.po2_backward_dw_conv(x0, c0, 3, "same", p, 128)
     assert np.array_equal(np.sign(dw0), tr.dw_sign[2])
-    assert tr.dw_sign[2].shape == (6, 1, 3, 3)
+
+
+def _pool_first_layers():
+    """_conv_cfg's default network with both maxpools pooling the conv's Y before its BN (``before_bn``)."""
+    return [{"type": "conv", "channels": 6, "padding": "same"}, {"type": "maxpool", "before_bn": True},
+            {"type": "conv", "channels": 8}, {"type": "maxpool", "before_bn": True}, {"type": "dense", "units": 4}]
+
+
+@pytest.mark.parametrize("window", [0, 2])
+def test_pool_before_bn_step_composes_the_components(window):
+    """maxpool before_bn (conv -> maxpool -> BN -> sign, docs/arithmetic.md 3.9): BN runs over the pooled Y (the
+    first largest Y of each window), its x_hat and mask are the next layer's input and mask, the po2 codes of the
+    pooled dY go back to each window's first largest Y (route_codes) before dW and dX, and the dX reaching the
+    layer below is only masked (the layer below routes its own codes)."""
+    cfg = _conv_cfg(_pool_first_layers(), **{"hw.input": "int8", "hw.dw_window": window})
+    m = HwModel(cfg)
+    assert [b.tolist() for b in m.beta] == [[0] * 6, [0] * 8, [0] * 4]  # no pooled initial bias
+    x, labels = _batch(cfg, 8)
+    w0 = [w.copy() for w in m.w]
+    tr = m.train_step(x, labels, lr=1e-3)
+    p = m.p
+    x0 = x.reshape(8, 1, 10, 10)
+    y0 = A.conv_xnor_popcount(x0, w0[0], "same", 128)
+    assert np.array_equal(y0, tr.y[0])
+    idx0 = A.maxpool_argmax(y0, 2)
+    assert np.array_equal(idx0, tr.pool_idx[0])
+    f0 = A.bn_forward(A.maxpool_select(y0, idx0, 2), m.beta[0] * 0, p, m.bounds[0].y)
+    assert np.array_equal(f0.x_hat, tr.bn[0].x_hat) and np.array_equal(f0.S, tr.bn[0].S)
+    assert m.bounds[0].n == 8 * 25  # the BN widths count the pooled positions
+    y1 = A.conv_xnor_popcount(f0.x_hat, w0[1], "valid")
+    assert np.array_equal(y1, tr.y[1])
+    f1 = tr.bn[1]
+    assert f1.x_hat.shape == (8, 8, 1, 1)
+    # layer 1's codes are its pooled codes routed to its windows' first maxima
+    idx1 = A.maxpool_argmax(y1, 2)
+    assert tr.codes[1].field.shape == y1.shape and not tr.codes[1].field[:, :, 2, :].any()
+    assert np.array_equal(A.maxpool_select(tr.codes[1].field, idx1, 2) > 0, tr.q[1] != 0)
+    dX, scale = A.po2_backward_dx_conv(tr.codes[1], w0[1], "valid", p)
+    q0, _ = A.bn_backward(dX * f0.mask, f0.x_hat, f0.alpha_q, p, f0.zero)
+    assert np.array_equal(q0, tr.q[2])
+    _check_first_layer_dw(tr, x0, A.route_codes(A.po2_quantise(q0, f0.S_eff, scale, p), idx0, y0.shape, 2), window, p)
 
 
 def test_conv_inference_pools_the_largest_sign():
@@ -398,14 +444,17 @@ def test_conv_optimisers_deterministic_and_restorable(opt):
         validate_state(cfg, bad)
 
 
-def test_conv_sign_gradient_agrees_with_the_float_reference():
-    """Same weights and batch: the float reference's conv net (pooling the BN output before the sign) and the
-    bit-exact model agree on the logits and on almost every entry of sgn(dW) (they differ where alpha's rounding
-    or the missing lowest po2 exponent moves a sum across 0, docs/arithmetic.md 5.2)."""
+@pytest.mark.parametrize("before_bn", [False, True])
+def test_conv_sign_gradient_agrees_with_the_float_reference(before_bn):
+    """Same weights and batch: the float reference's conv net (pooling the BN output before the sign, or with
+    ``before_bn`` the conv's Y before its BN) and the bit-exact model agree on the logits and on almost every entry
+    of sgn(dW) (they differ where alpha's rounding or the missing lowest po2 exponent moves a sum across 0,
+    docs/arithmetic.md 5.2)."""
     from sim.reference.model import BNNModel
 
-    cfg = _conv_cfg(batch=16, shape=(1, 12, 12), **{"model.input_format": "binary", "train.loss": "squared_hinge",
-                                                    "approx.bn_eps": 0, "approx.storage": "float32"})
+    cfg = _conv_cfg(_pool_first_layers() if before_bn else None, batch=16, shape=(1, 12, 12),
+                    **{"model.input_format": "binary", "train.loss": "squared_hinge", "approx.bn_eps": 0,
+                       "approx.storage": "float32"})
     hw = HwModel(cfg)
     ref = BNNModel(cfg, np.random.default_rng(0))
     x, y = _batch(cfg, 16, seed=3)
@@ -459,6 +508,22 @@ def test_conv_memory_report_counts_positions_and_pooling():
     assert r["n_weights"] == 6 * 9 + 8 * 6 * 9 + 8 * 4
 
 
+def test_pool_before_bn_memory_keeps_pooled_values_only():
+    """With maxpool before_bn a pooled conv layer keeps no signs before the pooling, and its Y and dY codes are the
+    pooled ones (the conv output streams through the pooling)."""
+    from sim.hw.memory import memory_report
+
+    B = 2048
+    cfg = _conv_cfg(_pool_first_layers(), batch=B, **{"hw.input": "binary"})
+    r = memory_report(cfg)
+    kib = {k.split(" (")[0]: v * 8 * 1024 for k, v in r["buffers"].items()}
+    assert "signs before pooling" not in kib
+    assert kib["max-pool window indices"] == pytest.approx(B * (150 + 8) * 2, rel=1e-3)
+    assert kib["dY po2 codes + exponent scratch"] == pytest.approx(B * 150 * (cfg.approx.dy_bits + 2), rel=1e-3)
+    old = memory_report(_conv_cfg(batch=B, **{"hw.input": "binary"}))
+    assert r["buffers_kib"] < old["buffers_kib"]
+
+
 def test_pooled_layers_start_with_half_the_pooled_signs_positive():
     """A BN layer max-pooled before the sign starts with beta = pooled_bn_beta(p) in both models (the other layers
     at 0), which makes about half of the first step's pooled signs +1; with beta = 0 it would be 1 - 2^-4 of
@@ -488,7 +553,7 @@ def test_pooled_layers_start_with_half_the_pooled_signs_positive():
 
 def test_cnn_mnist_preset_fits_the_xc7z020_on_chip():
     """configs/cnn_mnist.toml: activations, weights and optimiser state within the xc7z020's 140 BRAM36 by the
-    memory model (599 KiB, at least 134 BRAM36); B = 26 would not fit."""
+    memory model (485 KiB, at least 108 BRAM36, the max pools before BN); B = 36 would not fit."""
     from pathlib import Path
 
     from sim.config import load_config
@@ -499,5 +564,6 @@ def test_cnn_mnist_preset_fits_the_xc7z020_on_chip():
     HwModel(cfg)  # the widths of the whole step are checked when the model is built
     r = memory_report(cfg)
     assert r["fits"] and r["bram36_lower_bound"] <= 140, r["bram36_lower_bound"]
-    assert r["n_weights"] == 108_432 and r["total_kib"] == pytest.approx(599.29, abs=0.01)
-    assert not memory_report(apply_overrides(cfg, ["train.batch_size=26"]))["fits"]
+    assert r["n_weights"] == 212_112 and r["total_kib"] == pytest.approx(484.53, abs=0.01)
+    assert r["bram36_lower_bound"] == 108
+    assert not memory_report(apply_overrides(cfg, ["train.batch_size=36"]))["fits"]

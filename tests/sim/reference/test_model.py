@@ -304,3 +304,40 @@ def test_switch_undo_changes_the_run():
         plain.train_step(x, y, lr=1e-3)
         undo.train_step(x, y, lr=1e-3)
     assert any(not np.array_equal(a, b) for a, b in zip(plain.binary_weights(), undo.binary_weights(), strict=True))
+
+
+def test_pool_before_bn_gradient_matches_finite_differences(monkeypatch):
+    """conv -> maxpool (before_bn) -> BN -> sign -> dense -> BN: with the sign taken as the identity (and the
+    straight-through mask open) the network is differentiable almost everywhere, and the backward pass (BN over the
+    pooled Y, the gradient routed to each window's first maximum before the conv's dW) equals the numerical
+    derivative of the loss w.r.t. the conv weights taken as real values."""
+    import sim.reference.model as model_mod
+
+    layers = [{"type": "conv", "channels": 3, "kernel": 3, "padding": "valid"},
+              {"type": "maxpool", "pool": 2, "before_bn": True}, {"type": "dense", "units": 4}]
+    cfg = make_cfg(layers, input_shape=(1, 6, 6), **{"approx.scheme": "standard", "approx.storage": "float32",
+                                                        "model.num_classes": 4})
+    monkeypatch.setattr(model_mod.ops, "sign", lambda x: np.asarray(x, dtype=np.float32))
+    monkeypatch.setattr(model_mod.ops, "ste_mask", lambda x: np.ones(np.shape(x), dtype=bool))
+    monkeypatch.setattr(BNNModel, "_retain_input", lambda self, a, first: np.asarray(a, dtype=np.float32))
+    m = BNNModel(cfg)
+    assert m.pool_first == {0: 2} and [b.tolist() for b in m.beta] == [[0.0] * 3, [0.0] * 4]  # no pooled bias
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(6, 1, 6, 6)).astype(np.float32)
+    y = np.arange(6) % 4
+    wb = [rng.normal(size=(3, 1, 3, 3)).astype(np.float32), rng.normal(size=(12, 4)).astype(np.float32)]
+    fw = m.forward(x, train=True, wb=wb)
+    assert fw.saved[0]["bn"]["xn"].shape == (6, 3, 2, 2)  # BN over the pooled Y
+    _, dlogits, _ = m.loss(fw.logits, y)
+    grads, _ = m.backward(dlogits, fw.saved, wb)
+
+    def f(w0):
+        return m.loss(m.forward(x, train=True, wb=[w0, wb[1]]).logits, y)[0]
+
+    h = 2e-3
+    num = np.zeros(wb[0].shape)
+    for idx in np.ndindex(*wb[0].shape):
+        e = np.zeros(wb[0].shape, dtype=np.float32)
+        e[idx] = h
+        num[idx] = (f(wb[0] + e) - f(wb[0] - e)) / (2 * h)
+    np.testing.assert_allclose(grads[0], num, atol=2e-2 * np.abs(num).max(), rtol=2e-2)
