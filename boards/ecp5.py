@@ -172,22 +172,6 @@ def synth_resources(cells: Mapping[str, int]) -> dict[str, float]:
     return out
 
 
-def port_bits(verilog: str, top: str) -> int:
-    """The number of port bits of module ``top`` (each needs a pin when placed in context)."""
-    block = re.search(rf"^module \\?{re.escape(top)}\b.*?^endmodule", verilog, re.M | re.S)
-    if block is None:
-        raise ValueError(f"top module {top!r} is not defined in the Verilog text")
-    bits = 0
-    for rng in re.findall(r"^\s*(?:input|output|inout)\s+(?:wire\s+|reg\s+|signed\s+)*(\[[^\]]+\])?", block.group(0),
-                          re.M):
-        if rng:
-            hi, lo = (int(v) for v in rng.strip("[]").split(":"))
-            bits += abs(hi - lo) + 1
-        else:
-            bits += 1
-    return bits
-
-
 def top_ports(verilog: str, top: str) -> list[tuple[str, str, int]]:
     """``(direction, name, width)`` of every port of module ``top``, in declaration order."""
     block = re.search(rf"^module \\?{re.escape(top)}\b.*?^endmodule", verilog, re.M | re.S)
@@ -202,6 +186,11 @@ def top_ports(verilog: str, top: str) -> list[tuple[str, str, int]]:
             width = abs(hi - lo) + 1
         out.append((d, name, width))
     return out
+
+
+def port_bits(verilog: str, top: str) -> int:
+    """The number of port bits of module ``top`` (each needs a pin when placed in context)."""
+    return sum(width for _d, _name, width in top_ports(verilog, top))
 
 
 #: the instance name of the design inside :func:`ps_shell_verilog` (its cells are named ``core.<unit>...``)
