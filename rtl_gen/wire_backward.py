@@ -320,21 +320,18 @@ class BackwardWiring:
             # follows the tile reader's handshake, so the bound belongs to the word beside it
             cwin = self._code_window(m, sub, plan, lp, lb, self._phase_reg([key], f"window_upd{j}"))
             m.d.comb += cwin.advance.eq(a & tr.o.valid & tr.o.ready & tr.g_last)
-            op_a, op_c, op_last = tr.o.payload.a.as_value(), codes, tr.o.payload.last
-            packed = Cat(op_a, op_c, op_last, cwin.bound.as_value(), cwin.low)
-            wout = sub(f"window_out{j}", SkidBuffer(shape=len(packed)))
-            m.d.comb += [wout.i.valid.eq(a & tr.o.valid), tr.o.ready.eq(a & wout.i.ready), wout.i.payload.eq(packed)]
+            layout = data.StructLayout({"a": len(tr.o.payload.a.as_value()), "c": cwin.codes_in.shape(), "last": 1,
+                                        "bound": cwin.bound.shape(), "low": len(cwin.low)})
+            wout = sub(f"window_out{j}", SkidBuffer(shape=layout))
+            m.d.comb += [wout.i.valid.eq(a & tr.o.valid), tr.o.ready.eq(a & wout.i.ready),
+                         wout.i.payload.eq(Cat(tr.o.payload.a.as_value(), codes, tr.o.payload.last,
+                                               cwin.bound.as_value(), cwin.low))]
             q = wout.o.payload
-            widths = [len(op_a), len(op_c), 1, len(cwin.bound.as_value()), len(cwin.low)]
-            cuts = [sum(widths[:i]) for i in range(len(widths) + 1)]
-            q_a, q_c, q_last, q_bound, q_low = (q[cuts[i]:cuts[i + 1]] for i in range(len(widths)))
-            code_view = data.View(cwin.codes_in.shape(), q_c)
-            bound_view = data.View(cwin.bound.shape(), q_bound)
-            ternary = rewrite(m, code_view, bound_view, q_low, lanes=lp.lanes_out, banks=lb, name=f"window_keep{j}_")
+            ternary = rewrite(m, q.c, q.bound, q.low, lanes=lp.lanes_out, banks=lb, name=f"window_keep{j}_")
             with m.If(a):
                 m.d.comb += u.xdy.valid.eq(wout.o.valid)
             m.d.comb += wout.o.ready.eq(a & u.xdy.ready)
-            self._wide(m, a, [(u.xdy.payload.as_value(), Cat(q_a, ternary.as_value(), q_last))])
+            self._wide(m, a, [(u.xdy.payload.as_value(), Cat(q.a, ternary.as_value(), q.last))])
         else:
             self._wide(m, a, [(u.xdy.payload.as_value(), Cat(tr.o.payload.a.as_value(), codes, tr.o.payload.last))])
             m.d.comb += tr.o.ready.eq(a & u.xdy.ready)
