@@ -23,8 +23,10 @@ Behaviour of the slave (32-bit data only, the width of the Zynq GP ports):
   accepted and ignored.
 - Every output comes from a register: no combinational path from any input to any output.
 
-Latency without backpressure: a read answers (``rvalid``) two cycles after the ``arvalid`` handshake
-cycle; a write responds (``bvalid``) two cycles after the later of the AW and W handshakes.
+Latency without backpressure: a read answers (``rvalid``) three cycles after the ``arvalid`` handshake
+cycle; a write responds (``bvalid``) three cycles after the later of the AW and W handshakes. The access is
+chosen in one cycle and reaches the register bus from registers in the next (``bus``: address, strobes and
+data all registered), so the bank's address decode starts at flip-flops.
 
 Verilog port names: a component member ``s_axi`` of this signature becomes ``s_axi__awaddr``,
 ``s_axi__awvalid``, ... with Amaranth's default export, or ``s_axi_awaddr``, ... (the AXI names Vivado
@@ -153,6 +155,11 @@ class AXI4LiteCSRBridge(wiring.Component):
         r_data = Signal(DATA_WIDTH)
         r_resp = Signal(2)
         read_first = Signal()  # turn-taking when a read and a write are both ready to execute
+        bus_w = Signal()  # the bus cycle of a write
+        bus_r = Signal()  # the bus cycle of a read
+        bus_addr = Signal(self._addr_width)
+        bus_data = Signal(DATA_WIDTH)
+        bus_strb = Signal(DATA_WIDTH // 8)
 
         m.d.comb += [
             axi.awready.eq(~aw_full),
@@ -172,38 +179,46 @@ class AXI4LiteCSRBridge(wiring.Component):
         with m.If(axi.arvalid & ~ar_full):
             m.d.sync += [ar_full.eq(1), ar_addr.eq(axi.araddr)]
 
-        can_write = aw_full & w_full & ~b_valid
-        can_read = ar_full & ~r_valid
+        # An access is chosen in one cycle and put on the bus from registers in the next; its response is taken in
+        # that bus cycle. The bank's address decode then starts at flip-flops (the chosen-access logic in front of
+        # every register's clock enable closed below 80 MHz in context on the ECP5 proxy).
+        can_write = aw_full & w_full & ~b_valid & ~bus_w  # bus_w: the previous write's response is not out yet
+        can_read = ar_full & ~r_valid & ~bus_r
         do_write = Signal()
         do_read = Signal()
         m.d.comb += [
             do_write.eq(can_write & ~(can_read & read_first)),
             do_read.eq(can_read & ~do_write),
-            bus.addr.eq(Mux(do_write, aw_addr, ar_addr)),
-            bus.w_stb.eq(do_write),
-            bus.w_data.eq(w_data),
-            bus.w_strb.eq(w_strb),
-            bus.r_stb.eq(do_read),
+            bus.addr.eq(bus_addr),
+            bus.w_stb.eq(bus_w),
+            bus.w_data.eq(bus_data),
+            bus.w_strb.eq(bus_strb),
+            bus.r_stb.eq(bus_r),
         ]
-
+        m.d.sync += [bus_w.eq(do_write), bus_r.eq(do_read)]
+        with m.If(do_write | do_read):
+            m.d.sync += bus_addr.eq(Mux(do_write, aw_addr, ar_addr))
         with m.If(do_write):
             m.d.sync += [
                 aw_full.eq(0),
                 w_full.eq(0),
-                b_valid.eq(1),
-                b_resp.eq(Mux(bus.w_ok, RESP_OKAY, RESP_SLVERR)),
+                bus_data.eq(w_data),
+                bus_strb.eq(w_strb),
                 read_first.eq(1),
             ]
+
+        with m.If(bus_w):
+            m.d.sync += [b_valid.eq(1), b_resp.eq(Mux(bus.w_ok, RESP_OKAY, RESP_SLVERR))]
         with m.Elif(axi.bready):
             m.d.sync += b_valid.eq(0)
 
         with m.If(do_read):
+            m.d.sync += [ar_full.eq(0), read_first.eq(0)]
+        with m.If(bus_r):
             m.d.sync += [
-                ar_full.eq(0),
                 r_valid.eq(1),
                 r_data.eq(Mux(bus.r_ok, bus.r_data, 0)),
                 r_resp.eq(Mux(bus.r_ok, RESP_OKAY, RESP_SLVERR)),
-                read_first.eq(0),
             ]
         with m.Elif(axi.rready):
             m.d.sync += r_valid.eq(0)

@@ -42,7 +42,8 @@ squared hinge ``sum g^2``. The float ``loss`` of :func:`~sim.hw.arith.loss_grad`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, reduce
+from operator import and_, or_
 
 import numpy as np
 from amaranth import Const, Module, Mux, Shape, Signal, signed, unsigned
@@ -425,25 +426,41 @@ class _Totals:
     hit: Signal  # that sample's argmax is its label
 
 
-def _argmax(m: Module, values, oks, prefix: str):
-    """Largest of ``values`` among those whose ``oks`` bit is set, first index on ties: ``(value, index)``
-    Signals. A balanced tree of compares; ``oks[0]`` must be set."""
-    nodes = [(v, Const(i, range(len(values))), ok) for i, (v, ok) in enumerate(zip(values, oks, strict=True))]
-    level = 0
-    while len(nodes) > 1:
-        nxt = []
-        for j in range(0, len(nodes) - 1, 2):
-            (va, ia, oa), (vb, ib, ob) = nodes[j], nodes[j + 1]
-            take_b = Signal(name=f"{prefix}_b{level}_{j}")
-            v = Signal(values[0].shape(), name=f"{prefix}_v{level}_{j}")
-            i = Signal(range(len(values)), name=f"{prefix}_i{level}_{j}")
-            m.d.comb += [take_b.eq(ob & (~oa | (vb > va))), v.eq(Mux(take_b, vb, va)), i.eq(Mux(take_b, ib, ia))]
-            nxt.append((v, i, oa | ob))
-        if len(nodes) % 2:
-            nxt.append(nodes[-1])
-        nodes = nxt
-        level += 1
-    return nodes[0][0], nodes[0][1]
+def _argmax(m: Module, values, oks, prefix: str, *, above=None):
+    """Largest of ``values`` among those whose ``oks`` bit is set, first index on ties: ``(value, index,
+    beats)`` Signals; ``beats`` is set where that largest is greater than ``above`` (0 without it). ``oks[0]``
+    must be set.
+
+    Flat rather than a tree of compare-and-select levels: every pair of values is compared side by side, a lane
+    wins where it beats every earlier lane and is not beaten by a later one, and the value and index are picked
+    by the one-hot winners. One compare deep instead of one a level (the tree of the output layer's eight lanes
+    put three compares and their multiplexers in front of the running maximum, which closed below 80 MHz in
+    context on the ECP5 proxy)."""
+    n = len(values)
+    gt = {}  # (i, j), i != j: values[i] > values[j]
+    for i in range(n):
+        for j in range(i + 1, n):
+            a, b = Signal(name=f"{prefix}_gt{i}_{j}"), Signal(name=f"{prefix}_gt{j}_{i}")
+            m.d.comb += [a.eq(values[i] > values[j]), b.eq(values[j] > values[i])]
+            gt[i, j], gt[j, i] = a, b
+    wins = []
+    for i in range(n):
+        w = Signal(name=f"{prefix}_win{i}")
+        terms = [oks[i]]
+        terms += [~oks[j] | gt[i, j] for j in range(i)]  # strictly above every earlier lane
+        terms += [~oks[j] | ~gt[j, i] for j in range(i + 1, n)]  # not below a later lane
+        m.d.comb += w.eq(reduce(and_, terms))
+        wins.append(w)
+    value = Signal(values[0].shape(), name=f"{prefix}_value")
+    index = Signal(range(max(n, 2)), name=f"{prefix}_index")
+    beats = Signal(name=f"{prefix}_beats")
+    m.d.comb += [
+        value.eq(reduce(or_, (Mux(w, v, 0) for w, v in zip(wins, values, strict=True)))),
+        index.eq(reduce(or_, (Mux(w, i, 0) for i, w in enumerate(wins)))),
+    ]
+    if above is not None:
+        m.d.comb += beats.eq(reduce(or_, (w & (v > above) for w, v in zip(wins, values, strict=True))))
+    return value, index, beats
 
 
 class OutputLogitUnit(wiring.Component):
@@ -740,13 +757,13 @@ class LossGradUnit(wiring.Component):
         run_arg = Signal(range(geo.classes))
         xs = [self.x.payload.x[lane] for lane in range(L)]
         oks = [Const(1) if lane < geo.real_last else ~last_group for lane in range(L)]
-        best_v, best_lane = _argmax(m, xs, oks, "amax")
+        best_v, best_lane, beats_run = _argmax(m, xs, oks, "amax", above=run_max)
         new_max = Signal.like(run_max)
         new_arg = Signal.like(run_arg)
         keep = Signal()
         m.d.comb += [
             last_group.eq(group == G - 1),
-            keep.eq((group != 0) & ~(best_v > run_max)),
+            keep.eq((group != 0) & ~beats_run),
             new_max.eq(Mux(keep, run_max, best_v)),
             new_arg.eq(Mux(keep, run_arg, base + best_lane)),
             labels.o.ready.eq(take & last_group),

@@ -312,9 +312,16 @@ class RngEngine(wiring.Component):
         pv = Signal(len(vls))  # one-hot: a partial last chunk with valid_last vls[i]
         vl_min = min(vls)
         pad = Signal(U)  # number j is a padding row of a partial last chunk
-        m.d.comb += lf_rd.addr.eq(s1a.lane)
+        # the lane file's write is registered (below): a word that is still in that register when stage 1a's
+        # word is taken comes from the register instead of the file
+        lf_w_en = Signal()
+        lf_w_addr = Signal.like(lf_wr.addr)
+        lf_w_data = Signal(32, reset_less=True)
+        lf_bypass = Signal()
+        m.d.comb += [lf_rd.addr.eq(s1a.lane), lf_bypass.eq(lf_w_en & (lf_w_addr == s1a.lane))]
         with m.If(adv):
-            m.d.sync += [s1_valid.eq(s1a_valid), ram_q.eq(ram_rd.data), lf_q.eq(lf_rd.data)]
+            m.d.sync += [s1_valid.eq(s1a_valid), ram_q.eq(ram_rd.data),
+                         lf_q.eq(Mux(lf_bypass, lf_w_data, lf_rd.data))]
             with m.If(s1a_valid):
                 m.d.sync += [
                     s1.eq(s1a),
@@ -339,10 +346,25 @@ class RngEngine(wiring.Component):
         step = s1_valid & adv
         with m.If(step):
             m.d.sync += cur.eq(nxt)
+        # the write-backs (lane file, state RAM) from registers a cycle later: the jump-matrix XORs and the partial
+        # chunk's choice end at flip-flops, not at the LUT-RAM's write data across the die (13.9 ns in context,
+        # docs/results/timing.md). The state RAM is read at a block's first word and written at its last, once a
+        # sweep, so the later write meets no read of the same sweep.
+        ram_w_en = Signal()
+        ram_w_addr = Signal.like(s1.gen)
+        ram_w_data = Signal(32, reset_less=True)
+        m.d.sync += [
+            lf_w_en.eq(step & s1_last_chunk & ~s1_last_of_block),
+            lf_w_addr.eq(s1.lane),
+            lf_w_data.eq(nxt),
+            ram_w_en.eq(step & s1_last_chunk & s1_last_of_block),
+            ram_w_addr.eq(s1.gen),
+            ram_w_data.eq(nxt),
+        ]
         m.d.comb += [
-            lf_wr.addr.eq(s1.lane),
-            lf_wr.data.eq(nxt),
-            lf_wr.en.eq(step & s1_last_chunk & ~s1_last_of_block),
+            lf_wr.addr.eq(lf_w_addr),
+            lf_wr.data.eq(lf_w_data),
+            lf_wr.en.eq(lf_w_en),
         ]
 
         # --- stage 2: the numbers are registered before the queue (its input multiplexer and the padding after the
@@ -366,7 +388,7 @@ class RngEngine(wiring.Component):
         resp_data = Signal(32)
         h = self.host.payload
         m.d.comb += [
-            busy.eq(running | s1a_valid | s1_valid | s2_valid | queue.o.valid),
+            busy.eq(running | s1a_valid | s1_valid | s2_valid | queue.o.valid | ram_w_en),
             self.busy.eq(busy),
             self.host.ready.eq(~busy & ~rd_issued & ~resp_valid & ~self.start),
             self.host_rdata.valid.eq(resp_valid),
@@ -376,9 +398,9 @@ class RngEngine(wiring.Component):
         m.d.comb += [
             ram_rd.addr.eq(Mux(busy, gen, c["base"] + h.addr)),
             ram_rd.en.eq(Mux(busy, issue, host_go & ~h.write)),
-            ram_wr.addr.eq(Mux(busy, s1.gen, c["base"] + h.addr)),
-            ram_wr.data.eq(Mux(busy, nxt, h.data)),
-            ram_wr.en.eq(Mux(busy, step & s1_last_chunk & s1_last_of_block, host_go & h.write)),
+            ram_wr.addr.eq(Mux(busy, ram_w_addr, c["base"] + h.addr)),
+            ram_wr.data.eq(Mux(busy, ram_w_data, h.data)),
+            ram_wr.en.eq(Mux(busy, ram_w_en, host_go & h.write)),
         ]
         m.d.sync += rd_issued.eq(host_go & ~h.write)
         with m.If(self.host_rdata.ready):

@@ -350,6 +350,7 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
 
         def pm(key, port):
             late = key.startswith(("ydx_", "scr_", "xb", "cb", "mx", "seff", "alpha")) and key.endswith("_w")
+            late += late and key == "ydx_w"  # YDX's write port reaches every one of its many RAM slices
             ports[key] = PortMux(port, key, late=late)
             return ports[key]
 
