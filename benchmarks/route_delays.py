@@ -1,10 +1,16 @@
 """Every failing routed path of an ECP5 place-and-route run, grouped, from nextpnr's detailed timing report.
 
 nextpnr prints one critical path per clock; a design far from its clock has thousands of failing endpoints behind
-it. Its detailed timing report gives, for every net, the latest arrival time at each sink. This script walks back
-from every register input (or memory write port) whose arrival is later than the clock period, always through the
-latest input of each cell, to the flip-flop, block-RAM output or pin where the path starts, and groups the failing
-endpoints by (start, end unit): the groups with the most endpoints are the structures to fix first.
+it. Its detailed timing report gives the latest arrival time at each sink of a net. This script walks back from
+every register input (or memory write port) whose arrival is later than the clock period, always through the
+latest input of each cell, as far as the report reaches, and groups the failing endpoints by (that cell, end
+unit): the groups with the most endpoints are the structures to fix first.
+
+How far back that reaches: nextpnr-ecp5 0.11's report lists only the nets into clocked sinks (flip-flop D, CE and
+LSR, LUT-RAM write ports, block-RAM inputs), not the nets between LUTs, so on its reports the walk stops at the
+cell that drives the endpoint's net (``from`` is the path's last LUT, not its start flip-flop). The start of one
+path per run is in the report's ``critical_paths`` (and nextpnr.log); to find a group's start, look up the
+net in the synthesised design.v.
 
     .venv/bin/python benchmarks/route_delays.py DIR/ecp5/pnr.json [--period 12.5] [--top 25]
 
@@ -117,7 +123,7 @@ def main(argv=None) -> int:
     print(f"{len(paths):,} endpoints arrive later than {args.period:g} ns, from {len(groups):,} (start, end unit) "
           f"groups; by end unit: " + ", ".join(
               f"{u} {k}" for u, k in collections.Counter(unit_of(p["end"]) for p in paths).most_common()))
-    print("\n| endpoints | latest (ns) | start | end unit | the latest path's nets |")
+    print("\n| endpoints | latest (ns) | from (as far back as the report goes) | end unit | the latest path's nets |")
     print("| ---: | ---: | --- | --- | --- |")
     ranked = sorted(groups.items(), key=lambda kv: (-len(kv[1]), -kv[1][0]["arrival"]))
     for (start, end_unit), ps in ranked[: args.top]:

@@ -785,21 +785,27 @@ class LossGradUnit(wiring.Component):
         loss_acc = Signal(geo.loss_q_width)
         hits = Signal(range(geo.batch + 1))
         done_samples = Signal(range(geo.batch))
+        # a final beat's contribution is registered before it is added (timing: the loss term's subtraction and
+        # the accumulator's wide adder in one cycle closed below 80 MHz in context on the ECP5 proxy); ``done``
+        # comes a cycle later
+        t_valid, t_end, t_hit = Signal(), Signal(), Signal()
+        t_loss = Signal.like(acc_loss)
+        m.d.sync += [t_valid.eq(acc_valid), t_end.eq(acc_end), t_hit.eq(acc_hit), t_loss.eq(acc_loss)]
         m.d.sync += self.done.eq(0)
-        with m.If(acc_valid):
-            with m.If(acc_end & (done_samples == geo.batch - 1)):
+        with m.If(t_valid):
+            with m.If(t_end & (done_samples == geo.batch - 1)):
                 m.d.sync += [
-                    self.loss_q.eq(loss_acc + acc_loss),
-                    self.correct.eq(hits + acc_hit),
+                    self.loss_q.eq(loss_acc + t_loss),
+                    self.correct.eq(hits + t_hit),
                     self.done.eq(1),
                     loss_acc.eq(0),
                     hits.eq(0),
                     done_samples.eq(0),
                 ]
             with m.Else():
-                m.d.sync += loss_acc.eq(loss_acc + acc_loss)
-                with m.If(acc_end):
-                    m.d.sync += [hits.eq(hits + acc_hit), done_samples.eq(done_samples + 1)]
+                m.d.sync += loss_acc.eq(loss_acc + t_loss)
+                with m.If(t_end):
+                    m.d.sync += [hits.eq(hits + t_hit), done_samples.eq(done_samples + 1)]
 
         m.submodules.queue = queue = SkidBuffer(shape=geo.g_layout)
         wiring.connect(m, queue.o, wiring.flipped(self.g))

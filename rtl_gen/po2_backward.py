@@ -78,9 +78,10 @@ DX_LATENCY = 6
 included): weight read, the addends' decode, pair sums, picks and their sums by twos, the rest of the adder tree,
 accumulate and queue."""
 
-DW_LATENCY = 6
+DW_LATENCY = 7
 """dW: cycles beyond one per input beat, from the first ``xdy`` transfer to the last ``dw`` transfer: operand
-register, addends, accumulate, the signs registered, push into ``pend``, the queue."""
+register, the codes decoded into powers of two, addends, accumulate, the signs registered, push into ``pend``, the
+queue."""
 
 DW_PEND = 2
 """Tiles the dW unit's ``pend`` queue holds (its stages never stall: a tile starts only while ``pend`` has room for
@@ -822,19 +823,31 @@ class _Dw(wiring.Component):
         s1_last_k = Signal()
         s1_last_tile = Signal()
         held = Signal(operands.size)
+        # Stage 1a: the beat as it arrives; the fabric accumulators decode its codes into powers of two here and
+        # register them for stage 1 (the decode and the subset sums' adder in one cycle closed below 80 MHz in
+        # context on the ECP5 proxy). Stage 1 is stage 1a a cycle later.
+        s1a = [Signal(name=f"s1a_{n}") for n in ("valid", "fin", "last", "first", "last_g", "last_k", "last_tile")]
+        s1a_pass = Signal.like(pas)
+        held_a = Signal(operands.size)
         m.d.sync += [
-            s1_valid.eq(take),
-            s1_fin.eq(fin),
-            s1_last.eq(slot == NB - 1),
-            s1_first.eq(slot == 0),
-            s1_pass.eq(pas),
-            s1_last_g.eq(g == sz.g_last),
-            s1_last_k.eq(k == sz.k_last),
-            s1_last_tile.eq((g == sz.g_last) & (k == sz.k_last)),
-            held.eq(incoming),
+            s1a[0].eq(take),
+            s1a[1].eq(fin),
+            s1a[2].eq(slot == NB - 1),
+            s1a[3].eq(slot == 0),
+            s1a[4].eq(g == sz.g_last),
+            s1a[5].eq(k == sz.k_last),
+            s1a[6].eq((g == sz.g_last) & (k == sz.k_last)),
+            s1a_pass.eq(pas),
+            held_a.eq(incoming),
+        ]
+        m.d.sync += [
+            Cat(s1_valid, s1_fin, s1_last, s1_first, s1_last_g, s1_last_k, s1_last_tile).eq(Cat(*s1a)),
+            s1_pass.eq(s1a_pass),
+            held.eq(held_a),
         ]
         op = Signal(operands)
-        m.d.comb += op.as_value().eq(held)
+        op_a = Signal(operands)
+        m.d.comb += [op.as_value().eq(held), op_a.as_value().eq(held_a)]
         d1 = op.dy
         x1 = Signal(data.ArrayLayout(data.ArrayLayout(geo.x_shape, LS), S))  # this pass's inputs
         if P > 1:
@@ -879,8 +892,8 @@ class _Dw(wiring.Component):
         if geo.dsp_fields:
             signs = self._dsp_accumulators(m, geo, d1, x1, adv, step, s1b_first)
         else:
-            signs = self._fabric_accumulators(m, geo, d1, x1, adv, lane_step, lane_finish, s1_fin, s1_last,
-                                               samples_last)
+            signs = self._fabric_accumulators(m, geo, d1, op_a.dy, s1a[2], x1, adv, lane_step, lane_finish,
+                                               s1_fin, s1_last, samples_last)
 
         # Stage 2: each weight's sign and zero flag registered as they leave the adders and compares (the carry
         # chain's top bit went on into the sign's choice and the kept word's multiplexer in one cycle: the SMALL
@@ -938,10 +951,11 @@ class _Dw(wiring.Component):
         wiring.connect(m, queue.o, wiring.flipped(self.dw))
         return m
 
-    def _fabric_accumulators(self, m, geo, d1, x1, adv, step, finish, s1_fin, s1_last, samples_last):
+    def _fabric_accumulators(self, m, geo, d1, d1a, s1a_last, x1, adv, step, finish, s1_fin, s1_last, samples_last):
         """Fabric adders; returns ``(input, lane) -> (neg, zero)`` of the pass's sum, valid in the finish slot.
-        Stage 1 (``d1``, ``x1``, ``s1_*``) forms the addends and registers them on ``adv``; stage 1b (``step``,
-        ``finish``: per output lane, copies of one register) adds them.
+        Stage 1a (``d1a``, ``s1a_last``) decodes binary activations' codes into powers of two, registered for
+        stage 1; stage 1 (``d1``, ``x1``, ``s1_*``) forms the addends and registers them on ``adv``; stage 1b
+        (``step``, ``finish``: per output lane, copies of one register) adds them.
 
         Binary activations: the addend of weight (i, lane) and sample s is +v where x = 1 and -v where x = 0,
         v = (-1)^neg 2^(field - 1) (0 for a zero code or a padding sample). Summed over the pass this is
@@ -970,8 +984,13 @@ class _Dw(wiring.Component):
                     real = real & ~s1_last
                 nonzero.append(real & ~s1_fin)
                 if binary:  # decoded without an adder (the negation's carry chain in front of the subset sums'
-                    # adders closed below 80 MHz in context on the ECP5 proxy)
-                    v, _ = _signed_power(m, d1[s][lane], real, vw, f"v{s}_{lane}")
+                    # adders closed below 80 MHz in context on the ECP5 proxy), in stage 1a, and registered
+                    real_a = d1a[s][lane].field != 0
+                    if s >= samples_last:
+                        real_a = real_a & ~s1a_last
+                    va, _ = _signed_power(m, d1a[s][lane], real_a, vw, f"va{s}_{lane}")
+                    v = Signal.like(va, name=f"v{s}_{lane}", reset_less=True)
+                    m.d.sync += v.eq(va)
                     vals.append(v)
                 else:
                     sh = Signal(range(geo.planes), name=f"sh{s}_{lane}")
