@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 from amaranth.sim import Simulator
-from test_conv_layer import _config  # same folder
+from test_conv_layer import ORDERS, _config  # same folder
 
 from rtl_gen.conv_backward import ConvLayerBackward, ConvLayerBackwardCodes
 from rtl_gen.conv_layer import ConvLayerGeometry
@@ -135,9 +135,6 @@ CASES = [
     pytest.param((2, 2, 6, 6, 5, "valid", 4), id="b2-4x4-co5-l4-g2"),  # two groups, padding lanes
     pytest.param((1, 1, 5, 6, 3, "same", 2), id="b1-5x6-same-co3-l2"),  # same padding, odd rows
 ]
-
-
-ORDERS = [pytest.param(False, id="pool-after-bn"), pytest.param(True, id="pool-before-bn")]
 
 
 @pytest.mark.parametrize("before_bn", ORDERS)

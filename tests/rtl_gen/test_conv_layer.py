@@ -25,6 +25,8 @@ from sim.hw import arith as A
 from sim.hw.model import HwModel, StepTrace
 from sim.reference.ops import pooled_bn_beta
 
+ORDERS = [pytest.param(False, id="pool-after-bn"), pytest.param(True, id="pool-before-bn")]  # the maxpool's before_bn
+
 
 def _config(B, C, H, W, Co, padding, before_bn=False):
     d = {"name": "conv_layer", "model": {"input_shape": [C, H, W], "num_classes": 4, "layers": [
@@ -205,13 +207,16 @@ class _WithParams(Elaboratable):
         return m
 
 
-def test_running_statistics_and_the_pooled_initial_bias():
+@pytest.mark.parametrize("before_bn", ORDERS)
+def test_running_statistics_and_the_pooled_initial_bias(before_bn):
     """The state the model keeps for the layer: the beta it starts from (HwModel.reset's pooled bias, written by
-    the host as state) in, the running mean and scale after the batch (sim.hw.arith.running_update over the n
-    positions) out of rtl_gen.controller.BnParamUnit fed by the layer's stats, equal to the model's train_step."""
+    the host as state; 0 before BN) in, the running mean and scale after the batch (sim.hw.arith.running_update
+    over BN's n positions) out of rtl_gen.controller.BnParamUnit fed by the layer's stats, equal to the model's
+    train_step."""
     B, C, H, W, Co = 2, 2, 6, 6, 4
-    cfg = _config(B, C, H, W, Co, "valid")
+    cfg = _config(B, C, H, W, Co, "valid", before_bn)
     g = ConvLayerGeometry.from_config(cfg, 0, lanes_in=8, lanes_out=4)
+    assert g.before_bn == before_bn
     model = HwModel(cfg)
     rng = np.random.default_rng(3)
     x = rng.choice(np.array([-1, 1], np.int8), size=(B, C, H, W))
