@@ -291,8 +291,9 @@ def conv_layer_backward_cycles(geometry, *, codes: bool = False) -> int:
     cycle to start the routed passes, then :func:`rtl_gen.bn_unit.backward_cycles` of the ``n`` positions.
 
     ``codes``: :class:`rtl_gen.conv_backward.ConvLayerBackwardCodes`, to the last ``codes`` transfer, with ``S'``
-    offered from the first cycle: the po2 unit's PRO (``M (1 + iterations)``) is hidden behind the load and BN's
-    first pass, its PASS1 ends 4 cycles after the last ``Q`` beat, then FIN, BIAS and PASS2
+    offered from the first cycle: the po2 unit's PRO (``M (1 + iterations)``) runs during the load and BN's first
+    pass (where it outlasts them and the start of BN's second pass, up to BN's first ``Q`` beat, every later beat
+    waits as long), its PASS1 ends 4 cycles after the last ``Q`` beat, then FIN, BIAS and PASS2
     (:func:`rtl_gen.po2_unit.po2_cycles`). With ``before_bn`` (``n`` the pooled positions) the route of the codes
     to every position starts the cycle after PASS2's first code and gives one of the ``B Ho Wo G`` beats a
     cycle."""
@@ -307,10 +308,9 @@ def conv_layer_backward_cycles(geometry, *, codes: bool = False) -> int:
     if not codes:
         return total
     po2 = po2_cycles(po2_layer(geometry.bn))
-    if po2["pro"] > load + 1 + bwd["pass1"] + bwd["epi"]:
-        raise ValueError(f"conv_layer_backward_cycles: the po2 unit's PRO ({po2['pro']} cycles) outlasts the load "
-                         f"and BN's first pass; the count assumes it hidden")
-    codes_end = total + po2["pass1"] - geometry.beats + po2["bias"] + po2["pass2"]
+    # BN's first Q beat leaves pass2 - n G cycles into its second pass; a PRO still running then holds it back
+    late = max(0, po2["pro"] - (load + 1 + bwd["pass1"] + bwd["epi"] + bwd["pass2"] - geometry.beats))
+    codes_end = total + late + po2["pass1"] - geometry.beats + po2["bias"] + po2["pass2"]
     if geometry.before_bn:  # the route follows the codes (one a cycle) from the cycle after the first
         return codes_end - geometry.beats + 1 + geometry.conv_beats
     return codes_end

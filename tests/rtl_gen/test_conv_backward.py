@@ -149,8 +149,8 @@ def test_conv_layer_backward_in_amaranth_simulator(case, before_bn):
     _run(g, seed=B * 100 + Co + 2 * before_bn)
 
 
-# before_bn: BN runs over a quarter of the positions, so the maps are larger for the po2 unit's PRO (a division per
-# channel) to stay hidden behind the load and BN's first pass, as the cycle model assumes
+# before_bn: larger maps, where the po2 unit's PRO (a division per channel) is hidden behind the load and BN's first
+# pass over the pooled positions (in CASES it is not, and holds the Q beats back: the cycle model counts both)
 CASES_POOLED_BN = [
     pytest.param((2, 1, 9, 9, 4, "valid", 4), id="b2-7x7-co4-l4"),  # Ho = 7: a dropped row and column
     pytest.param((2, 2, 8, 8, 5, "valid", 4), id="b2-6x6-co5-l4-g2"),  # two groups, padding lanes
@@ -158,7 +158,8 @@ CASES_POOLED_BN = [
 ]
 
 
-@pytest.mark.parametrize(("case", "before_bn"), [pytest.param(c.values[0], False, id=c.id) for c in CASES]
+@pytest.mark.parametrize(("case", "before_bn"), [pytest.param(c.values[0], o.values[0], id=f"{c.id}-{o.id}")
+                                                 for o in ORDERS for c in CASES]
                          + [pytest.param(c.values[0], True, id=f"{c.id}-pool-before-bn") for c in CASES_POOLED_BN])
 def test_conv_layer_backward_codes_in_amaranth_simulator(case, before_bn):
     """The same with the po2 unit: the codes and bias of the layer's dY (and P1); with ``before_bn`` the pooled
@@ -171,11 +172,11 @@ def test_conv_layer_backward_codes_in_amaranth_simulator(case, before_bn):
 
 @pytest.mark.rtl_slow
 def test_conv_layer_backward_preset_second_layer():
-    """The MNIST preset's second conv layer (32 channels, 11x11 positions, pooled to 5x5 before BN) at B = 8 (at B =
-    2 the po2 unit's PRO, 672 cycles, would outlast BN's first pass over the 2 x 25 pooled positions)."""
+    """The MNIST preset's second conv layer (32 channels, 11x11 positions, pooled to 5x5 before BN) at B = 2 (the po2
+    unit's PRO, 672 cycles, outlasts BN's first pass over the 2 x 25 pooled positions)."""
     from sim.config import apply_overrides, load_config
 
-    cfg = apply_overrides(load_config("configs/cnn_mnist.toml"), ["train.batch_size=8"])
+    cfg = apply_overrides(load_config("configs/cnn_mnist.toml"), ["train.batch_size=2"])
     g = ConvLayerGeometry.from_config(cfg, 1, lanes_in=64, lanes_out=16)
     assert g.before_bn  # the preset pools before BN
     _run(g, seed=7)
