@@ -1,8 +1,20 @@
-"""The first piece of a pooled conv layer's backward phase (docs/architecture.md 10.2, docs/arithmetic.md 5.5):
-max-pool backward (the gradient at each pooled position routed to its window's argmax) and BN backward over every
-position.
+"""The first piece of a pooled conv layer's backward phase (docs/architecture.md 10.2, docs/arithmetic.md 5.5): BN
+backward and max-pool backward, in the order of the layer's maxpool (``ConvLayerGeometry.before_bn``).
 
-Dataflow (``n = B Ho Wo`` positions, ``G`` groups of ``lanes`` channels; ``Hp = Ho // p``, ``Wp = Wo // p``)::
+``before_bn`` (the maxpool pools ``Y`` before BN; ``n = B Hp Wp`` pooled positions, ``G`` groups of ``lanes``)::
+
+    x      (x_hat of every pooled position, order (b, hp, vp, g))     -> x buffer  (n G words of lanes bits)
+    pooled (dX above times the pooled mask, order (b, hp, vp, g))     -> pooled buffer (n G words; ``idx`` unused)
+    then twice (BN passes 1 and 2) beat i of both buffers -> BnBackwardUnit (P1 and Q over the n pooled positions)
+    -> ``p1``, ``q`` (order (b, hp, vp, g))
+
+:class:`ConvLayerBackwardCodes` then routes the po2 codes of ``Q`` (not ``Q``) to the windows' argmax: it keeps the
+``idx`` of the ``pooled`` beats and the codes of the pooled positions in two buffers, and its ``codes`` are every
+position's ``(b, h, v, g)``: the window's code where the window's index ``idx`` is ``(h % p) p + (v % p)``, the
+zero code (field 0) elsewhere and in the trailing rows and columns the pooling dropped (``sim.hw.arith.route_codes``).
+The route starts with the first code and follows the codes, one beat a cycle.
+
+Pooling the BN output (``n = B Ho Wo`` positions; ``Hp = Ho // p``, ``Wp = Wo // p``)::
 
     x      (x_hat of every position, order (b, h, v, g))          -> x buffer  (n G words of lanes bits)
     pooled (dX above times the pooled mask, and the pool's index,
@@ -12,24 +24,23 @@ Dataflow (``n = B Ho Wo`` positions, ``G`` groups of ``lanes`` channels; ``Hp = 
         (0 too in the trailing rows and columns the pooling dropped)
     -> BnBackwardUnit (P1 = dbeta and Q over all n positions) -> ``p1``, ``q``
 
-:class:`rtl_gen.bn_unit.BnBackwardUnit` is reused unchanged, built with the conv layer's :class:`BnLayer` (its
-``n = B Ho Wo`` is the unit's batch; every width follows from the layer's ``sim.hw.widths`` bounds), as
-:class:`rtl_gen.conv_layer.ConvLayerForward` does for the BN forward unit. The routed beats are written nowhere: the
-route is a read-side multiplexer on the pooled buffer (the ``p^2 - 1`` other positions read as 0).
+:class:`rtl_gen.bn_unit.BnBackwardUnit` is reused unchanged, built with the conv layer's :class:`BnLayer` (its ``n``
+is the unit's batch; every width follows from the layer's ``sim.hw.widths`` bounds), as
+:class:`rtl_gen.conv_layer.ConvLayerForward` does for the BN forward unit. Routed beats are written nowhere: the
+route is a read-side multiplexer on a buffer (:class:`Raster`; the ``p^2 - 1`` other positions read as 0).
 
-Both buffers are read combinationally (distributed RAM). The load (both inputs at once) and the two replays do not
+The buffers are read combinationally (distributed RAM). The load (both inputs at once) and the two replays do not
 overlap: the load takes ``max(n G, B Hp Wp G)`` cycles at full rate, then BN runs as for a dense layer of ``n``
 samples (:func:`rtl_gen.cycle_model.conv_layer_backward_cycles`).
 
 Ports: ``x`` (``x_hat``), ``pooled`` (``dx``, ``idx`` per lane), ``alpha`` (the BN unit's: ``alpha_q`` and the
-zero-scale flag per channel), ``p1`` (``P1`` per channel), ``q`` (``Q`` of every position, order ``(b, h, v, g)``,
-``last`` on a position's last group), ``busy`` (from the first load transfer until the BN unit took the last
-replayed beat).
+zero-scale flag per channel), ``p1`` (``P1`` per channel), ``q`` (``Q`` of BN's ``n`` positions, ``last`` on a
+position's last group), ``busy`` (from the first load transfer until the BN unit took the last replayed beat).
 
 :class:`ConvLayerBackwardCodes` adds the po2 codes: :class:`rtl_gen.po2_unit.Po2Unit` unchanged, built with the same
 :class:`BnLayer` but for its operand ``|Q| n`` (:func:`po2_layer`: the model's conv form folds ``n`` into the
 per-channel thresholds instead; both are the exact rounding of ``log2(|Q| n / S')``), its PASS1 scratch held for
-PASS2 in a FIFO of ``n G`` beats.
+PASS2 in a FIFO of ``n G`` beats; with ``before_bn``, the route above.
 """
 
 from __future__ import annotations
@@ -95,29 +106,31 @@ class ConvLayerBackward(wiring.Component):
         g = self._g
         bn_lay = g.bn
         pool = g.pooling
-        p = pool.pool
-        B, Ho, Wo, G, L = g.conv.batch, g.conv.out_height, g.conv.out_width, bn_lay.groups, bn_lay.lanes
+        B, G, L = g.conv.batch, bn_lay.groups, bn_lay.lanes
         Hp, Wp = pool.out_height, pool.out_width
-        nx, npool = B * Ho * Wo * G, B * Hp * Wp * G
+        nx, npool = g.beats, B * Hp * Wp * G  # before_bn: both B Hp Wp G
         m = Module()
         m.submodules.bn = bn = BnBackwardUnit(layer=bn_lay)
         wiring.connect(m, wiring.flipped(self.alpha), bn.alpha)
         wiring.connect(m, bn.p1, wiring.flipped(self.p1))
         wiring.connect(m, bn.q, wiring.flipped(self.q))
 
+        # before_bn: the index is not needed here (ConvLayerBackwardCodes routes the codes with it)
+        stored = self.pooled_layout.members["dx"] if g.before_bn else self.pooled_layout
         m.submodules.x_mem = x_mem = Memory(shape=L, depth=nx, init=[])
-        m.submodules.p_mem = p_mem = Memory(shape=self.pooled_layout, depth=npool, init=[])
+        m.submodules.p_mem = p_mem = Memory(shape=stored, depth=npool, init=[])
         x_wr, p_wr = x_mem.write_port(), p_mem.write_port()
         x_rd, p_rd = x_mem.read_port(domain="comb"), p_mem.read_port(domain="comb")
 
-        emit = Signal()  # 0: loading both buffers; 1: the two routed passes
+        emit = Signal()  # 0: loading both buffers; 1: the two passes
         xa = Signal(range(nx + 1))
         pa = Signal(range(npool + 1))
         m.d.comb += [
             self.x.ready.eq(~emit & (xa != nx)),
             self.pooled.ready.eq(~emit & (pa != npool)),
             x_wr.addr.eq(xa), x_wr.data.eq(self.x.payload.x_hat), x_wr.en.eq(self.x.valid & self.x.ready),
-            p_wr.addr.eq(pa), p_wr.data.eq(self.pooled.payload), p_wr.en.eq(self.pooled.valid & self.pooled.ready),
+            p_wr.addr.eq(pa), p_wr.en.eq(self.pooled.valid & self.pooled.ready),
+            p_wr.data.eq(self.pooled.payload.dx if g.before_bn else self.pooled.payload),
         ]
         with m.If(x_wr.en):
             m.d.sync += xa.eq(xa + 1)
@@ -128,38 +141,67 @@ class ConvLayerBackward(wiring.Component):
             m.d.sync += started.eq(1)
         m.d.comb += self.busy.eq(started | emit)
 
-        # the routed passes: counters over (pass, b, h, v, g), h = hp p + hi, v = vp p + vi
+        # the passes: beat i of (pass, b, h, v, g) (before_bn: (pass, b, hp, vp, g), both buffers at i)
         second = Signal()
-        b = Signal(range(B))
-        hp, hi = Signal(range(Ho // p + 2)), Signal(range(p))
-        vp, vi = Signal(range(Wo // p + 2)), Signal(range(p))
-        h, v = Signal(range(Ho)), Signal(range(Wo))
-        gr = Signal(range(G))
         i = Signal(range(nx))
+        take = Signal()
+        last = Signal()  # the pass's last beat
         with m.If(~emit & (xa == nx) & (pa == npool)):
-            m.d.sync += [emit.eq(1), second.eq(0), b.eq(0), h.eq(0), hp.eq(0), hi.eq(0), v.eq(0), vp.eq(0),
-                         vi.eq(0), gr.eq(0), i.eq(0)]
-        in_win = Signal()
-        m.d.comb += [
-            in_win.eq((hp < Hp) & (vp < Wp)),
-            x_rd.addr.eq(i),
-            p_rd.addr.eq(((b * Hp + hp) * Wp + vp) * G + gr),
-        ]
-        here = Signal(range(p * p))
-        m.d.comb += here.eq(hi * p + vi)
+            m.d.sync += [emit.eq(1), second.eq(0)]
         beat = Signal(bn_lay.dx_layout)
-        m.d.comb += [beat.x_hat.eq(x_rd.data), beat.last.eq(gr == G - 1)]
-        for lane in range(L):
-            hit = in_win & (p_rd.data.idx[lane] == here)
-            m.d.comb += beat.dx[lane].eq(Mux(hit, p_rd.data.dx[lane], 0))
+        m.d.comb += [x_rd.addr.eq(i), beat.x_hat.eq(x_rd.data)]
+        if g.before_bn:
+            gr = Signal(range(max(G, 2)))
+            m.d.comb += [p_rd.addr.eq(i), beat.dx.eq(p_rd.data), beat.last.eq(gr == G - 1), last.eq(i == nx - 1)]
+            with m.If(take):
+                m.d.sync += gr.eq(Mux(gr == G - 1, 0, gr + 1))
+        else:  # the route: the pooled value where the window's index names the position, else 0
+            r = Raster(m, g, take)
+            m.d.comb += [p_rd.addr.eq(r.pooled_addr), beat.last.eq(r.gr == G - 1), last.eq(r.last)]
+            for lane in range(L):
+                hit = r.in_window & (p_rd.data.idx[lane] == r.here)
+                m.d.comb += beat.dx[lane].eq(Mux(hit, p_rd.data.dx[lane], 0))
         m.d.comb += [
             bn.dx.payload.eq(beat), bn.dx_replay.payload.eq(beat),
             bn.dx.valid.eq(emit & ~second), bn.dx_replay.valid.eq(emit & second),
+            take.eq((bn.dx.valid & bn.dx.ready) | (bn.dx_replay.valid & bn.dx_replay.ready)),
         ]
-        take = Signal()
-        m.d.comb += take.eq((bn.dx.valid & bn.dx.ready) | (bn.dx_replay.valid & bn.dx_replay.ready))
         with m.If(take):
-            m.d.sync += i.eq(i + 1)
+            m.d.sync += i.eq(Mux(last, 0, i + 1))
+            with m.If(last):
+                m.d.sync += second.eq(1)
+                with m.If(second):  # the last replayed beat: load the next batch
+                    m.d.sync += [emit.eq(0), started.eq(0), xa.eq(0), pa.eq(0)]
+        return m
+
+
+class Raster:
+    """Counters over a pooled conv layer's output beats in the order ``(b, h, v, g)``, advanced by ``take`` and
+    wrapping after the batch's ``last`` beat, with each position's window: ``pooled_addr`` (the beat of pooled
+    position ``(b, h // p, v // p)`` and group ``g`` in the order ``(b, hp, vp, g)``, clamped to the last pooled
+    row and column in the rows and columns the pool drops), ``in_window`` (not dropped), ``here`` (the position's
+    index ``(h % p) p + (v % p)`` within its window)."""
+
+    def __init__(self, m: Module, g: ConvLayerGeometry, take):
+        p = g.pooling.pool
+        B, Ho, Wo, G = g.conv.batch, g.conv.out_height, g.conv.out_width, g.bn.groups
+        Hp, Wp = g.pooling.out_height, g.pooling.out_width
+        b = Signal(range(max(B, 2)))
+        hp, hi = Signal(range(Ho // p + 2)), Signal(range(p))
+        vp, vi = Signal(range(Wo // p + 2)), Signal(range(p))
+        h, v = Signal(range(max(Ho, 2))), Signal(range(max(Wo, 2)))
+        self.gr = gr = Signal(range(max(G, 2)))
+        self.last = Signal()
+        self.in_window = Signal()
+        self.here = Signal(range(p * p))
+        self.pooled_addr = Signal(range(max(B * Hp * Wp * G, 2)))
+        m.d.comb += [
+            self.last.eq((b == B - 1) & (h == Ho - 1) & (v == Wo - 1) & (gr == G - 1)),
+            self.in_window.eq((hp < Hp) & (vp < Wp)),
+            self.here.eq(hi * p + vi),
+            self.pooled_addr.eq(((b * Hp + Mux(hp < Hp, hp, Hp - 1)) * Wp + Mux(vp < Wp, vp, Wp - 1)) * G + gr),
+        ]
+        with m.If(take):
             m.d.sync += gr.eq(gr + 1)
             with m.If(gr == G - 1):
                 m.d.sync += [gr.eq(0), v.eq(v + 1), vi.eq(vi + 1)]
@@ -172,10 +214,7 @@ class ConvLayerBackward(wiring.Component):
                     with m.If(h == Ho - 1):
                         m.d.sync += [h.eq(0), hi.eq(0), hp.eq(0), b.eq(b + 1)]
                         with m.If(b == B - 1):
-                            m.d.sync += [b.eq(0), i.eq(0), second.eq(1)]
-                            with m.If(second):  # the last replayed beat: load the next batch
-                                m.d.sync += [emit.eq(0), started.eq(0), xa.eq(0), pa.eq(0)]
-        return m
+                            m.d.sync += b.eq(0)
 
 
 def po2_layer(bn: BnLayer) -> BnLayer:
@@ -221,14 +260,20 @@ class ConvLayerBackwardCodes(wiring.Component):
         m = Module()
         m.submodules.bwd = bwd = self._bwd
         m.submodules.po2 = po2 = self._po2
-        for name in ("x", "pooled", "alpha"):
+        for name in ("x", "alpha"):
             wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(bwd, name))
         wiring.connect(m, wiring.flipped(self.s_eff), po2.s_eff)
         wiring.connect(m, bwd.p1, wiring.flipped(self.p1))
         wiring.connect(m, bwd.q, po2.q)
         wiring.connect(m, po2.bias, wiring.flipped(self.bias))
-        wiring.connect(m, po2.codes, wiring.flipped(self.codes))
-        m.d.comb += [po2.scale.eq(self.scale), self.busy.eq(bwd.busy | (po2.phase != Po2Unit.PRO))]
+        m.d.comb += po2.scale.eq(self.scale)
+        if self._bwd.geometry.before_bn:
+            routing = self._route(m, po2)
+        else:
+            wiring.connect(m, wiring.flipped(self.pooled), bwd.pooled)
+            wiring.connect(m, po2.codes, wiring.flipped(self.codes))
+            routing = 0
+        m.d.comb += self.busy.eq(bwd.busy | (po2.phase != Po2Unit.PRO) | routing)
         lay = po2.scratch_layout
         m.submodules.scratch = fifo = SyncFIFOBuffered(width=lay.size, depth=self._bwd.geometry.beats)
         m.d.comb += [
@@ -237,3 +282,48 @@ class ConvLayerBackwardCodes(wiring.Component):
             fifo.r_en.eq(po2.scratch_in.ready),
         ]
         return m
+
+    def _route(self, m: Module, po2: Po2Unit):
+        """before_bn: the pooled codes (order ``(b, hp, vp, g)``) into a code buffer and the pool's indices (taken
+        with the ``pooled`` beats) into an index buffer, both read combinationally; ``codes`` then gives every
+        position ``(b, h, v, g)`` the code of its window where the window's index names it, the zero code
+        elsewhere and in the dropped rows and columns. A beat leaves once its window's code is in (the route
+        follows the codes from the first one); the next batch's ``pooled`` beats wait for the route's end.
+        Returns the signal that is high while codes of the batch are held."""
+        g = self._bwd.geometry
+        L, G = g.bn.lanes, g.bn.groups
+        npool = g.beats
+        code_lay = po2.codes_layout.members["code"]
+        idx_lay = self._bwd.pooled_layout.members["idx"]
+        m.submodules.c_mem = c_mem = Memory(shape=code_lay, depth=max(npool, 2), init=[])
+        m.submodules.i_mem = i_mem = Memory(shape=idx_lay, depth=max(npool, 2), init=[])
+        c_wr, i_wr = c_mem.write_port(), i_mem.write_port()
+        c_rd, i_rd = c_mem.read_port(domain="comb"), i_mem.read_port(domain="comb")
+        cn = Signal(range(npool + 1))  # codes in
+        ia = Signal(range(npool + 1))  # indices in
+        take, done = Signal(), Signal()
+        bp = self._bwd.pooled
+        m.d.comb += [
+            bp.valid.eq(self.pooled.valid & (ia != npool)), bp.payload.eq(self.pooled.payload),
+            self.pooled.ready.eq(bp.ready & (ia != npool)),
+            i_wr.addr.eq(ia), i_wr.data.eq(self.pooled.payload.idx), i_wr.en.eq(self.pooled.valid & self.pooled.ready),
+            po2.codes.ready.eq(cn != npool),
+            c_wr.addr.eq(cn), c_wr.data.eq(po2.codes.payload.code), c_wr.en.eq(po2.codes.valid & po2.codes.ready),
+        ]
+        with m.If(i_wr.en):
+            m.d.sync += ia.eq(ia + 1)
+        with m.If(c_wr.en):
+            m.d.sync += cn.eq(cn + 1)
+        r = Raster(m, g, take)
+        out = self.codes
+        m.d.comb += [
+            c_rd.addr.eq(r.pooled_addr), i_rd.addr.eq(r.pooled_addr),
+            out.valid.eq(cn > r.pooled_addr), out.payload.last.eq(r.gr == G - 1),
+            take.eq(out.valid & out.ready), done.eq(take & r.last),
+        ]
+        for lane in range(L):
+            hit = r.in_window & (i_rd.data[lane] == r.here)
+            m.d.comb += out.payload.code[lane].eq(Mux(hit, c_rd.data[lane], 0))
+        with m.If(done):
+            m.d.sync += [cn.eq(0), ia.eq(0)]
+        return cn != 0

@@ -1,8 +1,20 @@
 """One conv layer's whole forward phase with max pooling (docs/architecture.md 10.2): :class:`ConvForward` (the map,
-the windows, the XNOR engine, the pool's argmax), BN forward over every position, and the pooled signs written as
-the next layer's map.
+the windows, the XNOR engine, the pool's argmax), BN forward, and the pooled signs written as the next layer's map.
+Both orders of the model (``sim.hw.widths.pools_before_bn``, the maxpool's ``before_bn``) are built; the geometry's
+``before_bn`` selects one.
 
-Dataflow (``n = B Ho Wo`` positions, ``G`` groups of ``lanes_out`` channels, beats in the order ``(b, h, v, g)``)::
+``before_bn`` (BinaryNet's order, the MNIST preset's; ``n = B Hp Wp`` pooled positions, ``G`` groups of
+``lanes_out`` channels)::
+
+    ConvForward.y (every position) -> dropped (``ready`` high)
+    ConvForward.pooled (pass 1: per pooled position (b, hp, vp, g) the first largest Y and its index)
+        -> BnForwardUnit.y (sum_y over the n pooled positions)
+        \\-> Y buffer (n G words) -> two replays -> BnForwardUnit.y_replay (passes 2, 3)
+        \\-> ``pool_idx`` (the index, which the backward pass routes the codes with)
+    BnForwardUnit.x (pass 3: x_hat and mask of the pooled positions) -> ``x``, ``pooled`` and ``next_write``
+    BnForwardUnit.stats (EPI3) -> ``stats``
+
+Pooling the BN output (``n = B Ho Wo`` positions, beats in the order ``(b, h, v, g)``)::
 
     ConvForward.y (pass 1) ----------------> BnForwardUnit.y        (sum_y over all n positions)
                            \\-> Y buffer (n G words) -> two replays -> BnForwardUnit.y_replay (passes 2, 3)
@@ -13,16 +25,16 @@ Dataflow (``n = B Ho Wo`` positions, ``G`` groups of ``lanes_out`` channels, bea
     BnForwardUnit.stats (EPI3) -> ``stats`` (per channel: sum_y and S for the running statistics, S', alpha_q)
 
 :class:`rtl_gen.bn_unit.BnForwardUnit` is reused unchanged: a conv layer is a dense layer whose "batch" is the ``n``
-positions (:class:`BnLayer` with the conv layer's :class:`sim.hw.widths.LayerBounds`, whose ``n`` is ``B Ho Wo``
-and whose widths follow from it), and the engine's ``Y`` order ``(b, h, v, g)`` is the unit's row-major order.
+positions (:class:`BnLayer` with the conv layer's :class:`sim.hw.widths.LayerBounds`, whose ``n`` is ``B Hp Wp``
+or ``B Ho Wo`` and whose widths follow from it), and the beats' order is the unit's row-major order.
 
-The pooled sign and mask without ``Y``: within a channel the thresholds satisfy ``theta_lo <= theta <= theta_hi + 1``
-(docs/arithmetic.md 3.4, kept by the saturation), so a position's ``(x_hat, mask)`` fixes its class ``c`` (0: ``Y <
-theta_lo``, 1: inside the mask, 2: ``Y > theta_hi``) and the code ``v = 2 c + x_hat`` (0, 2, 3 or 5) is a
-non-decreasing function of ``Y``. The window's largest ``v`` is therefore ``v`` at its first largest ``Y`` (the
-position ``r`` of docs/arithmetic.md 3.9): pooled ``x_hat = x_hat[r]`` is its bit 0 and pooled ``mask = mask[r]``
-its bit 1. :class:`rtl_gen.conv_pool.MaxPool` takes the codes of pass 3 (its own index output is unused); ``r``
-itself, which the backward pass routes dX to, is the pass-1 pool's on ``Y``.
+The pooled sign and mask without ``Y`` (pooling the BN output): within a channel the thresholds satisfy ``theta_lo
+<= theta <= theta_hi + 1`` (docs/arithmetic.md 3.4, kept by the saturation), so a position's ``(x_hat, mask)``
+fixes its class ``c`` (0: ``Y < theta_lo``, 1: inside the mask, 2: ``Y > theta_hi``) and the code ``v = 2 c +
+x_hat`` (0, 2, 3 or 5) is a non-decreasing function of ``Y``. The window's largest ``v`` is therefore ``v`` at its
+first largest ``Y`` (the position ``r`` of docs/arithmetic.md 3.9): pooled ``x_hat = x_hat[r]`` is its bit 0 and
+pooled ``mask = mask[r]`` its bit 1. :class:`rtl_gen.conv_pool.MaxPool` takes the codes of pass 3 (its own index
+output is unused); ``r`` itself, which the backward pass routes dX to, is the pass-1 pool's on ``Y``.
 
 The next layer's map (docs/architecture.md 10.1): one word per pooled image row ``(b, hp)`` at address ``b Hp +
 hp``, ``Wp Co`` bits, pooled pixel ``vp`` channel ``c`` in bit ``vp Co + c``: the ``x_write`` words of the next
@@ -30,9 +42,10 @@ hp``, ``Wp Co`` bits, pooled pixel ``vp`` channel ``c`` in bit ``vp Co + c``: th
 ``(hp, vp, c)`` (the model flattens ``(c, hp, vp)``: the dense layer's weight rows are permuted to match).
 
 Ports: ``x_write``, ``w_load`` (as :class:`ConvForward`), ``beta`` (``beta_q`` per channel, taken in EPI2), ``start``
-(a pulse; ignored while ``busy``), ``x`` (``x_hat`` of every position, ``last`` on a position's last group),
-``pool_idx``, ``pooled`` (order ``(b, hp, vp, g)``), ``next_write`` (``addr``, ``data``), ``stats`` (the BN unit's),
-``busy`` (from ``start`` until every output of the batch has been taken).
+(a pulse; ignored while ``busy``), ``x`` (``x_hat`` of BN's ``n`` positions, ``last`` on a position's last
+group; with ``before_bn`` the same beats as ``pooled``), ``pool_idx``, ``pooled`` (order ``(b, hp, vp, g)``),
+``next_write`` (``addr``, ``data``), ``stats`` (the BN unit's), ``busy`` (from ``start`` until every output of the
+batch has been taken and the engine's pass has ended).
 """
 
 from __future__ import annotations
@@ -46,7 +59,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from sim.hw.arith import ArithParams
-from sim.hw.widths import layer_bounds, pools_after
+from sim.hw.widths import layer_bounds, pools_after, pools_before_bn
 
 from .bn_unit import BnForwardUnit, BnLayer
 from .buffers import MemoryReader, fork
@@ -62,17 +75,23 @@ CODE_WIDTH = 4
 
 @dataclass(frozen=True, kw_only=True)
 class ConvLayerGeometry:
-    """One conv layer's forward phase: its :class:`ConvForwardGeometry` and the :class:`BnLayer` of its ``n = B Ho
-    Wo`` positions (``lanes`` = the engine's ``lanes_out``); ``div_steps`` of the BN unit's divider."""
+    """One conv layer's forward phase: its :class:`ConvForwardGeometry` and the :class:`BnLayer` of the ``n``
+    positions BN runs over (``lanes`` = the engine's ``lanes_out``): ``B Hp Wp`` with ``before_bn`` (the maxpool
+    pools ``Y`` before BN), else ``B Ho Wo``; ``div_steps`` of the BN unit's divider."""
 
     conv: ConvForwardGeometry
     bn: BnLayer
     div_steps: int = 1
+    before_bn: bool = False
 
     def __post_init__(self):
         c, b = self.conv, self.bn
-        n = c.batch * c.out_height * c.out_width
-        for name, have, want in (("bn.batch (positions n = B Ho Wo)", b.batch, n),
+        if self.before_bn:
+            p = c.pooling
+            what, n = "bn.batch (pooled positions n = B Hp Wp, before_bn)", c.batch * p.out_height * p.out_width
+        else:
+            what, n = "bn.batch (positions n = B Ho Wo)", c.batch * c.out_height * c.out_width
+        for name, have, want in ((what, b.batch, n),
                                  ("bn.channels", b.channels, c.out_channels),
                                  ("bn.fan_in (Ci k^2)", b.fan_in, c.engine.n_in),
                                  ("bn.lanes", b.lanes, c.lanes_out),
@@ -101,17 +120,23 @@ class ConvLayerGeometry:
                                    out_channels=s.out_channels, lanes_in=lanes_in, lanes_out=lanes_out,
                                    kernel=s.spec.kernel, padding=s.spec.padding, pool=pool)
         bn = BnLayer(bounds=layer_bounds(cfg)[layer_index], params=ArithParams.from_config(cfg), lanes=lanes_out)
-        return cls(conv=conv, bn=bn, div_steps=div_steps)
+        return cls(conv=conv, bn=bn, div_steps=div_steps, before_bn=pools_before_bn(cfg)[layer_index])
 
     @property
     def positions(self) -> int:
-        """``n = B Ho Wo``."""
+        """``n``, the positions BN runs over: ``B Ho Wo``, or ``B Hp Wp`` with ``before_bn``."""
         return self.bn.batch
 
     @property
     def beats(self) -> int:
-        """``Y`` (and ``x``) beats of the batch, ``n G``."""
+        """Beats of the BN passes (the ``Y`` buffer's words, the ``x`` beats), ``n G``."""
         return self.bn.beats
+
+    @property
+    def conv_beats(self) -> int:
+        """``Y`` beats of the engine, ``B Ho Wo G``."""
+        c = self.conv
+        return c.batch * c.out_height * c.out_width * self.bn.groups
 
     @property
     def pooling(self) -> PoolGeometry:
@@ -194,7 +219,6 @@ class ConvLayerForward(wiring.Component):
         beats = g.beats
         m.submodules.conv = conv = ConvForward(geometry=c)
         m.submodules.bn = bn = BnForwardUnit(layer=lay, div_steps=g.div_steps)
-        m.submodules.sign_pool = spool = MaxPool(geometry=g.sign_pool)
         wiring.connect(m, wiring.flipped(self.x_write), conv.x_write)
         wiring.connect(m, wiring.flipped(self.w_load), conv.w_load)
         wiring.connect(m, wiring.flipped(self.beta), bn.beta)
@@ -203,25 +227,36 @@ class ConvLayerForward(wiring.Component):
 
         running = Signal()
         go = Signal()
-        finished = Signal()  # every output of the batch taken (the counts below)
+        finished = Signal()  # every output of the batch taken (the counts below) and the engine's pass ended
         m.d.comb += [go.eq(self.start & ~running), conv.start.eq(go), self.busy.eq(running & ~finished)]
 
-        # pass 1: Y into the BN unit and the Y buffer (a word per beat, lane l in bits l yw ..)
+        # pass 1: Y (before_bn: the pooled Y) into the BN unit and the Y buffer (a word per beat, lane l in bits
+        # l yw ..); the pass-1 pool's indices to ``pool_idx``
         m.submodules.ybuf = ybuf = Memory(shape=L * yw, depth=max(beats, 2), init=[])
         y_wr, y_rd = ybuf.write_port(), ybuf.read_port(transparent_for=())
         y_count = Signal(range(beats + 1))
         y_take = Signal()
-        m.d.comb += [
-            bn.y.valid.eq(conv.y.valid),
-            bn.y.payload.last.eq(conv.y.payload.last),
-            conv.y.ready.eq(bn.y.ready),
-            y_take.eq(conv.y.valid & bn.y.ready),
-            y_wr.addr.eq(y_count),
-            y_wr.en.eq(y_take),
-        ]
+        if g.before_bn:
+            # the engine's Y only feeds the pool; each pooled beat goes once to BN and once to ``pool_idx``
+            yg = Signal(range(max(G, 2)))  # the pooled beat's group (for ``last``)
+            m.d.comb += conv.y.ready.eq(1)
+            fork(m, StreamView(conv.pooled.valid, conv.pooled.ready), [bn.y, self.pool_idx], name="pool_fork")
+            y_src = conv.pooled.payload.y
+            m.d.comb += bn.y.payload.last.eq(yg == G - 1)
+            with m.If(go):
+                m.d.sync += yg.eq(0)
+            with m.Elif(y_take):
+                m.d.sync += yg.eq(Mux(yg == G - 1, 0, yg + 1))
+        else:
+            y_src = conv.y.payload.y
+            m.d.comb += [bn.y.valid.eq(conv.y.valid), bn.y.payload.last.eq(conv.y.payload.last),
+                         conv.y.ready.eq(bn.y.ready),
+                         self.pool_idx.valid.eq(conv.pooled.valid), conv.pooled.ready.eq(self.pool_idx.ready)]
         for lane in range(L):
-            m.d.comb += [bn.y.payload.y[lane].eq(conv.y.payload.y[lane]),
-                         y_wr.data[lane * yw:(lane + 1) * yw].eq(conv.y.payload.y[lane])]
+            m.d.comb += self.pool_idx.payload.idx[lane].eq(conv.pooled.payload.idx[lane])
+        m.d.comb += [y_take.eq(bn.y.valid & bn.y.ready), y_wr.addr.eq(y_count), y_wr.en.eq(y_take)]
+        for lane in range(L):
+            m.d.comb += [bn.y.payload.y[lane].eq(y_src[lane]), y_wr.data[lane * yw:(lane + 1) * yw].eq(y_src[lane])]
         with m.If(go):
             m.d.sync += y_count.eq(0)
         with m.Elif(y_take):
@@ -246,29 +281,31 @@ class ConvLayerForward(wiring.Component):
         with m.Elif(rr.o.valid & rr.o.ready):
             m.d.sync += rg.eq(Mux(rg == G - 1, 0, rg + 1))
 
-        # pass 1's pool: the indices
-        for lane in range(L):
-            m.d.comb += self.pool_idx.payload.idx[lane].eq(conv.pooled.payload.idx[lane])
-        m.d.comb += [self.pool_idx.valid.eq(conv.pooled.valid), conv.pooled.ready.eq(self.pool_idx.ready)]
-
-        # pass 3: x_hat to ``x`` and the class codes to the sign pool
-        x_move = fork(m, StreamView(bn.x.valid, bn.x.ready), [self.x, spool.i], name="x_fork")
+        # pass 3: x_hat to ``x``; the pooled x_hat and mask (``px``, ``pm``) to ``pooled`` and the row packer
         m.d.comb += [self.x.payload.x_hat.eq(bn.x.payload.x_hat), self.x.payload.last.eq(bn.x.payload.last)]
-        for lane in range(L):
-            xh, mk = bn.x.payload.x_hat[lane], bn.x.payload.mask[lane]
-            # v = 2 c + x_hat: 0 (below theta_lo), 2 / 3 (in the mask), 5 (above theta_hi)
-            m.d.comb += spool.i.payload.y[lane].eq(Mux(mk, 2 + xh, Mux(xh, 5, 0)))
-
-        # the pooled beats to ``pooled`` and into the next map's rows
-        Wp, Co = g.next_width, c.out_channels
         pk_valid = Signal()
         pk_ready = Signal()
-        p_move = fork(m, StreamView(spool.o.valid, spool.o.ready), [self.pooled, StreamView(pk_valid, pk_ready)],
-                      name="pooled_fork")
         px, pm = Signal(L), Signal(L)
-        for lane in range(L):
-            m.d.comb += [px[lane].eq(spool.o.payload.y[lane][0]), pm[lane].eq(spool.o.payload.y[lane][1])]
+        if g.before_bn:  # BN ran over the pooled positions: its x_hat and mask are the pooled ones
+            x_move = fork(m, StreamView(bn.x.valid, bn.x.ready), [self.x, self.pooled, StreamView(pk_valid, pk_ready)],
+                          name="x_fork")
+            p_move = x_move
+            m.d.comb += [px.eq(bn.x.payload.x_hat), pm.eq(bn.x.payload.mask)]
+        else:  # the class codes to the sign pool (module docstring)
+            m.submodules.sign_pool = spool = MaxPool(geometry=g.sign_pool)
+            x_move = fork(m, StreamView(bn.x.valid, bn.x.ready), [self.x, spool.i], name="x_fork")
+            for lane in range(L):
+                xh, mk = bn.x.payload.x_hat[lane], bn.x.payload.mask[lane]
+                # v = 2 c + x_hat: 0 (below theta_lo), 2 / 3 (in the mask), 5 (above theta_hi)
+                m.d.comb += spool.i.payload.y[lane].eq(Mux(mk, 2 + xh, Mux(xh, 5, 0)))
+            p_move = fork(m, StreamView(spool.o.valid, spool.o.ready),
+                          [self.pooled, StreamView(pk_valid, pk_ready)], name="pooled_fork")
+            for lane in range(L):
+                m.d.comb += [px[lane].eq(spool.o.payload.y[lane][0]), pm[lane].eq(spool.o.payload.y[lane][1])]
         m.d.comb += [self.pooled.payload.x_hat.eq(px), self.pooled.payload.mask.eq(pm)]
+
+        # the pooled beats into the next map's rows
+        Wp, Co = g.next_width, c.out_channels
         slot = Signal(range(max(Wp * G, 2)))  # the beat's (vp, g) within the pooled row
         row = Signal(range(max(g.next_depth, 2)))  # the pooled row's address b Hp + hp
         acc = Signal(g.next_word)
@@ -326,6 +363,6 @@ class ConvLayerForward(wiring.Component):
                 m.d.sync += s_done.eq(1)
             with m.If(finished):
                 m.d.sync += running.eq(0)
-        m.d.comb += finished.eq(s_done & (x_count == beats) & (i_count == c.pooling.beats_out())
+        m.d.comb += finished.eq(s_done & ~conv.busy & (x_count == beats) & (i_count == c.pooling.beats_out())
                                 & (p_count == c.pooling.beats_out()) & (r_count == g.next_depth))
         return m

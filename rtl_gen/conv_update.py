@@ -98,7 +98,9 @@ class ConvUpdateGeometry:
                                    kernel=s.spec.kernel, padding=s.spec.padding)
         po2 = Po2Geometry.from_config(cfg, layer_index, lanes_in=lanes_in, lanes_out=lanes_out, lanes_b=1,
                                       dw_passes=dw_passes, dx_dsp=False)
-        po2 = replace(po2, dx_width=0)
+        # every position's codes (a maxpool before BN routes the pooled positions' codes to them, the rest 0), so
+        # the engine's batch is B Ho Wo, not the BN's n; the dW width of sim.hw.widths is over every position
+        po2 = replace(po2, dx_width=0, batch=conv.batch * conv.out_height * conv.out_width)
         if conv.pad:
             po2 = replace(po2, batch=2 * po2.batch, dw_width=po2.dw_width + 1)
         return cls(conv=conv, po2=po2, window=int(cfg.hw.dw_window or 0))

@@ -251,7 +251,11 @@ def conv_layer_forward_cycles(geometry) -> int:
     holds the first word before each pass starts) with EPI2 between them, and EPI3
     (:func:`rtl_gen.bn_unit.forward_cycles`). With one group the BN unit takes a beat every other cycle: with one
     word a window (``T = 1``) it paces pass 1, which then ends ``2 (n - 1)`` cycles after the first ``Y`` beat
-    (plus ``(B Ho - 1) (k - Wo)`` when rows of ``Wo < k`` windows come in bursts between their row loads)."""
+    (plus ``(B Ho - 1) (k - Wo)`` when rows of ``Wo < k`` windows come in bursts between their row loads).
+
+    ``before_bn`` (BN over the pooled positions): pass 1 ends with the last pooled beat, which leaves with the ``Y``
+    beat of its window's last position (row ``2 Hp - 1``, column ``2 Wp - 1``), rows of ``period`` cycles and
+    windows of ``T`` before the engine's last; pooled beats come at most every other cycle, at BN's rate."""
     from .bn_unit import BN_FWD_ACC_STAGES, forward_cycles
     from .xnor_engine import LATENCY
 
@@ -260,7 +264,13 @@ def conv_layer_forward_cycles(geometry) -> int:
                                  out_channels=c.out_channels, lanes_in=c.lanes_in, lanes_out=c.lanes_out,
                                  kernel=c.kernel, padding=c.padding)
     K = _ceil(c.channels * c.kernel * c.kernel, c.lanes_in)
-    if geometry.bn.groups == 1 and K == 1:
+    if geometry.before_bn:
+        # BN pass 1 takes the pooled beats: it ends with the last pooled position's (row 2 Hp - 1 of the last
+        # image, column 2 Wp - 1), before the engine's last row and column where the pool drops some
+        p, T = geometry.pooling, K * geometry.bn.groups
+        period = (c.out_width - 1) * T + max(T, K + c.kernel)
+        engine -= (c.out_height - p.out_height * p.pool) * period + (c.out_width - p.out_width * p.pool) * T
+    elif geometry.bn.groups == 1 and K == 1:
         # a window a cycle, a beat every other cycle into BN: beat i is taken at max(e_i, a_(i-1) + 2), e_i its
         # time unstalled (row r, column v: e_0 + r (Wo + k) + v; the engine's output buffer absorbs the stalls);
         # the largest of e_i + 2 (n - 1 - i) is at v = 0 of the first row, or of the last when Wo < k
@@ -281,9 +291,12 @@ def conv_layer_backward_cycles(geometry, *, codes: bool = False) -> int:
     cycle to start the routed passes, then :func:`rtl_gen.bn_unit.backward_cycles` of the ``n`` positions.
 
     ``codes``: :class:`rtl_gen.conv_backward.ConvLayerBackwardCodes`, to the last ``codes`` transfer, with ``S'``
-    offered from the first cycle: the po2 unit's PRO (``M (1 + iterations)``) is hidden behind the load and BN's
-    first pass, its PASS1 ends 4 cycles after the last ``Q`` beat, then FIN, BIAS and PASS2
-    (:func:`rtl_gen.po2_unit.po2_cycles`)."""
+    offered from the first cycle: the po2 unit's PRO (``M (1 + iterations)``) runs during the load and BN's first
+    pass (where it outlasts them and the start of BN's second pass, up to BN's first ``Q`` beat, every later beat
+    waits as long), its PASS1 ends 4 cycles after the last ``Q`` beat, then FIN, BIAS and PASS2
+    (:func:`rtl_gen.po2_unit.po2_cycles`). With ``before_bn`` (``n`` the pooled positions) the route of the codes
+    to every position starts the cycle after PASS2's first code and gives one of the ``B Ho Wo G`` beats a
+    cycle."""
     from .bn_unit import backward_cycles
     from .conv_backward import po2_layer
     from .po2_unit import po2_cycles
@@ -295,10 +308,12 @@ def conv_layer_backward_cycles(geometry, *, codes: bool = False) -> int:
     if not codes:
         return total
     po2 = po2_cycles(po2_layer(geometry.bn))
-    if po2["pro"] > load + 1 + bwd["pass1"] + bwd["epi"]:
-        raise ValueError(f"conv_layer_backward_cycles: the po2 unit's PRO ({po2['pro']} cycles) outlasts the load "
-                         f"and BN's first pass; the count assumes it hidden")
-    return total + po2["pass1"] - geometry.beats + po2["bias"] + po2["pass2"]
+    # BN's first Q beat leaves pass2 - n G cycles into its second pass; a PRO still running then holds it back
+    late = max(0, po2["pro"] - (load + 1 + bwd["pass1"] + bwd["epi"] + bwd["pass2"] - geometry.beats))
+    codes_end = total + late + po2["pass1"] - geometry.beats + po2["bias"] + po2["pass2"]
+    if geometry.before_bn:  # the route follows the codes (one a cycle) from the cycle after the first
+        return codes_end - geometry.beats + 1 + geometry.conv_beats
+    return codes_end
 
 
 def conv_update_cycles(geometry) -> int:

@@ -208,9 +208,8 @@ def pools_before_bn(cfg) -> list[bool]:
 
 
 def pooling_after_bn(cfg):
-    """``cfg`` with every maxpool pooling the BN output (``before_bn = false``): the order the RTL conv units
-    (``rtl_gen.conv_layer``, ``conv_backward``, ``conv_update``) implement, for building them from a preset that
-    pools before BN (``configs/cnn_mnist.toml``)."""
+    """``cfg`` with every maxpool pooling the BN output (``before_bn = false``): a preset that pools before BN
+    (``configs/cnn_mnist.toml``) in the other order, which the models and the RTL conv units also build."""
     layers = [replace(s, before_bn=False) if s.type == "maxpool" else s for s in cfg.model.layers]
     return replace(cfg, model=replace(cfg.model, layers=layers))
 

@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 from amaranth.sim import Simulator
-from test_conv_layer import _config  # same folder
+from test_conv_layer import ORDERS, _config  # same folder
 
 from rtl_gen.conv_backward import ConvLayerBackward, ConvLayerBackwardCodes
 from rtl_gen.conv_layer import ConvLayerGeometry
@@ -24,36 +24,40 @@ def _batch(g: ConvLayerGeometry, rng, codes: bool):
     B, Co, Ho, Wo = g.conv.batch, g.conv.out_channels, g.conv.out_height, g.conv.out_width
     p, Hp, Wp = g.pooling.pool, g.next_height, g.next_width
     bd = g.bn.bounds
-    xh = rng.choice([-1, 1], (B, Co, Ho, Wo))
+    first = g.before_bn  # BN over the pooled positions, the codes routed (HwModel.train_step's pool_first)
+    xh = rng.choice([-1, 1], (B, Co, Hp, Wp) if first else (B, Co, Ho, Wo))
     idx = rng.integers(0, p * p, (B, Co, Hp, Wp))
     d = rng.integers(-bd.dx, bd.dx + 1, (B, Co, Hp, Wp)) * rng.integers(0, 2, (B, Co, Hp, Wp))  # times the mask
     alpha = rng.integers(0, bd.alpha_q + 1, Co)
     zero = np.zeros(Co, bool)
     if Co > 2:
         zero[1] = True  # a channel whose forward S was 0: Q = 0, P1 as usual
-    dx = A.maxpool_route(d, idx, xh.shape, p)
+    dx = d if first else A.maxpool_route(d, idx, xh.shape, p)
     q, p1 = A.bn_backward(dx, xh, alpha, g.bn.params, zero)
     L, G = g.bn.lanes, g.bn.groups
 
     def lanes(gr):
         return [c for c in range(gr * L, gr * L + L)]
 
-    xs = [{"x_hat": sum(int(xh[b, c, h, v] > 0) << (c - gr * L) for c in lanes(gr) if c < Co)}
-          for b in range(B) for h in range(Ho) for v in range(Wo) for gr in range(G)]
+    def beats(a):  # order (b, h, v, g) over a's positions
+        return [[a[b, c, h, v] if c < Co else None for c in lanes(gr)]
+                for b in range(a.shape[0]) for h in range(a.shape[2]) for v in range(a.shape[3]) for gr in range(G)]
+
+    xs = [{"x_hat": sum(int(t > 0) << k for k, t in enumerate(r) if t is not None)} for r in beats(xh)]
     pooled = [{"dx": [int(d[b, c, hp, vp]) if c < Co else 0 for c in lanes(gr)],
                "idx": [int(idx[b, c, hp, vp]) if c < Co else 0 for c in lanes(gr)]}
               for b in range(B) for hp in range(Hp) for vp in range(Wp) for gr in range(G)]
     alphas = [{"alpha_q": int(a), "zero": int(z)} for a, z in zip(alpha, zero, strict=True)]
-    qs = [[int(q[b, c, h, v]) if c < Co else 0 for c in lanes(gr)]
-          for b in range(B) for h in range(Ho) for v in range(Wo) for gr in range(G)]
+    qs = [[0 if t is None else int(t) for t in r] for r in beats(q)]
     inputs = {"x": xs, "pooled": pooled, "alpha": alphas}
     if not codes:
         return inputs, qs, [int(v) for v in p1], None
     s_eff = np.maximum(rng.integers(0, g.bn.s_eff_max + 1, Co) >> rng.integers(0, 10, Co), 1)
     inputs["s_eff"] = [int(v) for v in s_eff]
     ref = A.po2_quantise(q, s_eff, SCALE, g.bn.params, times_batch=True)  # HwModel.train_step's call (hidden layer)
-    cs = [[(int(ref.field[b, c, h, v]), int(ref.neg[b, c, h, v])) if c < Co else (0, 0) for c in lanes(gr)]
-          for b in range(B) for h in range(Ho) for v in range(Wo) for gr in range(G)]
+    codes = A.route_codes(ref, idx, (B, Co, Ho, Wo), p) if first else ref  # every position (b, h, v)
+    cs = [[(0, 0) if f is None else (int(f), int(n)) for f, n in zip(rf, rn, strict=True)]
+          for rf, rn in zip(beats(codes.field), beats(codes.neg), strict=True)]
     return inputs, cs, [int(v) for v in p1], (ref.bias, ref.unit_exp)
 
 
@@ -68,6 +72,7 @@ def _run(g: ConvLayerGeometry, seed: int, codes: bool = False):
     got = [{"q": [], "p1": [], "bias": []} for _ in batches]
     stamps, busy = [], []
     coin = random.Random(seed)
+    limit = 20 * conv_layer_backward_cycles(g, codes=codes)
 
     async def bench(ctx):
         if codes:
@@ -103,6 +108,7 @@ def _run(g: ConvLayerGeometry, seed: int, codes: bool = False):
                 busy.append(ctx.get(dut.busy))
                 await ctx.tick()
                 cycle += 1
+                assert cycle < limit, f"batch {k}: {len(got[k]['q'])} of {len(qs)} output beats after {cycle} cycles"
             stamps.append(cycle - first)
             for name in inputs:
                 ctx.set(getattr(dut, name).valid, 0)
@@ -131,28 +137,47 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("before_bn", ORDERS)
 @pytest.mark.parametrize("case", CASES)
-def test_conv_layer_backward_in_amaranth_simulator(case):
+def test_conv_layer_backward_in_amaranth_simulator(case, before_bn):
+    """Pooling the BN output: the pooled gradient routed to the argmax, BN backward over every position. With
+    ``before_bn``: BN backward over the pooled positions, Q in their order."""
     B, C, H, W, Co, padding, lanes = case
-    g = ConvLayerGeometry.from_config(_config(B, C, H, W, Co, padding), 0, lanes_in=8, lanes_out=lanes)
-    _run(g, seed=B * 100 + Co)
+    cfg = _config(B, C, H, W, Co, padding, before_bn)
+    g = ConvLayerGeometry.from_config(cfg, 0, lanes_in=8, lanes_out=lanes)
+    assert g.before_bn == before_bn
+    _run(g, seed=B * 100 + Co + 2 * before_bn)
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_conv_layer_backward_codes_in_amaranth_simulator(case):
-    """The same with the po2 unit: the codes and bias of the layer's dY (and P1)."""
+# before_bn: larger maps, where the po2 unit's PRO (a division per channel) is hidden behind the load and BN's first
+# pass over the pooled positions (in CASES it is not, and holds the Q beats back: the cycle model counts both)
+CASES_POOLED_BN = [
+    pytest.param((2, 1, 9, 9, 4, "valid", 4), id="b2-7x7-co4-l4"),  # Ho = 7: a dropped row and column
+    pytest.param((2, 2, 8, 8, 5, "valid", 4), id="b2-6x6-co5-l4-g2"),  # two groups, padding lanes
+    pytest.param((1, 1, 7, 8, 3, "same", 2), id="b1-7x8-same-co3-l2"),  # same padding, a dropped row
+]
+
+
+@pytest.mark.parametrize(("case", "before_bn"), [pytest.param(c.values[0], o.values[0], id=f"{c.id}-{o.id}")
+                                                 for o in ORDERS for c in CASES]
+                         + [pytest.param(c.values[0], True, id=f"{c.id}-pool-before-bn") for c in CASES_POOLED_BN])
+def test_conv_layer_backward_codes_in_amaranth_simulator(case, before_bn):
+    """The same with the po2 unit: the codes and bias of the layer's dY (and P1); with ``before_bn`` the pooled
+    positions' codes routed to every position (sim.hw.arith.route_codes)."""
     B, C, H, W, Co, padding, lanes = case
-    g = ConvLayerGeometry.from_config(_config(B, C, H, W, Co, padding), 0, lanes_in=8, lanes_out=lanes)
-    _run(g, seed=B * 100 + Co + 1, codes=True)
+    cfg = _config(B, C, H, W, Co, padding, before_bn)
+    g = ConvLayerGeometry.from_config(cfg, 0, lanes_in=8, lanes_out=lanes)
+    _run(g, seed=B * 100 + Co + 1 + 2 * before_bn, codes=True)
 
 
 @pytest.mark.rtl_slow
 def test_conv_layer_backward_preset_second_layer():
-    """The MNIST preset's second conv layer (32 channels, 11x11 positions, pooled to 5x5) at B = 2."""
+    """The MNIST preset's second conv layer (32 channels, 11x11 positions, pooled to 5x5 before BN) at B = 2 (the po2
+    unit's PRO, 672 cycles, outlasts BN's first pass over the 2 x 25 pooled positions)."""
     from sim.config import apply_overrides, load_config
-    from sim.hw.widths import pooling_after_bn  # the preset pools before BN; this unit pools the BN output
 
-    cfg = apply_overrides(pooling_after_bn(load_config("configs/cnn_mnist.toml")), ["train.batch_size=2"])
+    cfg = apply_overrides(load_config("configs/cnn_mnist.toml"), ["train.batch_size=2"])
     g = ConvLayerGeometry.from_config(cfg, 1, lanes_in=64, lanes_out=16)
+    assert g.before_bn  # the preset pools before BN
     _run(g, seed=7)
     _run(g, seed=8, codes=True)

@@ -25,11 +25,14 @@ from sim.hw import arith as A
 from sim.hw.model import HwModel, StepTrace
 from sim.reference.ops import pooled_bn_beta
 
+ORDERS = [pytest.param(False, id="pool-after-bn"), pytest.param(True, id="pool-before-bn")]  # the maxpool's before_bn
 
-def _config(B, C, H, W, Co, padding):
+
+def _config(B, C, H, W, Co, padding, before_bn=False):
     d = {"name": "conv_layer", "model": {"input_shape": [C, H, W], "num_classes": 4, "layers": [
-        {"type": "conv", "channels": Co, "kernel": 3, "padding": padding}, {"type": "maxpool", "pool": 2},
-        {"type": "dense", "units": 4}]}, "train": {"batch_size": B, "epochs": 1}}
+        {"type": "conv", "channels": Co, "kernel": 3, "padding": padding},
+        {"type": "maxpool", "pool": 2, "before_bn": before_bn}, {"type": "dense", "units": 4}]},
+         "train": {"batch_size": B, "epochs": 1}}
     return apply_overrides(config_from_dict(d), ["hw.input=binary"])
 
 
@@ -47,13 +50,14 @@ def _expected(g: ConvLayerGeometry, model: HwModel, x, w, beta):
     def bits(a, b, h, v, gr):  # lanes of group gr at (b, h, v) as an integer (padding lanes 0)
         return sum(int(a[b, gr * L + lane, h, v] > 0) << lane for lane in range(min(L, Co - gr * L)))
 
-    xh = fwd.x_hat
-    px = A.maxpool_select(xh, idx, 2)
-    pm = A.maxpool_select(fwd.mask, idx, 2)
+    xh = fwd.x_hat  # every position's, or with before_bn the pooled positions' (BN ran over the pooled Y)
+    assert xh.shape == ((B, Co, Hp, Wp) if g.before_bn else (B, Co, Ho, Wo))
+    px = xh if g.before_bn else A.maxpool_select(xh, idx, 2)
+    pm = fwd.mask if g.before_bn else A.maxpool_select(fwd.mask, idx, 2)
     nxt = saved[0][4]  # the pooled mask the model keeps; the next layer's input is px
     assert (pm == nxt).all()
-    xs = [(bits(xh, b, h, v, gr), int(gr == G - 1)) for b in range(B) for h in range(Ho) for v in range(Wo)
-          for gr in range(G)]
+    xs = [(bits(xh, b, h, v, gr), int(gr == G - 1)) for b in range(B) for h in range(xh.shape[2])
+          for v in range(xh.shape[3]) for gr in range(G)]
     pooled_pos = [(b, hp, vp, gr) for b in range(B) for hp in range(Hp) for vp in range(Wp) for gr in range(G)]
     idxs = [[int(idx[b, gr * L + lane, hp, vp]) for lane in range(min(L, Co - gr * L))]
             for b, hp, vp, gr in pooled_pos]
@@ -144,10 +148,11 @@ CASES = [
 ]
 
 
-def _check(case, *, seed, p_idle=0.3, p_stall=0.4):
+def _check(case, *, seed, p_idle=0.3, p_stall=0.4, before_bn=False):
     B, C, H, W, Co, li, lo, padding = case
-    cfg = _config(B, C, H, W, Co, padding)
+    cfg = _config(B, C, H, W, Co, padding, before_bn)
     g = ConvLayerGeometry.from_config(cfg, 0, lanes_in=li, lanes_out=lo)
+    assert g.before_bn == before_bn
     model = HwModel(cfg)
     rng = np.random.default_rng(seed)
     batches, want = [], []
@@ -161,7 +166,8 @@ def _check(case, *, seed, p_idle=0.3, p_stall=0.4):
             beta[0] = -(1 << 19)
         batches.append((x, w, beta))
         want.append(_expected(g, model, x, w, beta))
-    assert (batches[0][2] == round(pooled_bn_beta(2) * (1 << g.bn.params.beta_frac))).all()  # -81,985
+    # the power-on bias: 0 with before_bn (BN sees the pooled Y, as a dense layer's), else -81,985
+    assert (batches[0][2] == (0 if before_bn else round(pooled_bn_beta(2) * (1 << g.bn.params.beta_frac)))).all()
     got, cycles = run_conv_layer(g, batches, p_idle=p_idle, p_stall=p_stall, seed=seed)
     for n in range(2):
         for k in OUTPUTS:
@@ -174,6 +180,13 @@ def _check(case, *, seed, p_idle=0.3, p_stall=0.4):
 @pytest.mark.parametrize("case", CASES)
 def test_conv_layer_forward(case):
     _check(case, seed=7)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_conv_layer_forward_pool_before_bn(case):
+    """The maxpool's ``before_bn`` order (the preset's): the pooled Y into BN, its statistics over the B Hp Wp
+    pooled positions, x_hat and mask of the pooled positions."""
+    _check(case, seed=8, before_bn=True)
 
 
 class _WithParams(Elaboratable):
@@ -194,13 +207,16 @@ class _WithParams(Elaboratable):
         return m
 
 
-def test_running_statistics_and_the_pooled_initial_bias():
+@pytest.mark.parametrize("before_bn", ORDERS)
+def test_running_statistics_and_the_pooled_initial_bias(before_bn):
     """The state the model keeps for the layer: the beta it starts from (HwModel.reset's pooled bias, written by
-    the host as state) in, the running mean and scale after the batch (sim.hw.arith.running_update over the n
-    positions) out of rtl_gen.controller.BnParamUnit fed by the layer's stats, equal to the model's train_step."""
+    the host as state; 0 before BN) in, the running mean and scale after the batch (sim.hw.arith.running_update
+    over BN's n positions) out of rtl_gen.controller.BnParamUnit fed by the layer's stats, equal to the model's
+    train_step."""
     B, C, H, W, Co = 2, 2, 6, 6, 4
-    cfg = _config(B, C, H, W, Co, "valid")
+    cfg = _config(B, C, H, W, Co, "valid", before_bn)
     g = ConvLayerGeometry.from_config(cfg, 0, lanes_in=8, lanes_out=4)
+    assert g.before_bn == before_bn
     model = HwModel(cfg)
     rng = np.random.default_rng(3)
     x = rng.choice(np.array([-1, 1], np.int8), size=(B, C, H, W))
@@ -245,22 +261,26 @@ def test_running_statistics_and_the_pooled_initial_bias():
     pytest.param((2, 16, 13, 13, 32, 64, 16, "valid"), id="preset-layer1-b2-K3-G2"),  # its second (13x13 pooled)
 ])
 def test_conv_layer_forward_larger(case):
-    _check(case, seed=11, p_idle=0.5, p_stall=0.6)
+    _check(case, seed=11, p_idle=0.5, p_stall=0.6, before_bn=True)  # the preset pools before BN
 
 
 def test_geometry():
     from sim.config import load_config
-    from sim.hw.widths import derive_widths, pooling_after_bn
+    from sim.hw.widths import derive_widths
 
-    cfg = pooling_after_bn(load_config("configs/cnn_mnist.toml"))  # the preset pools before BN; this unit after
+    cfg = load_config("configs/cnn_mnist.toml")  # each maxpool before its BN
     g = ConvLayerGeometry.from_config(cfg, 0, lanes_in=64, lanes_out=16)
-    assert (g.positions, g.beats, g.next_depth, g.next_word, g.bn.groups) == (16224, 16224, 24 * 13, 208, 1)
-    assert g.bn.widths == derive_widths(cfg)[0]  # the BN unit's widths are the layer's, from n = B Ho Wo
+    assert g.before_bn and (g.positions, g.beats, g.conv_beats) == (24 * 13 * 13, 24 * 13 * 13, 16224)
+    assert (g.next_depth, g.next_word, g.bn.groups) == (24 * 13, 208, 1)
+    assert g.bn.widths == derive_widths(cfg)[0]  # the BN unit's widths are the layer's, from n = B Hp Wp
     g1 = ConvLayerGeometry.from_config(cfg, 1, lanes_in=64, lanes_out=16)
-    assert (g1.positions, g1.bn.groups, g1.next_depth, g1.next_word) == (2904, 2, 24 * 5, 160)
+    assert (g1.positions, g1.bn.groups, g1.next_depth, g1.next_word) == (24 * 5 * 5, 2, 24 * 5, 160)
     with pytest.raises(ValueError, match="weight layer 2 is a dense layer without a following max pool"):
         ConvLayerGeometry.from_config(cfg, 2, lanes_in=64, lanes_out=16)
-    with pytest.raises(ValueError, match=r"bn.batch \(positions n = B Ho Wo\) is 24; the conv layer needs 16224"):
-        ConvLayerGeometry(conv=g.conv, bn=replace(g.bn, bounds=replace(g.bn.bounds, n=24)))
+    with pytest.raises(ValueError, match=r"bn.batch \(pooled positions n = B Hp Wp, before_bn\) is 24; the conv "
+                                         r"layer needs 4056"):
+        ConvLayerGeometry(conv=g.conv, bn=replace(g.bn, bounds=replace(g.bn.bounds, n=24)), before_bn=True)
+    with pytest.raises(ValueError, match=r"bn.batch \(positions n = B Ho Wo\) is 4056; the conv layer needs 16224"):
+        ConvLayerGeometry(conv=g.conv, bn=g.bn)  # pooling the BN output: BN over every position
     with pytest.raises(ValueError, match="bn.lanes is 8; the conv layer needs 16"):
-        ConvLayerGeometry(conv=g.conv, bn=replace(g.bn, lanes=8))
+        ConvLayerGeometry(conv=g.conv, bn=replace(g.bn, lanes=8), before_bn=True)

@@ -140,8 +140,8 @@ def test_conv_update_geometry_widths_and_refusals():
 def test_conv_update_preset_second_layer():
     """The MNIST preset's second conv layer (16 -> 32 channels, 13x13 map, 11x11 positions) at B = 2."""
     from sim.config import load_config
-    from sim.hw.widths import pooling_after_bn  # the preset pools before BN; these units pool the BN output
 
-    cfg = apply_overrides(pooling_after_bn(load_config("configs/cnn_mnist.toml")), ["train.batch_size=2"])
+    cfg = apply_overrides(load_config("configs/cnn_mnist.toml"), ["train.batch_size=2"])
     g = ConvUpdateGeometry.from_config(cfg, 1, lanes_in=64, lanes_out=16)
+    assert g.po2.batch == 2 * 11 * 11  # every position's codes, though BN ran over the pooled ones (before_bn)
     _run(g, cfg, seed=9)
