@@ -91,7 +91,7 @@ def forward_cycles(plan, j: int, *, infer: bool = False) -> int:
     a channel), the per-channel constants without ``alpha`` or a running update (two cycles a channel), the
     logits without the loss unit."""
     from .bn_unit import BN_FWD_ACC_STAGES, STATS_OUT_STAGE, THR_WRITE_STAGES, BnForwardUnit, epi3_responses
-    from .loss_unit import LOGIT_LATENCY, OutputGeometry
+    from .loss_unit import LOGIT_LATENCY, LOSS_TOTALS_STAGE, OutputGeometry
 
     lp = plan.layers[j]
     cfg = plan.cfg
@@ -117,8 +117,9 @@ def forward_cycles(plan, j: int, *, infer: bool = False) -> int:
         # pace (slower than EPI3's)
         out += resp[0] + 1 + STATS_OUT_STAGE + M * max(geo.channel_cycles(), 5)
         # third Y replay -> logits -> loss; the loss unit's per-sample period paces it for cross-entropy (from the
-        # first logit, LOGIT_LATENCY cycles after the first Y)
-        out += max(geo.logit_cycles() - M * geo.channel_cycles() + 4, geo.loss_cycles(B) + LOGIT_LATENCY)
+        # first logit, LOGIT_LATENCY cycles after the first Y; the loss unit's done LOSS_TOTALS_STAGE later)
+        out += max(geo.logit_cycles() - M * geo.channel_cycles() + 4,
+                   geo.loss_cycles(B) + LOGIT_LATENCY + LOSS_TOTALS_STAGE)
     else:
         # a hidden layer's stats beats go to the running-statistics pipeline, a beat a cycle: EPI3 paces them,
         # and the phase ends when the last channel's update is written

@@ -73,6 +73,10 @@ LOGIT_LATENCY = 5
 """OutputLogitUnit: cycles from the last Y transfer to the last logit transfer (R y product, B^2 shift-add,
 subtract, shift into the output queue, queue)."""
 
+LOSS_TOTALS_STAGE = 1
+"""LossGradUnit: cycles by which ``done`` (and ``loss_q``, ``correct``) follow the last final gradient beat beyond the
+one of the batch totals' accumulator: each beat's loss term is registered before it is added."""
+
 HINGE_LATENCY = 2
 """LossGradUnit (squared hinge): cycles from the last logit transfer to the last gradient transfer."""
 
@@ -788,6 +792,7 @@ class LossGradUnit(wiring.Component):
         # a final beat's contribution is registered before it is added (timing: the loss term's subtraction and
         # the accumulator's wide adder in one cycle closed below 80 MHz in context on the ECP5 proxy); ``done``
         # comes a cycle later
+        assert LOSS_TOTALS_STAGE == 1
         t_valid, t_end, t_hit = Signal(), Signal(), Signal()
         t_loss = Signal.like(acc_loss)
         m.d.sync += [t_valid.eq(acc_valid), t_end.eq(acc_end), t_hit.eq(acc_hit), t_loss.eq(acc_loss)]
