@@ -59,7 +59,7 @@ class PortMux:
                     regs[k] = r
                 cond, values = held, regs
             cases.append((cond, values))
-        keys = {k for _, values in cases for k in values}
+        keys = list(dict.fromkeys(k for _, values in cases for k in values))  # in order: the Verilog is reproducible
         if self.late == 2:  # the chain into registers; the port from them
             out = {k: Signal.like(getattr(self.port, k), name=f"{self.name}_{k}_q", reset_less=k != "en")
                    for k in keys}

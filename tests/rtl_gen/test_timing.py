@@ -180,3 +180,27 @@ def test_a_combinational_path_across_two_units_fails_the_limit(registered):
         assert not bad, bad
     else:
         assert bad and rep["pairs"][0]["from_unit"] == "first" and rep["pairs"][0]["to_unit"] == "second", rep
+
+
+@pytest.mark.timing
+def test_generated_verilog_does_not_depend_on_the_hash_seed():
+    """The same configuration gives the same Verilog in every Python process: Python salts the hashes of strings
+    per process, so iterating over a set of names orders the generated signals differently from run to run (a
+    set of port names in PortMux once did). The place-and-route cache is keyed by the Verilog's text, so a
+    second seed's run then missed the first's synthesis (and results could not be reproduced)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import hashlib; from rtl_gen.top import Accelerator, SystemPlan; "
+            "from sim.config import load_config; "
+            "cfg = load_config('configs/timing_small.toml'); "
+            "print(hashlib.sha256(Accelerator(SystemPlan(cfg)).verilog().encode()).hexdigest())")
+    root = Path(__file__).resolve().parents[2]
+    digests = set()
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                             check=True)
+        digests.add(out.stdout.strip())
+    assert len(digests) == 1, digests
