@@ -1268,6 +1268,37 @@ first part enters the ``Q`` pipeline, which never stalls, and returns it as it l
 needs a credit for each beat in the loop (``BN_BWD_Q_STAGES + 1`` cycles and the beat's own parts)."""
 
 
+BN_BWD_MEM_SLICE = 8
+"""Lanes per slice of :class:`BnBackwardUnit`'s P1, P2 and alpha memories: each slice is a memory of its own,
+read at an address register of its own (timing: one read address register reached every lane's LUT-RAM cells,
+11.9 ns with 94 % routing at the paper's widths on the ECP5 proxy)."""
+
+
+class _LaneSlices:
+    """A memory of ``lanes`` words of ``shape`` per address, cut into slices of :data:`BN_BWD_MEM_SLICE` lanes,
+    each a :class:`~amaranth.lib.memory.Memory` of its own (``{name}_mem``, or ``{name}_mem{k}`` for more than one
+    slice). ``rd_data`` joins the slices' read data; ``wr_data`` is cut into their write data; ``slices`` gives
+    each slice's first lane, lanes, read port, write port and name suffix (addresses and enables are the
+    caller's)."""
+
+    def __init__(self, m: Module, shape, lanes: int, depth: int, name: str, granularity: bool = False):
+        bits = Shape.cast(shape).width
+        self.rd_data = Signal(data.ArrayLayout(shape, lanes), name=f"{name}_rd_data")
+        self.wr_data = Signal(data.ArrayLayout(shape, lanes), name=f"{name}_wr_data")
+        self.slices = []
+        count = -(-lanes // BN_BWD_MEM_SLICE)
+        for k in range(count):
+            lo = k * BN_BWD_MEM_SLICE
+            n = min(BN_BWD_MEM_SLICE, lanes - lo)
+            sfx = "" if count == 1 else str(k)
+            mem = m.submodules[f"{name}_mem{sfx}"] = Memory(shape=data.ArrayLayout(shape, n), depth=depth, init=[])
+            rd = mem.read_port()
+            wr = mem.write_port(granularity=1) if granularity else mem.write_port()
+            m.d.comb += [self.rd_data.as_value()[lo * bits:(lo + n) * bits].eq(rd.data.as_value()),
+                         wr.data.as_value().eq(self.wr_data.as_value()[lo * bits:(lo + n) * bits])]
+            self.slices.append((lo, n, rd, wr, sfx))
+
+
 def backward_cycles(layer: BnLayer, pass2_lanes: int | None = None) -> dict[str, int]:
     """Cycles of every phase of :class:`BnBackwardUnit` and their ``total`` for one batch with no stalls (pass 2:
     ``lanes / pass2_lanes`` cycles per beat)."""
@@ -1360,14 +1391,11 @@ class BnBackwardUnit(wiring.Component):
         k_shape = signed(lay.k2_width)  # alpha_q P2, formed in pass 2 from the stored P2 and alpha_q
         a_shape = lay.alpha_layout  # alpha_q and the zero-scale flag
         q_shape = signed(w["Q"])
-        m.submodules.p1_mem = p1_mem = Memory(shape=data.ArrayLayout(p_shape, L), depth=G, init=[])
-        m.submodules.p2_mem = p2_mem = Memory(shape=data.ArrayLayout(p_shape, L), depth=G, init=[])
-        p1_rd, p1_wr = p1_mem.read_port(), p1_mem.write_port()
-        p2_rd, p2_wr = p2_mem.read_port(), p2_mem.write_port()
-        # alpha_q and the zero flag per channel, written lane by lane in EPI, read with the group's P1 / P2 words in
-        # pass 2
-        m.submodules.a_mem = a_mem = Memory(shape=data.ArrayLayout(a_shape, L), depth=G, init=[])
-        a_rd, a_wr = a_mem.read_port(), a_mem.write_port(granularity=1)
+        # P1 and P2 per channel; alpha_q and the zero flag per channel, written lane by lane in EPI, read with the
+        # group's P1 / P2 words in pass 2. Each cut into slices of lanes (BN_BWD_MEM_SLICE)
+        p1_mem = _LaneSlices(m, p_shape, L, G, "p1")
+        p2_mem = _LaneSlices(m, p_shape, L, G, "p2")
+        a_mem = _LaneSlices(m, a_shape, L, G, "a", granularity=True)
 
         pl = self._pass2_lanes
         parts = L // pl
@@ -1417,8 +1445,12 @@ class BnBackwardUnit(wiring.Component):
                 s1_last_group.eq(cnt.last_group),
                 s1_g.eq(cnt.g),
             ]
-        writes = Signal()
-        m.d.comb += writes.eq(s1_valid & adv & (phase == PASS1))
+        # pass 1's write of the beat in s1 (s1_valid & adv & phase == PASS1: adv is 1 in pass 1, and the beat that
+        # ends a pass 2 or pass 1 is the last one taken) as a register: the write enable of every LUT-RAM cell of
+        # the P1 and P2 memories comes from a flip-flop (timing: phase -> the enable -> every cell's WRE, 12.1 ns
+        # with 89 % routing at the paper's widths on the ECP5 proxy)
+        writes = Signal(name="p_wen")
+        m.d.sync += writes.eq(accept & (phase == PASS1))
         # the first row's clear of the read words, one copy per lane, each from a batch-row counter of its own that
         # steps as the beat counter's does (copies with equal inputs would be merged by the synthesis). Timing: one
         # s1_first into the adders of every lane, 960 inputs at the paper's widths, closed at 88.2 / 92.6 MHz on
@@ -1441,8 +1473,8 @@ class BnBackwardUnit(wiring.Component):
             xh = s1.x_hat[lane]
             p2_acc = Signal(p_shape, name=f"p2_acc{lane}")
             m.d.comb += [
-                p1_new[lane].eq(Mux(lane_first[lane], 0, p1_rd.data[lane]) + dx),
-                p2_acc.eq(Mux(lane_first[lane], 0, p2_rd.data[lane])),
+                p1_new[lane].eq(Mux(lane_first[lane], 0, p1_mem.rd_data[lane]) + dx),
+                p2_acc.eq(Mux(lane_first[lane], 0, p2_mem.rd_data[lane])),
                 p2_new[lane].eq(Mux(xh, p2_acc + dx, p2_acc - dx)),
             ]
 
@@ -1451,11 +1483,13 @@ class BnBackwardUnit(wiring.Component):
         # LUT-RAM cells, 15.3 ns): the group of the beat being accepted in pass 1 (its words are in the read
         # register with the beat in s1), the group the EPI walker reads, and in pass 2 the group of the beat in s1,
         # so that a part's words are in the read register while the part is in stage a. Each copy counts from its
-        # own value (the synthesis keeps them apart, one per memory).
+        # own value (the synthesis keeps them apart, one per memory and slice).
         walk = _LaneWalker(m, ch, "epi")
         fire = Signal()
-        for port, name in ((p1_rd, "p1"), (p2_rd, "p2"), (a_rd, "a")):
-            rd_g = Signal(range(G), name=f"{name}_rd_g")
+        reads = [(name, port, sfx) for mem, name in ((p1_mem, "p1"), (p2_mem, "p2"), (a_mem, "a"))
+                 for _lo, _n, port, _wr, sfx in mem.slices]
+        for name, port, sfx in reads:
+            rd_g = Signal(range(G), name=f"{name}_rd_g{sfx}")
             step = Mux(rd_g == ch.g1, 0, rd_g + 1)
             with m.Switch(phase):
                 with m.Case(PASS1):
@@ -1522,9 +1556,9 @@ class BnBackwardUnit(wiring.Component):
             for pi in range(parts):
                 with m.Case(pi):
                     m.d.comb += [
-                        part_p1.as_value().eq(p1_rd.data.as_value().word_select(pi, pl * p_shape.width)),
-                        part_p2.as_value().eq(p2_rd.data.as_value().word_select(pi, pl * p_shape.width)),
-                        part_a.as_value().eq(a_rd.data.as_value().word_select(pi, pl * a_shape.size)),
+                        part_p1.as_value().eq(p1_mem.rd_data.as_value().word_select(pi, pl * p_shape.width)),
+                        part_p2.as_value().eq(p2_mem.rd_data.as_value().word_select(pi, pl * p_shape.width)),
+                        part_a.as_value().eq(a_mem.rd_data.as_value().word_select(pi, pl * a_shape.size)),
                     ]
         b_valid, b_last_pp, b_last_group = Signal(), Signal(), Signal()
         b_pp = Signal.like(pp)
@@ -1607,16 +1641,20 @@ class BnBackwardUnit(wiring.Component):
         else:
             m.d.comb += beat.q.as_value().eq(q_part.as_value())
         m.d.comb += beat.last.eq(d_last_group)
-        # one pend FIFO and one skid buffer per lane, each with its own pointers and valid bits (all move together;
-        # lane 0's carry ``last``): timing, one skid buffer's output enable reached all 705 payload flip-flops of
-        # the beat (17 ns at the paper's widths on the ECP5 proxy), one FIFO's pointers all its LUT-RAM cells
+        # one pend FIFO and one registered slice per lane, each with its own pointers and valid bits (all move
+        # together; lane 0's carry ``last``): timing, one skid buffer's output enable reached all 705 payload
+        # flip-flops of the beat (17 ns at the paper's widths on the ECP5 proxy), one FIFO's pointers all its
+        # LUT-RAM cells. The slices are rings (:meth:`SkidBuffer._elaborate_ring`): the payload registers' enables
+        # come from the FIFO's level and the slice's own flip-flops, never from ``q.ready`` (timing: in the skid
+        # form the consumer's ready reached every lane's 34 payload clock enables, 13.6 ns in the SMALL design in
+        # context on the ECP5 proxy)
         pop = Signal()
         start = Signal()  # a beat's first part enters stage a: it takes a credit
         m.d.comb += start.eq(take & (pp == 0))
         for lane in range(L):
             shape = unsigned(q_shape.width + (lane == 0))
             pend = m.submodules[f"q_pend{lane}"] = SyncFIFO(width=shape.width, depth=BN_BWD_PEND_DEPTH)
-            queue = m.submodules[f"q_queue{lane}"] = SkidBuffer(shape=shape)
+            queue = m.submodules[f"q_queue{lane}"] = SkidBuffer(shape=shape, ring=True)
             m.d.comb += [
                 pend.w_en.eq(d_push),
                 pend.w_data.eq(Cat(beat.q[lane], beat.last) if lane == 0 else beat.q[lane]),
@@ -1643,26 +1681,27 @@ class BnBackwardUnit(wiring.Component):
         rd_cycle = Signal()  # the group's words have been read
         epi_rd = Signal()
         m.d.comb += epi_rd.eq((phase == EPI) & ~rd_cycle)
-        p1_l = _lane(m, p1_rd.data, walk.l, p_shape, "p1_l")
+        p1_l = _lane(m, p1_mem.rd_data, walk.l, p_shape, "p1_l")
+        a_en = Signal(L)  # the lane of alpha's write (EPI)
         m.d.comb += [
             self.p1.payload.p1.eq(p1_l),
             self.p1.payload.last.eq(walk.ch == ch.m1),
-            p1_wr.addr.eq(s1_g),
-            p1_wr.data.eq(p1_new),
-            p1_wr.en.eq(writes),
-            p2_wr.addr.eq(s1_g),
-            p2_wr.data.eq(p2_new),
-            p2_wr.en.eq(writes),
-            a_wr.addr.eq(walk.g),
+            p1_mem.wr_data.eq(p1_new),
+            p2_mem.wr_data.eq(p2_new),
         ]
+        for mem in (p1_mem, p2_mem):
+            for _lo, _n, _rd, wr, _sfx in mem.slices:
+                m.d.comb += [wr.addr.eq(s1_g), wr.en.eq(writes)]
+        for lo, n, _rd, wr, _sfx in a_mem.slices:
+            m.d.comb += [wr.addr.eq(walk.g), wr.en.eq(a_en[lo:lo + n])]
         for lane in range(L):
-            m.d.comb += a_wr.data[lane].eq(self.alpha.payload)
+            m.d.comb += a_mem.wr_data[lane].eq(self.alpha.payload)
         with m.If((phase == EPI) & ~epi_rd):
             m.d.comb += [
                 self.p1.valid.eq(self.alpha.valid),
                 self.alpha.ready.eq(self.p1.ready),
                 fire.eq(self.alpha.valid & self.p1.ready),
-                a_wr.en.eq(Mux(fire, 1 << walk.l, 0)),
+                a_en.eq(Mux(fire, 1 << walk.l, 0)),
             ]
         with m.If(epi_rd):
             m.d.sync += rd_cycle.eq(1)
