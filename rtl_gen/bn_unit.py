@@ -451,6 +451,8 @@ class _CountdownWalker:
 
     def __init__(self, m: Module, ch: _Channels, name: str):
         self._ch = ch
+        #: registers that step as ``g`` does in :meth:`next_channel` (copies of it that count by themselves)
+        self.followers = []
         self.g = Signal(range(ch.max_groups), name=f"{name}_g")
         self.l = Signal(range(ch.lanes), name=f"{name}_l")
         self.ch = Signal(range(ch.max_channels), name=f"{name}_ch")
@@ -470,10 +472,12 @@ class _CountdownWalker:
         with m.If(self.last_lane):
             m.d.sync += self.l.eq(0)
             with m.If(self.last_group):
-                m.d.sync += [self.g.eq(0), self.ch.eq(0), self.left.eq(self._lanes1(self._ch.single))]
+                m.d.sync += [self.g.eq(0), self.ch.eq(0), self.left.eq(self._lanes1(self._ch.single)),
+                             *(f.eq(0) for f in self.followers)]
             with m.Else():
                 m.d.sync += [self.g.eq(self.g + 1), self.ch.eq(self.ch + 1),
-                             self.left.eq(self._lanes1(self.g + 1 == self._ch.g1))]
+                             self.left.eq(self._lanes1(self.g + 1 == self._ch.g1)),
+                             *(f.eq(f + 1) for f in self.followers)]
         with m.Else():
             m.d.sync += [self.l.eq(self.l + 1), self.ch.eq(self.ch + 1), self.left.eq(self.left - 1)]
 
@@ -605,6 +609,38 @@ def forward_cycles(layer: BnLayer, div_steps: int = 1) -> dict[str, int]:
     return out
 
 
+BN_MEM_SLICE = 8
+"""Lanes per slice of the per-group memories of :class:`BnBackwardUnit` (P1, P2, alpha) and of
+:class:`BnForwardCore` (the accumulators): each slice is a memory of its own, read at an address register of its
+own (timing: one read address reached every lane's LUT-RAM cells, BN backward 11.9 ns with 94 % routing, BN
+forward 11.7 ns with 91 %, at the paper's widths on the ECP5 proxy)."""
+
+
+class _LaneSlices:
+    """A memory of ``lanes`` words of ``shape`` per address, cut into slices of :data:`BN_MEM_SLICE` lanes,
+    each a :class:`~amaranth.lib.memory.Memory` of its own (``{name}_mem``, or ``{name}_mem{k}`` for more than one
+    slice). ``rd_data`` joins the slices' read data; ``wr_data`` is cut into their write data; ``slices`` gives
+    each slice's first lane, lanes, read port, write port and name suffix (addresses and enables are the
+    caller's)."""
+
+    def __init__(self, m: Module, shape, lanes: int, depth: int, name: str, granularity: bool = False):
+        bits = Shape.cast(shape).width
+        self.rd_data = Signal(data.ArrayLayout(shape, lanes), name=f"{name}_rd_data")
+        self.wr_data = Signal(data.ArrayLayout(shape, lanes), name=f"{name}_wr_data")
+        self.slices = []
+        count = -(-lanes // BN_MEM_SLICE)
+        for k in range(count):
+            lo = k * BN_MEM_SLICE
+            n = min(BN_MEM_SLICE, lanes - lo)
+            sfx = "" if count == 1 else str(k)
+            mem = m.submodules[f"{name}_mem{sfx}"] = Memory(shape=data.ArrayLayout(shape, n), depth=depth, init=[])
+            rd = mem.read_port()
+            wr = mem.write_port(granularity=1) if granularity else mem.write_port()
+            m.d.comb += [self.rd_data.as_value()[lo * bits:(lo + n) * bits].eq(rd.data.as_value()),
+                         wr.data.as_value().eq(self.wr_data.as_value()[lo * bits:(lo + n) * bits])]
+            self.slices.append((lo, n, rd, wr, sfx))
+
+
 class BnForwardCore(wiring.Component):
     """:func:`sim.hw.arith.bn_forward` for one layer, without its divider (see the module docstring).
 
@@ -703,15 +739,13 @@ class BnForwardCore(wiring.Component):
         # ---- per-channel state ---------------------------------------------------------------------------
         sum_shape = signed(w["sum_y"])
         cnt_shape = signed(lay.count_width)
-        m.submodules.sum_mem = sum_mem = Memory(shape=data.ArrayLayout(sum_shape, L), depth=G, init=[])
-        m.submodules.ys_mem = ys_mem = Memory(shape=data.ArrayLayout(sum_shape, L), depth=G, init=[])
-        m.submodules.ns_mem = ns_mem = Memory(shape=data.ArrayLayout(cnt_shape, L), depth=G, init=[])
+        # the accumulators, each cut into slices of lanes (BN_MEM_SLICE)
+        sum_mem = _LaneSlices(m, sum_shape, L, G, "sum")
+        ys_mem = _LaneSlices(m, sum_shape, L, G, "ys")
+        ns_mem = _LaneSlices(m, cnt_shape, L, G, "ns")
         m.submodules.thr_mem = thr_mem = Memory(shape=data.ArrayLayout(lay.thr_layout, L), depth=G, init=[])
         chan_layout = data.StructLayout({"S_eff": unsigned(lay.seff_width), "zero": 1, "C": signed(lay.c_width)})
         m.submodules.chan_mem = chan_mem = Memory(shape=chan_layout, depth=M, init=[])
-        sum_rd, sum_wr = sum_mem.read_port(), sum_mem.write_port()
-        ys_rd, ys_wr = ys_mem.read_port(), ys_mem.write_port()
-        ns_rd, ns_wr = ns_mem.read_port(), ns_mem.write_port()
         thr_rd, thr_wr = thr_mem.read_port(), thr_mem.write_port(granularity=1)
         chan_rd, chan_wr = chan_mem.read_port(), chan_mem.write_port()
 
@@ -786,12 +820,16 @@ class BnForwardCore(wiring.Component):
         m.d.sync += s2_valid.eq(s1_valid & adv)
         with m.If(adv):
             m.d.sync += [s2_first.eq(s1_first), s2_last.eq(s1_last), s2_g.eq(s1_g), s2_y.eq(s1_y)]
-        writes = Signal()
-        m.d.comb += writes.eq(s2_valid)
+        # the accumulators' write enables as registers (stage 2 holds a beat of the pass: its phase is the one of
+        # the cycle before; timing: the phase's decode into every LUT-RAM cell's write enable)
+        sum_wen = Signal(name="sum_wen")
+        cnt_wen = Signal(name="cnt_wen")  # Ys and Ns
+        m.d.sync += [sum_wen.eq(s1_valid & adv & (phase == Phase.PASS1)),
+                     cnt_wen.eq(s1_valid & adv & ((phase == Phase.PASS2) | (phase == Phase.PASS3)))]
         sum_new = Signal(data.ArrayLayout(sum_shape, L))
         ys_new = Signal(data.ArrayLayout(sum_shape, L))
         ns_new = Signal(data.ArrayLayout(cnt_shape, L))
-        sum_old, ys_old, ns_old = sum_rd.data, ys_rd.data, ns_rd.data
+        sum_old, ys_old, ns_old = sum_mem.rd_data, ys_mem.rd_data, ns_mem.rd_data
         x_hat = Signal(L)
         mask = Signal(L)
         for lane in range(L):
@@ -822,16 +860,13 @@ class BnForwardCore(wiring.Component):
         m.d.comb += [
             x_queue.w_en.eq(xr_valid),  # never full: the credits
             x_queue.w_data.eq(xr),
-            sum_wr.addr.eq(s2_g),
-            sum_wr.data.eq(sum_new),
-            sum_wr.en.eq(writes & (phase == Phase.PASS1)),
-            ys_wr.addr.eq(s2_g),
-            ys_wr.data.eq(ys_new),
-            ys_wr.en.eq(writes & ((phase == Phase.PASS2) | (phase == Phase.PASS3))),
-            ns_wr.addr.eq(s2_g),
-            ns_wr.data.eq(ns_new),
-            ns_wr.en.eq(writes & ((phase == Phase.PASS2) | (phase == Phase.PASS3))),
+            sum_mem.wr_data.eq(sum_new),
+            ys_mem.wr_data.eq(ys_new),
+            ns_mem.wr_data.eq(ns_new),
         ]
+        for mem, wen in ((sum_mem, sum_wen), (ys_mem, cnt_wen), (ns_mem, cnt_wen)):
+            for _lo, _n, _rd, wr, _sfx in mem.slices:
+                m.d.comb += [wr.addr.eq(s2_g), wr.en.eq(wen)]
 
         # ---- per-channel sequencer (epilogues) ------------------------------------------------------------
         # (timing: the lane index's fan-out to the lane multiplexers and into the sequencer's own last-lane
@@ -853,10 +888,20 @@ class BnForwardCore(wiring.Component):
         # in an epilogue the group (``walk.g``) changes only with a read cycle (RD), and nothing writes them
         # (timing: the pass's stall ``adv``, from ``phase`` and the x queue, as the clock enable of every read
         # register closed at 79.8 MHz at the paper's widths on the ECP5 proxy)
-        for port in (sum_rd, ys_rd, ns_rd):
-            m.d.comb += [port.addr.eq(Mux(in_pass, s1_g, walk.g)), port.en.eq(1)]
+        # Each accumulator slice reads at an address register of its own that counts by itself (the synthesis
+        # keeps the copies apart): in a pass it steps with stage 1's beats (it equals s1_g), in an epilogue it
+        # steps as ``walk.g`` does (both wrap to 0 at the end of a pass and of an epilogue; timing: the address
+        # as ``Mux(in_pass, s1_g, walk.g)``, one net to every LUT-RAM cell of a memory, 11.7 ns with 91 % routing
+        # at the paper's widths on the ECP5 proxy)
+        for mem, name in ((sum_mem, "sum"), (ys_mem, "ys"), (ns_mem, "ns")):
+            for _lo, _n, port, _wr, sfx in mem.slices:
+                rd_g = Signal(range(G), name=f"{name}_rd_g{sfx}")
+                with m.If(s1_valid):  # a pass (no beat is taken in an epilogue)
+                    m.d.sync += rd_g.eq(Mux(rd_g == ch.g1, 0, rd_g + 1))
+                walk.followers.append(rd_g)
+                m.d.comb += [port.addr.eq(rd_g), port.en.eq(1)]
         m.d.comb += [thr_rd.addr.eq(Mux(in_pass, cnt.g, walk.g)), thr_rd.en.eq(Mux(in_pass, adv, epi_rd))]
-        sum_l = _lane(m, sum_rd.data, walk.l, sum_shape, "sum_l")
+        sum_l = _lane(m, sum_mem.rd_data, walk.l, sum_shape, "sum_l")
         # EPI1's dividend, offset in every lane before the lane choice (timing: the lane index's fan-out into
         # the multiplexer, then the offset's carry chain into the divider's request register closed at 99.6 MHz
         # on the ECP5 proxy; now the index reaches only the final choice)
@@ -866,7 +911,7 @@ class BnForwardCore(wiring.Component):
         epi1_n = Signal(wn, name="epi1_dividend")
         epi1_lanes = [Signal(wn, name=f"epi1_dividend{i}") for i in range(L)]
         for i, sig in enumerate(epi1_lanes):
-            m.d.comb += sig.eq(sum_rd.data[i] + (B * ymax + B - 1))
+            m.d.comb += sig.eq(sum_mem.rd_data[i] + (B * ymax + B - 1))
         lo_bits = min(EPI1_PART, L).bit_length() - 1 if L > 1 else 0
         parts = [epi1_lanes[i:i + (1 << lo_bits)] for i in range(0, L, 1 << lo_bits)]
         part_r = [Signal(wn, name=f"epi1_part{j}", reset_less=True) for j in range(len(parts))]
@@ -881,8 +926,8 @@ class BnForwardCore(wiring.Component):
             for j, reg in enumerate(part_r):
                 with m.Case(j):
                     m.d.comb += epi1_n.eq(reg)
-        ys_l = _lane(m, ys_rd.data, walk.l, sum_shape, "ys_l")
-        ns_l = _lane(m, ns_rd.data, walk.l, cnt_shape, "ns_l")
+        ys_l = _lane(m, ys_mem.rd_data, walk.l, sum_shape, "ys_l")
+        ns_l = _lane(m, ns_mem.rd_data, walk.l, cnt_shape, "ns_l")
         thr_l = _lane(m, thr_rd.data, walk.l, lay.thr_layout, "thr_l")
 
         # Pass end: the last beat is in stage 2 and being written.
@@ -1268,37 +1313,6 @@ first part enters the ``Q`` pipeline, which never stalls, and returns it as it l
 needs a credit for each beat in the loop (``BN_BWD_Q_STAGES + 1`` cycles and the beat's own parts)."""
 
 
-BN_BWD_MEM_SLICE = 8
-"""Lanes per slice of :class:`BnBackwardUnit`'s P1, P2 and alpha memories: each slice is a memory of its own,
-read at an address register of its own (timing: one read address register reached every lane's LUT-RAM cells,
-11.9 ns with 94 % routing at the paper's widths on the ECP5 proxy)."""
-
-
-class _LaneSlices:
-    """A memory of ``lanes`` words of ``shape`` per address, cut into slices of :data:`BN_BWD_MEM_SLICE` lanes,
-    each a :class:`~amaranth.lib.memory.Memory` of its own (``{name}_mem``, or ``{name}_mem{k}`` for more than one
-    slice). ``rd_data`` joins the slices' read data; ``wr_data`` is cut into their write data; ``slices`` gives
-    each slice's first lane, lanes, read port, write port and name suffix (addresses and enables are the
-    caller's)."""
-
-    def __init__(self, m: Module, shape, lanes: int, depth: int, name: str, granularity: bool = False):
-        bits = Shape.cast(shape).width
-        self.rd_data = Signal(data.ArrayLayout(shape, lanes), name=f"{name}_rd_data")
-        self.wr_data = Signal(data.ArrayLayout(shape, lanes), name=f"{name}_wr_data")
-        self.slices = []
-        count = -(-lanes // BN_BWD_MEM_SLICE)
-        for k in range(count):
-            lo = k * BN_BWD_MEM_SLICE
-            n = min(BN_BWD_MEM_SLICE, lanes - lo)
-            sfx = "" if count == 1 else str(k)
-            mem = m.submodules[f"{name}_mem{sfx}"] = Memory(shape=data.ArrayLayout(shape, n), depth=depth, init=[])
-            rd = mem.read_port()
-            wr = mem.write_port(granularity=1) if granularity else mem.write_port()
-            m.d.comb += [self.rd_data.as_value()[lo * bits:(lo + n) * bits].eq(rd.data.as_value()),
-                         wr.data.as_value().eq(self.wr_data.as_value()[lo * bits:(lo + n) * bits])]
-            self.slices.append((lo, n, rd, wr, sfx))
-
-
 def backward_cycles(layer: BnLayer, pass2_lanes: int | None = None) -> dict[str, int]:
     """Cycles of every phase of :class:`BnBackwardUnit` and their ``total`` for one batch with no stalls (pass 2:
     ``lanes / pass2_lanes`` cycles per beat)."""
@@ -1392,7 +1406,7 @@ class BnBackwardUnit(wiring.Component):
         a_shape = lay.alpha_layout  # alpha_q and the zero-scale flag
         q_shape = signed(w["Q"])
         # P1 and P2 per channel; alpha_q and the zero flag per channel, written lane by lane in EPI, read with the
-        # group's P1 / P2 words in pass 2. Each cut into slices of lanes (BN_BWD_MEM_SLICE)
+        # group's P1 / P2 words in pass 2. Each cut into slices of lanes (BN_MEM_SLICE)
         p1_mem = _LaneSlices(m, p_shape, L, G, "p1")
         p2_mem = _LaneSlices(m, p_shape, L, G, "p2")
         a_mem = _LaneSlices(m, a_shape, L, G, "a", granularity=True)

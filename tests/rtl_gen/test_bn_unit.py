@@ -13,12 +13,13 @@ from amaranth import Module, Signal, signed
 from amaranth.sim import Simulator
 
 from rtl_gen.bn_unit import (
-    BN_BWD_MEM_SLICE,
+    BN_MEM_SLICE,
     EPI1_DIV_STAGES,
     EPI3_ISSUE,
     STATS_OUT_STAGE,
     THR_WRITE_STAGES,
     BnBackwardUnit,
+    BnForwardCore,
     BnForwardUnit,
     BnLayer,
     forward_cycles,
@@ -468,12 +469,12 @@ def test_backward_first_row_clear_is_one_register_per_lane(tmp_path):
 @pytest.mark.timing
 def test_backward_memories_cut_into_lane_slices(tmp_path):
     """Yosys's view of the unit (16 lanes, two groups): the P1, P2 and alpha memories are cut into slices of
-    ``BN_BWD_MEM_SLICE`` lanes, each read at an address register of its own (six registers, none merged), and the
+    ``BN_MEM_SLICE`` lanes, each read at an address register of its own (six registers, none merged), and the
     P1 and P2 slices are written under one enable that is a flip-flop (``p_wen``), with no logic between (timing:
     one read address register, and the phase's decode of the write enable, reached every lane's LUT-RAM cells)."""
     from yosys_nets import gate_netlist, memory_ports  # same folder
 
-    assert BN_BWD_MEM_SLICE == 8
+    assert BN_MEM_SLICE == 8
     lay = BnLayer.from_config(small_config(4, 20, 7), 0, lanes=16)
     mod = gate_netlist(BnBackwardUnit(layer=lay), "bn_backward", tmp_path)
     nets, mems = memory_ports(mod)
@@ -488,3 +489,25 @@ def test_backward_memories_cut_into_lane_slices(tmp_path):
     flops = {b for c in mod["cells"].values() if "DFF" in c["type"].upper() for b in c["connections"]["Q"]}
     assert len(wen) == 1 and wen[0] in flops
     assert all(set(mems[f"{name}_mem{k}"]["wen"]) == set(wen) for name in ("p1", "p2") for k in range(2))
+
+
+@pytest.mark.timing
+def test_forward_accumulators_cut_into_lane_slices(tmp_path):
+    """Yosys's view of BN forward (16 lanes, two groups): the accumulators (sum y, Ys, Ns) are cut into slices of
+    ``BN_MEM_SLICE`` lanes, each read at an address register of its own (six registers, none merged; timing: the
+    pass / epilogue address multiplexer's output reached every LUT-RAM cell of a memory), and written under
+    enables that are flip-flops."""
+    from yosys_nets import gate_netlist, memory_ports  # same folder
+
+    lay = BnLayer.from_config(small_config(4, 20, 7), 0, lanes=16)
+    mod = gate_netlist(BnForwardCore(layer=lay), "bn_forward", tmp_path)
+    nets, mems = memory_ports(mod)
+    mems = {r["cell"]: r for r in mems}
+    names = [f"{name}_mem{k}" for name in ("sum", "ys", "ns") for k in range(2)]
+    assert set(names) <= set(mems)
+    regs = {n: nets[n.replace("_mem", "_rd_g")] for n in names}
+    assert all(len(bits) == 1 for bits in regs.values())  # two groups
+    assert {n: mems[n]["addr"] for n in names} == regs
+    assert len(set(regs.values())) == 6
+    flops = {b for c in mod["cells"].values() if "DFF" in c["type"].upper() for b in c["connections"]["Q"]}
+    assert all(set(mems[n]["wen"]) <= flops for n in names)
