@@ -208,8 +208,10 @@ def _pysim_forward(lay, y, beta, *, seed, p_idle, p_stall, div_steps=1):
     return stamps[-1] - stamps[0] + 1, dut.cycles()["total"]
 
 
-# div_steps 4 and 5: two and three divisions in flight in the divider's ring (EPI1 / EPI2 overlap channels)
-@pytest.mark.parametrize("geo", [(6, 5, 7, 2, 1), (5, 3, 9, 4, 1), (6, 5, 7, 2, 4), (8, 11, 12, 3, 5), (4, 9, 6, 4, 2)])
+# div_steps 4 and 5: two and three divisions in flight in the divider's ring (EPI1 / EPI2 overlap channels); 12
+# lanes: the accumulators in two slices of 8 and 4 lanes (BN_MEM_SLICE)
+@pytest.mark.parametrize("geo", [(6, 5, 7, 2, 1), (5, 3, 9, 4, 1), (6, 5, 7, 2, 4), (8, 11, 12, 3, 5), (4, 9, 6, 4, 2),
+                                 (3, 21, 7, 12, 1)])
 def test_forward_in_amaranth_simulator(geo):
     batch, channels, fan_in, lanes, steps = geo
     lay = BnLayer.from_config(small_config(batch, channels, fan_in), 0, lanes=lanes)
@@ -471,7 +473,9 @@ def test_backward_memories_cut_into_lane_slices(tmp_path):
     """Yosys's view of the unit (16 lanes, two groups): the P1, P2 and alpha memories are cut into slices of
     ``BN_MEM_SLICE`` lanes, each read at an address register of its own (six registers, none merged), and the
     P1 and P2 slices are written under one enable that is a flip-flop (``p_wen``), with no logic between (timing:
-    one read address register, and the phase's decode of the write enable, reached every lane's LUT-RAM cells)."""
+    one read address register, and the phase's decode of the write enable, reached every lane's LUT-RAM cells).
+    The beat register's lanes move in the same slices, each under an enable from a copy of ``s1_valid`` of its
+    own (two copies, not merged)."""
     from yosys_nets import gate_netlist, memory_ports  # same folder
 
     assert BN_MEM_SLICE == 8
@@ -489,6 +493,8 @@ def test_backward_memories_cut_into_lane_slices(tmp_path):
     flops = {b for c in mod["cells"].values() if "DFF" in c["type"].upper() for b in c["connections"]["Q"]}
     assert len(wen) == 1 and wen[0] in flops
     assert all(set(mems[f"{name}_mem{k}"]["wen"]) == set(wen) for name in ("p1", "p2") for k in range(2))
+    copies = [nets[f"s1_valid{k}"] for k in range(2)]
+    assert all(len(c) == 1 and c[0] in flops for c in copies) and copies[0] != copies[1]
 
 
 @pytest.mark.timing
