@@ -501,8 +501,8 @@ def test_backward_memories_cut_into_lane_slices(tmp_path):
 def test_forward_accumulators_cut_into_lane_slices(tmp_path):
     """Yosys's view of BN forward (16 lanes, two groups): the accumulators (sum y, Ys, Ns) are cut into slices of
     ``BN_MEM_SLICE`` lanes, each read at an address register of its own (six registers, none merged; timing: the
-    pass / epilogue address multiplexer's output reached every LUT-RAM cell of a memory), and written under
-    enables that are flip-flops."""
+    pass / epilogue address multiplexer's output reached every LUT-RAM cell of a memory), written under enables
+    that are flip-flops, and read out in the epilogues at lane index copies of their own."""
     from yosys_nets import gate_netlist, memory_ports  # same folder
 
     lay = BnLayer.from_config(small_config(4, 20, 7), 0, lanes=16)
@@ -517,3 +517,6 @@ def test_forward_accumulators_cut_into_lane_slices(tmp_path):
     assert len(set(regs.values())) == 6
     flops = {b for c in mod["cells"].values() if "DFF" in c["type"].upper() for b in c["connections"]["Q"]}
     assert all(set(mems[n]["wen"]) <= flops for n in names)
+    # the epilogue's lane of each slice: a copy of the lane index of its own per memory and slice (six, not merged)
+    lanes = [nets[f"{name}_l_l{k}"] for name in ("sum", "ys", "ns") for k in range(2)]
+    assert all(b in flops for c in lanes for b in c if b != "x") and len(set(lanes)) == 6  # "x": a bit unused
