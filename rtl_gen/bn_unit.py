@@ -1505,18 +1505,22 @@ class BnBackwardUnit(wiring.Component):
         # with 89 % routing at the paper's widths on the ECP5 proxy)
         writes = Signal(name="p_wen")
         m.d.sync += writes.eq(accept & (phase == PASS1))
-        # the first row's clear of the read words, one copy per lane, each from a batch-row counter of its own that
-        # steps as the beat counter's does (copies with equal inputs would be merged by the synthesis). Timing: one
-        # s1_first into the adders of every lane, 960 inputs at the paper's widths, closed at 88.2 / 92.6 MHz on
-        # the ECP5 proxy (nextpnr seeds 1 / 2)
+        # the first row's clear of the read words, one copy per lane, each from a batch-row counter of its own
+        # (copies with equal inputs would be merged by the synthesis). Timing: one s1_first into the adders of
+        # every lane, 960 inputs at the paper's widths, closed at 88.2 / 92.6 MHz on the ECP5 proxy (nextpnr seeds
+        # 1 / 2). A counter counts the pass-1 rows whose last beat has been in s1 (its enable from registers:
+        # counting the beats taken, ``accept`` -> every lane's counter enable closed at 96.9 MHz at the paper's
+        # widths); a beat taken now is of the first row when those rows and the one ending in s1 make 0 mod B
         lane_first = []
+        row_end = Signal(name="s1_row_end")  # the beat in s1 ends a pass-1 row
+        m.d.comb += row_end.eq(s1_valid & s1_last_group & (phase == PASS1))
         for lane in range(L):
             row = Signal(range(B), name=f"in_b{lane}")
-            with m.If(accept & cnt.last_group):
+            with m.If(row_end):
                 m.d.sync += row.eq(Mux(row == B - 1, 0, row + 1))
             first = Signal(name=f"s1_first{lane}")
             with m.If(adv):
-                m.d.sync += first.eq(row == 0)
+                m.d.sync += first.eq(Mux(row_end, row == B - 1, row == 0))
             lane_first.append(first)
         # P2 is bounded like P1 (both at most sum |dx|)
         p1_new = Signal(data.ArrayLayout(p_shape, L))

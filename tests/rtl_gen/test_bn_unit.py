@@ -325,7 +325,13 @@ def test_backward_q_waits_in_pend_under_long_backpressure(pass2_lanes):
     _pysim_backward(pass2_lanes, lambda cycle, coin: cycle % 44 >= 40)
 
 
-def _pysim_backward(pass2_lanes, q_ready):
+def test_backward_back_to_back_beats():
+    """Every input offered at once, q always ready: pass 1 takes a beat a cycle, so the first beat of a row is
+    taken while the last beat of the row before is in s1 (the first-row clear counts that row)."""
+    _pysim_backward(None, lambda cycle, coin: True, p_idle=0.0)
+
+
+def _pysim_backward(pass2_lanes, q_ready, p_idle=0.3):
     lay = BnLayer.from_config(small_config(5, 5, 7), 0, lanes=2)
     rng = np.random.default_rng(2)
     b, m = lay.batch, lay.channels
@@ -355,7 +361,7 @@ def _pysim_backward(pass2_lanes, q_ready):
             ctx.set(dut.p1.ready, coin.random() >= 0.4)
             sources = ((dut.dx, words), (dut.dx_replay, words), (dut.alpha, alpha_items))
             for k, (port, items) in enumerate(sources):
-                n[k] += _drive(ctx, port, items, n[k], coin, 0.3)
+                n[k] += _drive(ctx, port, items, n[k], coin, p_idle)
             if ctx.get(dut.q.ready) and ctx.get(dut.q.valid):
                 qs.append([int(v) for v in ctx.get(dut.q.payload.q)])
             if ctx.get(dut.p1.ready) and ctx.get(dut.p1.valid):
