@@ -451,6 +451,10 @@ class _CountdownWalker:
 
     def __init__(self, m: Module, ch: _Channels, name: str):
         self._ch = ch
+        #: registers that step as ``g`` does in :meth:`next_channel` (copies of it that count by themselves)
+        self.followers = []
+        #: registers that step as ``l`` does in :meth:`next_channel`
+        self.lane_followers = []
         self.g = Signal(range(ch.max_groups), name=f"{name}_g")
         self.l = Signal(range(ch.lanes), name=f"{name}_l")
         self.ch = Signal(range(ch.max_channels), name=f"{name}_ch")
@@ -468,14 +472,43 @@ class _CountdownWalker:
     def next_channel(self, m: Module):
         """Sync statements moving to the next channel (wrapping to channel 0 after the last)."""
         with m.If(self.last_lane):
-            m.d.sync += self.l.eq(0)
+            m.d.sync += [self.l.eq(0), *(f.eq(0) for f in self.lane_followers)]
             with m.If(self.last_group):
-                m.d.sync += [self.g.eq(0), self.ch.eq(0), self.left.eq(self._lanes1(self._ch.single))]
+                m.d.sync += [self.g.eq(0), self.ch.eq(0), self.left.eq(self._lanes1(self._ch.single)),
+                             *(f.eq(0) for f in self.followers)]
             with m.Else():
                 m.d.sync += [self.g.eq(self.g + 1), self.ch.eq(self.ch + 1),
-                             self.left.eq(self._lanes1(self.g + 1 == self._ch.g1))]
+                             self.left.eq(self._lanes1(self.g + 1 == self._ch.g1)),
+                             *(f.eq(f + 1) for f in self.followers)]
         with m.Else():
-            m.d.sync += [self.l.eq(self.l + 1), self.ch.eq(self.ch + 1), self.left.eq(self.left - 1)]
+            m.d.sync += [self.l.eq(self.l + 1), self.ch.eq(self.ch + 1), self.left.eq(self.left - 1),
+                         *(f.eq(f + 1) for f in self.lane_followers)]
+
+    def lane_of(self, m: Module, mem: _LaneSlices, shape, name: str) -> Signal:
+        """``mem.rd_data[l]``: each slice picks its lane at a copy of ``l`` of its own (a lane follower), then the
+        slice is picked (timing: ``l`` into the lane multiplexers of every memory, one net to hundreds of LUTs,
+        11.3 ns with 85 % routing at the paper's widths on the ECP5 proxy)."""
+        lanes = len(mem.rd_data)
+        bits = (BN_MEM_SLICE - 1).bit_length()
+        picks, first = [], None
+        for _lo, n, rd, _wr, sfx in mem.slices:
+            l_k = Signal(range(lanes), name=f"{name}_l{sfx}")
+            self.lane_followers.append(l_k)
+            first = l_k if first is None else first
+            pick = Signal(shape, name=f"{name}_pick{sfx}")
+            if len(mem.slices) == 1:
+                m.d.comb += pick.eq(rd.data[l_k])
+            else:
+                m.d.comb += pick.eq(rd.data[0] if n == 1 else rd.data[l_k[:bits]])
+            picks.append(pick)
+        if len(picks) == 1:
+            return picks[0]
+        out = Signal(shape, name=name)
+        with m.Switch(first[bits:]):
+            for k, pick in enumerate(picks):
+                with m.Case(k):
+                    m.d.comb += out.eq(pick)
+        return out
 
 
 def _lane(m: Module, view, index, shape, name: str) -> Signal:
@@ -605,6 +638,38 @@ def forward_cycles(layer: BnLayer, div_steps: int = 1) -> dict[str, int]:
     return out
 
 
+BN_MEM_SLICE = 8
+"""Lanes per slice of the per-group memories of :class:`BnBackwardUnit` (P1, P2, alpha) and of
+:class:`BnForwardCore` (the accumulators): each slice is a memory of its own, read at an address register of its
+own (timing: one read address reached every lane's LUT-RAM cells, BN backward 11.9 ns with 94 % routing, BN
+forward 11.7 ns with 91 %, at the paper's widths on the ECP5 proxy)."""
+
+
+class _LaneSlices:
+    """A memory of ``lanes`` words of ``shape`` per address, cut into slices of :data:`BN_MEM_SLICE` lanes,
+    each a :class:`~amaranth.lib.memory.Memory` of its own (``{name}_mem``, or ``{name}_mem{k}`` for more than one
+    slice). ``rd_data`` joins the slices' read data; ``wr_data`` is cut into their write data; ``slices`` gives
+    each slice's first lane, lanes, read port, write port and name suffix (addresses and enables are the
+    caller's)."""
+
+    def __init__(self, m: Module, shape, lanes: int, depth: int, name: str, granularity: bool = False):
+        bits = Shape.cast(shape).width
+        self.rd_data = Signal(data.ArrayLayout(shape, lanes), name=f"{name}_rd_data")
+        self.wr_data = Signal(data.ArrayLayout(shape, lanes), name=f"{name}_wr_data")
+        self.slices = []
+        count = -(-lanes // BN_MEM_SLICE)
+        for k in range(count):
+            lo = k * BN_MEM_SLICE
+            n = min(BN_MEM_SLICE, lanes - lo)
+            sfx = "" if count == 1 else str(k)
+            mem = m.submodules[f"{name}_mem{sfx}"] = Memory(shape=data.ArrayLayout(shape, n), depth=depth, init=[])
+            rd = mem.read_port()
+            wr = mem.write_port(granularity=1) if granularity else mem.write_port()
+            m.d.comb += [self.rd_data.as_value()[lo * bits:(lo + n) * bits].eq(rd.data.as_value()),
+                         wr.data.as_value().eq(self.wr_data.as_value()[lo * bits:(lo + n) * bits])]
+            self.slices.append((lo, n, rd, wr, sfx))
+
+
 class BnForwardCore(wiring.Component):
     """:func:`sim.hw.arith.bn_forward` for one layer, without its divider (see the module docstring).
 
@@ -703,15 +768,13 @@ class BnForwardCore(wiring.Component):
         # ---- per-channel state ---------------------------------------------------------------------------
         sum_shape = signed(w["sum_y"])
         cnt_shape = signed(lay.count_width)
-        m.submodules.sum_mem = sum_mem = Memory(shape=data.ArrayLayout(sum_shape, L), depth=G, init=[])
-        m.submodules.ys_mem = ys_mem = Memory(shape=data.ArrayLayout(sum_shape, L), depth=G, init=[])
-        m.submodules.ns_mem = ns_mem = Memory(shape=data.ArrayLayout(cnt_shape, L), depth=G, init=[])
+        # the accumulators, each cut into slices of lanes (BN_MEM_SLICE)
+        sum_mem = _LaneSlices(m, sum_shape, L, G, "sum")
+        ys_mem = _LaneSlices(m, sum_shape, L, G, "ys")
+        ns_mem = _LaneSlices(m, cnt_shape, L, G, "ns")
         m.submodules.thr_mem = thr_mem = Memory(shape=data.ArrayLayout(lay.thr_layout, L), depth=G, init=[])
         chan_layout = data.StructLayout({"S_eff": unsigned(lay.seff_width), "zero": 1, "C": signed(lay.c_width)})
         m.submodules.chan_mem = chan_mem = Memory(shape=chan_layout, depth=M, init=[])
-        sum_rd, sum_wr = sum_mem.read_port(), sum_mem.write_port()
-        ys_rd, ys_wr = ys_mem.read_port(), ys_mem.write_port()
-        ns_rd, ns_wr = ns_mem.read_port(), ns_mem.write_port()
         thr_rd, thr_wr = thr_mem.read_port(), thr_mem.write_port(granularity=1)
         chan_rd, chan_wr = chan_mem.read_port(), chan_mem.write_port()
 
@@ -786,12 +849,16 @@ class BnForwardCore(wiring.Component):
         m.d.sync += s2_valid.eq(s1_valid & adv)
         with m.If(adv):
             m.d.sync += [s2_first.eq(s1_first), s2_last.eq(s1_last), s2_g.eq(s1_g), s2_y.eq(s1_y)]
-        writes = Signal()
-        m.d.comb += writes.eq(s2_valid)
+        # the accumulators' write enables as registers (stage 2 holds a beat of the pass: its phase is the one of
+        # the cycle before; timing: the phase's decode into every LUT-RAM cell's write enable)
+        sum_wen = Signal(name="sum_wen")
+        cnt_wen = Signal(name="cnt_wen")  # Ys and Ns
+        m.d.sync += [sum_wen.eq(s1_valid & adv & (phase == Phase.PASS1)),
+                     cnt_wen.eq(s1_valid & adv & ((phase == Phase.PASS2) | (phase == Phase.PASS3)))]
         sum_new = Signal(data.ArrayLayout(sum_shape, L))
         ys_new = Signal(data.ArrayLayout(sum_shape, L))
         ns_new = Signal(data.ArrayLayout(cnt_shape, L))
-        sum_old, ys_old, ns_old = sum_rd.data, ys_rd.data, ns_rd.data
+        sum_old, ys_old, ns_old = sum_mem.rd_data, ys_mem.rd_data, ns_mem.rd_data
         x_hat = Signal(L)
         mask = Signal(L)
         for lane in range(L):
@@ -822,16 +889,13 @@ class BnForwardCore(wiring.Component):
         m.d.comb += [
             x_queue.w_en.eq(xr_valid),  # never full: the credits
             x_queue.w_data.eq(xr),
-            sum_wr.addr.eq(s2_g),
-            sum_wr.data.eq(sum_new),
-            sum_wr.en.eq(writes & (phase == Phase.PASS1)),
-            ys_wr.addr.eq(s2_g),
-            ys_wr.data.eq(ys_new),
-            ys_wr.en.eq(writes & ((phase == Phase.PASS2) | (phase == Phase.PASS3))),
-            ns_wr.addr.eq(s2_g),
-            ns_wr.data.eq(ns_new),
-            ns_wr.en.eq(writes & ((phase == Phase.PASS2) | (phase == Phase.PASS3))),
+            sum_mem.wr_data.eq(sum_new),
+            ys_mem.wr_data.eq(ys_new),
+            ns_mem.wr_data.eq(ns_new),
         ]
+        for mem, wen in ((sum_mem, sum_wen), (ys_mem, cnt_wen), (ns_mem, cnt_wen)):
+            for _lo, _n, _rd, wr, _sfx in mem.slices:
+                m.d.comb += [wr.addr.eq(s2_g), wr.en.eq(wen)]
 
         # ---- per-channel sequencer (epilogues) ------------------------------------------------------------
         # (timing: the lane index's fan-out to the lane multiplexers and into the sequencer's own last-lane
@@ -853,10 +917,20 @@ class BnForwardCore(wiring.Component):
         # in an epilogue the group (``walk.g``) changes only with a read cycle (RD), and nothing writes them
         # (timing: the pass's stall ``adv``, from ``phase`` and the x queue, as the clock enable of every read
         # register closed at 79.8 MHz at the paper's widths on the ECP5 proxy)
-        for port in (sum_rd, ys_rd, ns_rd):
-            m.d.comb += [port.addr.eq(Mux(in_pass, s1_g, walk.g)), port.en.eq(1)]
+        # Each accumulator slice reads at an address register of its own that counts by itself (the synthesis
+        # keeps the copies apart): in a pass it steps with stage 1's beats (it equals s1_g), in an epilogue it
+        # steps as ``walk.g`` does (both wrap to 0 at the end of a pass and of an epilogue; timing: the address
+        # as ``Mux(in_pass, s1_g, walk.g)``, one net to every LUT-RAM cell of a memory, 11.7 ns with 91 % routing
+        # at the paper's widths on the ECP5 proxy)
+        for mem, name in ((sum_mem, "sum"), (ys_mem, "ys"), (ns_mem, "ns")):
+            for _lo, _n, port, _wr, sfx in mem.slices:
+                rd_g = Signal(range(G), name=f"{name}_rd_g{sfx}")
+                with m.If(s1_valid):  # a pass (no beat is taken in an epilogue)
+                    m.d.sync += rd_g.eq(Mux(rd_g == ch.g1, 0, rd_g + 1))
+                walk.followers.append(rd_g)
+                m.d.comb += [port.addr.eq(rd_g), port.en.eq(1)]
         m.d.comb += [thr_rd.addr.eq(Mux(in_pass, cnt.g, walk.g)), thr_rd.en.eq(Mux(in_pass, adv, epi_rd))]
-        sum_l = _lane(m, sum_rd.data, walk.l, sum_shape, "sum_l")
+        sum_l = walk.lane_of(m, sum_mem, sum_shape, "sum_l")
         # EPI1's dividend, offset in every lane before the lane choice (timing: the lane index's fan-out into
         # the multiplexer, then the offset's carry chain into the divider's request register closed at 99.6 MHz
         # on the ECP5 proxy; now the index reaches only the final choice)
@@ -866,7 +940,7 @@ class BnForwardCore(wiring.Component):
         epi1_n = Signal(wn, name="epi1_dividend")
         epi1_lanes = [Signal(wn, name=f"epi1_dividend{i}") for i in range(L)]
         for i, sig in enumerate(epi1_lanes):
-            m.d.comb += sig.eq(sum_rd.data[i] + (B * ymax + B - 1))
+            m.d.comb += sig.eq(sum_mem.rd_data[i] + (B * ymax + B - 1))
         lo_bits = min(EPI1_PART, L).bit_length() - 1 if L > 1 else 0
         parts = [epi1_lanes[i:i + (1 << lo_bits)] for i in range(0, L, 1 << lo_bits)]
         part_r = [Signal(wn, name=f"epi1_part{j}", reset_less=True) for j in range(len(parts))]
@@ -881,8 +955,8 @@ class BnForwardCore(wiring.Component):
             for j, reg in enumerate(part_r):
                 with m.Case(j):
                     m.d.comb += epi1_n.eq(reg)
-        ys_l = _lane(m, ys_rd.data, walk.l, sum_shape, "ys_l")
-        ns_l = _lane(m, ns_rd.data, walk.l, cnt_shape, "ns_l")
+        ys_l = walk.lane_of(m, ys_mem, sum_shape, "ys_l")
+        ns_l = walk.lane_of(m, ns_mem, cnt_shape, "ns_l")
         thr_l = _lane(m, thr_rd.data, walk.l, lay.thr_layout, "thr_l")
 
         # Pass end: the last beat is in stage 2 and being written.
@@ -1360,14 +1434,11 @@ class BnBackwardUnit(wiring.Component):
         k_shape = signed(lay.k2_width)  # alpha_q P2, formed in pass 2 from the stored P2 and alpha_q
         a_shape = lay.alpha_layout  # alpha_q and the zero-scale flag
         q_shape = signed(w["Q"])
-        m.submodules.p1_mem = p1_mem = Memory(shape=data.ArrayLayout(p_shape, L), depth=G, init=[])
-        m.submodules.p2_mem = p2_mem = Memory(shape=data.ArrayLayout(p_shape, L), depth=G, init=[])
-        p1_rd, p1_wr = p1_mem.read_port(), p1_mem.write_port()
-        p2_rd, p2_wr = p2_mem.read_port(), p2_mem.write_port()
-        # alpha_q and the zero flag per channel, written lane by lane in EPI, read with the group's P1 / P2 words in
-        # pass 2
-        m.submodules.a_mem = a_mem = Memory(shape=data.ArrayLayout(a_shape, L), depth=G, init=[])
-        a_rd, a_wr = a_mem.read_port(), a_mem.write_port(granularity=1)
+        # P1 and P2 per channel; alpha_q and the zero flag per channel, written lane by lane in EPI, read with the
+        # group's P1 / P2 words in pass 2. Each cut into slices of lanes (BN_MEM_SLICE)
+        p1_mem = _LaneSlices(m, p_shape, L, G, "p1")
+        p2_mem = _LaneSlices(m, p_shape, L, G, "p2")
+        a_mem = _LaneSlices(m, a_shape, L, G, "a", granularity=True)
 
         pl = self._pass2_lanes
         parts = L // pl
@@ -1412,25 +1483,44 @@ class BnBackwardUnit(wiring.Component):
         with m.If(adv):
             m.d.sync += [
                 s1_valid.eq(accept),
-                s1.eq(in_payload),
+                s1.last.eq(in_payload.last),
                 s1_last.eq(cnt.last),
                 s1_last_group.eq(cnt.last_group),
                 s1_g.eq(cnt.g),
             ]
-        writes = Signal()
-        m.d.comb += writes.eq(s1_valid & adv & (phase == PASS1))
-        # the first row's clear of the read words, one copy per lane, each from a batch-row counter of its own that
-        # steps as the beat counter's does (copies with equal inputs would be merged by the synthesis). Timing: one
-        # s1_first into the adders of every lane, 960 inputs at the paper's widths, closed at 88.2 / 92.6 MHz on
-        # the ECP5 proxy (nextpnr seeds 1 / 2)
+        # the beat's lanes move in slices of BN_MEM_SLICE lanes, each under an enable of its own from a copy of
+        # s1_valid (the copies step alike; the synthesis keeps them apart: each enable depends on its own copy;
+        # timing: one enable, from s1_valid, reached the clock enable of every payload flip-flop of s1, 10.5 ns
+        # with 90 % routing at the paper's widths on the ECP5 proxy)
+        for k, lo in enumerate(range(0, L, BN_MEM_SLICE)):
+            hi = min(L, lo + BN_MEM_SLICE)
+            v_k, adv_k = Signal(name=f"s1_valid{k}"), Signal(name=f"s1_adv{k}")
+            m.d.comb += adv_k.eq(~(v_k & (phase == PASS2)) | (v_k & ((pp != 0) | (credit != 0)) & last_pp))
+            with m.If(adv_k):
+                m.d.sync += [v_k.eq(accept), s1.x_hat[lo:hi].eq(in_payload.x_hat[lo:hi]),
+                             *(s1.dx[lane].eq(in_payload.dx[lane]) for lane in range(lo, hi))]
+        # pass 1's write of the beat in s1 (s1_valid & adv & phase == PASS1: adv is 1 in pass 1, and the beat that
+        # ends a pass 2 or pass 1 is the last one taken) as a register: the write enable of every LUT-RAM cell of
+        # the P1 and P2 memories comes from a flip-flop (timing: phase -> the enable -> every cell's WRE, 12.1 ns
+        # with 89 % routing at the paper's widths on the ECP5 proxy)
+        writes = Signal(name="p_wen")
+        m.d.sync += writes.eq(accept & (phase == PASS1))
+        # the first row's clear of the read words, one copy per lane, each from a batch-row counter of its own
+        # (copies with equal inputs would be merged by the synthesis). Timing: one s1_first into the adders of
+        # every lane, 960 inputs at the paper's widths, closed at 88.2 / 92.6 MHz on the ECP5 proxy (nextpnr seeds
+        # 1 / 2). A counter counts the pass-1 rows whose last beat has been in s1 (its enable from registers:
+        # counting the beats taken, ``accept`` -> every lane's counter enable closed at 96.9 MHz at the paper's
+        # widths); a beat taken now is of the first row when those rows and the one ending in s1 make 0 mod B
         lane_first = []
+        row_end = Signal(name="s1_row_end")  # the beat in s1 ends a pass-1 row
+        m.d.comb += row_end.eq(s1_valid & s1_last_group & (phase == PASS1))
         for lane in range(L):
             row = Signal(range(B), name=f"in_b{lane}")
-            with m.If(accept & cnt.last_group):
+            with m.If(row_end):
                 m.d.sync += row.eq(Mux(row == B - 1, 0, row + 1))
             first = Signal(name=f"s1_first{lane}")
             with m.If(adv):
-                m.d.sync += first.eq(row == 0)
+                m.d.sync += first.eq(Mux(row_end, row == B - 1, row == 0))
             lane_first.append(first)
         # P2 is bounded like P1 (both at most sum |dx|)
         p1_new = Signal(data.ArrayLayout(p_shape, L))
@@ -1441,8 +1531,8 @@ class BnBackwardUnit(wiring.Component):
             xh = s1.x_hat[lane]
             p2_acc = Signal(p_shape, name=f"p2_acc{lane}")
             m.d.comb += [
-                p1_new[lane].eq(Mux(lane_first[lane], 0, p1_rd.data[lane]) + dx),
-                p2_acc.eq(Mux(lane_first[lane], 0, p2_rd.data[lane])),
+                p1_new[lane].eq(Mux(lane_first[lane], 0, p1_mem.rd_data[lane]) + dx),
+                p2_acc.eq(Mux(lane_first[lane], 0, p2_mem.rd_data[lane])),
                 p2_new[lane].eq(Mux(xh, p2_acc + dx, p2_acc - dx)),
             ]
 
@@ -1451,11 +1541,13 @@ class BnBackwardUnit(wiring.Component):
         # LUT-RAM cells, 15.3 ns): the group of the beat being accepted in pass 1 (its words are in the read
         # register with the beat in s1), the group the EPI walker reads, and in pass 2 the group of the beat in s1,
         # so that a part's words are in the read register while the part is in stage a. Each copy counts from its
-        # own value (the synthesis keeps them apart, one per memory).
+        # own value (the synthesis keeps them apart, one per memory and slice).
         walk = _LaneWalker(m, ch, "epi")
         fire = Signal()
-        for port, name in ((p1_rd, "p1"), (p2_rd, "p2"), (a_rd, "a")):
-            rd_g = Signal(range(G), name=f"{name}_rd_g")
+        reads = [(name, port, sfx) for mem, name in ((p1_mem, "p1"), (p2_mem, "p2"), (a_mem, "a"))
+                 for _lo, _n, port, _wr, sfx in mem.slices]
+        for name, port, sfx in reads:
+            rd_g = Signal(range(G), name=f"{name}_rd_g{sfx}")
             step = Mux(rd_g == ch.g1, 0, rd_g + 1)
             with m.Switch(phase):
                 with m.Case(PASS1):
@@ -1522,9 +1614,9 @@ class BnBackwardUnit(wiring.Component):
             for pi in range(parts):
                 with m.Case(pi):
                     m.d.comb += [
-                        part_p1.as_value().eq(p1_rd.data.as_value().word_select(pi, pl * p_shape.width)),
-                        part_p2.as_value().eq(p2_rd.data.as_value().word_select(pi, pl * p_shape.width)),
-                        part_a.as_value().eq(a_rd.data.as_value().word_select(pi, pl * a_shape.size)),
+                        part_p1.as_value().eq(p1_mem.rd_data.as_value().word_select(pi, pl * p_shape.width)),
+                        part_p2.as_value().eq(p2_mem.rd_data.as_value().word_select(pi, pl * p_shape.width)),
+                        part_a.as_value().eq(a_mem.rd_data.as_value().word_select(pi, pl * a_shape.size)),
                     ]
         b_valid, b_last_pp, b_last_group = Signal(), Signal(), Signal()
         b_pp = Signal.like(pp)
@@ -1607,16 +1699,20 @@ class BnBackwardUnit(wiring.Component):
         else:
             m.d.comb += beat.q.as_value().eq(q_part.as_value())
         m.d.comb += beat.last.eq(d_last_group)
-        # one pend FIFO and one skid buffer per lane, each with its own pointers and valid bits (all move together;
-        # lane 0's carry ``last``): timing, one skid buffer's output enable reached all 705 payload flip-flops of
-        # the beat (17 ns at the paper's widths on the ECP5 proxy), one FIFO's pointers all its LUT-RAM cells
+        # one pend FIFO and one registered slice per lane, each with its own pointers and valid bits (all move
+        # together; lane 0's carry ``last``): timing, one skid buffer's output enable reached all 705 payload
+        # flip-flops of the beat (17 ns at the paper's widths on the ECP5 proxy), one FIFO's pointers all its
+        # LUT-RAM cells. The slices are rings (:meth:`SkidBuffer._elaborate_ring`): the payload registers' enables
+        # come from the FIFO's level and the slice's own flip-flops, never from ``q.ready`` (timing: in the skid
+        # form the consumer's ready reached every lane's 34 payload clock enables, 13.6 ns in the SMALL design in
+        # context on the ECP5 proxy)
         pop = Signal()
         start = Signal()  # a beat's first part enters stage a: it takes a credit
         m.d.comb += start.eq(take & (pp == 0))
         for lane in range(L):
             shape = unsigned(q_shape.width + (lane == 0))
             pend = m.submodules[f"q_pend{lane}"] = SyncFIFO(width=shape.width, depth=BN_BWD_PEND_DEPTH)
-            queue = m.submodules[f"q_queue{lane}"] = SkidBuffer(shape=shape)
+            queue = m.submodules[f"q_queue{lane}"] = SkidBuffer(shape=shape, ring=True)
             m.d.comb += [
                 pend.w_en.eq(d_push),
                 pend.w_data.eq(Cat(beat.q[lane], beat.last) if lane == 0 else beat.q[lane]),
@@ -1643,26 +1739,27 @@ class BnBackwardUnit(wiring.Component):
         rd_cycle = Signal()  # the group's words have been read
         epi_rd = Signal()
         m.d.comb += epi_rd.eq((phase == EPI) & ~rd_cycle)
-        p1_l = _lane(m, p1_rd.data, walk.l, p_shape, "p1_l")
+        p1_l = _lane(m, p1_mem.rd_data, walk.l, p_shape, "p1_l")
+        a_en = Signal(L)  # the lane of alpha's write (EPI)
         m.d.comb += [
             self.p1.payload.p1.eq(p1_l),
             self.p1.payload.last.eq(walk.ch == ch.m1),
-            p1_wr.addr.eq(s1_g),
-            p1_wr.data.eq(p1_new),
-            p1_wr.en.eq(writes),
-            p2_wr.addr.eq(s1_g),
-            p2_wr.data.eq(p2_new),
-            p2_wr.en.eq(writes),
-            a_wr.addr.eq(walk.g),
+            p1_mem.wr_data.eq(p1_new),
+            p2_mem.wr_data.eq(p2_new),
         ]
+        for mem in (p1_mem, p2_mem):
+            for _lo, _n, _rd, wr, _sfx in mem.slices:
+                m.d.comb += [wr.addr.eq(s1_g), wr.en.eq(writes)]
+        for lo, n, _rd, wr, _sfx in a_mem.slices:
+            m.d.comb += [wr.addr.eq(walk.g), wr.en.eq(a_en[lo:lo + n])]
         for lane in range(L):
-            m.d.comb += a_wr.data[lane].eq(self.alpha.payload)
+            m.d.comb += a_mem.wr_data[lane].eq(self.alpha.payload)
         with m.If((phase == EPI) & ~epi_rd):
             m.d.comb += [
                 self.p1.valid.eq(self.alpha.valid),
                 self.alpha.ready.eq(self.p1.ready),
                 fire.eq(self.alpha.valid & self.p1.ready),
-                a_wr.en.eq(Mux(fire, 1 << walk.l, 0)),
+                a_en.eq(Mux(fire, 1 << walk.l, 0)),
             ]
         with m.If(epi_rd):
             m.d.sync += rd_cycle.eq(1)

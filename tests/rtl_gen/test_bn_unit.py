@@ -13,11 +13,13 @@ from amaranth import Module, Signal, signed
 from amaranth.sim import Simulator
 
 from rtl_gen.bn_unit import (
+    BN_MEM_SLICE,
     EPI1_DIV_STAGES,
     EPI3_ISSUE,
     STATS_OUT_STAGE,
     THR_WRITE_STAGES,
     BnBackwardUnit,
+    BnForwardCore,
     BnForwardUnit,
     BnLayer,
     forward_cycles,
@@ -206,8 +208,10 @@ def _pysim_forward(lay, y, beta, *, seed, p_idle, p_stall, div_steps=1):
     return stamps[-1] - stamps[0] + 1, dut.cycles()["total"]
 
 
-# div_steps 4 and 5: two and three divisions in flight in the divider's ring (EPI1 / EPI2 overlap channels)
-@pytest.mark.parametrize("geo", [(6, 5, 7, 2, 1), (5, 3, 9, 4, 1), (6, 5, 7, 2, 4), (8, 11, 12, 3, 5), (4, 9, 6, 4, 2)])
+# div_steps 4 and 5: two and three divisions in flight in the divider's ring (EPI1 / EPI2 overlap channels); 12
+# lanes: the accumulators in two slices of 8 and 4 lanes (BN_MEM_SLICE)
+@pytest.mark.parametrize("geo", [(6, 5, 7, 2, 1), (5, 3, 9, 4, 1), (6, 5, 7, 2, 4), (8, 11, 12, 3, 5), (4, 9, 6, 4, 2),
+                                 (3, 21, 7, 12, 1)])
 def test_forward_in_amaranth_simulator(geo):
     batch, channels, fan_in, lanes, steps = geo
     lay = BnLayer.from_config(small_config(batch, channels, fan_in), 0, lanes=lanes)
@@ -321,7 +325,13 @@ def test_backward_q_waits_in_pend_under_long_backpressure(pass2_lanes):
     _pysim_backward(pass2_lanes, lambda cycle, coin: cycle % 44 >= 40)
 
 
-def _pysim_backward(pass2_lanes, q_ready):
+def test_backward_back_to_back_beats():
+    """Every input offered at once, q always ready: pass 1 takes a beat a cycle, so the first beat of a row is
+    taken while the last beat of the row before is in s1 (the first-row clear counts that row)."""
+    _pysim_backward(None, lambda cycle, coin: True, p_idle=0.0)
+
+
+def _pysim_backward(pass2_lanes, q_ready, p_idle=0.3):
     lay = BnLayer.from_config(small_config(5, 5, 7), 0, lanes=2)
     rng = np.random.default_rng(2)
     b, m = lay.batch, lay.channels
@@ -351,7 +361,7 @@ def _pysim_backward(pass2_lanes, q_ready):
             ctx.set(dut.p1.ready, coin.random() >= 0.4)
             sources = ((dut.dx, words), (dut.dx_replay, words), (dut.alpha, alpha_items))
             for k, (port, items) in enumerate(sources):
-                n[k] += _drive(ctx, port, items, n[k], coin, 0.3)
+                n[k] += _drive(ctx, port, items, n[k], coin, p_idle)
             if ctx.get(dut.q.ready) and ctx.get(dut.q.valid):
                 qs.append([int(v) for v in ctx.get(dut.q.payload.q)])
             if ctx.get(dut.p1.ready) and ctx.get(dut.p1.valid):
@@ -462,3 +472,57 @@ def test_backward_first_row_clear_is_one_register_per_lane(tmp_path):
     fan = fanout(mod)
     p_bits = lay.widths["P"]
     assert all(fan[c[0]] <= 2 * p_bits + 4 for c in copies), [fan[c[0]] for c in copies]
+
+
+@pytest.mark.timing
+def test_backward_memories_cut_into_lane_slices(tmp_path):
+    """Yosys's view of the unit (16 lanes, two groups): the P1, P2 and alpha memories are cut into slices of
+    ``BN_MEM_SLICE`` lanes, each read at an address register of its own (six registers, none merged), and the
+    P1 and P2 slices are written under one enable that is a flip-flop (``p_wen``), with no logic between (timing:
+    one read address register, and the phase's decode of the write enable, reached every lane's LUT-RAM cells).
+    The beat register's lanes move in the same slices, each under an enable from a copy of ``s1_valid`` of its
+    own (two copies, not merged)."""
+    from yosys_nets import gate_netlist, memory_ports  # same folder
+
+    assert BN_MEM_SLICE == 8
+    lay = BnLayer.from_config(small_config(4, 20, 7), 0, lanes=16)
+    mod = gate_netlist(BnBackwardUnit(layer=lay), "bn_backward", tmp_path)
+    nets, mems = memory_ports(mod)
+    mems = {r["cell"]: r for r in mems if not r["cell"].startswith("q_pend")}
+    names = [f"{name}_mem{k}" for name in ("p1", "p2", "a") for k in range(2)]
+    assert sorted(mems) == sorted(names)
+    regs = {n: nets[n.replace("_mem", "_rd_g")] for n in names}
+    assert all(len(bits) == 1 for bits in regs.values())  # two groups
+    assert {n: mems[n]["addr"] for n in names} == regs
+    assert len(set(regs.values())) == 6
+    wen = nets["p_wen"]
+    flops = {b for c in mod["cells"].values() if "DFF" in c["type"].upper() for b in c["connections"]["Q"]}
+    assert len(wen) == 1 and wen[0] in flops
+    assert all(set(mems[f"{name}_mem{k}"]["wen"]) == set(wen) for name in ("p1", "p2") for k in range(2))
+    copies = [nets[f"s1_valid{k}"] for k in range(2)]
+    assert all(len(c) == 1 and c[0] in flops for c in copies) and copies[0] != copies[1]
+
+
+@pytest.mark.timing
+def test_forward_accumulators_cut_into_lane_slices(tmp_path):
+    """Yosys's view of BN forward (16 lanes, two groups): the accumulators (sum y, Ys, Ns) are cut into slices of
+    ``BN_MEM_SLICE`` lanes, each read at an address register of its own (six registers, none merged; timing: the
+    pass / epilogue address multiplexer's output reached every LUT-RAM cell of a memory), written under enables
+    that are flip-flops, and read out in the epilogues at lane index copies of their own."""
+    from yosys_nets import gate_netlist, memory_ports  # same folder
+
+    lay = BnLayer.from_config(small_config(4, 20, 7), 0, lanes=16)
+    mod = gate_netlist(BnForwardCore(layer=lay), "bn_forward", tmp_path)
+    nets, mems = memory_ports(mod)
+    mems = {r["cell"]: r for r in mems}
+    names = [f"{name}_mem{k}" for name in ("sum", "ys", "ns") for k in range(2)]
+    assert set(names) <= set(mems)
+    regs = {n: nets[n.replace("_mem", "_rd_g")] for n in names}
+    assert all(len(bits) == 1 for bits in regs.values())  # two groups
+    assert {n: mems[n]["addr"] for n in names} == regs
+    assert len(set(regs.values())) == 6
+    flops = {b for c in mod["cells"].values() if "DFF" in c["type"].upper() for b in c["connections"]["Q"]}
+    assert all(set(mems[n]["wen"]) <= flops for n in names)
+    # the epilogue's lane of each slice: a copy of the lane index of its own per memory and slice (six, not merged)
+    lanes = [nets[f"{name}_l_l{k}"] for name in ("sum", "ys", "ns") for k in range(2)]
+    assert all(b in flops for c in lanes for b in c if b != "x") and len(set(lanes)) == 6  # "x": a bit unused
