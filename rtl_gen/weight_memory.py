@@ -53,6 +53,7 @@ from sim.hw.optim import PROB_BITS, state_bits
 
 from .buffers import split_segments
 from .shared import layer_port, per_layer
+from .streams import replicas
 from .xnor_engine import WeightReadSignature, XnorGeometry, _check_int, popcount
 
 __all__ = [
@@ -398,10 +399,13 @@ class _CountedPort:
     cycles before (it reads every cycle). Write port: ``data`` given in a cycle with ``en`` high is written in the
     next cycle, at the address the register holds then (``data`` and ``en`` are registered first)."""
 
-    def __init__(self, shape, depth: int, name: str):
+    def __init__(self, shape, depth: int, name: str, copies: int = 0):
         self.load = Signal(name=f"{name}_load")
         self.addr = Signal(range(max(depth, 2)), name=f"{name}_addr")
         self.inc = Signal(name=f"{name}_inc")
+        # with copies: one ``inc`` per address register (``incs[i]`` for the i-th, see StateMemory.counters),
+        # driven by the owner from copies of its own (timing: one increment fanned out to every slice's counter)
+        self.incs = [Signal(name=f"{name}_inc{i}") for i in range(copies)]
         self.en = Signal(name=f"{name}_en")
         self.data = Signal(shape, name=f"{name}_data")
 
@@ -430,10 +434,14 @@ class StateMemory(Elaboratable):
     cycle later. A deep memory is many block RAMs over the die: the registers let each RAM's output delay and the
     route to the choice fall in different cycles, and no logic sits between the address registers and the RAMs'
     address, data and write enable pins (timing: a read enable or an address multiplexer fanning out to 179 block
-    RAMs closed at 54 and 63 MHz at the paper's widths on the ECP5 proxy, the write enable at 68 MHz)."""
+    RAMs closed at 54 and 63 MHz at the paper's widths on the ECP5 proxy, the write enable at 68 MHz).
+
+    With ``inc_copies`` each address register steps on an increment of its own (the ports' ``incs``, one per
+    register, :attr:`counters` of them, in segment then slice order; ``inc`` is unused): the owner drives them
+    from copies of its own registers."""
 
     def __init__(self, *, shape, depth: int, name: str = "state", segment: int = STATE_SEGMENT, block: int = 4096,
-                 slice_bits: int = 8):
+                 slice_bits: int = 8, inc_copies: bool = False):
         _check_int("slice_bits", slice_bits, 1, 4096)
         self.slice_bits = slice_bits
         if segment % block:
@@ -441,24 +449,29 @@ class StateMemory(Elaboratable):
         bulk, *tail = split_segments(depth, block)
         self.segments = [(b, min(segment, bulk[1] - b)) for b in range(0, bulk[1], segment)] + tail
         self.shape, self.depth, self.name = shape, depth, name
-        self.read = _CountedPort(shape, depth, f"{name}_rd")
-        self.write = _CountedPort(shape, depth, f"{name}_wr")
+        width = Shape.cast(shape).width
+        self.counters = len(self.segments) * -(-width // slice_bits)
+        """Address registers of each port: one per slice of each segment."""
+        n = self.counters if inc_copies else 0
+        self.read = _CountedPort(shape, depth, f"{name}_rd", n)
+        self.write = _CountedPort(shape, depth, f"{name}_wr", n)
 
     @staticmethod
-    def _counted(m: Module, port: _CountedPort, base: int, n: int, name: str):
+    def _counted(m: Module, port: _CountedPort, base: int, n: int, name: str, index: int):
         """``(register, whether its next value is in the segment)`` of ``port``'s address minus ``base`` modulo
         ``2^bits`` (below the segment's ``n`` words exactly when the address is in it: an address below the base
         wraps to ``2^bits - base + address``, at least the words, as base + words <= 2^bits). The flag is chosen
         from compares of each candidate, in parallel with the choice (timing: the load's fan-out, then the compare
         of the chosen address, 14.1 ns at the paper's widths on the ECP5 proxy)."""
         bits = len(port.addr)
+        inc = port.incs[index] if port.incs else port.inc
         a = Signal(bits, name=name)
         nxt = Signal.like(a, name=f"{name}_next")
         hit = Signal(name=f"{name}_hit_next")
         m.d.comb += [
-            nxt.eq(Mux(port.load, port.addr - base, Mux(port.inc, a + 1, a))),
+            nxt.eq(Mux(port.load, port.addr - base, Mux(inc, a + 1, a))),
             hit.eq(Mux(port.load, (port.addr >= base) & (port.addr < base + n),
-                       Mux(port.inc, (a < n - 1) | (a == (1 << bits) - 1), a < n))),
+                       Mux(inc, (a < n - 1) | (a == (1 << bits) - 1), a < n))),
         ]
         m.d.sync += a.eq(nxt)
         return a, hit
@@ -468,6 +481,7 @@ class StateMemory(Elaboratable):
         width = len(Value.cast(self.read.data))
         wdata = Value.cast(self.write.data)
         words = []
+        count = 0
         for i, (base, n) in enumerate(self.segments):
             word = Signal(width, name=f"{self.name}_seg{i}_q")
             hit1, hit2 = Signal(name=f"{self.name}_seg{i}_hit1"), Signal(name=f"{self.name}_seg{i}_hit2")
@@ -479,8 +493,9 @@ class StateMemory(Elaboratable):
                 mem = Memory(shape=hi - lo, depth=max(n, 2), init=[], attrs=NO_RW_CHECK)
                 m.submodules[f"seg{i}_{j}"] = mem
                 rd, wr = mem.read_port(), mem.write_port()
-                a, _ = self._counted(m, self.read, base, n, f"{self.name}_seg{i}_s{j}_ra")
-                wa, whit = self._counted(m, self.write, base, n, f"{self.name}_seg{i}_s{j}_wa")
+                a, _ = self._counted(m, self.read, base, n, f"{self.name}_seg{i}_s{j}_ra", count)
+                wa, whit = self._counted(m, self.write, base, n, f"{self.name}_seg{i}_s{j}_wa", count)
+                count += 1
                 # the write in the next cycle, if its address is in the segment: the enable and the data in
                 # registers of the slice (each loads under its own enable, so the copies stay apart)
                 load = Signal(name=f"{self.name}_seg{i}_s{j}_wload")
@@ -645,6 +660,21 @@ class WeightMemory(wiring.Component):
         need_rng = running & ((op == UPDATE) | (op == INIT))
         need_grad = running & (op == UPDATE)
         issue = Signal()
+        cmd_go = self.cmd.valid & self.cmd.ready
+        # running and what the sweep waits for, next cycle's values: copied into registers of each group of
+        # counters that step with a visit, each group forming its own ``issue`` (timing: ``op`` -> ``issue`` fanned
+        # out to every state slice's and every bank lane's counters across the die)
+        run_next = Signal()
+        op_next = Signal.like(op)
+        m.d.comb += op_next.eq(Mux(cmd_go, self.cmd.payload.op, op))
+        m.d.comb += run_next.eq(Mux(cmd_go, 1, running & ~(issue & last_visit)))
+        wait_next = Cat(run_next, run_next & ((op_next == UPDATE) | (op_next == INIT)), run_next & (op_next == UPDATE))
+
+        def issue_copy(name):
+            """``issue`` from registers of its own."""
+            r = replicas(m, wait_next, 1, name=name)[0]
+            return r[0] & (~r[1] | self.rng.valid) & (~r[2] | self.grad.valid)
+
         m.d.comb += [
             issue.eq(running & (~need_rng | self.rng.valid) & (~need_grad | self.grad.valid)),
             self.rng.ready.eq(issue & need_rng),
@@ -685,9 +715,10 @@ class WeightMemory(wiring.Component):
             m.d.comb += gl.eq(self.grad.payload.g[lane_i].as_value())
             if chunks > 1:
                 cc = Signal(range(chunks), name=f"chunk{lane_i}")
+                step = issue_copy(f"issue_chunk{lane_i}")
                 with m.If(self.cmd.valid & self.cmd.ready):
                     m.d.sync += cc.eq(0)
-                with m.Elif(issue):
+                with m.Elif(step):
                     m.d.sync += cc.eq(Mux(last_chunk, 0, cc + 1))
                 gl = gl.word_select(cc, 2 * U)
             r = Signal(2 * U, name=f"s1_g{lane_i}")
@@ -776,7 +807,6 @@ class WeightMemory(wiring.Component):
         host_go = self.host.valid & self.host.ready
         host_rd = host_go & ~h.write
         host_wr = host_go & h.write
-        cmd_go = self.cmd.valid & self.cmd.ready
         m.d.sync += [rd_issued.eq(host_rd), rd_held.eq(rd_issued), rd_held2.eq(rd_held), rd_held3.eq(rd_held2)]
         # a host read's space and lane taken a cycle after the request, from registers loaded every cycle (timing:
         # the handshake into their enables, from the host request slice across the die)
@@ -874,13 +904,15 @@ class WeightMemory(wiring.Component):
                              f"{len(STATE_SPACES)}")
         for name, _ in opt.fields:
             layout = data.ArrayLayout(opt.field_shape(name), U)
-            mem = m.submodules[f"state_{name}"] = StateMemory(shape=layout, depth=max(V_all, 2), name=f"state_{name}")
+            mem = m.submodules[f"state_{name}"] = StateMemory(shape=layout, depth=max(V_all, 2), name=f"state_{name}",
+                                                               inc_copies=True)
             rd, wr = mem.read, mem.write
             m.d.comb += [  # the sweep's visit (from sbase at the command, one a visit) or the host's row
                 rd.load.eq(cmd_go | (host_rd & (h.space == geo.field_space(name)))),
                 rd.addr.eq(Mux(cmd_go, sbase, sbase + h.addr)),
-                rd.inc.eq(issue),
             ]
+            # each address register steps with an issue of its own
+            m.d.comb += [inc.eq(issue_copy(f"issue_{name}{i}")) for i, inc in enumerate(rd.incs)]
             st_rd[name], st_wr[name] = rd, wr
             st_q[name] = Signal(layout, name=f"st3_{name}")
             m.d.sync += st_q[name].eq(rd.data)
@@ -949,8 +981,13 @@ class WeightMemory(wiring.Component):
                 m.d.sync += host_bank.eq(0)
         m.d.comb += host_bank_next.eq((host_wr & (h.space == SPACE_WEIGHTS)) | (host_bank & (hw_chunk != chunks - 1)))
         sweep_lane = [Signal(name=f"ld_lane{lane_i}") for lane_i in range(L)]  # stage LD's visit writes bank lane_i
-        for lane_i, sl in enumerate(sweep_lane):
-            m.d.sync += sl.eq(s_valid[LD - 1] & (s_lane[LD - 1] == lane_i))
+        # and whether its bits are the undo field's, per bank (timing: stage LD's op choosing between the undo
+        # field and the new bits fanned out to every bank's write data registers, 12.4 ns at the paper's widths on
+        # the ECP5 proxy, nextpnr seed 2)
+        undo_lane = [Signal(name=f"ld_undo{lane_i}") for lane_i in range(L)]
+        for lane_i, (sl, ul) in enumerate(zip(sweep_lane, undo_lane, strict=True)):
+            m.d.sync += [sl.eq(s_valid[LD - 1] & (s_lane[LD - 1] == lane_i)),
+                         ul.eq(s_valid[LD - 1] & (s_lane[LD - 1] == lane_i) & (s_op[LD - 1] == UNDO))]
         chunk_hot = Signal(chunks)
         m.d.comb += chunk_hot.eq(Const(1, chunks) << s_chunk[LD])
         for lane_i, wr in enumerate(bank_wr):
@@ -962,7 +999,7 @@ class WeightMemory(wiring.Component):
             m.d.sync += we.eq(Mux(sweep_lane[lane_i], chunk_hot, 0) | Mux(host_i, Const(1, chunks) << hw_chunk, 0))
             with m.If(sweep_lane[lane_i] | host_i):
                 m.d.sync += [wa.eq(Mux(sweep_lane[lane_i], s_addr[LD], host_addr)),
-                             wd.eq(Mux(sweep_lane[lane_i], wb_bits, hw_bits))]
+                             wd.eq(Mux(undo_lane[lane_i], undo_bits[LD], Mux(sweep_lane[lane_i], new_w, hw_bits)))]
             m.d.comb += [wr.addr.eq(wa), wr.data.eq(Cat(*([wd] * chunks))), wr.en.eq(we)]
         for name, _ in opt.fields:
             wr = st_wr[name]
@@ -972,7 +1009,8 @@ class WeightMemory(wiring.Component):
                 # so not from the command's handshake: timing), one a valid stage
                 wr.load.eq(~busy | host_here),
                 wr.addr.eq(Mux(host_here, hw_saddr, sbase)),
-                wr.inc.eq(s_valid[WB]),
+                *(inc.eq(v) for inc, v in zip(wr.incs, replicas(m, s_valid[WB - 1], len(wr.incs),
+                                                                  name=f"wb_valid_{name}"), strict=True)),
                 wr.data.eq(Mux(s_valid[LD], new_state[name].as_value(), hw_data[: geo.field_width(name)])),
                 wr.en.eq((s_valid[LD] & (s_op[LD] != UNDO)) | host_here),
             ]

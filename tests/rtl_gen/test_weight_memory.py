@@ -64,18 +64,22 @@ class WeightMemoryWithEngine(wiring.Component):
         return m
 
 
-def test_state_memory_segments_read_back_what_was_written():
+@pytest.mark.parametrize("copies", [False, True], ids=["one-inc", "inc-copies"])
+def test_state_memory_segments_read_back_what_was_written(copies):
     """StateMemory with several segments (a 16-word segment of 8-word blocks, 50 words: 16, 16, 16 and a 2-word
     tail) of three slices each: random writes and reads at the ports' address registers (loaded, stepped across
     the segments' bounds, or held; a write's data and enable given a cycle before it writes at the register's
     address), each read's word two cycles later, against a dictionary (a read of an address written in the same
-    cycle may give either word: no read-during-write logic)."""
+    cycle may give either word: no read-during-write logic). With ``inc_copies`` every address register steps
+    on an increment of its own (``incs``, all given the same value here)."""
     import random
 
     from amaranth.sim import Simulator
 
-    mem = StateMemory(shape=7, depth=50, segment=16, block=8, slice_bits=3)  # slices of 3, 3 and 1 bits
+    mem = StateMemory(shape=7, depth=50, segment=16, block=8, slice_bits=3,  # slices of 3, 3 and 1 bits
+                      inc_copies=copies)
     assert mem.segments == [(0, 16), (16, 16), (32, 16), (48, 2)]
+    assert mem.counters == 12 and len(mem.read.incs) == len(mem.write.incs) == (12 if copies else 0)
     with pytest.raises(ValueError, match=re.escape("segment (12) must be a multiple of block (8)")):
         StateMemory(shape=7, depth=50, segment=12, block=8)
     sim = Simulator(mem)
@@ -96,7 +100,8 @@ def test_state_memory_segments_read_back_what_was_written():
                 load, inc = rng.random() < 0.2, rng.random() < 0.7 and regs[key] < 49
                 ctx.set(port.load, load)
                 ctx.set(port.addr, rng.randrange(50))
-                ctx.set(port.inc, inc)
+                for sig in port.incs or [port.inc]:
+                    ctx.set(sig, inc)
                 nxt[key] = ctx.get(port.addr) if load else regs[key] + inc
                 stepped[key] += inc and not load and regs[key] % 16 == 15
             we = rng.random() < 0.5
