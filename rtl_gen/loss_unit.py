@@ -77,6 +77,10 @@ LOSS_TOTALS_STAGE = 1
 """LossGradUnit: cycles by which ``done`` (and ``loss_q``, ``correct``) follow the last final gradient beat beyond the
 one of the batch totals' accumulator: each beat's loss term is registered before it is added."""
 
+LOSS_FRONT_STAGE = 1
+"""LossGradUnit (cross-entropy): cycles by which a sample's bank is marked full after its last beat beyond the
+transfer's own: the beat's argmax is registered before the running compare (stage A, then stage B)."""
+
 HINGE_LATENCY = 2
 """LossGradUnit (squared hinge): cycles from the last logit transfer to the last gradient transfer."""
 
@@ -353,14 +357,14 @@ class OutputGeometry:
     def loss_cycles(self, samples: int) -> int:
         """LossGradUnit: from the first logit transfer to the last gradient transfer, both included, for
         ``samples`` samples with the labels queued ahead. Squared hinge streams: ``samples groups +
-        HINGE_LATENCY``; cross-entropy: ``groups + samples loss_period() + 1`` (loading the first sample, then
-        one period per sample; later samples load during the previous one)."""
+        HINGE_LATENCY``; cross-entropy: ``groups + samples loss_period() + 1 + LOSS_FRONT_STAGE`` (loading the first
+        sample, then one period per sample; later samples load during the previous one)."""
         _check_int("samples", samples, 0, 1 << 40)
         if not samples:
             return 0
         if self.loss == "squared_hinge":
             return samples * self.groups + HINGE_LATENCY
-        return self.groups + samples * self.loss_period() + 1
+        return self.groups + samples * self.loss_period() + 1 + LOSS_FRONT_STAGE
 
     # --- packing (host and tests) ---
 
@@ -416,8 +420,10 @@ class _Front:
     last_group: Signal
     label: Signal  # the sample's label (head of the label queue)
     label_valid: Signal
-    new_max: Signal  # maximum and argmax of the sample so far, this beat included
-    new_arg: Signal
+    new_max: Signal  # maximum and argmax of the sample so far, this beat included (cross-entropy: of the beat
+    new_arg: Signal  # in stage B, a cycle after its transfer)
+    mark: Signal  # cross-entropy: stage B holds a sample's last beat (hinge: unused)
+    mark_label: Signal  # that sample's label
 
 
 @dataclass(frozen=True)
@@ -761,24 +767,50 @@ class LossGradUnit(wiring.Component):
         run_arg = Signal(range(geo.classes))
         xs = [self.x.payload.x[lane] for lane in range(L)]
         oks = [Const(1) if lane < geo.real_last else ~last_group for lane in range(L)]
-        best_v, best_lane, beats_run = _argmax(m, xs, oks, "amax", above=run_max)
         new_max = Signal.like(run_max)
         new_arg = Signal.like(run_arg)
         keep = Signal()
+        mark = Signal()
+        mark_label = Signal.like(label)
         m.d.comb += [
             last_group.eq(group == G - 1),
-            keep.eq((group != 0) & ~beats_run),
-            new_max.eq(Mux(keep, run_max, best_v)),
-            new_arg.eq(Mux(keep, run_arg, base + best_lane)),
             labels.o.ready.eq(take & last_group),
         ]
         with m.If(take):
             m.d.sync += [
                 group.eq(Mux(last_group, 0, group + 1)),
                 base.eq(Mux(last_group, 0, base + L)),
-                run_max.eq(new_max),
-                run_arg.eq(new_arg),
             ]
+        if geo.loss == "squared_hinge":  # the running maximum in the cycle of the transfer (the hit goes into its
+            # stage 1 with the margins)
+            best_v, best_lane, beats_run = _argmax(m, xs, oks, "amax", above=run_max)
+            m.d.comb += [
+                keep.eq((group != 0) & ~beats_run),
+                new_max.eq(Mux(keep, run_max, best_v)),
+                new_arg.eq(Mux(keep, run_arg, base + best_lane)),
+            ]
+            with m.If(take):
+                m.d.sync += [run_max.eq(new_max), run_arg.eq(new_arg)]
+        else:  # stage A registers the beat's maximum and its class, stage B compares it with the running one: the
+            # argmax over the lanes and the running compare in one cycle closed below 80 MHz in context on the
+            # ECP5 proxy (the routed SMALL design's worst path at seed 2, into the banks' maxima); the bank a
+            # sample fills is marked full a cycle later (LOSS_FRONT_STAGE)
+            best_v, best_lane, _ = _argmax(m, xs, oks, "amax")
+            a_valid, a_first, a_last = (Signal(name=f"front_a_{n}") for n in ("valid", "first", "last"))
+            a_v = Signal.like(run_max, name="front_a_v")
+            a_arg = Signal.like(run_arg, name="front_a_arg")
+            m.d.sync += a_valid.eq(take)
+            with m.If(take):
+                m.d.sync += [a_v.eq(best_v), a_arg.eq(base + best_lane), a_first.eq(group == 0),
+                             a_last.eq(last_group), mark_label.eq(label)]
+            m.d.comb += [
+                keep.eq(~a_first & ~(a_v > run_max)),
+                new_max.eq(Mux(keep, run_max, a_v)),
+                new_arg.eq(Mux(keep, run_arg, a_arg)),
+                mark.eq(a_valid & a_last),
+            ]
+            with m.If(a_valid):
+                m.d.sync += [run_max.eq(new_max), run_arg.eq(new_arg)]
         m.d.sync += self.framing_error.eq(take & (self.x.payload.last != last_group))
 
         # --- batch totals ---------------------------------------------------------------------------------
@@ -814,7 +846,7 @@ class LossGradUnit(wiring.Component):
 
         m.submodules.queue = queue = SkidBuffer(shape=geo.g_layout)
         wiring.connect(m, queue.o, wiring.flipped(self.g))
-        front = _Front(take, group, base, last_group, label, labels.o.valid, new_max, new_arg)
+        front = _Front(take, group, base, last_group, label, labels.o.valid, new_max, new_arg, mark, mark_label)
         totals = _Totals(acc_valid, acc_loss, acc_end, acc_hit)
         if geo.loss == "squared_hinge":
             self._hinge(m, front, queue, totals)
@@ -876,7 +908,7 @@ class LossGradUnit(wiring.Component):
     def _cross_entropy(self, m: Module, front: _Front, queue: SkidBuffer, totals: _Totals):
         """Two logit banks (load one while the other is processed) and the exp / divide / probability passes."""
         geo = self._geometry
-        take, group, last_group, label = front.take, front.group, front.last_group, front.label
+        take, group, last_group = front.take, front.group, front.last_group
         new_max, new_arg, label_valid = front.new_max, front.new_arg, front.label_valid
         p = geo.params
         L, G = geo.lanes, geo.groups
@@ -884,19 +916,23 @@ class LossGradUnit(wiring.Component):
         tw = geo.table_width
         xw = geo.logit_width
 
-        # Front: write the beat into bank `wsel`; at the sample's last beat mark the bank full with its
-        # maximum, argmax-is-label bit and label.
+        # Front: write the beat into bank `wsel`; a cycle after the sample's last beat (stage B of the front) mark
+        # the bank full with its maximum, argmax-is-label bit and label.
         wsel = Signal()
+        msel = Signal()  # the bank stage B fills (wsel a cycle late)
         full = Signal(2)
         bank_max = [Signal(signed(xw), name=f"bank_max{b}") for b in range(2)]
         bank_hit = [Signal(name=f"bank_hit{b}") for b in range(2)]
         bank_label = [Signal(range(geo.classes), name=f"bank_label{b}") for b in range(2)]
         m.d.comb += [self.x.ready.eq(~full.bit_select(wsel, 1) & label_valid), take.eq(self.x.valid & self.x.ready)]
         with m.If(take & last_group):
-            m.d.sync += [full.bit_select(wsel, 1).eq(1), wsel.eq(~wsel)]
+            m.d.sync += wsel.eq(~wsel)
+        with m.If(front.mark):
+            m.d.sync += [full.bit_select(msel, 1).eq(1), msel.eq(~msel)]
             for b in range(2):
-                with m.If(wsel == b):
-                    m.d.sync += [bank_max[b].eq(new_max), bank_hit[b].eq(new_arg == label), bank_label[b].eq(label)]
+                with m.If(msel == b):
+                    m.d.sync += [bank_max[b].eq(new_max), bank_hit[b].eq(new_arg == front.mark_label),
+                                 bank_label[b].eq(front.mark_label)]
 
         # Back: IDLE -> EXP (issue the beats) -> EXP_DRAIN -> DIV -> DIV_WAIT -> OUT (issue) -> OUT_DRAIN.
         rsel = Signal()

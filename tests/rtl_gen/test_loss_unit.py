@@ -67,7 +67,7 @@ def test_geometry_of_the_mlp():
     assert g.exp_table == tuple(exp2_table(8, 16).tolist()) and g.table_width == 17
     # cycle models: 10 channels of (1 + 18 division latency + 18 Horner + 1) cycles, then 100 x 3 beats
     assert g.channel_cycles() == 38 and g.logit_cycles() == 10 * 38 + 300 + LOGIT_LATENCY + 1 == 686
-    assert g.loss_period() == 2 * 3 + 20 + 9 and g.loss_cycles(100) == 3 + 100 * 35 + 1
+    assert g.loss_period() == 2 * 3 + 20 + 9 and g.loss_cycles(100) == 3 + 100 * 35 + 1 + 1  # + LOSS_FRONT_STAGE
     # 2 bits per cycle: one radix-4 stage, 10 trips; 4 bits: two stages, 5 trips each (the latency of one stage
     # per cycle either way)
     assert OutputGeometry.from_config(cfg, lanes=4, div_steps=2).loss_period() == 6 + 11 + 9
