@@ -352,14 +352,12 @@ class RngEngine(wiring.Component):
         # sweep, so the later write meets no read of the same sweep.
         ram_w_en = Signal()
         ram_w_addr = Signal.like(s1.gen)
-        ram_w_data = Signal(32, reset_less=True)
         m.d.sync += [
             lf_w_en.eq(step & s1_last_chunk & ~s1_last_of_block),
             lf_w_addr.eq(s1.lane),
-            lf_w_data.eq(nxt),
+            lf_w_data.eq(nxt),  # the word for either memory
             ram_w_en.eq(step & s1_last_chunk & s1_last_of_block),
             ram_w_addr.eq(s1.gen),
-            ram_w_data.eq(nxt),
         ]
         m.d.comb += [
             lf_wr.addr.eq(lf_w_addr),
@@ -399,7 +397,7 @@ class RngEngine(wiring.Component):
             ram_rd.addr.eq(Mux(busy, gen, c["base"] + h.addr)),
             ram_rd.en.eq(Mux(busy, issue, host_go & ~h.write)),
             ram_wr.addr.eq(Mux(busy, ram_w_addr, c["base"] + h.addr)),
-            ram_wr.data.eq(Mux(busy, ram_w_data, h.data)),
+            ram_wr.data.eq(Mux(busy, lf_w_data, h.data)),
             ram_wr.en.eq(Mux(busy, ram_w_en, host_go & h.write)),
         ]
         m.d.sync += rd_issued.eq(host_go & ~h.write)
