@@ -9,7 +9,7 @@ per-element accumulator would exceed ``hw.max_acc_bits``.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 from ..schema import ConfigError
 from .arith import ArithParams
@@ -20,7 +20,6 @@ __all__ = [
     "pools_after",
     "pools_before_bn",
     "bn_spatial",
-    "pooling_after_bn",
     "dx_cover",
     "LayerBounds",
     "signed_bits",
@@ -205,13 +204,6 @@ def pools_before_bn(cfg) -> list[bool]:
         elif out:
             out[-1] = bool(s.spec.before_bn)
     return out
-
-
-def pooling_after_bn(cfg):
-    """``cfg`` with every maxpool pooling the BN output (``before_bn = false``): a preset that pools before BN
-    (``configs/cnn_mnist.toml``) in the other order, which the models and the RTL conv units also build."""
-    layers = [replace(s, before_bn=False) if s.type == "maxpool" else s for s in cfg.model.layers]
-    return replace(cfg, model=replace(cfg.model, layers=layers))
 
 
 def bn_spatial(cfg) -> list[int]:
