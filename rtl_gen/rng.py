@@ -344,8 +344,12 @@ class RngEngine(wiring.Component):
         m.d.comb += nxt.eq(Mux(s1_partial, reduce(lambda a, b: a | b, (Mux(pv[i], outs[v - 1], 0)
                                                                         for i, v in enumerate(vls))), outs[U - 1]))
         step = s1_valid & adv
+        # ``cur`` takes the full chunk's state: a partial chunk is the last chunk of a block's last word, and the
+        # visit after it starts a block (the state RAM's word), so ``cur`` is not read after it. The partial choice
+        # stays out of the chunk-to-chunk loop (cur -> XORs -> cur; in context on the ECP5 proxy it was the
+        # generators' worst path, 13.9 ns) and reaches only the write-back register.
         with m.If(step):
-            m.d.sync += cur.eq(nxt)
+            m.d.sync += cur.eq(outs[U - 1])
         # the write-backs (lane file, state RAM) from registers a cycle later: the jump-matrix XORs and the partial
         # chunk's choice end at flip-flops, not at the LUT-RAM's write data across the die (13.9 ns in context,
         # docs/results/timing.md). The state RAM is read at a block's first word and written at its last, once a

@@ -544,7 +544,12 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
             ports[f"xb0_{i}_w"].add(uploading, addr=up_rows.w_addr, data=up_rows.w_data, en=up_rows.w_en[i])
         ports["lab_w"].add(uploading & target_x, addr=writer.w_addr, data=writer.w_data[: plan.label_bits],
                            en=writer.w_en)
-        with m.If(writer.w_en & uploading & target_x & (writer.w_data[:BEAT_BITS] >= plan.classes)):
+        # a label out of range is seen a cycle after its beat, from a flip-flop of its own (the beat writer's word and
+        # its compare end there, not at ``label_bad``'s set and clear). ``upload_check`` comes two cycles after the
+        # last label's write at the earliest (the writer's ``finish`` state, then its ``done``), so it sees the flag
+        label_hit = Signal()
+        m.d.sync += label_hit.eq(writer.w_en & uploading & target_x & (writer.w_data[:BEAT_BITS] >= plan.classes))
+        with m.If(label_hit):
             m.d.sync += label_bad.eq(1)
 
         # ---- datapath of every phase -----------------------------------------------------------------------
