@@ -41,7 +41,8 @@ class BackwardWiring:
             rd = self._pooled(m, sub, f"{name}_reader", (rw,),
                               lambda rw=rw, ch_max=ch_max: MemoryReader(width=rw, depth=ch_max, registered=True), a)
             m.d.comb += [rd.start.eq(st), rd.base.eq(0), rd.count.eq(lp.n_out), rd.wrap.eq(0)]
-            ports[f"{name}{j}_r"].add(a, addr=rd.r_addr, en=1)  # a registered reader: the port reads every cycle
+            # a registered reader: the port reads every cycle
+            ports[f"{name}{j}_r"].add(self._port_phase([key], f"{name}_r"), addr=rd.r_addr, en=1)
             m.d.comb += [rd.r_data.eq(ports[f"{name}{j}_r"].port.data), dst.payload.eq(rd.o.payload.data),
                          dst.valid.eq(a & rd.o.valid), rd.o.ready.eq(a & dst.ready)]
         # dx (twice): g (output layer) or dX times the mask, both from YDX, with x_hat
@@ -56,7 +57,8 @@ class BackwardWiring:
         m.d.comb += [feed.start.eq(st), feed.base.eq(0), feed.count.eq(2 * lp.beats), feed.wrap.eq(lp.beats)]
         # (the port is the feed's until its last word is taken; then the po2 scratch reader's, which may share it)
         # (registered readers take their word a cycle after the read: the ports read every cycle, en=1)
-        ports[f"{src_name}_r"].add(a & feed.reading, addr=feed.r_addr + src_base, en=1)
+        ports[f"{src_name}_r"].add(self._port_phase([key], f"{src_name}_r") & feed.reading,
+                                   addr=feed.r_addr + src_base, en=1)
         ports[f"mx{j}_r"].add(a, addr=feed.r_addr, en=1)
         if lp.top:  # x_hat is in the MX word, beside the mask
             m.d.comb += feed.r_data.eq(Cat(ports[f"{src_name}_r"].port.data, ports[f"mx{j}_r"].port.data))
@@ -117,7 +119,7 @@ class BackwardWiring:
         with m.If(a & pu.bias.valid):
             m.d.sync += unit_exp[j].eq(pu.bias.payload.unit_exp)
             m.d.comb += [srd.start.eq(1), srd.base.eq(0), srd.count.eq(lp.beats), srd.wrap.eq(0)]
-        ports["scr_r"].add(a, addr=srd.r_addr, en=1)  # a registered reader
+        ports["scr_r"].add(self._port_phase([key], "scr_r"), addr=srd.r_addr, en=1)  # a registered reader
         sg = Signal(range(max(G, 2)), name=f"scr_g{j}")
         with m.If(st):
             m.d.sync += sg.eq(0)
@@ -173,7 +175,7 @@ class BackwardWiring:
                           lambda: RowReader(width=lo * k_bits, banks=lb, words=G, rows=B), a)
         m.d.comb += cr.start.eq(st)
         for i in range(lb):
-            ports[f"cb{i}_r"].add(a, addr=cr.r_addr, en=cr.r_en)
+            ports[f"cb{i}_r"].add(self._port_phase([key], f"cb{i}_r"), addr=cr.r_addr, en=cr.r_en)
             m.d.comb += cr.r_data[i].eq(ports[f"cb{i}_r"].port.data[: lo * k_bits])
         # the engine may serve several layers: its inputs are driven only while this phase is active
         with m.If(a):
@@ -299,7 +301,7 @@ class BackwardWiring:
         m.d.comb += tr.start.eq(st)
         for i in range(lb):
             ports[f"xb{j}_{i}_r"].add(a, addr=tr.a_addr, en=tr.r_en)
-            ports[f"cb{i}_r"].add(a, addr=tr.c_addr, en=tr.r_en)
+            ports[f"cb{i}_r"].add(self._port_phase([key], f"cb{i}_r"), addr=tr.c_addr, en=tr.r_en)
             m.d.comb += [tr.a_data[i].eq(ports[f"xb{j}_{i}_r"].port.data),
                          tr.c_data[i].eq(ports[f"cb{i}_r"].port.data[: lo * k_bits])]
         # the dW stream from the engine to the weight memory gated by a copy of the phase register of its own

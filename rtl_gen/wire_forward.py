@@ -92,7 +92,8 @@ class ForwardWiring:
         with m.Elif(a & (y_count == lp.beats) & ~replay_started):
             m.d.sync += replay_started.eq(1)
             m.d.comb += [rr.start.eq(1), rr.base.eq(0), rr.count.eq(reps * lp.beats), rr.wrap.eq(lp.beats)]
-        ports["ydx_r"].add(a, addr=rr.r_addr, en=1)  # a registered reader: the port reads every cycle
+        # a registered reader: the port reads every cycle
+        ports["ydx_r"].add(self._port_phase(keys, "ydx_r"), addr=rr.r_addr, en=1)
         m.d.comb += rr.r_data.eq(ports["ydx_r"].port.data[:ry])
         r_count = Signal(range(reps * lp.beats + 1), name=f"replay_count{j}")
         to_bn = Signal(name=f"replay_to_bn{j}")  # r_count < 2 beats, as a flip-flop (it steers the replay's ready)
