@@ -1082,10 +1082,18 @@ class BnForwardCore(wiring.Component):
         # closed at 102 MHz on the ECP5 proxy)
         c_parts = _mul_parts(m, chan_q.C, "c_part")
         pa_r = [Signal((part * ns_l).shape(), name=f"c_ns{i}") for i, (part, _) in enumerate(c_parts)]
-        v_r = [Signal(signed(w["C"] + 1), name=f"v_thr{i}") for i in range(3)]  # C, C -+ S' 2^Fb, then saturated
+        v_r = [Signal(signed(w["C"] + 1), name=f"v_thr{i}") for i in range(3)]  # C, C -+ S' 2^Fb
+        # their saturation at +-T K: the compares registered every cycle (read in CH2B, a cycle after v_r
+        # settles), the saturated value chosen in front of the dividend's add (timing: the compare's carry chain
+        # into the clock enable of every bit of v_r, saturated in place, closed at 95.7 MHz at the paper's widths
+        # on the ECP5 proxy)
+        v_lo = [Signal(name=f"v_thr{i}_lo") for i in range(3)]
+        v_hi = [Signal(name=f"v_thr{i}_hi") for i in range(3)]
+        m.d.sync += [*(f.eq(v < -TK) for f, v in zip(v_lo, v_r, strict=True)),
+                     *(f.eq(v > TK) for f, v in zip(v_hi, v_r, strict=True))]
 
-        def clamp(v):
-            return Mux(v < -TK, -TK, Mux(v > TK, TK, v))
+        def clamp(i):
+            return Mux(v_lo[i], -TK, Mux(v_hi[i], TK, v_r[i]))
 
         # eval threshold ceil(C' / 2^(Fr+Fb)) saturated to [-T, T] (bn_forward_eval): ceil(C' / 2^(Fr+Fb)) into a
         # register every cycle (read a cycle after C' settles), then saturated at +-T (the same: ceil is monotone
@@ -1180,19 +1188,19 @@ class BnForwardCore(wiring.Component):
                             m.d.comb += chan_wr.en.eq(1)
                             m.d.sync += [v_r[0].eq(c_r), v_r[1].eq(c_r - (s_eff << fb)),
                                          v_r[2].eq(c_r + (s_eff << fb)), est.eq(CH2A)]
-                        with m.Case(CH2A):  # saturated at +-T K (timing: one carry chain a cycle)
+                        with m.Case(CH2A):  # their saturation's compares (timing: one carry chain a cycle)
                             with m.If(self.eval_mode):  # theta = ceil(C' / 2^(Fr+Fb)), saturated: a shift, no division
                                 m.d.comb += [thr_word.theta.eq(t_eval), thr_word.lo.eq(t_eval), thr_word.hi.eq(t_eval),
                                              thr_en.eq(1 << walk.l)]
                                 channel_done(Phase.PASS3)
                             with m.Else():
-                                m.d.sync += [*(v_r[i].eq(clamp(v_r[i])) for i in range(3)), est.eq(CH2B)]
-                        with m.Case(CH2B):  # offset dividends of the three thresholds over B^2 (they hold until
-                            # the next channel's, ten cycles on, past their quotients)
+                                m.d.sync += est.eq(CH2B)
+                        with m.Case(CH2B):  # offset dividends of the three saturated values over B^2 (they hold
+                            # until the next channel's, ten cycles on, past their quotients)
                             m.d.sync += [
-                                n2[0].eq((v_r[0] + (TK + K - 1)) >> fb),  # ceil(C / K)
-                                n2[1].eq((v_r[1] + (TK + K - 1)) >> fb),  # ceil((C - S' 2^Fb) / K)
-                                n2[2].eq((v_r[2] + TK) >> fb),  # floor((C + S' 2^Fb) / K)
+                                n2[0].eq((clamp(0) + (TK + K - 1)) >> fb),  # ceil(C / K)
+                                n2[1].eq((clamp(1) + (TK + K - 1)) >> fb),  # ceil((C - S' 2^Fb) / K)
+                                n2[2].eq((clamp(2) + TK) >> fb),  # floor((C + S' 2^Fb) / K)
                                 est.eq(CH3),
                             ]
                         with m.Case(CH3):
