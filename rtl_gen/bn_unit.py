@@ -1063,14 +1063,20 @@ class BnForwardCore(wiring.Component):
         # 18x18 multiplier and registered apart in CH1 (from S: S' = 1 where S = 0, beta_q itself), summed in CH1B
         # (timing: a multiplier wider than the 18-bit MULT18 and the adder joining its parts closed at 87 MHz on
         # the ECP5 proxy; with S' 24 bits wide at the paper's widths, at 94 MHz)
+        # The multipliers take beta_q and S from copies of beta_r and S_r of their own, loaded with them (the
+        # copies have no reset, so the synthesis keeps them apart from the originals): timing, S_r's fan-out
+        # placed it far from the multipliers, S_r -> a MULT18 -> beta_s_pp0 closed at 92.0 MHz at the paper's
+        # widths on the ECP5 proxy (6.4 ns of routing)
+        beta_m = Signal.like(beta_r, name="beta_mul", reset_less=True)
+        S_m = Signal.like(S_r, name="s_mul", reset_less=True)
         beta_x = Signal(signed(max(lay.beta_width, 18)), name="beta_x")  # beta_q = beta_hi 2^17 + beta_lo
         beta_lo = Signal(unsigned(17), name="beta_lo")
         beta_hi = Signal(signed(len(beta_x) - 17), name="beta_hi")
-        m.d.comb += [beta_x.eq(beta_r), beta_lo.eq(beta_x[:17]), beta_hi.eq(beta_x >> 17)]
+        m.d.comb += [beta_x.eq(beta_m), beta_lo.eq(beta_x[:17]), beta_hi.eq(beta_x >> 17)]
         s_parts = []
-        for lo in range(0, len(S_r), MUL_PART):
-            part = Signal(unsigned(min(MUL_PART, len(S_r) - lo)), name=f"s_part{len(s_parts)}")
-            m.d.comb += part.eq(S_r[lo:lo + MUL_PART])
+        for lo in range(0, len(S_m), MUL_PART):
+            part = Signal(unsigned(min(MUL_PART, len(S_m) - lo)), name=f"s_part{len(s_parts)}")
+            m.d.comb += part.eq(S_m[lo:lo + MUL_PART])
             s_parts.append((part, lo))
         bs_pairs = [(b, sp, bsh + ssh) for b, bsh in ((beta_lo, 0), (beta_hi, 17)) for sp, ssh in s_parts]
         bs_pp = [Signal((b * sp).shape(), name=f"beta_s_pp{i}") for i, (b, sp, _) in enumerate(bs_pairs)]
@@ -1164,8 +1170,9 @@ class BnForwardCore(wiring.Component):
                             m.d.comb += self.beta.ready.eq(1)
                             with m.If(self.beta.valid):
                                 m.d.sync += [
-                                    beta_r.eq(self.beta.payload),
+                                    beta_r.eq(self.beta.payload), beta_m.eq(self.beta.payload),
                                     S_r.eq(Mux(self.run.s < 1, 1, self.run.s)),  # eval (no products)
+                                    S_m.eq(Mux(self.run.s < 1, 1, self.run.s)),
                                     mu_r.eq(self.run.mu),
                                     ys_r.eq(ys_l), sum_r.eq(sum_l), ns_r.eq(ns_l),
                                     est.eq(Mux(self.eval_mode, CH1, CH0C)),
@@ -1173,7 +1180,7 @@ class BnForwardCore(wiring.Component):
                         with m.Case(CH0C):  # B Ys, sum_y Ns
                             m.d.sync += [ysb_r.eq(mul_const(ys_r, B)), psn_r.eq(sum_r * ns_r), est.eq(CH0B)]
                         with m.Case(CH0B):  # S = B Ys - sum_y Ns
-                            m.d.sync += [S_r.eq(ysb_r - psn_r), est.eq(CH1)]
+                            m.d.sync += [S_r.eq(ysb_r - psn_r), S_m.eq(ysb_r - psn_r), est.eq(CH1)]
                         with m.Case(CH1):  # S' = max(S, 1); B 2^Fb sum_y (eval: mu_r 2^Fb)
                             m.d.sync += [s_eff.eq(Mux(S_r == 0, 1, S_r)), s_zero.eq(S_r == 0),
                                          *(r.eq(b * sp) for r, (b, sp, _) in zip(bs_pp, bs_pairs, strict=True)),
