@@ -148,7 +148,7 @@ def build_regmap(*, name: str, layers: int, batch: int, classes: int, input_int8
 SPACE_BETA, SPACE_M, SPACE_A, SPACE_MU, SPACE_S, SPACE_E = range(6)
 E_WIDTH = 16
 
-RUNNING_LATENCY = 6
+RUNNING_LATENCY = 8
 """:class:`BnParamUnit`'s running-statistics pipeline: cycles from a stats beat taken to its channel's update
 written (the beat and the reads, the dividends, rtl_gen.divider.CONST_DIV_LATENCY cycles, the sums)."""
 

@@ -395,9 +395,12 @@ fits one 18 x 18 signed multiplier, the ECP5's MULT18 as well as a DSP48E1 (a 24
 joined by an adder in the product's cycle: 89.5 MHz for EPI2's dividends at the paper's widths on the ECP5 proxy).
 A dividend that would need more than four such products is cut into 24-bit parts (one DSP48E1 each) instead."""
 
-CONST_DIV_LATENCY = 3
-"""Cycles from a dividend to its quotient in :func:`const_divide`: the partial products, two of their sums, then
-the last sum, each registered."""
+CONST_DIV_LATENCY = 5
+"""Cycles from a dividend to its quotient in :func:`const_divide`: the dividend's parts registered, the partial
+products, the products registered again, two of their sums, then the last sum, each registered (the registers
+before and after each multiplier feed or are fed by that multiplier alone, so the placer can put them beside
+it: timing, a multiplier between registers placed 26 columns away closed at 87.6 MHz at the paper's widths on
+the ECP5 proxy, 7 ns of routing)."""
 
 
 def _check_divisor(d: object) -> None:
@@ -430,7 +433,8 @@ def const_divide(m: Module, value, d: int, name: str):
     A power-of-two factor of ``d`` is a shift first (``floor(floor(n / 2^k) / o) = floor(n / (2^k o))``); the
     product with :func:`const_reciprocal`'s ``r`` for the odd part is cut into :data:`CONST_DIV_PARTS` (at most
     four partial products, each registered: one multiplier each), then summed in two registered levels and
-    shifted (timing: no product and no more than one addition in a cycle)."""
+    shifted (timing: no product and no more than one addition in a cycle; each multiplier between registers of its
+    own, :data:`CONST_DIV_LATENCY`)."""
     _check_divisor(d)
     k = (d & -d).bit_length() - 1
     odd = d >> k
@@ -447,8 +451,11 @@ def const_divide(m: Module, value, d: int, name: str):
         for rp, rlo in r_parts:
             if rp == 0:
                 continue
-            reg = Signal(len(vp) + rp.bit_length(), name=f"{name}_pp{len(prods)}")
-            m.d.sync += reg.eq(vp * Const(rp, rp.bit_length()))
+            i = len(prods)
+            op = Signal(len(vp), name=f"{name}_op{i}", reset_less=True)
+            pp = Signal(len(vp) + rp.bit_length(), name=f"{name}_pp{i}", reset_less=True)
+            reg = Signal(len(pp), name=f"{name}_ppq{i}", reset_less=True)
+            m.d.sync += [op.eq(vp), pp.eq(op * Const(rp, rp.bit_length())), reg.eq(pp)]
             prods.append(reg << (vlo + rlo))
     if len(prods) > 4:
         raise ValueError(f"{name}: a {n_bits}-bit dividend over {odd} needs {len(prods)} partial products (at most 4)")

@@ -26,6 +26,7 @@ from rtl_gen.bn_unit import (
     mul_const,
     mul_const_fabric,
 )
+from rtl_gen.divider import CONST_DIV_LATENCY
 from rtl_gen.toolchain import run_cocotb, to_verilog
 from sim.config import apply_overrides, load_config
 from sim.hw.arith import ArithParams, bn_backward, bn_forward, bn_forward_eval
@@ -82,22 +83,24 @@ def test_cycle_models():
     c = fwd.cycles()
     # EPI1: a channel a cycle, a cycle more at each of the 15 later groups' reads, the first group's read, the
     # registered dividend (EPI1_DIV_STAGES = 2: the lane within its part, then the part), the constant division's
-    # three cycles, the last response and the thresholds' registered write (THR_WRITE_STAGES = 1); EPI2: ten
-    # cycles a channel (eleven at a later group's start) and the same tail without the dividend's registers
+    # five cycles (CONST_DIV_LATENCY), the last response and the thresholds' registered write (THR_WRITE_STAGES =
+    # 1); EPI2: ten cycles a channel (eleven at a later group's start) and the same tail without the dividend's
+    # registers
     assert EPI1_DIV_STAGES == 2 and THR_WRITE_STAGES == 1
-    assert (c["epi1"], c["epi2"]) == (1 + 255 + 15 + 2 + 3 + 1 + 1, 10 + 255 * 10 + 15 + 3 + 1 + 1) == (278, 2580)
+    assert CONST_DIV_LATENCY == 5
+    assert (c["epi1"], c["epi2"]) == (1 + 255 + 15 + 2 + 5 + 1 + 1, 10 + 255 * 10 + 15 + 5 + 1 + 1) == (280, 2582)
     # EPI3, one stage (latency 16): the stage busy, I = 14 cycles a division after the first request (at
     # EPI3_ISSUE = 6: the channel's word registered before its products; its first step at 7, entering at 8),
     # and the registered stats output (STATS_OUT_STAGE = 1)
     assert EPI3_ISSUE == 6 and STATS_OUT_STAGE == 1 and c["epi3"] == 9 + 256 * 14 + 1
     # each pass: B G beats, the compare stage and the accumulators' write stage
-    assert c["total"] == 3 * (1600 + 1 + 1) + 278 + 2580 + c["epi3"] == 11258
+    assert c["total"] == 3 * (1600 + 1 + 1) + 280 + 2582 + c["epi3"] == 11262
     l0, l1 = BnLayer.from_config(cfg, 0, lanes=16), BnLayer.from_config(cfg, 1, lanes=16)
     # 3 and 4 bits a cycle: two stages, 5 and 4 trips: two divisions per 10 and 8 cycles once the ring is full, so
     # EPI3's issue side (six cycles a channel, seven at each of the 15 later groups' starts) paces it, the first
     # division's latency (12 and 10) and the ring's slots (a division enters when its slot comes by) on top
     c3, c4 = forward_cycles(l0, 3), forward_cycles(l0, 4)
-    assert (c3["epi1"], c3["epi2"]) == (c4["epi1"], c4["epi2"]) == (278, 2580)
+    assert (c3["epi1"], c3["epi2"]) == (c4["epi1"], c4["epi2"]) == (280, 2582)
     assert 6 * 256 + 15 + 10 + 1 <= c4["epi3"] == 1563 < c3["epi3"] == 1565 <= 6 * 256 + 15 + 12 + 2 + 1
     assert BnForwardUnit(layer=l1).div_iterations == 14
     bwd = BnBackwardUnit(layer=l1)

@@ -117,8 +117,8 @@ def test_divider_rtl(case):
 
 def test_division_by_a_constant():
     """const_reciprocal's (r, s) equal floor division on every dividend of its width near the multiples of the
-    divisor, the ends of the range and at random; const_divide's pipeline gives those quotients two cycles after
-    each value, a value every cycle (Amaranth simulator); a bad divisor is refused."""
+    divisor, the ends of the range and at random; const_divide's pipeline gives those quotients CONST_DIV_LATENCY
+    cycles after each value, a value every cycle (Amaranth simulator); a bad divisor is refused."""
     from amaranth import Module, Signal
 
     from rtl_gen.divider import CONST_DIV_LATENCY, const_divide, const_reciprocal
