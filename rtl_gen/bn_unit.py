@@ -644,23 +644,30 @@ BN_MEM_SLICE = 8
 own (timing: one read address reached every lane's LUT-RAM cells, BN backward 11.9 ns with 94 % routing, BN
 forward 11.7 ns with 91 %, at the paper's widths on the ECP5 proxy)."""
 
+BN_BWD_MEM_SLICE = 4
+"""Lanes per slice of :class:`BnBackwardUnit`'s P1, P2 and alpha memories (each read at an address register of
+its own; timing: a P2 slice's read address over eight lanes' LUT-RAM cells, 10.0 ns of routing at the paper's
+widths on the ECP5 proxy)."""
+
 
 class _LaneSlices:
-    """A memory of ``lanes`` words of ``shape`` per address, cut into slices of :data:`BN_MEM_SLICE` lanes,
+    """A memory of ``lanes`` words of ``shape`` per address, cut into slices of ``slice_lanes`` lanes
+    (:data:`BN_MEM_SLICE` unless given),
     each a :class:`~amaranth.lib.memory.Memory` of its own (``{name}_mem``, or ``{name}_mem{k}`` for more than one
     slice). ``rd_data`` joins the slices' read data; ``wr_data`` is cut into their write data; ``slices`` gives
     each slice's first lane, lanes, read port, write port and name suffix (addresses and enables are the
     caller's)."""
 
-    def __init__(self, m: Module, shape, lanes: int, depth: int, name: str, granularity: bool = False):
+    def __init__(self, m: Module, shape, lanes: int, depth: int, name: str, granularity: bool = False,
+                 slice_lanes: int = BN_MEM_SLICE):
         bits = Shape.cast(shape).width
         self.rd_data = Signal(data.ArrayLayout(shape, lanes), name=f"{name}_rd_data")
         self.wr_data = Signal(data.ArrayLayout(shape, lanes), name=f"{name}_wr_data")
         self.slices = []
-        count = -(-lanes // BN_MEM_SLICE)
+        count = -(-lanes // slice_lanes)
         for k in range(count):
-            lo = k * BN_MEM_SLICE
-            n = min(BN_MEM_SLICE, lanes - lo)
+            lo = k * slice_lanes
+            n = min(slice_lanes, lanes - lo)
             sfx = "" if count == 1 else str(k)
             mem = m.submodules[f"{name}_mem{sfx}"] = Memory(shape=data.ArrayLayout(shape, n), depth=depth, init=[])
             rd = mem.read_port()
@@ -1457,9 +1464,9 @@ class BnBackwardUnit(wiring.Component):
         q_shape = signed(w["Q"])
         # P1 and P2 per channel; alpha_q and the zero flag per channel, written lane by lane in EPI, read with the
         # group's P1 / P2 words in pass 2. Each cut into slices of lanes (BN_MEM_SLICE)
-        p1_mem = _LaneSlices(m, p_shape, L, G, "p1")
-        p2_mem = _LaneSlices(m, p_shape, L, G, "p2")
-        a_mem = _LaneSlices(m, a_shape, L, G, "a", granularity=True)
+        p1_mem = _LaneSlices(m, p_shape, L, G, "p1", slice_lanes=BN_BWD_MEM_SLICE)
+        p2_mem = _LaneSlices(m, p_shape, L, G, "p2", slice_lanes=BN_BWD_MEM_SLICE)
+        a_mem = _LaneSlices(m, a_shape, L, G, "a", granularity=True, slice_lanes=BN_BWD_MEM_SLICE)
 
         pl = self._pass2_lanes
         parts = L // pl

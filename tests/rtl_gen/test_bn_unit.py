@@ -13,6 +13,7 @@ from amaranth import Module, Signal, signed
 from amaranth.sim import Simulator
 
 from rtl_gen.bn_unit import (
+    BN_BWD_MEM_SLICE,
     BN_MEM_SLICE,
     EPI1_DIV_STAGES,
     EPI3_ISSUE,
@@ -480,28 +481,28 @@ def test_backward_first_row_clear_is_one_register_per_lane(tmp_path):
 @pytest.mark.timing
 def test_backward_memories_cut_into_lane_slices(tmp_path):
     """Yosys's view of the unit (16 lanes, two groups): the P1, P2 and alpha memories are cut into slices of
-    ``BN_MEM_SLICE`` lanes, each read at an address register of its own (six registers, none merged), and the
-    P1 and P2 slices are written under one enable that is a flip-flop (``p_wen``), with no logic between (timing:
-    one read address register, and the phase's decode of the write enable, reached every lane's LUT-RAM cells).
-    The beat register's lanes move in the same slices, each under an enable from a copy of ``s1_valid`` of its
-    own (two copies, not merged)."""
+    ``BN_BWD_MEM_SLICE`` lanes, each read at an address register of its own (twelve registers, none merged), and
+    the P1 and P2 slices are written under one enable that is a flip-flop (``p_wen``), with no logic between
+    (timing: one read address register, and the phase's decode of the write enable, reached every lane's LUT-RAM
+    cells). The beat register's lanes move in slices of ``BN_MEM_SLICE``, each under an enable from a copy of
+    ``s1_valid`` of its own (two copies, not merged)."""
     from yosys_nets import gate_netlist, memory_ports  # same folder
 
-    assert BN_MEM_SLICE == 8
+    assert BN_MEM_SLICE == 8 and BN_BWD_MEM_SLICE == 4
     lay = BnLayer.from_config(small_config(4, 20, 7), 0, lanes=16)
     mod = gate_netlist(BnBackwardUnit(layer=lay), "bn_backward", tmp_path)
     nets, mems = memory_ports(mod)
     mems = {r["cell"]: r for r in mems if not r["cell"].startswith("q_pend")}
-    names = [f"{name}_mem{k}" for name in ("p1", "p2", "a") for k in range(2)]
+    names = [f"{name}_mem{k}" for name in ("p1", "p2", "a") for k in range(4)]
     assert sorted(mems) == sorted(names)
     regs = {n: nets[n.replace("_mem", "_rd_g")] for n in names}
     assert all(len(bits) == 1 for bits in regs.values())  # two groups
     assert {n: mems[n]["addr"] for n in names} == regs
-    assert len(set(regs.values())) == 6
+    assert len(set(regs.values())) == 12
     wen = nets["p_wen"]
     flops = {b for c in mod["cells"].values() if "DFF" in c["type"].upper() for b in c["connections"]["Q"]}
     assert len(wen) == 1 and wen[0] in flops
-    assert all(set(mems[f"{name}_mem{k}"]["wen"]) == set(wen) for name in ("p1", "p2") for k in range(2))
+    assert all(set(mems[f"{name}_mem{k}"]["wen"]) == set(wen) for name in ("p1", "p2") for k in range(4))
     copies = [nets[f"s1_valid{k}"] for k in range(2)]
     assert all(len(c) == 1 and c[0] in flops for c in copies) and copies[0] != copies[1]
 
