@@ -1616,12 +1616,13 @@ class BnBackwardUnit(wiring.Component):
                 for pi in range(parts):
                     with m.Case(pi):
                         m.d.comb += part_dx[lane].eq(s1.dx[pi * pl + lane])
-        # stage a: the part's dx operands, its lanes' padding flags, framing. B dx formed here, from the part's dx
-        # (timing: dx's product by B over two MULT18s, their join and the subtraction of P1 in one cycle closed at
-        # 91 MHz at the paper's widths on the ECP5 proxy)
+        # stage a: the part's dx operands, its lanes' padding flags, framing. B dx formed into stage b, from the
+        # part's registered dx (timing: dx's product by B over two MULT18s, their join and the subtraction of P1
+        # in one cycle closed at 91 MHz at the paper's widths on the ECP5 proxy; the lane's dx choice and B dx's
+        # two adder levels in one cycle at 99.5 MHz)
         a_valid, a_last_pp, a_last_group = Signal(), Signal(), Signal()
         a_pp = Signal.like(pp)
-        a_bdx = [Signal(mul_const(part_dx[0], B).shape(), name=f"a_bdx{lane}") for lane in range(pl)]
+        a_dx = [Signal.like(part_dx[0], name=f"a_dx{lane}") for lane in range(pl)]
         a_xh = Signal.like(part_xh)
         a_real = Signal.like(part_real)
         m.d.sync += [
@@ -1629,7 +1630,7 @@ class BnBackwardUnit(wiring.Component):
             a_pp.eq(pp),
             a_last_pp.eq(last_pp),
             a_last_group.eq(s1_last_group),
-            *(a_bdx[lane].eq(mul_const_fabric(part_dx[lane], B)) for lane in range(pl)),
+            *(a_dx[lane].eq(part_dx[lane]) for lane in range(pl)),
             a_xh.eq(part_xh),
             a_real.eq(part_real),
         ]
@@ -1648,7 +1649,7 @@ class BnBackwardUnit(wiring.Component):
                     ]
         b_valid, b_last_pp, b_last_group = Signal(), Signal(), Signal()
         b_pp = Signal.like(pp)
-        b_bdx = [Signal.like(a_bdx[lane], name=f"b_bdx{lane}") for lane in range(pl)]
+        b_bdx = [Signal(mul_const(part_dx[0], B).shape(), name=f"b_bdx{lane}") for lane in range(pl)]
         b_xh = Signal.like(part_xh)
         b_p1 = Signal.like(part_p1)
         b_p2 = Signal.like(part_p2)
@@ -1659,7 +1660,7 @@ class BnBackwardUnit(wiring.Component):
             b_pp.eq(a_pp),
             b_last_pp.eq(a_last_pp),
             b_last_group.eq(a_last_group),
-            *(b_bdx[lane].eq(a_bdx[lane]) for lane in range(pl)),
+            *(b_bdx[lane].eq(mul_const_fabric(a_dx[lane], B)) for lane in range(pl)),
             b_xh.eq(a_xh),
             b_p1.eq(part_p1),
             b_p2.eq(part_p2),
