@@ -647,10 +647,13 @@ class BnParamUnit(wiring.Component):
         r_mag = Signal(9)  # |r| <= 256
         # one aligner, used for m, a and g in turn (the read words hold while the read enables are low)
         al_w = max(self.m_width, self.a_width + 1, self.p_width + 1)
-        # the aligner's operand is a register, loaded a state ahead (the m word as it leaves the memory, then the
-        # registered a and P1 words; timing: the FSM state's choice of the operand in front of the rounding add's
-        # 35-bit carry chain, in the SMALL design in context and at the paper's widths)
-        al_x = Signal(signed(al_w), name="al_x_q", reset_less=True)
+        # the aligner's operand: the registered m word, then a register loaded a state ahead with the a and P1
+        # words, chosen by a flag register (timing: the FSM state's choice of the operand in front of the rounding
+        # add's 35-bit carry chain, in the SMALL design in context and at the paper's widths; the memory's output
+        # through that choice into a register, 96.2 MHz)
+        al_x = Signal(signed(al_w), name="al_x")
+        al_x2 = Signal(signed(al_w), name="al_x_q", reset_less=True)
+        al_first = Signal(name="al_first")  # the aligner's operand is m (in "align")
         al_ow = max(self.m_width, self.a_width + 1)
         # the three alignments' amounts (m by dm, a by dm, g by dg; dm and dg hold during the update) computed
         # every cycle into registers, and the next align state's set registered again (timing: the state, the
@@ -671,6 +674,7 @@ class BnParamUnit(wiring.Component):
 
         al_out = _align_pipelined(m, al_x, al_amounts, al_ow, "al")
         wq = {name: Signal.like(rd[name].data, name=f"upd_{name}_q") for name in ("m", "a", "beta", "p1")}
+        m.d.comb += al_x.eq(Mux(al_first, wq["m"], al_x2))
         with m.FSM() as fsm:
             with m.State("idle"):
                 m.d.comb += fsm_idle.eq(1)
@@ -736,20 +740,20 @@ class BnParamUnit(wiring.Component):
             # at the paper's widths on the ECP5 proxy)
             with m.State("read_q"):
                 m.d.sync += [wq[name].eq(rd[name].data) for name in wq]
-                m.d.sync += al_x.eq(rd["m"].data)
+                m.d.sync += al_first.eq(1)
                 al_choose(0)
                 m.next = "align"
             # the aligner takes two cycles (_align_pipelined): each result is taken a state after its operand
-            with m.State("align"):  # al_x holds m
-                m.d.sync += al_x.eq(wq["a"])
+            with m.State("align"):  # the operand is m
+                m.d.sync += [al_x2.eq(wq["a"]), al_first.eq(0)]
                 al_choose(1)
                 m.next = "align_a"
-            with m.State("align_a"):  # al_x holds a
-                m.d.sync += al_x.eq(wq["p1"])
+            with m.State("align_a"):  # the operand is a (al_x_q)
+                m.d.sync += al_x2.eq(wq["p1"])
                 al_choose(2)
                 m.d.sync += mv.eq(al_out)
                 m.next = "align_g"
-            with m.State("align_g"):  # al_x holds P1
+            with m.State("align_g"):  # the operand is P1 (al_x_q)
                 m.d.sync += av.eq(al_out)
                 m.next = "align_end"
             # the EMAs' rounding terms less the old values registered while g is aligned, and |g| as a choice of
