@@ -148,7 +148,7 @@ def build_regmap(*, name: str, layers: int, batch: int, classes: int, input_int8
 SPACE_BETA, SPACE_M, SPACE_A, SPACE_MU, SPACE_S, SPACE_E = range(6)
 E_WIDTH = 16
 
-RUNNING_LATENCY = 6
+RUNNING_LATENCY = 8
 """:class:`BnParamUnit`'s running-statistics pipeline: cycles from a stats beat taken to its channel's update
 written (the beat and the reads, the dividends, rtl_gen.divider.CONST_DIV_LATENCY cycles, the sums)."""
 
@@ -647,15 +647,24 @@ class BnParamUnit(wiring.Component):
         r_mag = Signal(9)  # |r| <= 256
         # one aligner, used for m, a and g in turn (the read words hold while the read enables are low)
         al_w = max(self.m_width, self.a_width + 1, self.p_width + 1)
-        al_x = Signal(signed(al_w))
+        # the aligner's operand: the registered m word, then a register loaded a state ahead with the a and P1
+        # words, chosen by a flag register (timing: the FSM state's choice of the operand in front of the rounding
+        # add's 35-bit carry chain, in the SMALL design in context and at the paper's widths; the memory's output
+        # through that choice into a register, 96.2 MHz)
+        al_x = Signal(signed(al_w), name="al_x")
+        al_x2 = Signal(signed(al_w), name="al_x_q", reset_less=True)
+        al_first = Signal(name="al_first")  # the aligner's operand is m (in "align")
         al_ow = max(self.m_width, self.a_width + 1)
         # the three alignments' amounts (m by dm, a by dm, g by dg; dm and dg hold during the update) computed
         # every cycle into registers, and the next align state's set registered again (timing: the state, the
         # choice of dm or dg and the clamp compares in front of these registers closed at 69 MHz on the ECP5 proxy)
-        # -dm and -dg registered first (timing: negation, clamp compare and the -1 in one cycle, 81 MHz)
+        # -dm and -dg registered first (timing: negation, clamp compare and the -1 in one cycle, 81 MHz), and the
+        # clamp compares registered a cycle before the sets (timing: dg, the compare d > lmax and the set's
+        # register closed at 99.6 MHz at the paper's widths on the ECP5 proxy): the sets follow dm and dg three
+        # cycles late, in "read_q" (dm and dg are set in "exponent_diff" and hold for the whole update)
         ndm, ndg = Signal.like(dm, name="ndm"), Signal.like(dg, name="ndg")
         m.d.sync += [ndm.eq(-dm), ndg.eq(-dg)]
-        al_sets = [_align_amounts(m, d_, al_w, al_ow, f"al{i}", lmax=lim, domain="sync", neg=nd_)
+        al_sets = [_align_amounts(m, d_, al_w, al_ow, f"al{i}", lmax=lim, domain="sync", neg=nd_, early_clamp=True)
                    for i, (d_, nd_, lim) in enumerate(((dm, ndm, self.m_width - 1), (dm, ndm, self.a_width),
                                                        (dg, ndg, self.m_width - 1)))]
         al_amounts = [Signal.like(v, name=f"al_{k}") for v, k in zip(al_sets[0], ("l", "r", "rm1", "pos"), strict=True)]
@@ -665,6 +674,7 @@ class BnParamUnit(wiring.Component):
 
         al_out = _align_pipelined(m, al_x, al_amounts, al_ow, "al")
         wq = {name: Signal.like(rd[name].data, name=f"upd_{name}_q") for name in ("m", "a", "beta", "p1")}
+        m.d.comb += al_x.eq(Mux(al_first, wq["m"], al_x2))
         with m.FSM() as fsm:
             with m.State("idle"):
                 m.d.comb += fsm_idle.eq(1)
@@ -730,20 +740,20 @@ class BnParamUnit(wiring.Component):
             # at the paper's widths on the ECP5 proxy)
             with m.State("read_q"):
                 m.d.sync += [wq[name].eq(rd[name].data) for name in wq]
+                m.d.sync += al_first.eq(1)
                 al_choose(0)
                 m.next = "align"
             # the aligner takes two cycles (_align_pipelined): each result is taken a state after its operand
-            with m.State("align"):
-                m.d.comb += al_x.eq(wq["m"])
+            with m.State("align"):  # the operand is m
+                m.d.sync += [al_x2.eq(wq["a"]), al_first.eq(0)]
                 al_choose(1)
                 m.next = "align_a"
-            with m.State("align_a"):
-                m.d.comb += al_x.eq(wq["a"])
+            with m.State("align_a"):  # the operand is a (al_x_q)
+                m.d.sync += al_x2.eq(wq["p1"])
                 al_choose(2)
                 m.d.sync += mv.eq(al_out)
                 m.next = "align_g"
-            with m.State("align_g"):
-                m.d.comb += al_x.eq(wq["p1"])
+            with m.State("align_g"):  # the operand is P1 (al_x_q)
                 m.d.sync += av.eq(al_out)
                 m.next = "align_end"
             # the EMAs' rounding terms less the old values registered while g is aligned, and |g| as a choice of
@@ -863,11 +873,14 @@ class _HwView:
         self.beta_momentum_shift, self.beta_scale_shift, self.beta_state_bits = sm, sa, bits
 
 
-def _align_amounts(m, d, x_width: int, out_width: int, name: str, lmax=None, domain: str = "comb", neg=None):
+def _align_amounts(m, d, x_width: int, out_width: int, name: str, lmax=None, domain: str = "comb", neg=None,
+                   early_clamp: bool = False):
     """The shift amounts of :func:`_align` for ``d`` (an ``x_width``-bit operand, a ``signed(out_width)``
     result): ``(left, right, right - 1, d >= 0)``, clamped where the result no longer changes; left shifts at
     ``lmax`` (default ``out_width - 1``). ``domain="sync"``: registered (they follow ``d`` a cycle late).
-    ``neg``: ``-d`` given (e.g. registered)."""
+    ``neg``: ``-d`` given (e.g. registered). ``early_clamp`` (with ``domain="sync"``): the clamp compares are
+    registers of their own a cycle before the amounts (which then follow ``d`` and ``neg`` two cycles late; for
+    amounts that hold long, the timing reason: a compare's carry chain in front of the amounts' registers)."""
     nd = -d if neg is None else neg
     wx = x_width + 1
     lcap = max(out_width - 1, 1)
@@ -878,10 +891,15 @@ def _align_amounts(m, d, x_width: int, out_width: int, name: str, lmax=None, dom
     right = Signal(range(rmax + 1), name=f"{name}_r")
     rm1 = Signal(range(rmax + 1), name=f"{name}_rm1")
     pos = Signal(name=f"{name}_pos")
+    l_over, r_over = d > lmax, nd > rmax
+    if early_clamp:
+        assert domain == "sync"
+        l_over, r_over = Signal(name=f"{name}_lgt"), Signal(name=f"{name}_rgt")
+        m.d.sync += [l_over.eq(d > lmax), r_over.eq(nd > rmax)]
     m.d[domain] += [
-        left.eq(Mux(d > lmax, lmax, d.as_unsigned()[: len(left)])),
-        right.eq(Mux(nd > rmax, rmax, nd.as_unsigned()[: len(right)])),
-        rm1.eq(Mux(nd > rmax, rmax, nd.as_unsigned()[: len(right)]) - 1),
+        left.eq(Mux(l_over, lmax, d.as_unsigned()[: len(left)])),
+        right.eq(Mux(r_over, rmax, nd.as_unsigned()[: len(right)])),
+        rm1.eq(Mux(r_over, rmax, nd.as_unsigned()[: len(right)]) - 1),
         pos.eq(d >= 0),
     ]
     return left, right, rm1, pos

@@ -17,12 +17,13 @@ the next two bits against ``d``, ``2 d`` and ``3 d`` in parallel, one carry chai
 
 Structure (the timing reason): the ``steps`` bits of a cycle are ``P = ceil(steps / 2)`` **stages**, each one
 radix-4 (or the last radix-2) step followed by a register, closed into a ring: a division enters stage 0
-from a request register, walks the stages and goes round the ring ``I`` times, its last step written into the
-response register (below). So no clock cycle holds more than one carry chain (nor any of the
-requester's logic: the request is registered first), and the ring holds up to ``P`` divisions at once, one
-per stage. Measured on the ECP5 proxy (``nextpnr-ecp5`` out of context, the small MLP's BN divider, 31 / 17 /
-14 bits): one radix-4 stage per cycle 100.6 MHz, where two chained in one cycle (the former sequential
-divider at 4 bits per cycle) closed at 63.8 MHz and four chained radix-2 steps at 39.9 MHz.
+from a request register (its first step taken into an entry register on the way), walks the stages and goes
+round the ring ``I`` times, its last step written into the response register (below). So no clock cycle holds
+more than one carry chain (nor any of the requester's logic: the request is registered first), and the ring
+holds up to ``P`` divisions at once, one per stage. Measured on the ECP5 proxy (``nextpnr-ecp5`` out of
+context, the small MLP's BN divider, 31 / 17 / 14 bits): one radix-4 stage per cycle 100.6 MHz, where two
+chained in one cycle (the former sequential divider at 4 bits per cycle) closed at 63.8 MHz and four chained
+radix-2 steps at 39.9 MHz.
 
 The ring's stages move every cycle (no stall enable reaches them). A finished division leaves the last stage
 into the output queue: the response register, and a FIFO behind it that fills only while the requester does
@@ -31,10 +32,11 @@ not take responses. A request enters the ring only while a credit counter (the q
 overflows however long the requester waits; ``P + 1`` entries let a division enter in the cycle its slot's
 finished division is offered, so a requester that takes every response at once never waits for credit.
 
-Timing (:attr:`Divider.latency`, :meth:`Divider.cycles`): the response is offered ``1 + I * P`` cycles after
-its request transfer when the ring has room, and held until taken. A division enters stage 0 when the slot
-arriving there is free (empty, or its division leaves the ring in that cycle) and the credit allows;
-up to ``P`` requests are taken back to back, so ``P`` divisions take ``I * P`` cycles of ring time: the
+Timing (:attr:`Divider.latency`, :meth:`Divider.cycles`): the response is offered ``2 + I * P`` cycles after
+its request transfer when the ring has room, and held until taken. A request's first step (stage 0's, loop 0)
+is taken from the request register into an entry register; the division enters the ring (stage 0's register)
+from there when the slot arriving there is free (empty, or its division leaves the ring in that cycle) and the
+credit allows; up to ``P`` requests are taken back to back, so ``P`` divisions take ``I * P`` cycles of ring time: the
 throughput of the former sequential divider (one division per ``I`` cycles) when the requester keeps ``P``
 in flight. Responses come back in request order (:func:`ring_schedule` gives the cycle of each when they are
 taken at once).
@@ -80,8 +82,8 @@ def iterations(quotient_width: int, steps: int) -> int:
 
 
 def latency(quotient_width: int, steps: int) -> int:
-    """:attr:`Divider.latency` without building one: ``1 + iterations * stages``."""
-    return 1 + iterations(quotient_width, steps) * stages(steps)
+    """:attr:`Divider.latency` without building one: ``2 + iterations * stages``."""
+    return 2 + iterations(quotient_width, steps) * stages(steps)
 
 
 class Divider(wiring.Component):
@@ -140,7 +142,8 @@ class Divider(wiring.Component):
     @property
     def latency(self) -> int:
         """Cycles from a request transfer to the first cycle its response is offered, when the ring has room:
-        the request register, then ``iterations`` trips round ``stages`` stages."""
+        the request register, stage 0's first step into the entry register, then ``iterations`` trips round
+        ``stages`` stages."""
         return latency(self._wq, self._steps)
 
     @property
@@ -160,13 +163,13 @@ class Divider(wiring.Component):
     def cycles(self, count: int) -> int:
         """Cycles for ``count`` back-to-back divisions (requests always offered, responses always taken),
         from the first request transfer to the last response transfer, both included: the ring takes
-        ``stages`` at a time, so division ``i = g P + k`` is answered ``1 + k + (g + 1) I P`` cycles after the
+        ``stages`` at a time, so division ``i = g P + k`` is answered ``2 + k + (g + 1) I P`` cycles after the
         first request transfer (0 for none)."""
         _check_int("count", count, 0, 1 << 40)
         if not count:
             return 0
         g, k = divmod(count - 1, self.stages)
-        return 2 + k + (g + 1) * self.iterations * self.stages
+        return 3 + k + (g + 1) * self.iterations * self.stages
 
     def elaborate(self, platform):
         m = Module()
@@ -183,6 +186,14 @@ class Divider(wiring.Component):
         in_d = Signal(wd, name="in_divisor", reset_less=True)
         in_d3 = Signal(wd + 2, name="in_divisor3", reset_less=True)  # 3 d, for the radix-4 stages (once a division)
 
+        # the new division after stage 0's step (loop 0), waiting to enter the ring: the entry register
+        pre_valid = Signal(name="pre_valid")
+        pre_r = Signal(wd, name="pre_rem", reset_less=True)
+        pre_q = Signal(wq_int, name="pre_shreg", reset_less=True)
+        pre_d = Signal(wd, name="pre_divisor", reset_less=True)
+        pre_d3 = Signal(wd + 2, name="pre_divisor3", reset_less=True)
+        pre_o = Signal(name="pre_ovf", reset_less=True)
+
         # stage registers: loop count, partial remainder, dividend/quotient shift register, divisor, 3 divisor,
         # overflow; valid bits for the stages before the last (the last stage's division is ``recirc``'s, below)
         st_v = [Signal(name=f"st{k}_valid") for k in range(P - 1)]
@@ -195,7 +206,8 @@ class Divider(wiring.Component):
 
         last = P - 1
         recirc = Signal()  # the last stage's division goes round again (its slot is taken)
-        enter = Signal()  # the request register's division enters stage 0
+        enter = Signal()  # the entry register's division enters stage 0
+        move = Signal()  # the request register's division takes stage 0's step into the entry register
         # The stages move every cycle: no enable reaches them (timing: the former stall enable, fanned out to every
         # stage register, in front of stage 0's carry chains closed at 79.4 MHz at the paper's widths on the ECP5
         # proxy). A finished division leaves the last stage into the output queue (``out``, the response register,
@@ -213,8 +225,9 @@ class Divider(wiring.Component):
         free = Signal(name="resp_free")  # the response register is empty or taken in this cycle
         taken = Signal(name="resp_taken")
         m.d.comb += [
-            enter.eq(~recirc & in_valid & (credit != 0)),
-            self.req.ready.eq(~in_valid | enter),
+            enter.eq(~recirc & pre_valid & (credit != 0)),
+            move.eq(in_valid & (~pre_valid | enter)),
+            self.req.ready.eq(~in_valid | move),
             self.resp.valid.eq(out_v),
             self.resp.payload.eq(out_p),
             taken.eq(out_v & self.resp.ready),
@@ -232,11 +245,14 @@ class Divider(wiring.Component):
         with m.If(self.req.valid & self.req.ready):
             dv = self.req.payload.divisor
             m.d.sync += [in_valid.eq(1), in_n.eq(self.req.payload.dividend), in_d.eq(dv), in_d3.eq(dv + (dv << 1))]
-        with m.Elif(enter):
+        with m.Elif(move):
             m.d.sync += in_valid.eq(0)
 
-        # stage 0's operands: the recirculating division, else the request register's (hi, lo, overflow check);
-        # the remainder and quotient are chosen after the stage's step (below)
+        # the request register's division (hi, lo, overflow check) takes stage 0's step into the entry register
+        # (timing: the request's step and the choice between it and the recirculating division's, in one cycle
+        # with the request register's divisor fanned out to the step's carry chains, closed at 92.4 MHz at the
+        # paper's widths on the ECP5 proxy); stage 0 then chooses between its step of the recirculating division
+        # and the entry register (a register: the choice folds into the step's last multiplexer level)
         hi = Signal(wd, name="hi")
         lo = Signal(wq_int, name="lo")
         if wn > wq_int:
@@ -248,11 +264,19 @@ class Divider(wiring.Component):
         d30 = Signal(wd + 2, name="d30")
         o0, c0 = Signal(name="o0"), Signal(range(loops), name="c0")
         m.d.comb += [
-            d0.eq(Mux(recirc, st_d[last], in_d)),
-            d30.eq(Mux(recirc, st_d3[last], in_d3)),
-            o0.eq(Mux(recirc, st_o[last], over)),
+            d0.eq(Mux(recirc, st_d[last], pre_d)),
+            d30.eq(Mux(recirc, st_d3[last], pre_d3)),
+            o0.eq(Mux(recirc, st_o[last], pre_o)),
             c0.eq(Mux(recirc, st_c[last] + 1, 0)),
         ]
+        r_new, q_new = (_radix4_stage(m, hi, lo, in_d, in_d3, "s0_new") if bits[0] == 2
+                        else _radix2_stage(m, hi, lo, in_d, "s0_new"))
+        with m.If(move):
+            m.d.sync += [pre_valid.eq(1), pre_r.eq(r_new), pre_q.eq(q_new), pre_d.eq(in_d), pre_o.eq(over)]
+            if s >= 2:
+                m.d.sync += pre_d3.eq(in_d3)
+        with m.Elif(enter):
+            m.d.sync += pre_valid.eq(0)
         # what enters the last stage: its division finishes there (``fin``) or goes round again (``recirc``,
         # registered: timing, the loop count's compare in front of stage 0's operand multiplexer)
         v_last, c_last = (recirc | enter, c0) if P == 1 else (st_v[last - 1], st_c[last - 1])
@@ -267,12 +291,11 @@ class Divider(wiring.Component):
 
             if k == 0:
                 v_in, c_in, d_in, o_in, d3_in = recirc | enter, c0, d0, o0, d30
-                # stage 0 steps both candidates, the recirculating division and the request, and picks the
-                # result (timing: ``recirc``'s fan-out into the operand multiplexer in front of the carry
-                # chains closed at 100 MHz on the ECP5 proxy; now it reaches only the final choice)
+                # stage 0 steps the recirculating division and picks it or the entry register (timing:
+                # ``recirc``'s fan-out into the operand multiplexer in front of the carry chains closed at 100 MHz
+                # on the ECP5 proxy; now it reaches only the final choice)
                 r_a, q_a = step(st_r[last], st_q[last], st_d[last], st_d3[last], "s0_loop")
-                r_b, q_b = step(hi, lo, in_d, in_d3, "s0_new")
-                r_out, q_out = Mux(recirc, r_a, r_b), Mux(recirc, q_a, q_b)
+                r_out, q_out = Mux(recirc, r_a, pre_r), Mux(recirc, q_a, pre_q)
             else:
                 v_in, c_in, d_in, o_in, d3_in = st_v[k - 1], st_c[k - 1], st_d[k - 1], st_o[k - 1], st_d3[k - 1]
                 r_out, q_out = step(st_r[k - 1], st_q[k - 1], d_in, d3_in, f"s{k}")
@@ -331,19 +354,24 @@ def ring_schedule(stages: int, iterations: int, gaps) -> list[int]:
     """When :class:`Divider` (``stages``, ``iterations``) offers each response, in a requester's cycles, for a
     requester that offers request ``k`` ``gaps[k]`` cycles after request ``k - 1`` was taken (request 0 at cycle
     ``gaps[0]``) and takes every response as soon as it is offered. A request is taken when the request register
-    is free (empty, or its division enters the ring in that cycle); it enters the ring the first cycle after
-    that whose slot is free (``stages`` slots; a division occupies its slot ``iterations`` trips). Exact for the
-    RTL: the cycle models of the units that overlap divisions follow from it."""
+    is free (empty, or its division moves on in that cycle); it takes stage 0's step into the entry register the
+    first cycle after that when the entry register is free (empty, or its division enters the ring in that
+    cycle), and enters the ring the first cycle after that whose slot is free (``stages`` slots; a division
+    occupies its slot ``iterations`` trips). Exact for the RTL: the cycle models of the units that overlap
+    divisions follow from it."""
     period = stages * iterations
     entries: list[int] = []
+    moves: list[int] = []
     out = []
     taken = None
     for gap in gaps:
         offer = gap if taken is None else taken + gap
-        taken = offer if not entries else max(offer, entries[-1])
-        t = taken + 1
+        taken = offer if not moves else max(offer, moves[-1])
+        mv = taken + 1 if not entries else max(taken + 1, entries[-1])
+        t = mv + 1
         while _slot_busy(entries, t, stages, period):
             t += 1
+        moves.append(mv)
         entries.append(t)
         out.append(t + period)
     return out
@@ -367,9 +395,12 @@ fits one 18 x 18 signed multiplier, the ECP5's MULT18 as well as a DSP48E1 (a 24
 joined by an adder in the product's cycle: 89.5 MHz for EPI2's dividends at the paper's widths on the ECP5 proxy).
 A dividend that would need more than four such products is cut into 24-bit parts (one DSP48E1 each) instead."""
 
-CONST_DIV_LATENCY = 3
-"""Cycles from a dividend to its quotient in :func:`const_divide`: the partial products, two of their sums, then
-the last sum, each registered."""
+CONST_DIV_LATENCY = 5
+"""Cycles from a dividend to its quotient in :func:`const_divide`: the dividend's parts registered, the partial
+products, the products registered again, two of their sums, then the last sum, each registered (the registers
+before and after each multiplier feed or are fed by that multiplier alone, so the placer can put them beside
+it: timing, a multiplier between registers placed 26 columns away closed at 87.6 MHz at the paper's widths on
+the ECP5 proxy, 7 ns of routing)."""
 
 
 def _check_divisor(d: object) -> None:
@@ -402,7 +433,8 @@ def const_divide(m: Module, value, d: int, name: str):
     A power-of-two factor of ``d`` is a shift first (``floor(floor(n / 2^k) / o) = floor(n / (2^k o))``); the
     product with :func:`const_reciprocal`'s ``r`` for the odd part is cut into :data:`CONST_DIV_PARTS` (at most
     four partial products, each registered: one multiplier each), then summed in two registered levels and
-    shifted (timing: no product and no more than one addition in a cycle)."""
+    shifted (timing: no product and no more than one addition in a cycle; each multiplier between registers of its
+    own, :data:`CONST_DIV_LATENCY`)."""
     _check_divisor(d)
     k = (d & -d).bit_length() - 1
     odd = d >> k
@@ -419,8 +451,11 @@ def const_divide(m: Module, value, d: int, name: str):
         for rp, rlo in r_parts:
             if rp == 0:
                 continue
-            reg = Signal(len(vp) + rp.bit_length(), name=f"{name}_pp{len(prods)}")
-            m.d.sync += reg.eq(vp * Const(rp, rp.bit_length()))
+            i = len(prods)
+            op = Signal(len(vp), name=f"{name}_op{i}", reset_less=True)
+            pp = Signal(len(vp) + rp.bit_length(), name=f"{name}_pp{i}", reset_less=True)
+            reg = Signal(len(pp), name=f"{name}_ppq{i}", reset_less=True)
+            m.d.sync += [op.eq(vp), pp.eq(op * Const(rp, rp.bit_length())), reg.eq(pp)]
             prods.append(reg << (vlo + rlo))
     if len(prods) > 4:
         raise ValueError(f"{name}: a {n_bits}-bit dividend over {odd} needs {len(prods)} partial products (at most 4)")

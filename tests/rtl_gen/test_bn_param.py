@@ -149,3 +149,27 @@ def test_running_statistics_from_random_and_extreme_beats(preset):
     sim.add_testbench(bench)
     sim.run()
     assert set(taken) == {1}  # never a wait
+
+
+@pytest.mark.timing
+def test_aligner_inputs_come_from_registers(tmp_path):
+    """Yosys's view of the unit (the small MLP's layer 0): the aligner's rounding term (``al_rnd``) is reached
+    from registers of the operand (``upd_m_q``, ``al_x_q``, the flag ``al_first``) and the amounts, never from the
+    FSM's state (timing: the state's choice of the operand in front of the 35-bit carry chain); and each
+    alignment's left amount (``al{i}_l``) sees only the low bits of its exponent difference, its clamp compare
+    being a register of its own (``al{i}_lgt``; timing: ``dg`` -> ``d > lmax`` -> ``al2_l``, 99.6 MHz at the paper's
+    widths on the ECP5 proxy)."""
+    from yosys_nets import flop_cone, gate_netlist  # same folder
+
+    cfg = apply_overrides(load_config("mlp"), SMALL)
+    lay = BnLayer.from_config(cfg, 0, lanes=8)
+    mod = gate_netlist(BnParamUnit(layer=lay, hw=cfg.hw, div_steps=2), "bn_param", tmp_path)
+    nets = {name: n["bits"] for name, n in mod["netnames"].items()}
+    state = {b for name, bits in nets.items() if name.startswith("fsm_state") for b in bits if isinstance(b, int)}
+    assert state and not flop_cone(mod, nets["al_rnd"]) & state
+    assert set(nets["al_first"]) <= flop_cone(mod, nets["al_rnd"])
+    for i, d in enumerate(("dm", "dm", "dg")):
+        left = nets[f"al{i}_l"]
+        cone = flop_cone(mod, left)
+        assert set(nets[f"al{i}_lgt"]) <= cone
+        assert not cone & set(nets[d][len(left):]), i  # the compare's high bits reach only al{i}_lgt

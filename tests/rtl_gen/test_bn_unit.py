@@ -13,6 +13,7 @@ from amaranth import Module, Signal, signed
 from amaranth.sim import Simulator
 
 from rtl_gen.bn_unit import (
+    BN_BWD_MEM_SLICE,
     BN_MEM_SLICE,
     EPI1_DIV_STAGES,
     EPI3_ISSUE,
@@ -26,6 +27,7 @@ from rtl_gen.bn_unit import (
     mul_const,
     mul_const_fabric,
 )
+from rtl_gen.divider import CONST_DIV_LATENCY
 from rtl_gen.toolchain import run_cocotb, to_verilog
 from sim.config import apply_overrides, load_config
 from sim.hw.arith import ArithParams, bn_backward, bn_forward, bn_forward_eval
@@ -82,23 +84,25 @@ def test_cycle_models():
     c = fwd.cycles()
     # EPI1: a channel a cycle, a cycle more at each of the 15 later groups' reads, the first group's read, the
     # registered dividend (EPI1_DIV_STAGES = 2: the lane within its part, then the part), the constant division's
-    # three cycles, the last response and the thresholds' registered write (THR_WRITE_STAGES = 1); EPI2: ten
-    # cycles a channel (eleven at a later group's start) and the same tail without the dividend's registers
+    # five cycles (CONST_DIV_LATENCY), the last response and the thresholds' registered write (THR_WRITE_STAGES =
+    # 1); EPI2: ten cycles a channel (eleven at a later group's start) and the same tail without the dividend's
+    # registers
     assert EPI1_DIV_STAGES == 2 and THR_WRITE_STAGES == 1
-    assert (c["epi1"], c["epi2"]) == (1 + 255 + 15 + 2 + 3 + 1 + 1, 10 + 255 * 10 + 15 + 3 + 1 + 1) == (278, 2580)
-    # EPI3, one stage (latency 15): the stage busy, I = 14 cycles a division after the first request (at
-    # EPI3_ISSUE = 6: the channel's word registered before its products; entering at 7), and the registered
-    # stats output (STATS_OUT_STAGE = 1)
-    assert EPI3_ISSUE == 6 and STATS_OUT_STAGE == 1 and c["epi3"] == 8 + 256 * 14 + 1
+    assert CONST_DIV_LATENCY == 5
+    assert (c["epi1"], c["epi2"]) == (1 + 255 + 15 + 2 + 5 + 1 + 1, 10 + 255 * 10 + 15 + 5 + 1 + 1) == (280, 2582)
+    # EPI3, one stage (latency 16): the stage busy, I = 14 cycles a division after the first request (at
+    # EPI3_ISSUE = 6: the channel's word registered before its products; its first step at 7, entering at 8),
+    # and the registered stats output (STATS_OUT_STAGE = 1)
+    assert EPI3_ISSUE == 6 and STATS_OUT_STAGE == 1 and c["epi3"] == 9 + 256 * 14 + 1
     # each pass: B G beats, the compare stage and the accumulators' write stage
-    assert c["total"] == 3 * (1600 + 1 + 1) + 278 + 2580 + c["epi3"] == 11257
+    assert c["total"] == 3 * (1600 + 1 + 1) + 280 + 2582 + c["epi3"] == 11262
     l0, l1 = BnLayer.from_config(cfg, 0, lanes=16), BnLayer.from_config(cfg, 1, lanes=16)
     # 3 and 4 bits a cycle: two stages, 5 and 4 trips: two divisions per 10 and 8 cycles once the ring is full, so
     # EPI3's issue side (six cycles a channel, seven at each of the 15 later groups' starts) paces it, the first
-    # division's latency (11 and 9) and the ring's slots (a division enters when its slot comes by) on top
+    # division's latency (12 and 10) and the ring's slots (a division enters when its slot comes by) on top
     c3, c4 = forward_cycles(l0, 3), forward_cycles(l0, 4)
-    assert (c3["epi1"], c3["epi2"]) == (c4["epi1"], c4["epi2"]) == (278, 2580)
-    assert 6 * 256 + 15 + 9 + 1 <= c4["epi3"] == 1562 < c3["epi3"] == 1564 <= 6 * 256 + 15 + 11 + 2 + 1
+    assert (c3["epi1"], c3["epi2"]) == (c4["epi1"], c4["epi2"]) == (280, 2582)
+    assert 6 * 256 + 15 + 10 + 1 <= c4["epi3"] == 1563 < c3["epi3"] == 1565 <= 6 * 256 + 15 + 12 + 2 + 1
     assert BnForwardUnit(layer=l1).div_iterations == 14
     bwd = BnBackwardUnit(layer=l1)
     assert bwd.cycles()["total"] == 2 * 1600 + 16 + 256 + 8  # pass 1 drain 1, pass 2 drain 2 + 5 Q stages
@@ -477,30 +481,51 @@ def test_backward_first_row_clear_is_one_register_per_lane(tmp_path):
 @pytest.mark.timing
 def test_backward_memories_cut_into_lane_slices(tmp_path):
     """Yosys's view of the unit (16 lanes, two groups): the P1, P2 and alpha memories are cut into slices of
-    ``BN_MEM_SLICE`` lanes, each read at an address register of its own (six registers, none merged), and the
-    P1 and P2 slices are written under one enable that is a flip-flop (``p_wen``), with no logic between (timing:
-    one read address register, and the phase's decode of the write enable, reached every lane's LUT-RAM cells).
-    The beat register's lanes move in the same slices, each under an enable from a copy of ``s1_valid`` of its
-    own (two copies, not merged)."""
+    ``BN_BWD_MEM_SLICE`` lanes, each read at an address register of its own (twelve registers, none merged), and
+    the P1 and P2 slices are written under one enable that is a flip-flop (``p_wen``), with no logic between
+    (timing: one read address register, and the phase's decode of the write enable, reached every lane's LUT-RAM
+    cells). The beat register's lanes move in slices of ``BN_MEM_SLICE``, each under an enable from a copy of
+    ``s1_valid`` of its own (two copies, not merged)."""
     from yosys_nets import gate_netlist, memory_ports  # same folder
 
-    assert BN_MEM_SLICE == 8
+    assert BN_MEM_SLICE == 8 and BN_BWD_MEM_SLICE == 4
     lay = BnLayer.from_config(small_config(4, 20, 7), 0, lanes=16)
     mod = gate_netlist(BnBackwardUnit(layer=lay), "bn_backward", tmp_path)
     nets, mems = memory_ports(mod)
     mems = {r["cell"]: r for r in mems if not r["cell"].startswith("q_pend")}
-    names = [f"{name}_mem{k}" for name in ("p1", "p2", "a") for k in range(2)]
+    names = [f"{name}_mem{k}" for name in ("p1", "p2", "a") for k in range(4)]
     assert sorted(mems) == sorted(names)
     regs = {n: nets[n.replace("_mem", "_rd_g")] for n in names}
     assert all(len(bits) == 1 for bits in regs.values())  # two groups
     assert {n: mems[n]["addr"] for n in names} == regs
-    assert len(set(regs.values())) == 6
+    assert len(set(regs.values())) == 12
     wen = nets["p_wen"]
     flops = {b for c in mod["cells"].values() if "DFF" in c["type"].upper() for b in c["connections"]["Q"]}
     assert len(wen) == 1 and wen[0] in flops
-    assert all(set(mems[f"{name}_mem{k}"]["wen"]) == set(wen) for name in ("p1", "p2") for k in range(2))
+    assert all(set(mems[f"{name}_mem{k}"]["wen"]) == set(wen) for name in ("p1", "p2") for k in range(4))
     copies = [nets[f"s1_valid{k}"] for k in range(2)]
     assert all(len(c) == 1 and c[0] in flops for c in copies) and copies[0] != copies[1]
+
+
+@pytest.mark.timing
+def test_backward_push_is_one_register_per_lane_slice(tmp_path):
+    """Yosys's view of BN backward (16 lanes): the beat's push into the lanes' pend FIFOs is a flip-flop per slice
+    of ``BN_MEM_SLICE`` lanes (``d_push0``, ``d_push1``, not merged), and the write enable of each lane's FIFO
+    memory is reached by its own slice's copy only (timing: one flip-flop drove every lane's LUT-RAM write enable,
+    11.2 ns at the paper's widths on the ECP5 proxy)."""
+    from yosys_nets import flop_cone, gate_netlist, memory_ports  # same folder
+
+    lay = BnLayer.from_config(small_config(4, 20, 7), 0, lanes=16)
+    mod = gate_netlist(BnBackwardUnit(layer=lay), "bn_backward", tmp_path)
+    nets, mems = memory_ports(mod)
+    copies = [nets.get(f"d_push{k}") for k in range(2)]
+    assert all(c is not None and len(c) == 1 for c in copies) and copies[0] != copies[1]
+    pend = {r["cell"]: r for r in mems if r["cell"].startswith("q_pend")}
+    assert len(pend) == 16
+    for cell, r in pend.items():
+        lane = int(re.match(r"q_pend(\d+)", cell).group(1))
+        reached = flop_cone(mod, r["wen"]) & {copies[0][0], copies[1][0]}
+        assert reached == {copies[lane // BN_MEM_SLICE][0]}, (cell, reached)
 
 
 @pytest.mark.timing

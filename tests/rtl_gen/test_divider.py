@@ -23,10 +23,10 @@ def test_reference_division():
 
 def test_parameters_and_cycle_model():
     d = Divider(dividend_width=40, divisor_width=24, quotient_width=18, steps=4)
-    assert (d.iterations, d.stages, d.latency) == (5, 2, 11)
-    # division i = 2 g + k answered 1 + k + 10 (g + 1) cycles after the first request: the 10th at 1 + 1 + 50
-    assert d.cycles(0) == 0 and d.cycles(1) == 12 and d.cycles(2) == 13 and d.cycles(10) == 53
-    assert Divider(dividend_width=40, divisor_width=24, quotient_width=18, steps=18).latency == 10  # one trip
+    assert (d.iterations, d.stages, d.latency) == (5, 2, 12)
+    # division i = 2 g + k answered 2 + k + 10 (g + 1) cycles after the first request: the 10th at 2 + 1 + 50
+    assert d.cycles(0) == 0 and d.cycles(1) == 13 and d.cycles(2) == 14 and d.cycles(10) == 54
+    assert Divider(dividend_width=40, divisor_width=24, quotient_width=18, steps=18).latency == 11  # one trip
     assert d.req_layout.size == 64 and d.resp_layout.size == 18 + 24 + 1
     with pytest.raises(ValueError, match=re.escape("steps must be an integer in 1..18, not 19")):
         Divider(dividend_width=40, divisor_width=24, quotient_width=18, steps=19)
@@ -117,8 +117,8 @@ def test_divider_rtl(case):
 
 def test_division_by_a_constant():
     """const_reciprocal's (r, s) equal floor division on every dividend of its width near the multiples of the
-    divisor, the ends of the range and at random; const_divide's pipeline gives those quotients two cycles after
-    each value, a value every cycle (Amaranth simulator); a bad divisor is refused."""
+    divisor, the ends of the range and at random; const_divide's pipeline gives those quotients CONST_DIV_LATENCY
+    cycles after each value, a value every cycle (Amaranth simulator); a bad divisor is refused."""
     from amaranth import Module, Signal
 
     from rtl_gen.divider import CONST_DIV_LATENCY, const_divide, const_reciprocal
@@ -164,8 +164,9 @@ def test_division_by_a_constant():
                                            ((10, 7, 3), 2)])
 def test_ring_moves_while_the_requester_waits(widths, steps):
     """The ring's stages never stall and the credit admits exactly what the output queue can hold: with every
-    response refused for long, the divider takes ``queue_depth + 1`` requests (the queue's entries and the request
-    register; one more would overflow the queue, one fewer would slow a requester that takes at once), and every
+    response refused for long, the divider takes ``queue_depth + 2`` requests (the queue's entries, the entry
+    register and the request register; one more would overflow the queue, one fewer would slow a requester that
+    takes at once), and every
     division in the queue is finished, so once the responses are taken they come one a cycle, in request order and
     correct (Amaranth simulator; a cycle bound instead of a hang when a response is lost)."""
     wn, wd, wq = widths
@@ -202,7 +203,22 @@ def test_ring_moves_while_the_requester_waits(widths, steps):
     sim.add_clock(1e-8)
     sim.add_testbench(bench)
     sim.run()
-    assert len([c for c in sent if c < wait]) == Q + 1
+    assert len([c for c in sent if c < wait]) == Q + 2
     assert len(got) == len(cases), f"{len(got)} of {len(cases)} responses"
     assert got == [divide(n, d, wq) for n, d in cases]
     assert stamps[:Q] == list(range(wait, wait + Q))  # the queue's divisions finished while the requester waited
+
+
+def test_request_step_is_registered_before_the_ring(tmp_path):
+    """Yosys's view of the divider (the paper MLP's BN forward widths, 45 / 31 / 14 bits, 4 steps): the request's
+    first step lands in the entry register (``pre_rem``), and stage 0's remainder register (``st0_rem``) is reached
+    from the ring and the entry register only, never from the request register's divisor through a step's carry
+    chains (timing: that path, with the choice of stage 0, closed at 92.4 MHz on the ECP5 proxy)."""
+    from yosys_nets import flop_cone, gate_netlist  # same folder
+
+    mod = gate_netlist(Divider(dividend_width=45, divisor_width=31, quotient_width=14, steps=4), "divider", tmp_path)
+    nets = {name: n["bits"] for name, n in mod["netnames"].items()}
+    cone = flop_cone(mod, nets["st0_rem"])
+    assert not cone & set(nets["in_divisor"]) and not cone & set(nets["in_dividend"])
+    assert set(nets["pre_rem"]) <= cone and set(nets["st1_rem"]) <= cone
+    assert set(nets["in_divisor"]) & flop_cone(mod, nets["pre_rem"])

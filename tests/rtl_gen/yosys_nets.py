@@ -48,3 +48,44 @@ def fanout(mod: dict) -> Counter:
             if c["port_directions"].get(port) == "input":
                 out.update(b for b in bits if isinstance(b, int))
     return out
+
+
+def flop_cone(mod: dict, bits) -> set:
+    """The flip-flop output bits of a :func:`gate_netlist` module whose values reach ``bits`` through logic only
+    (the register-to-register paths into ``bits``); a bit of ``bits`` that a flip-flop drives stands for that
+    flip-flop's inputs (the paths into the register)."""
+    driver, flops = {}, set()
+    for c in mod["cells"].values():
+        for port, out in c["connections"].items():
+            if c["port_directions"].get(port) == "output":
+                for b in out:
+                    if isinstance(b, int):
+                        driver[b] = c
+                        if "DFF" in c["type"].upper():
+                            flops.add(b)
+    todo, found = [], set()
+    for b in bits:
+        if not isinstance(b, int):
+            continue
+        c = driver.get(b)
+        if b in flops:
+            todo.extend(x for p, ins in c["connections"].items() if c["port_directions"].get(p) == "input"
+                        and p != "CLK" for x in ins if isinstance(x, int))
+        else:
+            todo.append(b)
+    seen = set()
+    while todo:
+        b = todo.pop()
+        if b in seen:
+            continue
+        seen.add(b)
+        if b in flops:
+            found.add(b)
+            continue
+        c = driver.get(b)
+        if c is None:
+            continue
+        for port, ins in c["connections"].items():
+            if c["port_directions"].get(port) == "input":
+                todo.extend(x for x in ins if isinstance(x, int))
+    return found
