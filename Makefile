@@ -143,7 +143,8 @@ test-pynq: $(PYNQ_INSTALLED) $(PYNQ301_INSTALLED)
 # register-to-register path in LUT levels against the calibrated limit (tests/rtl_gen/test_timing.py), and a
 # path planted across two units that must exceed it. About 5 min on 2 cores with an empty cache.
 test-timing: $(INSTALLED)
-	$(PYTEST) -m timing tests/rtl_gen/test_timing.py tests/rtl_gen/test_bn_unit.py tests/rtl_gen/test_weight_memory.py
+	$(PYTEST) -m timing tests/rtl_gen/test_timing.py tests/rtl_gen/test_bn_unit.py tests/rtl_gen/test_bn_param.py \
+		tests/rtl_gen/test_weight_memory.py
 
 test-slow: $(INSTALLED)
 	$(call pytest_tier,slow)
