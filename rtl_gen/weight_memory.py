@@ -108,6 +108,10 @@ STATE_SEGMENT = 16384
 7-series' 4,096 x 9, so that a segment is no deeper than one block RAM and the segments take no more block RAMs
 than one memory would."""
 
+GROUP_LANES = 4
+"""Lanes of a group in the two-step choices among the banks' lanes: the sweep's gradient (stage 1 a lane in each
+group, stage 2 the group) and a host read's bank word (a bank in each group, then the group)."""
+
 MAX_CUTOFF = 1023  # the switch table lives in distributed RAM, one copy per update lane
 
 
@@ -758,17 +762,32 @@ class WeightMemory(wiring.Component):
         s_chunk = stages(s1_chunk, "chunk")
         s_addr = stages(s1_addr, "addr")
         s_partial = stages(s1_partial, "partial")
-        s2_g, s3_g = Signal(data.ArrayLayout(signed(2), U)), Signal(data.ArrayLayout(signed(2), U))
+        # the visit's lane of the gradient picked over stages 1 and 2 by registered one-hot selects: stage 1 picks
+        # a lane in each group of GROUP_LANES lanes (a flag per lane, lane == l registered), stage 2 the group (a
+        # flag per group, registered from stage 1's lane). Timing: ``s1_lane`` choosing among the 16 lanes' 16
+        # bits, 256 multiplexer inputs, closed at 87.3 MHz at the paper's widths on the ECP5 proxy (nextpnr seed 1)
+        GN = -(-L // GROUP_LANES)
+        hot1 = [Signal(name=f"s1_lane_hot{lane_i}") for lane_i in range(L)]
+        m.d.sync += [hot1[lane_i].eq(lane == lane_i) for lane_i in range(L)]
+        s2_grp = [Signal(2 * U, name=f"s2_g_group{q}") for q in range(GN)]
+        hot2 = [Signal(name=f"s2_group_hot{q}") for q in range(GN)]
+        for q in range(GN):
+            lanes = range(q * GROUP_LANES, min(L, (q + 1) * GROUP_LANES))
+            m.d.sync += [s2_grp[q].eq(_or_tree([Mux(hot1[i], s1_gch[i], 0) for i in lanes])),
+                         hot2[q].eq(Cat(*(hot1[i] for i in lanes)).any())]
+        s2_g = Signal(data.ArrayLayout(signed(2), U))  # stage 2's gradient, the groups' choice (not a register)
+        s3_g = Signal(data.ArrayLayout(signed(2), U))
         s2_u, s3_u = Signal.like(s1_u), Signal.like(s1_u)
-        m.d.sync += [s2_g.eq(Array(s1_gch)[s_lane[1]]), s2_u.eq(s1_u), s3_g.eq(s2_g), s3_u.eq(s2_u)]
+        m.d.comb += s2_g.eq(_or_tree([Mux(hot2[q], s2_grp[q], 0) for q in range(GN)]))
+        m.d.sync += [s2_u.eq(s1_u), s3_g.eq(s2_g), s3_u.eq(s2_u)]
         assert OPT_STAGE == 3
-        # switch: the increment per row, sgn(dW) where the schedule's gate takes it ((u & 0xFFFF) < gate) and 0
-        # elsewhere, formed in stage 2
+        # switch: the increment per row, sgn(dW) where the schedule's gate takes it ((u & 0xFFFF) < gate, compared
+        # in stage 1) and 0 elsewhere, formed in stage 2
         s3_inc = Signal(data.ArrayLayout(data.StructLayout({"up": signed(2), "down": signed(2)}), U))
         if opt.kind == "switch":
             for j in range(U):
-                take = Signal(name=f"take{j}")
-                m.d.comb += take.eq(s2_u[j][:16] < gate)
+                take = Signal(name=f"s2_take{j}")
+                m.d.sync += take.eq(s1_u[j][:16] < gate)
                 m.d.sync += [s3_inc[j].up.eq(Mux(take, s2_g[j], 0)), s3_inc[j].down.eq(Mux(take, -s2_g[j], 0))]
 
         # --- host port and command ---
@@ -886,7 +905,7 @@ class WeightMemory(wiring.Component):
         w_old4 = Signal(U, name="s4_w_old")
         m.d.sync += w_old4.eq(Array(c_rows)[s_lane[3]])
         w_old = stages(w_old4, "w_old", OPT_STAGE + 1)
-        GL = 4  # banks per group of a host read's first choice
+        GL = GROUP_LANES  # banks per group of a host read's first choice
         host_groups = []
         for k in range(0, L, GL):
             rows = w_rows[k:k + GL]
@@ -956,7 +975,6 @@ class WeightMemory(wiring.Component):
         hw_space = Signal.like(h.space, name="host_wr_space")
         hw_lane = Signal.like(h.lane, name="host_wr_lane")
         host_addr = Signal.like(bank_ra, name="host_wr_addr")  # the bank row, the layer's base included
-        hw_saddr = Signal(range(max(V_all, 2)), name="host_wr_visit")  # the state row, likewise
         hw_data = Signal.like(h.data, name="host_wr_data")
         hw_taddr = Signal(range(max(opt.cutoff + 1, 2)) if opt.kind == "switch" else 1, name="host_wr_table_addr")
         host_bank = Signal()  # a host weight write's chunk is loaded into the bank's registers (hw_chunk)
@@ -966,7 +984,7 @@ class WeightMemory(wiring.Component):
         # and a weight row's chunks use them
         with m.If(~host_bank):
             m.d.sync += [hw_space.eq(h.space), hw_lane.eq(h.lane), host_addr.eq(bbase + h.addr),
-                         hw_saddr.eq(sbase + h.addr), hw_data.eq(h.data), hw_taddr.eq(h.addr)]
+                         hw_data.eq(h.data), hw_taddr.eq(h.addr)]
         for twr in table_writes:  # the switch table's rows, a cycle after the request
             m.d.comb += [twr.addr.eq(hw_taddr), twr.data.eq(hw_data),
                          twr.en.eq(hw_valid & (hw_space == SPACE_TABLE))]
@@ -1001,14 +1019,23 @@ class WeightMemory(wiring.Component):
                 m.d.sync += [wa.eq(Mux(sweep_lane[lane_i], s_addr[LD], host_addr)),
                              wd.eq(Mux(undo_lane[lane_i], undo_bits[LD], Mux(sweep_lane[lane_i], new_w, hw_bits)))]
             m.d.comb += [wr.addr.eq(wa), wr.data.eq(Cat(*([wd] * chunks))), wr.en.eq(we)]
+        # the state write counters load while no sweep runs and in the cycle after a command (busy a cycle before
+        # low, a register), from a register: the host write's row in the cycle after its request, else the sweep's
+        # first row (the layer's, as in the cycle before); a write of each field's space a register of its own
+        # (timing: the host write's space compared and choosing the address of every state slice's counter,
+        # 93.9 MHz at the paper's widths on the ECP5 proxy, nextpnr seed 2)
+        st_load = Signal(init=1, name="state_wr_load")
+        m.d.sync += st_load.eq(~busy)
         for name, _ in opt.fields:
             wr = st_wr[name]
             host_here = Signal(name=f"host_wr_{name}")
-            m.d.comb += host_here.eq(hw_valid & (hw_space == geo.field_space(name)))
+            host_field = host_wr & (h.space == geo.field_space(name))
+            st_wa = Signal(range(max(V_all, 2)), name=f"host_wr_{name}_visit")
+            m.d.sync += [host_here.eq(host_field), st_wa.eq(Mux(host_field, sbase + h.addr, sbase))]
             m.d.comb += [  # the write-back's visit: counted from the sweep's first row (loaded while no sweep runs,
                 # so not from the command's handshake: timing), one a valid stage
-                wr.load.eq(~busy | host_here),
-                wr.addr.eq(Mux(host_here, hw_saddr, sbase)),
+                wr.load.eq(st_load),
+                wr.addr.eq(st_wa),
                 *(inc.eq(v) for inc, v in zip(wr.incs, replicas(m, s_valid[WB - 1], len(wr.incs),
                                                                   name=f"wb_valid_{name}"), strict=True)),
                 wr.data.eq(Mux(s_valid[LD], new_state[name].as_value(), hw_data[: geo.field_width(name)])),
