@@ -53,7 +53,7 @@ from sim.hw.optim import PROB_BITS, state_bits
 
 from .buffers import split_segments
 from .shared import layer_port, per_layer
-from .streams import replicas
+from .streams import KEEP, replicas
 from .xnor_engine import WeightReadSignature, XnorGeometry, _check_int, popcount
 
 __all__ = [
@@ -464,20 +464,25 @@ class StateMemory(Elaboratable):
     def _counted(m: Module, port: _CountedPort, base: int, n: int, name: str, index: int):
         """``(register, whether its next value is in the segment)`` of ``port``'s address minus ``base`` modulo
         ``2^bits`` (below the segment's ``n`` words exactly when the address is in it: an address below the base
-        wraps to ``2^bits - base + address``, at least the words, as base + words <= 2^bits). The flag is chosen
-        from compares of each candidate, in parallel with the choice (timing: the load's fan-out, then the compare
-        of the chosen address, 14.1 ns at the paper's widths on the ECP5 proxy)."""
+        wraps to ``2^bits - base + address``, at least the words, as base + words <= 2^bits). The flag comes from
+        registers (whether the register's value and the one after it are in the segment, kept beside it) or, as the
+        register loads, from the address compared with the segment's bounds on the bits above their common power of
+        two (timing: the load's fan-out, then the compare of the chosen address, 14.1 ns at the paper's widths on
+        the ECP5 proxy; the register's compare into every write data register's enable, 89.1 MHz)."""
         bits = len(port.addr)
         inc = port.incs[index] if port.incs else port.inc
         a = Signal(bits, name=name)
         nxt = Signal.like(a, name=f"{name}_next")
         hit = Signal(name=f"{name}_hit_next")
+        h0 = Signal(name=f"{name}_in")  # a is in the segment
+        h1 = Signal(name=f"{name}_in1")  # a + 1 (modulo 2^bits) is
+        step2 = (a < n - 2) | (a == (1 << bits) - 2) | ((a == (1 << bits) - 1) & (n > 1))  # a + 2 is
         m.d.comb += [
             nxt.eq(Mux(port.load, port.addr - base, Mux(inc, a + 1, a))),
-            hit.eq(Mux(port.load, (port.addr >= base) & (port.addr < base + n),
-                       Mux(inc, (a < n - 1) | (a == (1 << bits) - 1), a < n))),
+            hit.eq(Mux(port.load, _within(port.addr, base, base + n), Mux(inc, h1, h0))),
         ]
-        m.d.sync += a.eq(nxt)
+        m.d.sync += [a.eq(nxt), h0.eq(hit),
+                     h1.eq(Mux(port.load, _within((port.addr + 1)[:bits], base, base + n), Mux(inc, step2, h1)))]
         return a, hit
 
     def elaborate(self, platform):
@@ -519,6 +524,25 @@ class StateMemory(Elaboratable):
             words.append(Mux(hit2, word, 0))
         m.d.comb += Value.cast(self.read.data).eq(_or_tree(words))
         return m
+
+
+def _within(x: Value, lo: int, hi: int) -> Value:
+    """``lo <= x < hi`` for an unsigned ``x``, each bound compared on the bits of ``x`` above the largest power of two
+    that divides it (a segment's bounds are multiples of its block: a few bits, no carry chain)."""
+
+    def ge(b):
+        if b <= 0:
+            return Const(1)
+        k = (b & -b).bit_length() - 1
+        return x[k:] >= (b >> k)
+
+    def lt(b):
+        if b >= 1 << len(x):
+            return Const(1)
+        k = (b & -b).bit_length() - 1
+        return x[k:] < (b >> k)
+
+    return ge(lo) & lt(hi)
 
 
 def _or_tree(terms):
@@ -766,19 +790,26 @@ class WeightMemory(wiring.Component):
         # a lane in each group of GROUP_LANES lanes (a flag per lane, lane == l registered), stage 2 the group (a
         # flag per group, registered from stage 1's lane). Timing: ``s1_lane`` choosing among the 16 lanes' 16
         # bits, 256 multiplexer inputs, closed at 87.3 MHz at the paper's widths on the ECP5 proxy (nextpnr seed 1)
-        GN = -(-L // GROUP_LANES)
+        def pick_lane(rows, hot, name):
+            """The one of ``rows`` (one per lane) whose flag ``hot`` (a register per lane, one set) is set, over two
+            stages: a row in each group of :data:`GROUP_LANES` lanes into a register, then the group by a flag per
+            group (a register); the value of the next stage (no register of its own)."""
+            groups = []
+            for q in range(0, L, GROUP_LANES):
+                lanes = range(q, min(L, q + GROUP_LANES))
+                r = Signal.like(rows[0], name=f"{name}_group{q // GROUP_LANES}")
+                f = Signal(name=f"{name}_group_hot{q // GROUP_LANES}")
+                m.d.sync += [r.eq(_or_tree([Mux(hot[i], rows[i], 0) for i in lanes])),
+                             f.eq(Cat(*(hot[i] for i in lanes)).any())]
+                groups.append(Mux(f, r, 0))
+            return _or_tree(groups)
+
         hot1 = [Signal(name=f"s1_lane_hot{lane_i}") for lane_i in range(L)]
         m.d.sync += [hot1[lane_i].eq(lane == lane_i) for lane_i in range(L)]
-        s2_grp = [Signal(2 * U, name=f"s2_g_group{q}") for q in range(GN)]
-        hot2 = [Signal(name=f"s2_group_hot{q}") for q in range(GN)]
-        for q in range(GN):
-            lanes = range(q * GROUP_LANES, min(L, (q + 1) * GROUP_LANES))
-            m.d.sync += [s2_grp[q].eq(_or_tree([Mux(hot1[i], s1_gch[i], 0) for i in lanes])),
-                         hot2[q].eq(Cat(*(hot1[i] for i in lanes)).any())]
         s2_g = Signal(data.ArrayLayout(signed(2), U))  # stage 2's gradient, the groups' choice (not a register)
         s3_g = Signal(data.ArrayLayout(signed(2), U))
         s2_u, s3_u = Signal.like(s1_u), Signal.like(s1_u)
-        m.d.comb += s2_g.eq(_or_tree([Mux(hot2[q], s2_grp[q], 0) for q in range(GN)]))
+        m.d.comb += s2_g.eq(pick_lane(s1_gch, hot1, "s2_g"))
         m.d.sync += [s2_u.eq(s1_u), s3_g.eq(s2_g), s3_u.eq(s2_u)]
         assert OPT_STAGE == 3
         # switch: the increment per row, sgn(dW) where the schedule's gate takes it ((u & 0xFFFF) < gate, compared
@@ -855,30 +886,38 @@ class WeightMemory(wiring.Component):
             ]
 
         # --- weight banks ---
-        # The banks read at the forward read port's address while ``fwd_sel`` (a register: no sweep and no host
-        # read), else every cycle at ``bank_ra`` (a register: the sweep's row, counted from the command on, or the
-        # host's row, registered: a host read reads a cycle after its request). Timing: ``busy`` choosing between
-        # the three addresses, then the layer's base added, closed at 61.8 MHz at the paper's widths on the ECP5
-        # proxy.
-        fwd_sel = Signal(init=1)
+        # The banks read at the forward read port's address while ``fwd_sel`` (a register per bank: no sweep and
+        # no host read), else every cycle at ``bank_ra`` (a register per bank: the sweep's row, counted from the
+        # command on, or the host's row, registered: a host read reads a cycle after its request). Timing:
+        # ``busy`` choosing between the three addresses, then the layer's base added, closed at 61.8 MHz at the
+        # paper's widths on the ECP5 proxy; one ``fwd_sel`` for every bank's address multiplexer, at 97.3 MHz
+        # (nextpnr seed 1).
+        fwd_sels = [Signal(init=1, name=f"fwd_sel{lane_i}", attrs=KEEP) for lane_i in range(L)]
         fwd_addr = Signal.like(bank_ra)
         m.d.comb += fwd_addr.eq(bbase + self.read.addr)
-        m.d.sync += fwd_sel.eq(~(running | (self.cmd.valid & self.cmd.ready) | host_rd))
+        m.d.sync += [f.eq(~(running | (self.cmd.valid & self.cmd.ready) | host_rd)) for f in fwd_sels]
+        # bank_ra and a copy of it per bank for the bank's address multiplexer, all loaded with its next value
+        # (timing: one bank_ra for every bank's address multiplexer, 96.9 MHz at the paper's widths on the ECP5
+        # proxy, nextpnr seed 2)
+        bank_ra_next = Signal.like(bank_ra)
+        bank_ras = [Signal.like(bank_ra, name=f"bank_ra{lane_i}", attrs=KEEP) for lane_i in range(L)]
+        m.d.comb += bank_ra_next.eq(bank_ra)
         with m.If(self.cmd.valid & self.cmd.ready):
-            m.d.sync += bank_ra.eq(bbase)
+            m.d.comb += bank_ra_next.eq(bbase)
         with m.Elif(host_rd & (h.space == SPACE_WEIGHTS)):
-            m.d.sync += bank_ra.eq(bbase + h.addr)
+            m.d.comb += bank_ra_next.eq(bbase + h.addr)
         with m.Elif(issue & last_chunk & last_lane):
-            m.d.sync += bank_ra.eq(bank_ra + 1)
+            m.d.comb += bank_ra_next.eq(bank_ra + 1)
+        m.d.sync += [r.eq(bank_ra_next) for r in [bank_ra, *bank_ras]]
         bank_rd = []
         bank_wr = []
-        for lane_i in range(L):
+        for lane_i, (fwd_sel, ra) in enumerate(zip(fwd_sels, bank_ras, strict=True)):
             mem = m.submodules[f"wbank{lane_i}"] = Memory(shape=bank.lanes_in, depth=max(D_all, 2), init=[],
                                                           attrs=NO_RW_CHECK)
             rd = mem.read_port()
             wr = mem.write_port(granularity=U)
             m.d.comb += [
-                rd.addr.eq(Mux(fwd_sel, fwd_addr, bank_ra)),
+                rd.addr.eq(Mux(fwd_sel, fwd_addr, ra)),
                 rd.en.eq(Mux(fwd_sel, self.read.en, 1)),
                 self.read.data[lane_i].eq(rd.data),
             ]
@@ -887,10 +926,11 @@ class WeightMemory(wiring.Component):
         # every bank's word registered as it leaves the RAM (timing: a block RAM's output delay, 5.6 ns on the
         # ECP5 proxy, left no time for a multiplexer behind it; the 7-series' block RAMs absorb such a register).
         # The sweep picks the visit's chunk of each bank's word in stage 2, by a chunk register per bank (loaded
-        # with the chunk of that bank's visits only, so the copies stay apart), and its bank in stage 3; a host read
-        # picks a bank in each group of GL banks, then the group (timing: one register choosing among all banks'
-        # words, 16 x 64 bits gathered from the whole die, closed at 76.3 MHz at the paper's widths on the ECP5
-        # proxy)
+        # with the chunk of that bank's visits only, so the copies stay apart), its bank in a group of GROUP_LANES
+        # in stage 3 (a flag per bank, a register) and the group in stage 4: the optimiser takes the old weight in
+        # stage OPT_STAGE + 2; a host read picks a bank in each group of GL banks, then the group (timing: one
+        # register choosing among all banks' words, 16 x 64 bits gathered from the whole die, closed at 76.3 MHz at
+        # the paper's widths on the ECP5 proxy; the bank of chunk registers by the lane, 79.8 MHz)
         w_rows = [Signal(bank.lanes_in, name=f"s2_w_row{lane_i}") for lane_i in range(L)]
         m.d.sync += [w_rows[lane_i].eq(rd.data) for lane_i, rd in enumerate(bank_rd)]
         c_rows = [Signal(U, name=f"s3_w_chunk{lane_i}") for lane_i in range(L)]
@@ -902,9 +942,11 @@ class WeightMemory(wiring.Component):
             with m.If(s_valid[1] & (s_lane[1] == lane_i)):
                 m.d.sync += csel.eq(s_chunk[1])
             m.d.sync += c_rows[lane_i].eq(w_rows[lane_i].word_select(csel, U))
-        w_old4 = Signal(U, name="s4_w_old")
-        m.d.sync += w_old4.eq(Array(c_rows)[s_lane[3]])
-        w_old = stages(w_old4, "w_old", OPT_STAGE + 1)
+        hot3 = [Signal(name=f"s3_lane_hot{lane_i}") for lane_i in range(L)]
+        m.d.sync += [hot3[lane_i].eq(s_lane[2] == lane_i) for lane_i in range(L)]
+        w_old5 = Signal(U, name="s5_w_old")
+        m.d.sync += w_old5.eq(pick_lane(c_rows, hot3, "s4_w"))
+        w_old = stages(w_old5, "w_old", OPT_STAGE + 2)
         GL = GROUP_LANES  # banks per group of a host read's first choice
         host_groups = []
         for k in range(0, L, GL):
@@ -951,7 +993,7 @@ class WeightMemory(wiring.Component):
         new_state = {
             name: Signal(data.ArrayLayout(opt.field_shape(name), U), name=f"new_{name}") for name, _ in opt.fields
         }
-        self._datapath(m, s_op[OPT_STAGE], shift, s3_inc, w_old[OPT_STAGE + 1], s3_g, s3_u, st_q, new_w, new_state,
+        self._datapath(m, s_op[OPT_STAGE], shift, s3_inc, w_old[OPT_STAGE + 2], s3_g, s3_u, st_q, new_w, new_state,
                        table_ports)
 
         # --- write-back: stage WRITE_STAGE - 1 loads the write ports' registers, stage WRITE_STAGE writes ---
@@ -1067,11 +1109,12 @@ class WeightMemory(wiring.Component):
     def _datapath(self, m, op, shift, inc, w_old, g, u, st_rd, new_w, new_state, table_ports):
         """The optimiser: its inputs (``op``, ``g``, ``u``, the state words ``st_rd``; switch: ``inc``, the gated
         increment per row and its negation) are the registers of stage ``S =`` :data:`OPT_STAGE`, ``w_old`` the
-        register of stage ``S + 1`` (the bank word is picked over two stages); ``new_w`` and ``new_state`` belong to
+        register of stage ``S + 2`` (the bank word is picked over three stages); ``new_w`` and ``new_state`` belong to
         stage ``WRITE_STAGE - 1 = S + 3`` (which loads the write-back's registers). The switch optimiser adds and
-        compares in stage ``S``, clamps and looks its table up in ``S + 1``, compares with the entry in ``S + 2``
-        and forms the write data in ``S + 3``; the others compute in stage ``S``, form the weight with the old one
-        in ``S + 1``, and their registered results wait for stage ``S + 3``."""
+        compares in stage ``S``, clamps and looks its table up by the clamped magnitude in ``S + 1``, compares with the
+        entry and takes the sign of ``p`` by the old weight in ``S + 2`` and forms the write data in ``S + 3``; the
+        others compute in stage ``S``, compare in ``S + 1``, form the weight with the old one in ``S + 2``, and
+        their registered results wait for stage ``S + 3``."""
         opt = self._geometry.optimizer
         U = self._geometry.sweep.update_lanes
         kind = opt.kind
@@ -1128,9 +1171,9 @@ class WeightMemory(wiring.Component):
             if kind == "switch":  # nw in stage S + 3
                 init5 = late(late(late(init_w, f"init3_{j}"), f"init4_{j}"), f"init5_{j}")
                 m.d.comb += new_w[j].eq(at_wb(Mux(ops[S + 3] == INIT, init5, nw), S + 3, f"nw{j}"))
-            else:  # nw in stage S + 1, with the weight
-                m.d.comb += new_w[j].eq(at_wb(Mux(ops[S + 1] == INIT, late(init_w, f"init3_{j}"), nw), S + 1,
-                                              f"nw{j}"))
+            else:  # nw in stage S + 2, with the weight
+                init4 = late(late(init_w, f"init3_{j}"), f"init4_{j}")
+                m.d.comb += new_w[j].eq(at_wb(Mux(ops[S + 2] == INIT, init4, nw), S + 2, f"nw{j}"))
 
             def state_in(name, j=j):
                 return st_rd[name][j]
@@ -1159,22 +1202,21 @@ class WeightMemory(wiring.Component):
                 ]
                 s3, ns3, hi3, lo3 = (late(s, f"sum3_{j}"), late(ns, f"nsum3_{j}"), late(hi, f"hi3_{j}"),
                                      late(lo, f"lo3_{j}"))
-                w3, rhi3 = w, late(r_hi, f"rhi3_{j}")
-                # stage S + 1: clamp(s) and clamp(-s) = -clamp(s) (the clamp is symmetric), p = +-clamp(s) by the
-                # weight, its table entry
+                rhi3 = late(r_hi, f"rhi3_{j}")
+                # stage S + 1: clamp(s), and its magnitude's table entry (p = +-clamp(s) by the weight, and where
+                # p > 0 it is the magnitude: the clamp is symmetric, so the weight is needed only in stage S + 2)
                 acc3 = Signal(signed(len(acc)), name=f"acc3_{j}")
-                nacc3 = Signal(signed(len(acc)), name=f"nacc3_{j}")
-                p3 = Signal(signed(len(acc)), name=f"p3_{j}")
+                mag3 = Signal(range(C + 1), name=f"mag3_{j}")
                 m.d.comb += [
                     acc3.eq(Mux(hi3, C, Mux(lo3, -C, s3))),
-                    nacc3.eq(Mux(lo3, C, Mux(hi3, -C, ns3))),
-                    p3.eq(Mux(w3, acc3, nacc3)),
-                    table_ports[j].addr.eq(p3.as_unsigned()),
+                    mag3.eq(Mux(hi3 | lo3, C, Mux(s3 < 0, ns3, s3))),
+                    table_ports[j].addr.eq(mag3),
                 ]
-                t4, pos4 = late(table_ports[j].data, f"t4_{j}"), late(p3 > 0, f"pos4_{j}")
-                acc4, w4, rhi4 = late(acc3, f"acc4_{j}"), late(w3, f"w4_{j}"), late(rhi3, f"rhi4_{j}")
+                t4, gt4, lt4 = (late(table_ports[j].data, f"t4_{j}"), late(acc3 > 0, f"gt4_{j}"),
+                                late(acc3 < 0, f"lt4_{j}"))
+                acc4, w4, rhi4 = late(acc3, f"acc4_{j}"), w, late(rhi3, f"rhi4_{j}")
                 # stage S + 2: the switch (p > 0 and the number below the entry); stage S + 3: the write data
-                switch = late(pos4 & (rhi4 < t4), f"sw5_{j}")
+                switch = late(Mux(w4, gt4, lt4) & (rhi4 < t4), f"sw5_{j}")
                 acc5, w5 = late(acc4, f"acc5_{j}"), late(w4, f"w5_{j}")
                 m.d.comb += nw.eq(w5 ^ switch)
                 state_out5("acc", Mux(switch, 0, acc5) if opt.reset else acc5, 0)
@@ -1190,7 +1232,8 @@ class WeightMemory(wiring.Component):
                     d.eq((gj << F) - mm),
                     t.eq(d + (r_lo & mask)),
                     m1.eq(mm + (t >> shift)),
-                    nw.eq(w ^ Mux(w, late(m1 > opt.tau, f"up3_{j}"), late(m1 < -opt.tau, f"dn3_{j}"))),
+                    nw.eq(w ^ Mux(w, late(late(m1 > opt.tau, f"up3_{j}"), f"up4_{j}"),
+                                  late(late(m1 < -opt.tau, f"dn3_{j}"), f"dn4_{j}"))),
                 ]
                 state_out("m", m1)
             elif kind == "iir":
@@ -1209,7 +1252,8 @@ class WeightMemory(wiring.Component):
                     e.eq((m1 << (FG - Fm)) - gg),
                     t.eq(e + ((r_hi << r_lsh) & a_mask)),
                     g1.eq(gg + (t >> shift)),
-                    nw.eq(Mux(late(g1 > 0, f"pos3_{j}"), 0, Mux(late(g1 < 0, f"neg3_{j}"), 1, w))),
+                    nw.eq(Mux(late(late(g1 > 0, f"pos3_{j}"), f"pos4_{j}"), 0,
+                              Mux(late(late(g1 < 0, f"neg3_{j}"), f"neg4_{j}"), 1, w))),
                 ]
                 state_out("m", m1)
                 state_out("g", g1)
@@ -1239,7 +1283,7 @@ class WeightMemory(wiring.Component):
                 lim = 1 << Fc
                 c2 = Signal(signed(Fc + 1), name=f"latent{j}")
                 m.d.comb += [c1.eq(c - delta), c2.eq(Mux(c1 < -lim, -lim, Mux(c1 > lim - 1, lim - 1, c1)))]
-                m.d.comb += nw.eq(late(c2 >= 0, f"sign3_{j}"))
+                m.d.comb += nw.eq(late(late(c2 >= 0, f"sign3_{j}"), f"sign4_{j}"))
                 # Initial latent: magnitude from the number's low 16 bits, sign from the initial weight.
                 mag_bits = Fc - opt.init_shift
                 lo = uj[:16]
