@@ -53,7 +53,7 @@ from sim.hw.optim import PROB_BITS, state_bits
 
 from .buffers import split_segments
 from .shared import layer_port, per_layer
-from .streams import KEEP, replicas
+from .streams import replicas
 from .xnor_engine import WeightReadSignature, XnorGeometry, _check_int, popcount
 
 __all__ = [
@@ -886,38 +886,30 @@ class WeightMemory(wiring.Component):
             ]
 
         # --- weight banks ---
-        # The banks read at the forward read port's address while ``fwd_sel`` (a register per bank: no sweep and
-        # no host read), else every cycle at ``bank_ra`` (a register per bank: the sweep's row, counted from the
-        # command on, or the host's row, registered: a host read reads a cycle after its request). Timing:
-        # ``busy`` choosing between the three addresses, then the layer's base added, closed at 61.8 MHz at the
-        # paper's widths on the ECP5 proxy; one ``fwd_sel`` for every bank's address multiplexer, at 97.3 MHz
-        # (nextpnr seed 1).
-        fwd_sels = [Signal(init=1, name=f"fwd_sel{lane_i}", attrs=KEEP) for lane_i in range(L)]
+        # The banks read at the forward read port's address while ``fwd_sel`` (a register: no sweep and no host
+        # read), else every cycle at ``bank_ra`` (a register: the sweep's row, counted from the command on, or the
+        # host's row, registered: a host read reads a cycle after its request). Timing: ``busy`` choosing between
+        # the three addresses, then the layer's base added, closed at 61.8 MHz at the paper's widths on the ECP5
+        # proxy.
+        fwd_sel = Signal(init=1)
         fwd_addr = Signal.like(bank_ra)
         m.d.comb += fwd_addr.eq(bbase + self.read.addr)
-        m.d.sync += [f.eq(~(running | (self.cmd.valid & self.cmd.ready) | host_rd)) for f in fwd_sels]
-        # bank_ra and a copy of it per bank for the bank's address multiplexer, all loaded with its next value
-        # (timing: one bank_ra for every bank's address multiplexer, 96.9 MHz at the paper's widths on the ECP5
-        # proxy, nextpnr seed 2)
-        bank_ra_next = Signal.like(bank_ra)
-        bank_ras = [Signal.like(bank_ra, name=f"bank_ra{lane_i}", attrs=KEEP) for lane_i in range(L)]
-        m.d.comb += bank_ra_next.eq(bank_ra)
+        m.d.sync += fwd_sel.eq(~(running | (self.cmd.valid & self.cmd.ready) | host_rd))
         with m.If(self.cmd.valid & self.cmd.ready):
-            m.d.comb += bank_ra_next.eq(bbase)
+            m.d.sync += bank_ra.eq(bbase)
         with m.Elif(host_rd & (h.space == SPACE_WEIGHTS)):
-            m.d.comb += bank_ra_next.eq(bbase + h.addr)
+            m.d.sync += bank_ra.eq(bbase + h.addr)
         with m.Elif(issue & last_chunk & last_lane):
-            m.d.comb += bank_ra_next.eq(bank_ra + 1)
-        m.d.sync += [r.eq(bank_ra_next) for r in [bank_ra, *bank_ras]]
+            m.d.sync += bank_ra.eq(bank_ra + 1)
         bank_rd = []
         bank_wr = []
-        for lane_i, (fwd_sel, ra) in enumerate(zip(fwd_sels, bank_ras, strict=True)):
+        for lane_i in range(L):
             mem = m.submodules[f"wbank{lane_i}"] = Memory(shape=bank.lanes_in, depth=max(D_all, 2), init=[],
                                                           attrs=NO_RW_CHECK)
             rd = mem.read_port()
             wr = mem.write_port(granularity=U)
             m.d.comb += [
-                rd.addr.eq(Mux(fwd_sel, fwd_addr, ra)),
+                rd.addr.eq(Mux(fwd_sel, fwd_addr, bank_ra)),
                 rd.en.eq(Mux(fwd_sel, self.read.en, 1)),
                 self.read.data[lane_i].eq(rd.data),
             ]

@@ -553,27 +553,3 @@ def test_state_write_counters_load_from_registers(tmp_path):
             field = name.split(".")[0].removeprefix("state_")
             assert {"state_wr_load", f"host_wr_{field}_visit"} <= src, name
 
-
-@pytest.mark.timing
-def test_each_bank_reads_by_a_select_and_row_register_of_its_own(tmp_path):
-    """Yosys's view, before any merging of equal cells, of the banks' read addresses (8 banks): each bank's address
-    multiplexer takes a copy of the forward-port select and of the sweep's row register of its own
-    (``fwd_sel{lane}``, ``bank_ra{lane}``, marked keep: that the ECP5 synthesis keeps such copies apart is
-    tests/rtl_gen/test_streams.py's check). Timing: one ``fwd_sel`` for every bank's address multiplexer, 97.3 MHz
-    at the paper's widths on the ECP5 proxy, one ``bank_ra``, 96.9 MHz (nextpnr seeds 1 and 2)."""
-    from yosys_nets import memory_ports  # same folder
-
-    from rtl_gen.toolchain import run_yowasp
-
-    cfg = apply_overrides(load_config("mlp"), small_config(**{"hw.switch_cutoff": 15, "hw.switch_undo": True}))
-    geo = WeightMemoryGeometry.from_config(cfg, 0, lanes_in=8, lanes_out=8, update_lanes=4)
-    (tmp_path / "design.v").write_text(to_verilog(WeightMemory(geometry=geo), "weight_memory"))
-    run_yowasp("yosys", ["-q", "-p", "read_verilog design.v; hierarchy -top weight_memory; proc; flatten; "
-                         "opt_clean; memory -nomap; techmap; opt_clean; write_json net.json"], cwd=tmp_path)
-    mod = json.loads((tmp_path / "net.json").read_text())["modules"]["weight_memory"]
-    _, mems = memory_ports(mod)
-    mems = {r["cell"]: r for r in mems}
-    for i in range(8):
-        src = _register_sources(mod, [], bits=mems[f"wbank{i}"]["addr"])
-        assert {n for n in src if n.startswith(("fwd_sel", "bank_ra"))} == {f"fwd_sel{i}", f"bank_ra{i}"}, i
-        assert all(mod["netnames"][f"{name}{i}"]["attributes"].get("keep") for name in ("fwd_sel", "bank_ra")), i
