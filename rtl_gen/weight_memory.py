@@ -108,6 +108,10 @@ STATE_SEGMENT = 16384
 7-series' 4,096 x 9, so that a segment is no deeper than one block RAM and the segments take no more block RAMs
 than one memory would."""
 
+GROUP_LANES = 4
+"""Lanes of a group in the two-step choices among the banks' lanes: the sweep's gradient (stage 1 a lane in each
+group, stage 2 the group) and a host read's bank word (a bank in each group, then the group)."""
+
 MAX_CUTOFF = 1023  # the switch table lives in distributed RAM, one copy per update lane
 
 
@@ -460,20 +464,25 @@ class StateMemory(Elaboratable):
     def _counted(m: Module, port: _CountedPort, base: int, n: int, name: str, index: int):
         """``(register, whether its next value is in the segment)`` of ``port``'s address minus ``base`` modulo
         ``2^bits`` (below the segment's ``n`` words exactly when the address is in it: an address below the base
-        wraps to ``2^bits - base + address``, at least the words, as base + words <= 2^bits). The flag is chosen
-        from compares of each candidate, in parallel with the choice (timing: the load's fan-out, then the compare
-        of the chosen address, 14.1 ns at the paper's widths on the ECP5 proxy)."""
+        wraps to ``2^bits - base + address``, at least the words, as base + words <= 2^bits). The flag comes from
+        registers (whether the register's value and the one after it are in the segment, kept beside it) or, as the
+        register loads, from the address compared with the segment's bounds on the bits above their common power of
+        two (timing: the load's fan-out, then the compare of the chosen address, 14.1 ns at the paper's widths on
+        the ECP5 proxy; the register's compare into every write data register's enable, 89.1 MHz)."""
         bits = len(port.addr)
         inc = port.incs[index] if port.incs else port.inc
         a = Signal(bits, name=name)
         nxt = Signal.like(a, name=f"{name}_next")
         hit = Signal(name=f"{name}_hit_next")
+        h0 = Signal(name=f"{name}_in")  # a is in the segment
+        h1 = Signal(name=f"{name}_in1")  # a + 1 (modulo 2^bits) is
+        step2 = (a < n - 2) | (a == (1 << bits) - 2) | ((a == (1 << bits) - 1) & (n > 1))  # a + 2 is
         m.d.comb += [
             nxt.eq(Mux(port.load, port.addr - base, Mux(inc, a + 1, a))),
-            hit.eq(Mux(port.load, (port.addr >= base) & (port.addr < base + n),
-                       Mux(inc, (a < n - 1) | (a == (1 << bits) - 1), a < n))),
+            hit.eq(Mux(port.load, _within(port.addr, base, base + n), Mux(inc, h1, h0))),
         ]
-        m.d.sync += a.eq(nxt)
+        m.d.sync += [a.eq(nxt), h0.eq(hit),
+                     h1.eq(Mux(port.load, _within((port.addr + 1)[:bits], base, base + n), Mux(inc, step2, h1)))]
         return a, hit
 
     def elaborate(self, platform):
@@ -515,6 +524,25 @@ class StateMemory(Elaboratable):
             words.append(Mux(hit2, word, 0))
         m.d.comb += Value.cast(self.read.data).eq(_or_tree(words))
         return m
+
+
+def _within(x: Value, lo: int, hi: int) -> Value:
+    """``lo <= x < hi`` for an unsigned ``x``, each bound compared on the bits of ``x`` above the largest power of two
+    that divides it (a segment's bounds are multiples of its block: a few bits, no carry chain)."""
+
+    def ge(b):
+        if b <= 0:
+            return Const(1)
+        k = (b & -b).bit_length() - 1
+        return x[k:] >= (b >> k)
+
+    def lt(b):
+        if b >= 1 << len(x):
+            return Const(1)
+        k = (b & -b).bit_length() - 1
+        return x[k:] < (b >> k)
+
+    return ge(lo) & lt(hi)
 
 
 def _or_tree(terms):
@@ -758,17 +786,39 @@ class WeightMemory(wiring.Component):
         s_chunk = stages(s1_chunk, "chunk")
         s_addr = stages(s1_addr, "addr")
         s_partial = stages(s1_partial, "partial")
-        s2_g, s3_g = Signal(data.ArrayLayout(signed(2), U)), Signal(data.ArrayLayout(signed(2), U))
+        # the visit's lane of the gradient picked over stages 1 and 2 by registered one-hot selects: stage 1 picks
+        # a lane in each group of GROUP_LANES lanes (a flag per lane, lane == l registered), stage 2 the group (a
+        # flag per group, registered from stage 1's lane). Timing: ``s1_lane`` choosing among the 16 lanes' 16
+        # bits, 256 multiplexer inputs, closed at 87.3 MHz at the paper's widths on the ECP5 proxy (nextpnr seed 1)
+        def pick_lane(rows, hot, name):
+            """The one of ``rows`` (one per lane) whose flag ``hot`` (a register per lane, one set) is set, over two
+            stages: a row in each group of :data:`GROUP_LANES` lanes into a register, then the group by a flag per
+            group (a register); the value of the next stage (no register of its own)."""
+            groups = []
+            for q in range(0, L, GROUP_LANES):
+                lanes = range(q, min(L, q + GROUP_LANES))
+                r = Signal.like(rows[0], name=f"{name}_group{q // GROUP_LANES}")
+                f = Signal(name=f"{name}_group_hot{q // GROUP_LANES}")
+                m.d.sync += [r.eq(_or_tree([Mux(hot[i], rows[i], 0) for i in lanes])),
+                             f.eq(Cat(*(hot[i] for i in lanes)).any())]
+                groups.append(Mux(f, r, 0))
+            return _or_tree(groups)
+
+        hot1 = [Signal(name=f"s1_lane_hot{lane_i}") for lane_i in range(L)]
+        m.d.sync += [hot1[lane_i].eq(lane == lane_i) for lane_i in range(L)]
+        s2_g = Signal(data.ArrayLayout(signed(2), U))  # stage 2's gradient, the groups' choice (not a register)
+        s3_g = Signal(data.ArrayLayout(signed(2), U))
         s2_u, s3_u = Signal.like(s1_u), Signal.like(s1_u)
-        m.d.sync += [s2_g.eq(Array(s1_gch)[s_lane[1]]), s2_u.eq(s1_u), s3_g.eq(s2_g), s3_u.eq(s2_u)]
+        m.d.comb += s2_g.eq(pick_lane(s1_gch, hot1, "s2_g"))
+        m.d.sync += [s2_u.eq(s1_u), s3_g.eq(s2_g), s3_u.eq(s2_u)]
         assert OPT_STAGE == 3
-        # switch: the increment per row, sgn(dW) where the schedule's gate takes it ((u & 0xFFFF) < gate) and 0
-        # elsewhere, formed in stage 2
+        # switch: the increment per row, sgn(dW) where the schedule's gate takes it ((u & 0xFFFF) < gate, compared
+        # in stage 1) and 0 elsewhere, formed in stage 2
         s3_inc = Signal(data.ArrayLayout(data.StructLayout({"up": signed(2), "down": signed(2)}), U))
         if opt.kind == "switch":
             for j in range(U):
-                take = Signal(name=f"take{j}")
-                m.d.comb += take.eq(s2_u[j][:16] < gate)
+                take = Signal(name=f"s2_take{j}")
+                m.d.sync += take.eq(s1_u[j][:16] < gate)
                 m.d.sync += [s3_inc[j].up.eq(Mux(take, s2_g[j], 0)), s3_inc[j].down.eq(Mux(take, -s2_g[j], 0))]
 
         # --- host port and command ---
@@ -868,10 +918,11 @@ class WeightMemory(wiring.Component):
         # every bank's word registered as it leaves the RAM (timing: a block RAM's output delay, 5.6 ns on the
         # ECP5 proxy, left no time for a multiplexer behind it; the 7-series' block RAMs absorb such a register).
         # The sweep picks the visit's chunk of each bank's word in stage 2, by a chunk register per bank (loaded
-        # with the chunk of that bank's visits only, so the copies stay apart), and its bank in stage 3; a host read
-        # picks a bank in each group of GL banks, then the group (timing: one register choosing among all banks'
-        # words, 16 x 64 bits gathered from the whole die, closed at 76.3 MHz at the paper's widths on the ECP5
-        # proxy)
+        # with the chunk of that bank's visits only, so the copies stay apart), its bank in a group of GROUP_LANES
+        # in stage 3 (a flag per bank, a register) and the group in stage 4: the optimiser takes the old weight in
+        # stage OPT_STAGE + 2; a host read picks a bank in each group of GL banks, then the group (timing: one
+        # register choosing among all banks' words, 16 x 64 bits gathered from the whole die, closed at 76.3 MHz at
+        # the paper's widths on the ECP5 proxy; the bank of chunk registers by the lane, 79.8 MHz)
         w_rows = [Signal(bank.lanes_in, name=f"s2_w_row{lane_i}") for lane_i in range(L)]
         m.d.sync += [w_rows[lane_i].eq(rd.data) for lane_i, rd in enumerate(bank_rd)]
         c_rows = [Signal(U, name=f"s3_w_chunk{lane_i}") for lane_i in range(L)]
@@ -883,10 +934,12 @@ class WeightMemory(wiring.Component):
             with m.If(s_valid[1] & (s_lane[1] == lane_i)):
                 m.d.sync += csel.eq(s_chunk[1])
             m.d.sync += c_rows[lane_i].eq(w_rows[lane_i].word_select(csel, U))
-        w_old4 = Signal(U, name="s4_w_old")
-        m.d.sync += w_old4.eq(Array(c_rows)[s_lane[3]])
-        w_old = stages(w_old4, "w_old", OPT_STAGE + 1)
-        GL = 4  # banks per group of a host read's first choice
+        hot3 = [Signal(name=f"s3_lane_hot{lane_i}") for lane_i in range(L)]
+        m.d.sync += [hot3[lane_i].eq(s_lane[2] == lane_i) for lane_i in range(L)]
+        w_old5 = Signal(U, name="s5_w_old")
+        m.d.sync += w_old5.eq(pick_lane(c_rows, hot3, "s4_w"))
+        w_old = stages(w_old5, "w_old", OPT_STAGE + 2)
+        GL = GROUP_LANES  # banks per group of a host read's first choice
         host_groups = []
         for k in range(0, L, GL):
             rows = w_rows[k:k + GL]
@@ -932,7 +985,7 @@ class WeightMemory(wiring.Component):
         new_state = {
             name: Signal(data.ArrayLayout(opt.field_shape(name), U), name=f"new_{name}") for name, _ in opt.fields
         }
-        self._datapath(m, s_op[OPT_STAGE], shift, s3_inc, w_old[OPT_STAGE + 1], s3_g, s3_u, st_q, new_w, new_state,
+        self._datapath(m, s_op[OPT_STAGE], shift, s3_inc, w_old[OPT_STAGE + 2], s3_g, s3_u, st_q, new_w, new_state,
                        table_ports)
 
         # --- write-back: stage WRITE_STAGE - 1 loads the write ports' registers, stage WRITE_STAGE writes ---
@@ -956,7 +1009,6 @@ class WeightMemory(wiring.Component):
         hw_space = Signal.like(h.space, name="host_wr_space")
         hw_lane = Signal.like(h.lane, name="host_wr_lane")
         host_addr = Signal.like(bank_ra, name="host_wr_addr")  # the bank row, the layer's base included
-        hw_saddr = Signal(range(max(V_all, 2)), name="host_wr_visit")  # the state row, likewise
         hw_data = Signal.like(h.data, name="host_wr_data")
         hw_taddr = Signal(range(max(opt.cutoff + 1, 2)) if opt.kind == "switch" else 1, name="host_wr_table_addr")
         host_bank = Signal()  # a host weight write's chunk is loaded into the bank's registers (hw_chunk)
@@ -966,7 +1018,7 @@ class WeightMemory(wiring.Component):
         # and a weight row's chunks use them
         with m.If(~host_bank):
             m.d.sync += [hw_space.eq(h.space), hw_lane.eq(h.lane), host_addr.eq(bbase + h.addr),
-                         hw_saddr.eq(sbase + h.addr), hw_data.eq(h.data), hw_taddr.eq(h.addr)]
+                         hw_data.eq(h.data), hw_taddr.eq(h.addr)]
         for twr in table_writes:  # the switch table's rows, a cycle after the request
             m.d.comb += [twr.addr.eq(hw_taddr), twr.data.eq(hw_data),
                          twr.en.eq(hw_valid & (hw_space == SPACE_TABLE))]
@@ -1001,14 +1053,23 @@ class WeightMemory(wiring.Component):
                 m.d.sync += [wa.eq(Mux(sweep_lane[lane_i], s_addr[LD], host_addr)),
                              wd.eq(Mux(undo_lane[lane_i], undo_bits[LD], Mux(sweep_lane[lane_i], new_w, hw_bits)))]
             m.d.comb += [wr.addr.eq(wa), wr.data.eq(Cat(*([wd] * chunks))), wr.en.eq(we)]
+        # the state write counters load while no sweep runs and in the cycle after a command (busy a cycle before
+        # low, a register), from a register: the host write's row in the cycle after its request, else the sweep's
+        # first row (the layer's, as in the cycle before); a write of each field's space a register of its own
+        # (timing: the host write's space compared and choosing the address of every state slice's counter,
+        # 93.9 MHz at the paper's widths on the ECP5 proxy, nextpnr seed 2)
+        st_load = Signal(init=1, name="state_wr_load")
+        m.d.sync += st_load.eq(~busy)
         for name, _ in opt.fields:
             wr = st_wr[name]
             host_here = Signal(name=f"host_wr_{name}")
-            m.d.comb += host_here.eq(hw_valid & (hw_space == geo.field_space(name)))
+            host_field = host_wr & (h.space == geo.field_space(name))
+            st_wa = Signal(range(max(V_all, 2)), name=f"host_wr_{name}_visit")
+            m.d.sync += [host_here.eq(host_field), st_wa.eq(Mux(host_field, sbase + h.addr, sbase))]
             m.d.comb += [  # the write-back's visit: counted from the sweep's first row (loaded while no sweep runs,
                 # so not from the command's handshake: timing), one a valid stage
-                wr.load.eq(~busy | host_here),
-                wr.addr.eq(Mux(host_here, hw_saddr, sbase)),
+                wr.load.eq(st_load),
+                wr.addr.eq(st_wa),
                 *(inc.eq(v) for inc, v in zip(wr.incs, replicas(m, s_valid[WB - 1], len(wr.incs),
                                                                   name=f"wb_valid_{name}"), strict=True)),
                 wr.data.eq(Mux(s_valid[LD], new_state[name].as_value(), hw_data[: geo.field_width(name)])),
@@ -1040,11 +1101,12 @@ class WeightMemory(wiring.Component):
     def _datapath(self, m, op, shift, inc, w_old, g, u, st_rd, new_w, new_state, table_ports):
         """The optimiser: its inputs (``op``, ``g``, ``u``, the state words ``st_rd``; switch: ``inc``, the gated
         increment per row and its negation) are the registers of stage ``S =`` :data:`OPT_STAGE`, ``w_old`` the
-        register of stage ``S + 1`` (the bank word is picked over two stages); ``new_w`` and ``new_state`` belong to
+        register of stage ``S + 2`` (the bank word is picked over three stages); ``new_w`` and ``new_state`` belong to
         stage ``WRITE_STAGE - 1 = S + 3`` (which loads the write-back's registers). The switch optimiser adds and
-        compares in stage ``S``, clamps and looks its table up in ``S + 1``, compares with the entry in ``S + 2``
-        and forms the write data in ``S + 3``; the others compute in stage ``S``, form the weight with the old one
-        in ``S + 1``, and their registered results wait for stage ``S + 3``."""
+        compares in stage ``S``, clamps and looks its table up by the clamped magnitude in ``S + 1``, compares with the
+        entry and takes the sign of ``p`` by the old weight in ``S + 2`` and forms the write data in ``S + 3``; the
+        others compute in stage ``S``, compare in ``S + 1``, form the weight with the old one in ``S + 2``, and
+        their registered results wait for stage ``S + 3``."""
         opt = self._geometry.optimizer
         U = self._geometry.sweep.update_lanes
         kind = opt.kind
@@ -1101,9 +1163,9 @@ class WeightMemory(wiring.Component):
             if kind == "switch":  # nw in stage S + 3
                 init5 = late(late(late(init_w, f"init3_{j}"), f"init4_{j}"), f"init5_{j}")
                 m.d.comb += new_w[j].eq(at_wb(Mux(ops[S + 3] == INIT, init5, nw), S + 3, f"nw{j}"))
-            else:  # nw in stage S + 1, with the weight
-                m.d.comb += new_w[j].eq(at_wb(Mux(ops[S + 1] == INIT, late(init_w, f"init3_{j}"), nw), S + 1,
-                                              f"nw{j}"))
+            else:  # nw in stage S + 2, with the weight
+                init4 = late(late(init_w, f"init3_{j}"), f"init4_{j}")
+                m.d.comb += new_w[j].eq(at_wb(Mux(ops[S + 2] == INIT, init4, nw), S + 2, f"nw{j}"))
 
             def state_in(name, j=j):
                 return st_rd[name][j]
@@ -1132,22 +1194,21 @@ class WeightMemory(wiring.Component):
                 ]
                 s3, ns3, hi3, lo3 = (late(s, f"sum3_{j}"), late(ns, f"nsum3_{j}"), late(hi, f"hi3_{j}"),
                                      late(lo, f"lo3_{j}"))
-                w3, rhi3 = w, late(r_hi, f"rhi3_{j}")
-                # stage S + 1: clamp(s) and clamp(-s) = -clamp(s) (the clamp is symmetric), p = +-clamp(s) by the
-                # weight, its table entry
+                rhi3 = late(r_hi, f"rhi3_{j}")
+                # stage S + 1: clamp(s), and its magnitude's table entry (p = +-clamp(s) by the weight, and where
+                # p > 0 it is the magnitude: the clamp is symmetric, so the weight is needed only in stage S + 2)
                 acc3 = Signal(signed(len(acc)), name=f"acc3_{j}")
-                nacc3 = Signal(signed(len(acc)), name=f"nacc3_{j}")
-                p3 = Signal(signed(len(acc)), name=f"p3_{j}")
+                mag3 = Signal(range(C + 1), name=f"mag3_{j}")
                 m.d.comb += [
                     acc3.eq(Mux(hi3, C, Mux(lo3, -C, s3))),
-                    nacc3.eq(Mux(lo3, C, Mux(hi3, -C, ns3))),
-                    p3.eq(Mux(w3, acc3, nacc3)),
-                    table_ports[j].addr.eq(p3.as_unsigned()),
+                    mag3.eq(Mux(hi3 | lo3, C, Mux(s3 < 0, ns3, s3))),
+                    table_ports[j].addr.eq(mag3),
                 ]
-                t4, pos4 = late(table_ports[j].data, f"t4_{j}"), late(p3 > 0, f"pos4_{j}")
-                acc4, w4, rhi4 = late(acc3, f"acc4_{j}"), late(w3, f"w4_{j}"), late(rhi3, f"rhi4_{j}")
+                t4, gt4, lt4 = (late(table_ports[j].data, f"t4_{j}"), late(acc3 > 0, f"gt4_{j}"),
+                                late(acc3 < 0, f"lt4_{j}"))
+                acc4, w4, rhi4 = late(acc3, f"acc4_{j}"), w, late(rhi3, f"rhi4_{j}")
                 # stage S + 2: the switch (p > 0 and the number below the entry); stage S + 3: the write data
-                switch = late(pos4 & (rhi4 < t4), f"sw5_{j}")
+                switch = late(Mux(w4, gt4, lt4) & (rhi4 < t4), f"sw5_{j}")
                 acc5, w5 = late(acc4, f"acc5_{j}"), late(w4, f"w5_{j}")
                 m.d.comb += nw.eq(w5 ^ switch)
                 state_out5("acc", Mux(switch, 0, acc5) if opt.reset else acc5, 0)
@@ -1163,7 +1224,8 @@ class WeightMemory(wiring.Component):
                     d.eq((gj << F) - mm),
                     t.eq(d + (r_lo & mask)),
                     m1.eq(mm + (t >> shift)),
-                    nw.eq(w ^ Mux(w, late(m1 > opt.tau, f"up3_{j}"), late(m1 < -opt.tau, f"dn3_{j}"))),
+                    nw.eq(w ^ Mux(w, late(late(m1 > opt.tau, f"up3_{j}"), f"up4_{j}"),
+                                  late(late(m1 < -opt.tau, f"dn3_{j}"), f"dn4_{j}"))),
                 ]
                 state_out("m", m1)
             elif kind == "iir":
@@ -1182,7 +1244,8 @@ class WeightMemory(wiring.Component):
                     e.eq((m1 << (FG - Fm)) - gg),
                     t.eq(e + ((r_hi << r_lsh) & a_mask)),
                     g1.eq(gg + (t >> shift)),
-                    nw.eq(Mux(late(g1 > 0, f"pos3_{j}"), 0, Mux(late(g1 < 0, f"neg3_{j}"), 1, w))),
+                    nw.eq(Mux(late(late(g1 > 0, f"pos3_{j}"), f"pos4_{j}"), 0,
+                              Mux(late(late(g1 < 0, f"neg3_{j}"), f"neg4_{j}"), 1, w))),
                 ]
                 state_out("m", m1)
                 state_out("g", g1)
@@ -1212,7 +1275,7 @@ class WeightMemory(wiring.Component):
                 lim = 1 << Fc
                 c2 = Signal(signed(Fc + 1), name=f"latent{j}")
                 m.d.comb += [c1.eq(c - delta), c2.eq(Mux(c1 < -lim, -lim, Mux(c1 > lim - 1, lim - 1, c1)))]
-                m.d.comb += nw.eq(late(c2 >= 0, f"sign3_{j}"))
+                m.d.comb += nw.eq(late(late(c2 >= 0, f"sign3_{j}"), f"sign4_{j}"))
                 # Initial latent: magnitude from the number's low 16 bits, sign from the initial weight.
                 mag_bits = Fc - opt.init_shift
                 lo = uj[:16]

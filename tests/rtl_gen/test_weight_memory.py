@@ -457,3 +457,99 @@ def test_write_ports_take_registers_of_their_own(tmp_path):
         assert mems[name]["wen"] == we * len(wd)
         seen += [wd[0], we[0]]
     assert len(set(seen)) == len(seen)
+
+
+def _register_sources(mod: dict, names, bits=()) -> set[str]:
+    """The registers (by net names, all of a bit's) and ports whose outputs reach the data, enable or reset pins of
+    the flip-flops of nets ``names`` (or the net ``bits``) of a :func:`yosys_nets.gate_netlist` module through logic
+    only (no register between)."""
+    drivers, named = {}, {}
+    for cname, c in mod["cells"].items():
+        for port, pins in c["connections"].items():
+            if c["port_directions"].get(port) == "output":
+                drivers.update((b, cname) for b in pins if isinstance(b, int))
+    for name, n in mod["netnames"].items():
+        if "$" not in name:
+            for b in n["bits"]:
+                named.setdefault(b, set()).add(name)
+    targets = {b for name in names for b in mod["netnames"][name]["bits"] if isinstance(b, int)}
+    targets |= {b for b in bits if isinstance(b, int)}
+    is_reg = {cname: "DFF" in c["type"] for cname, c in mod["cells"].items()}
+    out, seen = set(), set()
+    todo = list(targets)
+    first = True
+    while todo:
+        nxt = []
+        for b in todo:
+            cell = drivers.get(b)
+            if cell is None:
+                out |= named.get(b, {"?"})  # a port
+                continue
+            if (is_reg[cell] or mod["cells"][cell]["type"].startswith("$mem")) and not (first and b in targets):
+                out |= named.get(b, {cell})
+                continue
+            if cell in seen:
+                continue
+            seen.add(cell)
+            c = mod["cells"][cell]
+            nxt += [x for p, pins in c["connections"].items() if c["port_directions"].get(p) == "input" and p != "C"
+                    for x in pins if isinstance(x, int)]  # not the clock
+        todo, first = nxt, False
+    return out
+
+
+def _switch_netlist(tmp_path):
+    """The gate netlist of a WeightMemory of 37 x 10 with 8 banks (two groups of four) of two chunks, switch with
+    undo."""
+    from yosys_nets import gate_netlist  # same folder
+
+    cfg = apply_overrides(load_config("mlp"), small_config(**{"hw.switch_cutoff": 15, "hw.switch_undo": True}))
+    geo = WeightMemoryGeometry.from_config(cfg, 0, lanes_in=8, lanes_out=8, update_lanes=4)
+    return gate_netlist(WeightMemory(geometry=geo), "weight_memory", tmp_path)
+
+
+@pytest.mark.timing
+def test_lanes_are_picked_by_registered_one_hot_selects(tmp_path):
+    """Yosys's view of the sweep's two choices among the lanes (8 banks, two groups of four). The gradient: stage 1
+    picks a lane in each group by flags per lane that are registers (``s1_lane_hot``), stage 2 the group by flags
+    per group that are registers (``s2_g_group_hot``) and forms the switch increment from it and the gate's
+    registered comparison. The old weight: stage 3 picks a bank's chunk register in each group
+    (``s3_lane_hot``), stage 4 the group into ``s5_w_old``. No lane counter between (timing: ``s1_lane`` choosing
+    among all lanes' gradient bits, 87.3 MHz at the paper's widths on the ECP5 proxy; ``s3_lane`` among all
+    banks' chunks, 79.8 MHz)."""
+    mod = _switch_netlist(tmp_path)
+    ports = {"rst", "state_acc.rst", "state_undo.rst"}
+    for first, name, rows in ((1, "s2_g", "s1_g{}"), (3, "s4_w", "s3_w_chunk{}")):
+        for q in range(2):
+            lanes = range(4 * q, 4 * q + 4)
+            hot = {f"s{first}_lane_hot{i}" for i in lanes}
+            assert _register_sources(mod, [f"{name}_group{q}"]) - ports == {rows.format(i) for i in lanes} | hot
+            assert _register_sources(mod, [f"{name}_group_hot{q}"]) - ports == hot
+    groups = {f"{name}_group{q}" for name in ("s2_g", "s4_w") for q in range(2)} | {
+        f"{name}_group_hot{q}" for name in ("s2_g", "s4_w") for q in range(2)}
+    assert _register_sources(mod, ["s3_inc"]) - ports == {n for n in groups if n.startswith("s2")} | {
+        f"s2_take{j}" for j in range(4)}
+    assert _register_sources(mod, ["s5_w_old"]) - ports == {n for n in groups if n.startswith("s4")}
+
+
+@pytest.mark.timing
+def test_state_write_counters_load_from_registers(tmp_path):
+    """Yosys's view of the state write side (switch with undo, two fields): every state slice's write address
+    register loads under ``state_wr_load`` (a register) from the field's ``host_wr_{field}_visit`` (a register),
+    and neither it nor the slice's write data and enable registers take the host write's space or valid bit
+    (timing: the host write's space compared and choosing every slice's write address, 93.9 MHz at the paper's
+    widths on the ECP5 proxy, nextpnr seed 2), and the slice's write data and enable registers load under flags
+    from registers, not a compare of the slice's write address register (timing: that compare into their
+    enables, 89.1 MHz)."""
+    mod = _switch_netlist(tmp_path)
+    regs = [name for name in mod["netnames"] if re.fullmatch(r"state_\w+\.state_\w+_seg\d+_s\d+_w[ade]", name)]
+    assert len(regs) == 3 * 4  # acc: three slices, undo: one; wa, wd and we each
+    for name in regs:
+        src = _register_sources(mod, [name])
+        assert not src & {"host_wr_space", "host_wr_valid"}, name
+        if not name.endswith("_wa"):
+            assert name[:-1] + "a" not in src, name
+        if name.endswith("_wa"):
+            field = name.split(".")[0].removeprefix("state_")
+            assert {"state_wr_load", f"host_wr_{field}_visit"} <= src, name
+
