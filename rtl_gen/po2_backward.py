@@ -89,10 +89,15 @@ it and for every tile started before it that has not left ``pend``). ``pend`` is
 :class:`~rtl_gen.streams.SkidBuffer` (flip-flops: as distributed RAM its one write enable into every RAM cell of a
 tile closed at 82 MHz on the ECP5 proxy)."""
 
-ARRAY_DX_LATENCY = 3
+ARRAY_STAGES = 2
+"""Pipeline stages of the array's slices between stage 1 and the accumulators (the A / B operand registers and the
+product's M register of a DSP48): a pass's or block's sums are captured this many cycles after its finish cycle
+leaves stage 1, which it leaves only when the drain will be free by then."""
+
+ARRAY_DX_LATENCY = 3 + ARRAY_STAGES
 """Array dX: cycles beyond the windows, finish cycles and drain lanes (see :meth:`Po2Geometry.array_dx_cycles`)."""
 
-ARRAY_DW_LATENCY = 3
+ARRAY_DW_LATENCY = 3 + ARRAY_STAGES
 """Array dW: cycles beyond the passes and the last drain (see :meth:`Po2Geometry.array_dw_cycles`)."""
 
 DSP_A_BITS, DSP_B_BITS, DSP_P_BITS = 25, 18, 48
@@ -322,22 +327,26 @@ class Po2Geometry:
     def array_dx_cycles(self) -> int:
         """Array dX cycles with no stalls, from the ``dx_start`` cycle to the last ``dx`` transfer (both
         included): a window of ``lanes_out`` cycles that loads the first codes, then per block (``NS`` samples,
-        one word) ``groups`` windows of ``lanes_out`` cycles and a finish cycle, then the last block's drain up
+        one word) ``groups`` windows of ``lanes_out`` cycles and a finish cycle, but at least the drain of the
+        block before (``lanes_out + ARRAY_STAGES`` cycles, :data:`ARRAY_STAGES`), then the last block's drain up
         to its last real word."""
         b, NS, P = self.bank, self.array_samples, self.dw_passes
         blocks = -(-self.batch // NS)
         s_last = self.batch - (blocks - 1) * NS
         parts_last = self.bank.n_in // (b.lanes_in // P) - (b.words - 1) * P  # real parts of the last word
         last_lane = max(q * NS + s for q in range(parts_last) for s in range(s_last))
-        return b.lanes_out + blocks * b.words * (b.groups * b.lanes_out + 1) + ARRAY_DX_LATENCY + last_lane
+        n, block = blocks * b.words, b.groups * b.lanes_out + 1
+        wait = max(0, b.lanes_out + ARRAY_STAGES - block)  # a block's finish cycle waits for the drain before
+        return b.lanes_out + n * block + (n - 1) * wait + ARRAY_DX_LATENCY + last_lane
 
     def array_dw_cycles(self) -> int:
         """Array dW cycles for one batch with no stalls, from the first ``xdy`` transfer to the last ``dw``
         transfer: per pass the beats and a finish cycle, but at least the drain of the previous pass
-        (``lanes_out`` cycles, one more after a tile's last pass, which pushes the tile)."""
+        (``lanes_out + ARRAY_STAGES`` cycles, :data:`ARRAY_STAGES`; one more after a tile's last pass, which pushes
+        the tile)."""
         LO, P, NB = self.bank.lanes_out, self.dw_reads, self.beats_per_tile
-        gap_after_last = max(NB + 1, LO + 1)
-        gap = max(NB + 1, LO)
+        gap_after_last = max(NB + 1, LO + 1 + ARRAY_STAGES)
+        gap = max(NB + 1, LO + ARRAY_STAGES)
         n = self.bank.depth * P
         t = NB + 1 + sum(gap_after_last if (i + 1) % P == 0 else gap for i in range(n - 1))
         return t + LO + ARRAY_DW_LATENCY
@@ -1369,8 +1378,22 @@ class _Array(_Dw):
             m.d.comb += t.eq(Mux(cd.field != 0, Mux(cd.neg, -1, 1), 0))
             tern.append(t)
 
-        step = Signal()
-        m.d.comb += step.eq(adv & s1_valid & ~s1_fin)
+        # ---- the slices, with a DSP48's pipeline registers: stage 1 forms each slice's operands, stage a holds
+        # them (A, B), stage m their product (M), and the accumulator P takes it. The operands' choice and
+        # decode, the product and the accumulate in one cycle closed at 31.3 MHz on the ECP5 proxy (fabric
+        # adders around MULT18s, docs/results/timing.md); on the xc7z020 these are the slice's AREG / BREG, MREG
+        # and PREG. The stages after stage 1 never stall: a beat or a finish cycle leaves stage 1 on ``adv``
+        # (``go1``), and the finish cycle leaves only when its capture, ARRAY_STAGES cycles on, finds the drain free.
+        go1 = Signal()
+        m.d.comb += go1.eq(adv & s1_valid)
+        a_step, a_fin, a_first, a_x = (Signal(name=f"sa_{n}") for n in ("step", "fin", "first", "x"))
+        m_fin = Signal(name="sm_fin")
+        m.d.sync += [a_step.eq(go1 & ~s1_fin), a_fin.eq(go1 & s1_fin), a_first.eq(s1_first), a_x.eq(s1_x),
+                     m_fin.eq(a_fin)]
+        # stage m's accumulate enable and load select, a copy per lane (streams.replicas)
+        m_step = replicas(m, a_step, LO, name="sm_step")
+        m_first = replicas(m, a_first, LO, name="sm_first")
+        m_x = replicas(m, a_x, LO, name="sm_x") if pairs else None
         vw = geo.span + 2
         acc, tacc = {}, []
         for lane in range(LO):
@@ -1379,19 +1402,14 @@ class _Array(_Dw):
             m.d.comb += code.eq(Mux(s1_x, xcode[s], op.dy[0][lane]))
             pad = o_pad | (s1_sb_last if s >= s_last else 0)
             real = (code.field != 0) & ~(s1_x & pad)
-            mag = Signal(unsigned(vw - 1), name=f"mag{lane}")
-            v = Signal(signed(vw), name=f"v{lane}")
-            m.d.comb += [
-                mag.eq(Mux(real, Const(1, vw) << code.field >> 1, 0)),
-                v.eq(Mux(code.neg, -mag, mag)),
-            ]
+            v, _ = _signed_power(m, code, real, vw, f"v{lane}")  # no carry chain in front of the B register
             bias = Const(1 << (F - 1), signed(DSP_P_BITS))
             if pairs:  # v_t = t_a + t_b 2^(2 Ft) for lanes a = lane mod H, b = a + H; the lower three fields biased
                 v_t = Signal(signed(2 * FT + 2), name=f"v_t{lane}")
                 m.d.comb += v_t.eq(tern[lane % H] + (tern[lane % H + H] << (2 * FT)))
                 v_dw = Signal(signed(max(vw, 2 * FT + 2)), name=f"v_mux{lane}")
                 m.d.comb += v_dw.eq(Mux(s1_x, v, v_t))
-                bias = Mux(s1_x, bias, Const(sum(1 << (q * FT + FT - 1) for q in range(3)), signed(DSP_P_BITS)))
+                bias = Mux(m_x[lane], bias, Const(sum(1 << (q * FT + FT - 1) for q in range(3)), signed(DSP_P_BITS)))
             else:
                 v_dw = v
             for c in range(LS // 2):
@@ -1403,19 +1421,28 @@ class _Array(_Dw):
                     m.d.comb += a.eq(Mux(s1_x, a_dx, a_t))
                 else:
                     m.d.comb += a.eq(a_dx)
+                a_r = Signal.like(a, name=f"dsp_ar{c}_{lane}", reset_less=True)  # A
+                b_r = Signal.like(v_dw, name=f"dsp_br{c}_{lane}", reset_less=True)  # B
+                m_r = Signal(signed(DSP_A_BITS + len(v_dw)), name=f"dsp_m{c}_{lane}", reset_less=True)  # M
+                m.d.sync += [a_r.eq(a), b_r.eq(v_dw), m_r.eq(a_r * b_r)]
                 p_ = Signal(signed(DSP_P_BITS), name=f"dsp_p{c}_{lane}")
-                with m.If(step):
-                    m.d.sync += p_.eq(Mux(s1_first, bias, p_) + a * v_dw)
+                with m.If(m_step[lane]):
+                    m.d.sync += p_.eq(Mux(m_first[lane], bias, p_) + m_r)
                 acc[c, lane] = p_
+            t_b = Signal.like(v, name=f"dsp_tb{lane}", reset_less=True)
+            t_m = Signal(signed(vw + F + 1), name=f"dsp_tm{lane}", reset_less=True)
+            m.d.sync += [t_b.eq(v), t_m.eq(t_b * Const((1 << F) - 1, unsigned(F)))]
             t = Signal(signed(DSP_P_BITS), name=f"dsp_t{lane}")  # lower field: -T
-            with m.If(step):
-                m.d.sync += t.eq(Mux(s1_first, 0, t) + v * Const((1 << F) - 1, unsigned(F)))
+            with m.If(m_step[lane]):
+                m.d.sync += t.eq(Mux(m_first[lane], 0, t) + t_m)
             tacc.append(t)
 
         # ---- capture and drain ----
         cap = Signal()
         d_free = Signal()
-        m.d.comb += [adv.eq(~(s1_valid & s1_fin & ~d_free)), cap.eq(adv & s1_valid & s1_fin)]
+        # the finish cycle leaves stage 1 when the drain is free or frees this cycle and no capture is on its way:
+        # then the drain is idle at the capture (stage m), which always takes place
+        m.d.comb += [adv.eq(~(s1_valid & s1_fin & ~(d_free & ~a_fin & ~m_fin))), cap.eq(m_fin)]
         cap_p = {key: Signal(2 * F, name=f"cap{key[0]}_{key[1]}") for key in acc}
         cap_t = [Signal(F, name=f"cap_t{lane}") for lane in range(LO)]
         d_busy = Signal()
@@ -1501,13 +1528,19 @@ class _Array(_Dw):
                 for p in range(P):
                     with m.If(d_go & ~d_x & (dl == lane) & (d_pass == p)):
                         m.d.sync += [kept.g[lane][p * LS + i].eq(signs[i]) for i in range(LS)]
+        # the finish cycle's drain settings, kept from stage 1 to its capture (the next one leaves stage 1 later)
+        fin_ctl = {"qbase": s1_base, "mask": mask, "x": s1_x, "pass": s1_pass, "last_g": s1_last_g,
+                   "last_k": s1_last_k, "last_tile": s1_last_tile}
+        f = {n: Signal.like(v, name=f"fin_{n}") for n, v in fin_ctl.items()}
+        with m.If(go1 & s1_fin):
+            m.d.sync += [f[n].eq(v) for n, v in fin_ctl.items()]
         with m.If(cap):
             m.d.sync += [cap_p[key].eq(acc[key][: 2 * F]) for key in acc]
             m.d.sync += [cap_t[lane].eq(tacc[lane][:F]) for lane in range(LO)]
             m.d.sync += [
-                d_busy.eq(1), dl.eq(0), d_s.eq(0), d_soff.eq(0), d_qbase.eq(s1_base), d_mask.eq(mask),
-                d_x.eq(s1_x), d_pass.eq(s1_pass), d_last_g.eq(s1_last_g), d_last_k.eq(s1_last_k),
-                d_last_tile.eq(s1_last_tile),
+                d_busy.eq(1), dl.eq(0), d_s.eq(0), d_soff.eq(0), d_qbase.eq(f["qbase"]), d_mask.eq(f["mask"]),
+                d_x.eq(f["x"]), d_pass.eq(f["pass"]), d_last_g.eq(f["last_g"]), d_last_k.eq(f["last_k"]),
+                d_last_tile.eq(f["last_tile"]),
             ]
         wiring.connect(m, queue.o, wiring.flipped(self.dw))
         return m
