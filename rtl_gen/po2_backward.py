@@ -94,11 +94,13 @@ ARRAY_STAGES = 2
 product's M register of a DSP48): a pass's or block's sums are captured this many cycles after its finish cycle
 leaves stage 1, which it leaves only when the drain will be free by then."""
 
-ARRAY_DX_LATENCY = 3 + ARRAY_STAGES
-"""Array dX: cycles beyond the windows, finish cycles and drain lanes (see :meth:`Po2Geometry.array_dx_cycles`)."""
+ARRAY_DX_LATENCY = 4 + ARRAY_STAGES
+"""Array dX: cycles beyond the windows, finish cycles and drain lanes (see :meth:`Po2Geometry.array_dx_cycles`):
+the slices' stages, the capture, the drain's head row and its output register (stage V)."""
 
-ARRAY_DW_LATENCY = 3 + ARRAY_STAGES
-"""Array dW: cycles beyond the passes and the last drain (see :meth:`Po2Geometry.array_dw_cycles`)."""
+ARRAY_DW_LATENCY = 4 + ARRAY_STAGES
+"""Array dW: cycles beyond the passes and the last drain (see :meth:`Po2Geometry.array_dw_cycles`): the slices'
+stages, the capture, the drain's stage V, the push and the queue."""
 
 DSP_A_BITS, DSP_B_BITS, DSP_P_BITS = 25, 18, 48
 """Multiplier operand and accumulator widths of a Xilinx 7-series DSP48E1 slice (signed): the dW unit's
@@ -342,14 +344,10 @@ class Po2Geometry:
     def array_dw_cycles(self) -> int:
         """Array dW cycles for one batch with no stalls, from the first ``xdy`` transfer to the last ``dw``
         transfer: per pass the beats and a finish cycle, but at least the drain of the previous pass
-        (``lanes_out + ARRAY_STAGES`` cycles, :data:`ARRAY_STAGES`; one more after a tile's last pass, which pushes
-        the tile)."""
+        (``lanes_out + ARRAY_STAGES`` cycles, :data:`ARRAY_STAGES`)."""
         LO, P, NB = self.bank.lanes_out, self.dw_reads, self.beats_per_tile
-        gap_after_last = max(NB + 1, LO + 1 + ARRAY_STAGES)
-        gap = max(NB + 1, LO + ARRAY_STAGES)
         n = self.bank.depth * P
-        t = NB + 1 + sum(gap_after_last if (i + 1) % P == 0 else gap for i in range(n - 1))
-        return t + LO + ARRAY_DW_LATENCY
+        return NB + 1 + (n - 1) * max(NB + 1, LO + ARRAY_STAGES) + LO + ARRAY_DW_LATENCY
 
     # --- host-side packing (controller model and tests) ---
 
@@ -1438,15 +1436,19 @@ class _Array(_Dw):
             tacc.append(t)
 
         # ---- capture and drain ----
+        # The capture registers of each slice column are a chain over the lanes: the capture loads every lane, and
+        # each drain step moves them down one lane, so the drain always reads lane 0 (``head``; an ``LO``-way
+        # choice of a lane by the lane counter, whose select fanned out to every capture bit, closed at 58 MHz on
+        # the ECP5 proxy). Stage R is the head row; stage V registers its dX word (the ``dx`` output) or its
+        # signs and where they go in ``kept`` (written from V).
         cap = Signal()
         d_free = Signal()
-        # the finish cycle leaves stage 1 when the drain is free or frees this cycle and no capture is on its way:
-        # then the drain is idle at the capture (stage m), which always takes place
+        # the finish cycle leaves stage 1 when the chain is free or frees this cycle and no capture is on its way:
+        # then the chain is idle at the capture (stage m), which always takes place
         m.d.comb += [adv.eq(~(s1_valid & s1_fin & ~(d_free & ~a_fin & ~m_fin))), cap.eq(m_fin)]
-        cap_p = {key: Signal(2 * F, name=f"cap{key[0]}_{key[1]}") for key in acc}
-        cap_t = [Signal(F, name=f"cap_t{lane}") for lane in range(LO)]
+        cap_p = {key: Signal(2 * F, name=f"cap{key[0]}_{key[1]}", reset_less=True) for key in acc}
+        cap_t = [Signal(F, name=f"cap_t{lane}", reset_less=True) for lane in range(LO)]
         d_busy = Signal()
-        d_push = Signal()
         d_x = Signal()
         dl = Signal(range(LO))
         d_s = Signal(range(max(NS, 2)))
@@ -1463,71 +1465,92 @@ class _Array(_Dw):
             no_sample = s1_sb_last if s >= s_last else Const(0)
             m.d.comb += mask[lane].eq(~no_sample & ~(s1_last_k & ~x_parts_ok[q]))
 
-        sel_p = [Signal(2 * F, name=f"drain_p{c}") for c in range(LS // 2)]
-        sel_t = Signal(F)
-        with m.Switch(dl):
-            for lane in range(LO):
-                with m.Case(lane):
-                    m.d.comb += [sel_p[c].eq(cap_p[c, lane]) for c in range(LS // 2)]
-                    m.d.comb += sel_t.eq(cap_t[lane])
+        head_p = [cap_p[c, 0] for c in range(LS // 2)]
+        head_t = cap_t[0]
         vals = []
         for c in range(LS // 2):
             lo_ = Signal(F, name=f"drain_v{2 * c}")
             hi_ = Signal(F, name=f"drain_v{2 * c + 1}")
-            m.d.comb += [lo_.eq((sel_p[c][:F] << 1) + sel_t), hi_.eq(sel_t - (sel_p[c][F:] << 1))]
+            m.d.comb += [lo_.eq((head_p[c][:F] << 1) + head_t), hi_.eq(head_t - (head_p[c][F:] << 1))]
             vals += [lo_, hi_]
-        lane_real = Signal()
+        m.submodules.queue = queue = SkidBuffer(shape=grad_layout(bank))
+        kept = Signal(grad_layout(bank))
+        d_push = Signal()  # kept holds a whole tile, offered to the queue
+        push_last = Signal()
+        # stage V
+        v_busy = Signal()
+        v_x = Signal()
+        v_real = Signal()
+        v_addr = Signal(addr_w)
+        v_vals = [Signal(max(geo.dx_width, 1), name=f"drain_dx{i}") for i in range(LS)]
+        v_push = Signal()  # the row is a tile's last: kept is whole after it
+        v_last_tile = Signal()
+        v_cons = Signal()  # stage V is empty or its row leaves this cycle
+        v_wr = Signal()  # V writes its signs into kept
         d_go = Signal()
         last_lane = Signal()
-        pushes = Signal()  # this drain ends a tile (dW, its last pass)
-        m.submodules.queue = queue = SkidBuffer(shape=grad_layout(bank))
         m.d.comb += [
-            lane_real.eq(d_mask.bit_select(dl, 1)),
-            self.dx.valid.eq(d_busy & d_x & lane_real),
-            self.dx.payload.addr.eq(d_qbase + d_soff),
-            d_go.eq(d_busy & ~(self.dx.valid & ~self.dx.ready)),
+            v_wr.eq(v_busy & ~v_x & (~d_push | queue.i.ready)),
+            v_cons.eq(~v_busy | Mux(v_x, ~v_real | self.dx.ready, ~d_push | queue.i.ready)),
+            d_go.eq(d_busy & v_cons),
             last_lane.eq(dl == LO - 1),
-            pushes.eq(~d_x & (d_pass == PR - 1)),
-            d_free.eq((~d_busy | (d_go & last_lane & ~pushes)) & (~d_push | queue.i.ready)),
+            d_free.eq(~d_busy | (d_go & last_lane)),
+            self.dx.valid.eq(v_busy & v_x & v_real),
+            self.dx.payload.addr.eq(v_addr),
+            queue.i.valid.eq(d_push),
+            queue.i.payload.g.eq(kept.g),
+            queue.i.payload.last.eq(push_last),
         ]
         for i in range(LS):
-            m.d.comb += self.dx.payload.dx[i].eq(vals[i][: geo.dx_width].as_signed())
+            m.d.comb += self.dx.payload.dx[i].eq(v_vals[i].as_signed())
         with m.If(d_go):
+            m.d.sync += [
+                v_busy.eq(1), v_x.eq(d_x), v_real.eq(d_mask.bit_select(dl, 1)), v_addr.eq(d_qbase + d_soff),
+                v_push.eq(~d_x & (d_pass == PR - 1) & last_lane), v_last_tile.eq(d_last_tile),
+            ]
+            m.d.sync += [v_vals[i].eq(vals[i][: len(v_vals[i])]) for i in range(LS)]
             with m.If(last_lane):
                 m.d.sync += d_busy.eq(0)
-                with m.If(pushes):
-                    m.d.sync += d_push.eq(1)
             with m.Else():
                 m.d.sync += dl.eq(dl + 1)
                 with m.If(d_s == NS - 1):
                     m.d.sync += [d_s.eq(0), d_soff.eq(0), d_qbase.eq(d_qbase + 1)]
                 with m.Else():
                     m.d.sync += [d_s.eq(d_s + 1), d_soff.eq(d_soff + x_parts)]
-        kept = Signal(grad_layout(bank))
-        m.d.comb += [
-            queue.i.valid.eq(d_push),
-            queue.i.payload.g.eq(kept.g),
-            queue.i.payload.last.eq(d_last_tile),
-        ]
+        with m.Elif(v_cons):
+            m.d.sync += v_busy.eq(0)
         with m.If(d_push & queue.i.ready):
             m.d.sync += d_push.eq(0)
+        with m.If(v_wr & v_push):
+            m.d.sync += [d_push.eq(1), push_last.eq(v_last_tile)]
+        # the signs of the head row and the lanes and pass of kept they go to, registered in V
+        nsides = 2 if pairs else 1
+        v_sign = [[Signal(signed(2), name=f"drain_sign{h}_{i}") for i in range(LS)] for h in range(nsides)]
+        v_lane = Signal(LO, name="drain_lanes")  # one-hot (pairs: two-hot) over kept's lanes
+        v_pass = Signal(P, name="drain_passes")  # one-hot over kept's passes
         if pairs:
-            self._drain_pairs(m, sz, kept, sel_p, dl, d_go & ~d_x, d_pass, d_last_g, d_last_k, LS=LS, LO=LO, P=P,
-                              FT=FT)
+            signs, lanes, passes = self._drain_pairs(m, sz, head_p, dl, d_pass, d_last_g, d_last_k, LS=LS, LO=LO,
+                                                      P=P, FT=FT)
         else:
             pad_bits = sz.pass_padding(m, d_pass, P)
             lane_pad = Signal()
             m.d.comb += lane_pad.eq(d_last_g & ~sz.lane_ok.bit_select(dl, 1))
-            signs = []
+            signs = {}
             for i in range(LS):
                 sig = Signal(signed(2), name=f"sign{i}")
                 m.d.comb += sig.eq(Mux(lane_pad | (d_last_k & pad_bits[i]) | (vals[i] == 0), 0,
                                        Mux(vals[i][-1], -1, 1)))
-                signs.append(sig)
-            for lane in range(LO):
-                for p in range(P):
-                    with m.If(d_go & ~d_x & (dl == lane) & (d_pass == p)):
-                        m.d.sync += [kept.g[lane][p * LS + i].eq(signs[i]) for i in range(LS)]
+                signs[0, i] = sig
+            lanes = Cat(dl == lane for lane in range(LO))
+            passes = Cat(d_pass == p for p in range(P))
+        with m.If(d_go):
+            m.d.sync += [v_sign[h][i].eq(signs[h, i]) for h in range(nsides) for i in range(LS)]
+            m.d.sync += [v_lane.eq(lanes), v_pass.eq(passes)]
+        for lane in range(LO):
+            h = int(pairs and lane >= LO // 2)
+            for p in range(P):
+                with m.If(v_wr & v_lane[lane] & v_pass[p]):
+                    m.d.sync += [kept.g[lane][p * LS + i].eq(v_sign[h][i]) for i in range(LS)]
         # the finish cycle's drain settings, kept from stage 1 to its capture (the next one leaves stage 1 later)
         fin_ctl = {"qbase": s1_base, "mask": mask, "x": s1_x, "pass": s1_pass, "last_g": s1_last_g,
                    "last_k": s1_last_k, "last_tile": s1_last_tile}
@@ -1535,22 +1558,36 @@ class _Array(_Dw):
         with m.If(go1 & s1_fin):
             m.d.sync += [f[n].eq(v) for n, v in fin_ctl.items()]
         with m.If(cap):
-            m.d.sync += [cap_p[key].eq(acc[key][: 2 * F]) for key in acc]
-            m.d.sync += [cap_t[lane].eq(tacc[lane][:F]) for lane in range(LO)]
             m.d.sync += [
                 d_busy.eq(1), dl.eq(0), d_s.eq(0), d_soff.eq(0), d_qbase.eq(f["qbase"]), d_mask.eq(f["mask"]),
                 d_x.eq(f["x"]), d_pass.eq(f["pass"]), d_last_g.eq(f["last_g"]), d_last_k.eq(f["last_k"]),
                 d_last_tile.eq(f["last_tile"]),
             ]
+        # the chain: each lane's capture registers load under a copy of the capture flag of their own and move
+        # under a copy of the drain's busy flag of their own (streams.replicas)
+        busy_next = Signal()
+        m.d.comb += busy_next.eq(Mux(cap, 1, Mux(d_go & last_lane, 0, d_busy)))
+        cap_l = replicas(m, a_fin, LO, name="cap")
+        busy_l = replicas(m, busy_next, LO, name="drain_busy")
+        for lane in range(LO):
+            regs = [(cap_p[c, lane], acc[c, lane][: 2 * F]) for c in range(LS // 2)] + [(cap_t[lane], tacc[lane][:F])]
+            with m.If(cap_l[lane]):
+                m.d.sync += [r.eq(v) for r, v in regs]
+            with m.Elif(busy_l[lane] & v_cons):
+                if lane + 1 < LO:
+                    nxt = [cap_p[c, lane + 1] for c in range(LS // 2)] + [cap_t[lane + 1]]
+                    m.d.sync += [r.eq(n) for (r, _), n in zip(regs, nxt, strict=True)]
         wiring.connect(m, queue.o, wiring.flipped(self.dw))
         return m
 
     @staticmethod
-    def _drain_pairs(m, sz, kept, sel_p, dl, go, d_pass, d_last_g, d_last_k, *, LS, LO, P, FT):
+    def _drain_pairs(m, sz, head_p, dl, d_pass, d_last_g, d_last_k, *, LS, LO, P, FT):
         """dW drain with :attr:`Po2Geometry.dw_pairs`: slice row ``dl`` holds lanes ``a = dl mod H`` and ``a + H``
         (``H = LO / 2``) of pass ``2 d_pass + (dl >= H)``; slice ``c``'s fields ``0 .. 3`` (``FT`` bits each) are
         the weights (input ``2c``, lane ``a``), (``2c + 1``, ``a``), (``2c``, ``a + H``), (``2c + 1``, ``a + H``),
-        the lower three biased by ``2^(FT-1)``, the top one signed. A drain cycle keeps both lanes' signs."""
+        the lower three biased by ``2^(FT-1)``, the top one signed. A drain row keeps both lanes' signs. Returns
+        ``(signs, lanes, passes)``: ``(side, input) -> sign`` (side 0: lane ``a``, 1: lane ``a + H``), the kept
+        lanes ``a`` and ``a + H`` as bits over the lanes and the pass one-hot."""
         H = LO // 2
         hi = Signal(name="drain_hi")
         la = Signal(range(max(H, 2)), name="drain_lane_a")
@@ -1564,16 +1601,14 @@ class _Array(_Dw):
             m.d.comb += lane_pad.eq(d_last_g & ~sz.lane_ok.bit_select(la + side * H, 1))
             for i in range(LS):
                 q = 2 * side + i % 2
-                raw = sel_p[i // 2][q * FT:(q + 1) * FT]
+                raw = head_p[i // 2][q * FT:(q + 1) * FT]
                 neg, zero = (raw[-1], raw == 0) if q == 3 else (~raw[-1], raw == half)
                 sig = Signal(signed(2), name=f"sign{side}_{i}")
                 m.d.comb += sig.eq(Mux(lane_pad | (d_last_k & pad_bits[i]) | zero, 0, Mux(neg, -1, 1)))
                 signs[side, i] = sig
-        for lane in range(LO):
-            side = int(lane >= H)
-            for p in range(P):
-                with m.If(go & (la == lane - side * H) & (p_cur == p)):
-                    m.d.sync += [kept.g[lane][p * LS + i].eq(signs[side, i]) for i in range(LS)]
+        lanes = Cat(la == lane % H for lane in range(LO))
+        passes = Cat(p_cur == p for p in range(P))
+        return signs, lanes, passes
 
 
 class Po2Backward(wiring.Component):
