@@ -64,7 +64,7 @@ from amaranth.lib.wiring import In, Out
 from sim.hw.arith import ArithParams
 from sim.hw.widths import layer_bounds
 
-from .streams import SkidBuffer, replicas
+from .streams import KEEP, SkidBuffer, replicas
 from .weight_memory import grad_layout
 from .xnor_engine import WeightReadSignature, XnorGeometry, _check_int
 
@@ -1158,9 +1158,18 @@ class _Array(_Dw):
       bit = the weight of (input, ``o``), ``v_l`` from the code of (sample, ``g lanes_out + o``). The codes of
       the ``NS`` samples for a group are read from ``codes`` during the previous window (two buffers).
 
+    Each slice has a DSP48's pipeline registers: stage 1 forms the operands ``A`` and ``v``, which are registered
+    (``A`` and ``B`` registers), their product is registered (``M``) and the accumulator ``P`` adds it, so a beat
+    reaches ``P`` :data:`ARRAY_STAGES` cycles after stage 1 (on the ECP5 proxy the same registers surround the
+    MULT18s and the fabric adders).
+
     After a pass (dW) or a block (dX) a finish cycle copies the sums to capture registers, and the drain takes
     one lane per cycle (``lanes_out`` cycles) while the array goes on: dX writes the lane's ``LS`` values as one
-    ``dx`` word (sample, part), dW keeps their signs until the tile's last pass and pushes the tile.
+    ``dx`` word (sample, part), dW keeps their signs until the tile's last pass and pushes the tile. The capture
+    registers are a chain over the lanes that moves down one lane per drain cycle (the drain reads lane 0), and
+    the drained row is registered (stage V) before it leaves as a ``dx`` word or goes into the kept signs. The
+    finish cycle leaves stage 1 only when the chain will be free at its capture, so a pass or block lasts at least
+    ``lanes_out + ARRAY_STAGES`` cycles.
 
     Ternary dW codes (:attr:`Po2Geometry.dw_pairs`, ``hw.dw_window``): the sums are at most ``B`` in size, so a
     slice holds four ``Ft``-bit fields. Slice ``(c, l)`` takes ``A = s_(2c) + s_(2c+1) 2^Ft`` (activation signs
@@ -1420,7 +1429,9 @@ class _Array(_Dw):
                 else:
                     m.d.comb += a.eq(a_dx)
                 a_r = Signal.like(a, name=f"dsp_ar{c}_{lane}", reset_less=True)  # A
-                b_r = Signal.like(v_dw, name=f"dsp_br{c}_{lane}", reset_less=True)  # B
+                # B: a register per slice, not merged into one per lane (a merged one reached the far MULT18s of the
+                # lane's slices through 6.2 ns of routing on the ECP5 proxy)
+                b_r = Signal.like(v_dw, name=f"dsp_br{c}_{lane}", reset_less=True, attrs=KEEP)
                 m_r = Signal(signed(DSP_A_BITS + len(v_dw)), name=f"dsp_m{c}_{lane}", reset_less=True)  # M
                 m.d.sync += [a_r.eq(a), b_r.eq(v_dw), m_r.eq(a_r * b_r)]
                 p_ = Signal(signed(DSP_P_BITS), name=f"dsp_p{c}_{lane}")
