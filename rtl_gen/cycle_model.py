@@ -170,10 +170,11 @@ def update_cycles(plan, j: int) -> int:
     per_row_sweep = sweep.visits / g.depth
     per_tile = (lp.tiles + 1) * lp.dw_passes  # dW cycles per bank row: per pass the beats and a finish cycle
     tail = 0
-    if plan.po2_array(j):  # the array's passes last at least their drain (one cycle per lane, one more per tile)
-        P, LO = plan.dw_reads(j), lp.lanes_out
-        per_tile = (P - 1) * max(lp.tiles + 1, LO) + max(lp.tiles + 1, LO + 1)
-        tail = LO + 1  # the last drain and the push
+    if plan.po2_array(j):  # the array's passes last at least their drain (one cycle per lane and ARRAY_STAGES)
+        from .po2_backward import ARRAY_STAGES
+
+        per_tile = plan.dw_reads(j) * max(lp.tiles + 1, lp.lanes_out + ARRAY_STAGES)
+        tail = lp.lanes_out + 1  # the last drain and the push
     per_row = max(per_tile, per_row_sweep)
     from .po2_backward import ARRAY_DW_LATENCY, DW_LATENCY
     from .weight_memory import LATENCY

@@ -64,7 +64,7 @@ from amaranth.lib.wiring import In, Out
 from sim.hw.arith import ArithParams
 from sim.hw.widths import layer_bounds
 
-from .streams import SkidBuffer, replicas
+from .streams import KEEP, SkidBuffer, replicas
 from .weight_memory import grad_layout
 from .xnor_engine import WeightReadSignature, XnorGeometry, _check_int
 
@@ -89,11 +89,18 @@ it and for every tile started before it that has not left ``pend``). ``pend`` is
 :class:`~rtl_gen.streams.SkidBuffer` (flip-flops: as distributed RAM its one write enable into every RAM cell of a
 tile closed at 82 MHz on the ECP5 proxy)."""
 
-ARRAY_DX_LATENCY = 3
-"""Array dX: cycles beyond the windows, finish cycles and drain lanes (see :meth:`Po2Geometry.array_dx_cycles`)."""
+ARRAY_STAGES = 2
+"""Pipeline stages of the array's slices between stage 1 and the accumulators (the A / B operand registers and the
+product's M register of a DSP48): a pass's or block's sums are captured this many cycles after its finish cycle
+leaves stage 1, which it leaves only when the drain will be free by then."""
 
-ARRAY_DW_LATENCY = 3
-"""Array dW: cycles beyond the passes and the last drain (see :meth:`Po2Geometry.array_dw_cycles`)."""
+ARRAY_DX_LATENCY = 4 + ARRAY_STAGES
+"""Array dX: cycles beyond the windows, finish cycles and drain lanes (see :meth:`Po2Geometry.array_dx_cycles`):
+the slices' stages, the capture, the drain's head row and its output register (stage V)."""
+
+ARRAY_DW_LATENCY = 4 + ARRAY_STAGES
+"""Array dW: cycles beyond the passes and the last drain (see :meth:`Po2Geometry.array_dw_cycles`): the slices'
+stages, the capture, the drain's stage V, the push and the queue."""
 
 DSP_A_BITS, DSP_B_BITS, DSP_P_BITS = 25, 18, 48
 """Multiplier operand and accumulator widths of a Xilinx 7-series DSP48E1 slice (signed): the dW unit's
@@ -322,25 +329,25 @@ class Po2Geometry:
     def array_dx_cycles(self) -> int:
         """Array dX cycles with no stalls, from the ``dx_start`` cycle to the last ``dx`` transfer (both
         included): a window of ``lanes_out`` cycles that loads the first codes, then per block (``NS`` samples,
-        one word) ``groups`` windows of ``lanes_out`` cycles and a finish cycle, then the last block's drain up
+        one word) ``groups`` windows of ``lanes_out`` cycles and a finish cycle, but at least the drain of the
+        block before (``lanes_out + ARRAY_STAGES`` cycles, :data:`ARRAY_STAGES`), then the last block's drain up
         to its last real word."""
         b, NS, P = self.bank, self.array_samples, self.dw_passes
         blocks = -(-self.batch // NS)
         s_last = self.batch - (blocks - 1) * NS
         parts_last = self.bank.n_in // (b.lanes_in // P) - (b.words - 1) * P  # real parts of the last word
         last_lane = max(q * NS + s for q in range(parts_last) for s in range(s_last))
-        return b.lanes_out + blocks * b.words * (b.groups * b.lanes_out + 1) + ARRAY_DX_LATENCY + last_lane
+        n, block = blocks * b.words, b.groups * b.lanes_out + 1
+        wait = max(0, b.lanes_out + ARRAY_STAGES - block)  # a block's finish cycle waits for the drain before
+        return b.lanes_out + n * block + (n - 1) * wait + ARRAY_DX_LATENCY + last_lane
 
     def array_dw_cycles(self) -> int:
         """Array dW cycles for one batch with no stalls, from the first ``xdy`` transfer to the last ``dw``
         transfer: per pass the beats and a finish cycle, but at least the drain of the previous pass
-        (``lanes_out`` cycles, one more after a tile's last pass, which pushes the tile)."""
+        (``lanes_out + ARRAY_STAGES`` cycles, :data:`ARRAY_STAGES`)."""
         LO, P, NB = self.bank.lanes_out, self.dw_reads, self.beats_per_tile
-        gap_after_last = max(NB + 1, LO + 1)
-        gap = max(NB + 1, LO)
         n = self.bank.depth * P
-        t = NB + 1 + sum(gap_after_last if (i + 1) % P == 0 else gap for i in range(n - 1))
-        return t + LO + ARRAY_DW_LATENCY
+        return NB + 1 + (n - 1) * max(NB + 1, LO + ARRAY_STAGES) + LO + ARRAY_DW_LATENCY
 
     # --- host-side packing (controller model and tests) ---
 
@@ -1151,9 +1158,18 @@ class _Array(_Dw):
       bit = the weight of (input, ``o``), ``v_l`` from the code of (sample, ``g lanes_out + o``). The codes of
       the ``NS`` samples for a group are read from ``codes`` during the previous window (two buffers).
 
+    Each slice has a DSP48's pipeline registers: stage 1 forms the operands ``A`` and ``v``, which are registered
+    (``A`` and ``B`` registers), their product is registered (``M``) and the accumulator ``P`` adds it, so a beat
+    reaches ``P`` :data:`ARRAY_STAGES` cycles after stage 1 (on the ECP5 proxy the same registers surround the
+    MULT18s and the fabric adders).
+
     After a pass (dW) or a block (dX) a finish cycle copies the sums to capture registers, and the drain takes
     one lane per cycle (``lanes_out`` cycles) while the array goes on: dX writes the lane's ``LS`` values as one
-    ``dx`` word (sample, part), dW keeps their signs until the tile's last pass and pushes the tile.
+    ``dx`` word (sample, part), dW keeps their signs until the tile's last pass and pushes the tile. The capture
+    registers are a chain over the lanes that moves down one lane per drain cycle (the drain reads lane 0), and
+    the drained row is registered (stage V) before it leaves as a ``dx`` word or goes into the kept signs. The
+    finish cycle leaves stage 1 only when the chain will be free at its capture, so a pass or block lasts at least
+    ``lanes_out + ARRAY_STAGES`` cycles.
 
     Ternary dW codes (:attr:`Po2Geometry.dw_pairs`, ``hw.dw_window``): the sums are at most ``B`` in size, so a
     slice holds four ``Ft``-bit fields. Slice ``(c, l)`` takes ``A = s_(2c) + s_(2c+1) 2^Ft`` (activation signs
@@ -1369,8 +1385,22 @@ class _Array(_Dw):
             m.d.comb += t.eq(Mux(cd.field != 0, Mux(cd.neg, -1, 1), 0))
             tern.append(t)
 
-        step = Signal()
-        m.d.comb += step.eq(adv & s1_valid & ~s1_fin)
+        # ---- the slices, with a DSP48's pipeline registers: stage 1 forms each slice's operands, stage a holds
+        # them (A, B), stage m their product (M), and the accumulator P takes it. The operands' choice and
+        # decode, the product and the accumulate in one cycle closed at 31.3 MHz on the ECP5 proxy (fabric
+        # adders around MULT18s, docs/results/timing.md); on the xc7z020 these are the slice's AREG / BREG, MREG
+        # and PREG. The stages after stage 1 never stall: a beat or a finish cycle leaves stage 1 on ``adv``
+        # (``go1``), and the finish cycle leaves only when its capture, ARRAY_STAGES cycles on, finds the drain free.
+        go1 = Signal()
+        m.d.comb += go1.eq(adv & s1_valid)
+        a_step, a_fin, a_first, a_x = (Signal(name=f"sa_{n}") for n in ("step", "fin", "first", "x"))
+        m_fin = Signal(name="sm_fin")
+        m.d.sync += [a_step.eq(go1 & ~s1_fin), a_fin.eq(go1 & s1_fin), a_first.eq(s1_first), a_x.eq(s1_x),
+                     m_fin.eq(a_fin)]
+        # stage m's accumulate enable and load select, a copy per lane (streams.replicas)
+        m_step = replicas(m, a_step, LO, name="sm_step")
+        m_first = replicas(m, a_first, LO, name="sm_first")
+        m_x = replicas(m, a_x, LO, name="sm_x") if pairs else None
         vw = geo.span + 2
         acc, tacc = {}, []
         for lane in range(LO):
@@ -1379,19 +1409,14 @@ class _Array(_Dw):
             m.d.comb += code.eq(Mux(s1_x, xcode[s], op.dy[0][lane]))
             pad = o_pad | (s1_sb_last if s >= s_last else 0)
             real = (code.field != 0) & ~(s1_x & pad)
-            mag = Signal(unsigned(vw - 1), name=f"mag{lane}")
-            v = Signal(signed(vw), name=f"v{lane}")
-            m.d.comb += [
-                mag.eq(Mux(real, Const(1, vw) << code.field >> 1, 0)),
-                v.eq(Mux(code.neg, -mag, mag)),
-            ]
+            v, _ = _signed_power(m, code, real, vw, f"v{lane}")  # no carry chain in front of the B register
             bias = Const(1 << (F - 1), signed(DSP_P_BITS))
             if pairs:  # v_t = t_a + t_b 2^(2 Ft) for lanes a = lane mod H, b = a + H; the lower three fields biased
                 v_t = Signal(signed(2 * FT + 2), name=f"v_t{lane}")
                 m.d.comb += v_t.eq(tern[lane % H] + (tern[lane % H + H] << (2 * FT)))
                 v_dw = Signal(signed(max(vw, 2 * FT + 2)), name=f"v_mux{lane}")
                 m.d.comb += v_dw.eq(Mux(s1_x, v, v_t))
-                bias = Mux(s1_x, bias, Const(sum(1 << (q * FT + FT - 1) for q in range(3)), signed(DSP_P_BITS)))
+                bias = Mux(m_x[lane], bias, Const(sum(1 << (q * FT + FT - 1) for q in range(3)), signed(DSP_P_BITS)))
             else:
                 v_dw = v
             for c in range(LS // 2):
@@ -1403,23 +1428,38 @@ class _Array(_Dw):
                     m.d.comb += a.eq(Mux(s1_x, a_dx, a_t))
                 else:
                     m.d.comb += a.eq(a_dx)
+                a_r = Signal.like(a, name=f"dsp_ar{c}_{lane}", reset_less=True)  # A
+                # B: a register per slice, not merged into one per lane (a merged one reached the far MULT18s of the
+                # lane's slices through 6.2 ns of routing on the ECP5 proxy)
+                b_r = Signal.like(v_dw, name=f"dsp_br{c}_{lane}", reset_less=True, attrs=KEEP)
+                m_r = Signal(signed(DSP_A_BITS + len(v_dw)), name=f"dsp_m{c}_{lane}", reset_less=True)  # M
+                m.d.sync += [a_r.eq(a), b_r.eq(v_dw), m_r.eq(a_r * b_r)]
                 p_ = Signal(signed(DSP_P_BITS), name=f"dsp_p{c}_{lane}")
-                with m.If(step):
-                    m.d.sync += p_.eq(Mux(s1_first, bias, p_) + a * v_dw)
+                with m.If(m_step[lane]):
+                    m.d.sync += p_.eq(Mux(m_first[lane], bias, p_) + m_r)
                 acc[c, lane] = p_
+            t_b = Signal.like(v, name=f"dsp_tb{lane}", reset_less=True)
+            t_m = Signal(signed(vw + F + 1), name=f"dsp_tm{lane}", reset_less=True)
+            m.d.sync += [t_b.eq(v), t_m.eq(t_b * Const((1 << F) - 1, unsigned(F)))]
             t = Signal(signed(DSP_P_BITS), name=f"dsp_t{lane}")  # lower field: -T
-            with m.If(step):
-                m.d.sync += t.eq(Mux(s1_first, 0, t) + v * Const((1 << F) - 1, unsigned(F)))
+            with m.If(m_step[lane]):
+                m.d.sync += t.eq(Mux(m_first[lane], 0, t) + t_m)
             tacc.append(t)
 
         # ---- capture and drain ----
+        # The capture registers of each slice column are a chain over the lanes: the capture loads every lane, and
+        # each drain step moves them down one lane, so the drain always reads lane 0 (``head``; an ``LO``-way
+        # choice of a lane by the lane counter, whose select fanned out to every capture bit, closed at 58 MHz on
+        # the ECP5 proxy). Stage R is the head row; stage V registers its dX word (the ``dx`` output) or its
+        # signs and where they go in ``kept`` (written from V).
         cap = Signal()
         d_free = Signal()
-        m.d.comb += [adv.eq(~(s1_valid & s1_fin & ~d_free)), cap.eq(adv & s1_valid & s1_fin)]
-        cap_p = {key: Signal(2 * F, name=f"cap{key[0]}_{key[1]}") for key in acc}
-        cap_t = [Signal(F, name=f"cap_t{lane}") for lane in range(LO)]
+        # the finish cycle leaves stage 1 when the chain is free or frees this cycle and no capture is on its way:
+        # then the chain is idle at the capture (stage m), which always takes place
+        m.d.comb += [adv.eq(~(s1_valid & s1_fin & ~(d_free & ~a_fin & ~m_fin))), cap.eq(m_fin)]
+        cap_p = {key: Signal(2 * F, name=f"cap{key[0]}_{key[1]}", reset_less=True) for key in acc}
+        cap_t = [Signal(F, name=f"cap_t{lane}", reset_less=True) for lane in range(LO)]
         d_busy = Signal()
-        d_push = Signal()
         d_x = Signal()
         dl = Signal(range(LO))
         d_s = Signal(range(max(NS, 2)))
@@ -1436,88 +1476,129 @@ class _Array(_Dw):
             no_sample = s1_sb_last if s >= s_last else Const(0)
             m.d.comb += mask[lane].eq(~no_sample & ~(s1_last_k & ~x_parts_ok[q]))
 
-        sel_p = [Signal(2 * F, name=f"drain_p{c}") for c in range(LS // 2)]
-        sel_t = Signal(F)
-        with m.Switch(dl):
-            for lane in range(LO):
-                with m.Case(lane):
-                    m.d.comb += [sel_p[c].eq(cap_p[c, lane]) for c in range(LS // 2)]
-                    m.d.comb += sel_t.eq(cap_t[lane])
+        head_p = [cap_p[c, 0] for c in range(LS // 2)]
+        head_t = cap_t[0]
         vals = []
         for c in range(LS // 2):
             lo_ = Signal(F, name=f"drain_v{2 * c}")
             hi_ = Signal(F, name=f"drain_v{2 * c + 1}")
-            m.d.comb += [lo_.eq((sel_p[c][:F] << 1) + sel_t), hi_.eq(sel_t - (sel_p[c][F:] << 1))]
+            m.d.comb += [lo_.eq((head_p[c][:F] << 1) + head_t), hi_.eq(head_t - (head_p[c][F:] << 1))]
             vals += [lo_, hi_]
-        lane_real = Signal()
+        m.submodules.queue = queue = SkidBuffer(shape=grad_layout(bank))
+        kept = Signal(grad_layout(bank))
+        d_push = Signal()  # kept holds a whole tile, offered to the queue
+        push_last = Signal()
+        # stage V
+        v_busy = Signal()
+        v_x = Signal()
+        v_real = Signal()
+        v_addr = Signal(addr_w)
+        v_vals = [Signal(max(geo.dx_width, 1), name=f"drain_dx{i}") for i in range(LS)]
+        v_push = Signal()  # the row is a tile's last: kept is whole after it
+        v_last_tile = Signal()
+        v_cons = Signal()  # stage V is empty or its row leaves this cycle
+        v_wr = Signal()  # V writes its signs into kept
         d_go = Signal()
         last_lane = Signal()
-        pushes = Signal()  # this drain ends a tile (dW, its last pass)
-        m.submodules.queue = queue = SkidBuffer(shape=grad_layout(bank))
         m.d.comb += [
-            lane_real.eq(d_mask.bit_select(dl, 1)),
-            self.dx.valid.eq(d_busy & d_x & lane_real),
-            self.dx.payload.addr.eq(d_qbase + d_soff),
-            d_go.eq(d_busy & ~(self.dx.valid & ~self.dx.ready)),
+            v_wr.eq(v_busy & ~v_x & (~d_push | queue.i.ready)),
+            v_cons.eq(~v_busy | Mux(v_x, ~v_real | self.dx.ready, ~d_push | queue.i.ready)),
+            d_go.eq(d_busy & v_cons),
             last_lane.eq(dl == LO - 1),
-            pushes.eq(~d_x & (d_pass == PR - 1)),
-            d_free.eq((~d_busy | (d_go & last_lane & ~pushes)) & (~d_push | queue.i.ready)),
+            d_free.eq(~d_busy | (d_go & last_lane)),
+            self.dx.valid.eq(v_busy & v_x & v_real),
+            self.dx.payload.addr.eq(v_addr),
+            queue.i.valid.eq(d_push),
+            queue.i.payload.g.eq(kept.g),
+            queue.i.payload.last.eq(push_last),
         ]
         for i in range(LS):
-            m.d.comb += self.dx.payload.dx[i].eq(vals[i][: geo.dx_width].as_signed())
+            m.d.comb += self.dx.payload.dx[i].eq(v_vals[i].as_signed())
         with m.If(d_go):
+            m.d.sync += [
+                v_busy.eq(1), v_x.eq(d_x), v_real.eq(d_mask.bit_select(dl, 1)), v_addr.eq(d_qbase + d_soff),
+                v_push.eq(~d_x & (d_pass == PR - 1) & last_lane), v_last_tile.eq(d_last_tile),
+            ]
+            m.d.sync += [v_vals[i].eq(vals[i][: len(v_vals[i])]) for i in range(LS)]
             with m.If(last_lane):
                 m.d.sync += d_busy.eq(0)
-                with m.If(pushes):
-                    m.d.sync += d_push.eq(1)
             with m.Else():
                 m.d.sync += dl.eq(dl + 1)
                 with m.If(d_s == NS - 1):
                     m.d.sync += [d_s.eq(0), d_soff.eq(0), d_qbase.eq(d_qbase + 1)]
                 with m.Else():
                     m.d.sync += [d_s.eq(d_s + 1), d_soff.eq(d_soff + x_parts)]
-        kept = Signal(grad_layout(bank))
-        m.d.comb += [
-            queue.i.valid.eq(d_push),
-            queue.i.payload.g.eq(kept.g),
-            queue.i.payload.last.eq(d_last_tile),
-        ]
+        with m.Elif(v_cons):
+            m.d.sync += v_busy.eq(0)
         with m.If(d_push & queue.i.ready):
             m.d.sync += d_push.eq(0)
+        with m.If(v_wr & v_push):
+            m.d.sync += [d_push.eq(1), push_last.eq(v_last_tile)]
+        # the signs of the head row and the lanes and pass of kept they go to, registered in V
+        nsides = 2 if pairs else 1
+        v_sign = [[Signal(signed(2), name=f"drain_sign{h}_{i}") for i in range(LS)] for h in range(nsides)]
+        v_lane = Signal(LO, name="drain_lanes")  # one-hot (pairs: two-hot) over kept's lanes
+        v_pass = Signal(P, name="drain_passes")  # one-hot over kept's passes
         if pairs:
-            self._drain_pairs(m, sz, kept, sel_p, dl, d_go & ~d_x, d_pass, d_last_g, d_last_k, LS=LS, LO=LO, P=P,
-                              FT=FT)
+            signs, lanes, passes = self._drain_pairs(m, sz, head_p, dl, d_pass, d_last_g, d_last_k, LS=LS, LO=LO,
+                                                      P=P, FT=FT)
         else:
             pad_bits = sz.pass_padding(m, d_pass, P)
             lane_pad = Signal()
             m.d.comb += lane_pad.eq(d_last_g & ~sz.lane_ok.bit_select(dl, 1))
-            signs = []
+            signs = {}
             for i in range(LS):
                 sig = Signal(signed(2), name=f"sign{i}")
                 m.d.comb += sig.eq(Mux(lane_pad | (d_last_k & pad_bits[i]) | (vals[i] == 0), 0,
                                        Mux(vals[i][-1], -1, 1)))
-                signs.append(sig)
-            for lane in range(LO):
-                for p in range(P):
-                    with m.If(d_go & ~d_x & (dl == lane) & (d_pass == p)):
-                        m.d.sync += [kept.g[lane][p * LS + i].eq(signs[i]) for i in range(LS)]
+                signs[0, i] = sig
+            lanes = Cat(dl == lane for lane in range(LO))
+            passes = Cat(d_pass == p for p in range(P))
+        with m.If(d_go):
+            m.d.sync += [v_sign[h][i].eq(signs[h, i]) for h in range(nsides) for i in range(LS)]
+            m.d.sync += [v_lane.eq(lanes), v_pass.eq(passes)]
+        for lane in range(LO):
+            h = int(pairs and lane >= LO // 2)
+            for p in range(P):
+                with m.If(v_wr & v_lane[lane] & v_pass[p]):
+                    m.d.sync += [kept.g[lane][p * LS + i].eq(v_sign[h][i]) for i in range(LS)]
+        # the finish cycle's drain settings, kept from stage 1 to its capture (the next one leaves stage 1 later)
+        fin_ctl = {"qbase": s1_base, "mask": mask, "x": s1_x, "pass": s1_pass, "last_g": s1_last_g,
+                   "last_k": s1_last_k, "last_tile": s1_last_tile}
+        f = {n: Signal.like(v, name=f"fin_{n}") for n, v in fin_ctl.items()}
+        with m.If(go1 & s1_fin):
+            m.d.sync += [f[n].eq(v) for n, v in fin_ctl.items()]
         with m.If(cap):
-            m.d.sync += [cap_p[key].eq(acc[key][: 2 * F]) for key in acc]
-            m.d.sync += [cap_t[lane].eq(tacc[lane][:F]) for lane in range(LO)]
             m.d.sync += [
-                d_busy.eq(1), dl.eq(0), d_s.eq(0), d_soff.eq(0), d_qbase.eq(s1_base), d_mask.eq(mask),
-                d_x.eq(s1_x), d_pass.eq(s1_pass), d_last_g.eq(s1_last_g), d_last_k.eq(s1_last_k),
-                d_last_tile.eq(s1_last_tile),
+                d_busy.eq(1), dl.eq(0), d_s.eq(0), d_soff.eq(0), d_qbase.eq(f["qbase"]), d_mask.eq(f["mask"]),
+                d_x.eq(f["x"]), d_pass.eq(f["pass"]), d_last_g.eq(f["last_g"]), d_last_k.eq(f["last_k"]),
+                d_last_tile.eq(f["last_tile"]),
             ]
+        # the chain: each lane's capture registers load under a copy of the capture flag of their own and move
+        # under a copy of the drain's busy flag of their own (streams.replicas)
+        busy_next = Signal()
+        m.d.comb += busy_next.eq(Mux(cap, 1, Mux(d_go & last_lane, 0, d_busy)))
+        cap_l = replicas(m, a_fin, LO, name="cap")
+        busy_l = replicas(m, busy_next, LO, name="drain_busy")
+        for lane in range(LO):
+            regs = [(cap_p[c, lane], acc[c, lane][: 2 * F]) for c in range(LS // 2)] + [(cap_t[lane], tacc[lane][:F])]
+            with m.If(cap_l[lane]):
+                m.d.sync += [r.eq(v) for r, v in regs]
+            with m.Elif(busy_l[lane] & v_cons):
+                if lane + 1 < LO:
+                    nxt = [cap_p[c, lane + 1] for c in range(LS // 2)] + [cap_t[lane + 1]]
+                    m.d.sync += [r.eq(n) for (r, _), n in zip(regs, nxt, strict=True)]
         wiring.connect(m, queue.o, wiring.flipped(self.dw))
         return m
 
     @staticmethod
-    def _drain_pairs(m, sz, kept, sel_p, dl, go, d_pass, d_last_g, d_last_k, *, LS, LO, P, FT):
+    def _drain_pairs(m, sz, head_p, dl, d_pass, d_last_g, d_last_k, *, LS, LO, P, FT):
         """dW drain with :attr:`Po2Geometry.dw_pairs`: slice row ``dl`` holds lanes ``a = dl mod H`` and ``a + H``
         (``H = LO / 2``) of pass ``2 d_pass + (dl >= H)``; slice ``c``'s fields ``0 .. 3`` (``FT`` bits each) are
         the weights (input ``2c``, lane ``a``), (``2c + 1``, ``a``), (``2c``, ``a + H``), (``2c + 1``, ``a + H``),
-        the lower three biased by ``2^(FT-1)``, the top one signed. A drain cycle keeps both lanes' signs."""
+        the lower three biased by ``2^(FT-1)``, the top one signed. A drain row keeps both lanes' signs. Returns
+        ``(signs, lanes, passes)``: ``(side, input) -> sign`` (side 0: lane ``a``, 1: lane ``a + H``), the kept
+        lanes ``a`` and ``a + H`` as bits over the lanes and the pass one-hot."""
         H = LO // 2
         hi = Signal(name="drain_hi")
         la = Signal(range(max(H, 2)), name="drain_lane_a")
@@ -1531,16 +1612,14 @@ class _Array(_Dw):
             m.d.comb += lane_pad.eq(d_last_g & ~sz.lane_ok.bit_select(la + side * H, 1))
             for i in range(LS):
                 q = 2 * side + i % 2
-                raw = sel_p[i // 2][q * FT:(q + 1) * FT]
+                raw = head_p[i // 2][q * FT:(q + 1) * FT]
                 neg, zero = (raw[-1], raw == 0) if q == 3 else (~raw[-1], raw == half)
                 sig = Signal(signed(2), name=f"sign{side}_{i}")
                 m.d.comb += sig.eq(Mux(lane_pad | (d_last_k & pad_bits[i]) | zero, 0, Mux(neg, -1, 1)))
                 signs[side, i] = sig
-        for lane in range(LO):
-            side = int(lane >= H)
-            for p in range(P):
-                with m.If(go & (la == lane - side * H) & (p_cur == p)):
-                    m.d.sync += [kept.g[lane][p * LS + i].eq(signs[side, i]) for i in range(LS)]
+        lanes = Cat(la == lane % H for lane in range(LO))
+        passes = Cat(p_cur == p for p in range(P))
+        return signs, lanes, passes
 
 
 class Po2Backward(wiring.Component):

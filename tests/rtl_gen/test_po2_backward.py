@@ -265,3 +265,53 @@ def test_po2_backward_rtl(case, request):
             assert dx["measured"] == dx["model"] == geo.dx_cycles(rows) == (
                 rows * geo.bank.depth * dx_passes + DX_LATENCY
             )
+
+
+# --- structure (Yosys's RTL cells) --------------------------------------------------------------------------
+
+
+def _rtl_netlist(design, top: str, folder) -> dict:
+    """The Yosys JSON module of ``design`` after ``proc; flatten; opt`` (word-level cells, no mapping)."""
+    from rtl_gen.toolchain import run_yowasp
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "design.v").write_text(to_verilog(design, top, emit_src=False))
+    run_yowasp("yosys", ["-q", "-p", f"read_verilog design.v; hierarchy -top {top}; proc; flatten; opt; "
+                         "write_json net.json"], cwd=folder)
+    return json.loads((folder / "net.json").read_text())["modules"][top]
+
+
+@pytest.mark.parametrize("window", [0, 3], ids=["full", "pairs"])
+def test_array_slices_have_a_dsp48s_pipeline_registers(tmp_path, window):
+    """Yosys's view of a small array (word-level cells): every slice's multiply takes its operands from flip-flops
+    (a DSP48's A and B registers) and its product goes only into flip-flops (M), which feed the accumulator's adder
+    (P): the operands' choice and decode, the product and the accumulate are three cycles (in one cycle they
+    closed at 31.3 MHz on the ECP5 proxy; on the xc7z020 the registers are the slice's own)."""
+    cfg = apply_overrides(load_config("mlp"), {**ARRAY, "hw.dw_window": window})
+    geo = Po2Geometry.from_config(cfg, 1, lanes_in=16, lanes_out=8, lanes_b=1, dw_passes=4, dx_passes=4)
+    assert array_mode([geo]) and geo.dw_pairs == bool(window)
+    mod = _rtl_netlist(Po2Backward(geometry=geo), "po2b", tmp_path)
+    cells = mod["cells"].values()
+    flops = [c for c in cells if "dff" in c["type"]]
+    q_bits = {b for c in flops for b in c["connections"]["Q"]}
+    d_bits = {b for c in flops for b in c["connections"]["D"]}
+    loads: dict[int, list[str]] = {}  # net bit -> the cell types whose inputs it drives
+    for c in cells:
+        for port, bits in c["connections"].items():
+            if c["port_directions"].get(port) == "input":
+                for b in bits:
+                    if isinstance(b, int):
+                        loads.setdefault(b, []).append(c["type"])
+    muls = [c for c in cells if c["type"] == "$mul"]
+    LS = geo.bank.lanes_in // geo.dw_passes
+    assert len(muls) == geo.bank.lanes_out * (LS // 2 + 1)  # the slices and each lane's -T slice
+    for c in muls:
+        ins = [b for p in ("A", "B") for b in c["connections"][p] if isinstance(b, int)]
+        assert ins and all(b in q_bits for b in ins), "a multiplier operand does not come from a register"
+        outs = [b for b in c["connections"]["Y"] if b in loads]
+        assert outs and all(b in d_bits and set(loads[b]) == {"$dff"} for b in outs), "a product is not registered"
+    # the product registers feed the accumulators' adders
+    y_bits = {b for c in muls for b in c["connections"]["Y"]}
+    m_regs = [f for f in flops if y_bits & set(f["connections"]["D"])]
+    assert len(m_regs) >= len(muls)
+    assert all({"$add"} & set(loads.get(b, [])) for f in m_regs for b in f["connections"]["Q"][:1])
