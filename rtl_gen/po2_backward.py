@@ -980,9 +980,12 @@ class _Dw(wiring.Component):
         vw = geo.span + 2
         adds = {}  # (input, lane) -> (addend, enable)
         totals = {}  # binary: lane -> T, complete in the finish slot
-        xb = Signal.like(x1, name="x1b")  # the beat's activations in stage 1b (binary: ones in the finish slot)
+        # the beat's activations in stage 1b (binary: ones in the finish slot), a copy per output lane: they pick the
+        # lane's addends (one register for all lanes: 7.1 ns of routing to a far lane's pick, then its adder, in the
+        # SMALL design in context on the ECP5 proxy at seed 3, docs/results/timing.md)
+        xbs = [Signal.like(x1, name=f"x1b_l{lane}", attrs=KEEP) for lane in range(LO if binary else 0)]
         with m.If(adv):
-            m.d.sync += xb.as_value().eq(Mux(s1_fin, -1, x1.as_value()) if binary else x1.as_value())
+            m.d.sync += [xb.as_value().eq(Mux(s1_fin, -1, x1.as_value())) for xb in xbs]
         for lane in range(LO):
             vals, shifts, nonzero = [], [], []
             for s in range(S):
@@ -1025,9 +1028,9 @@ class _Dw(wiring.Component):
                 totals[lane] = t
             for i in range(LS):
                 if binary and S == 1:
-                    adds[i, lane] = (subsets[1], xb[0][i])
+                    adds[i, lane] = (subsets[1], xbs[lane][0][i])
                 elif binary:
-                    sel = Cat(xb[s][i] for s in range(S))
+                    sel = Cat(xbs[lane][s][i] for s in range(S))
                     pick = Signal(signed(acc_width), name=f"pick{i}_{lane}")
                     with m.Switch(sel):
                         for mask in range(1 << S):
