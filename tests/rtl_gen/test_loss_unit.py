@@ -65,13 +65,14 @@ def test_geometry_of_the_mlp():
     assert g.batch_square << g.params.beta_frac == 100 * 100 * 2**16  # K of bn_forward
     assert (g.recip_bits, g.prob_recip_bits, g.sum_width, g.label_width) == (18, 19, 20, 4)
     assert g.exp_table == tuple(exp2_table(8, 16).tolist()) and g.table_width == 17
-    # cycle models: 10 channels of (1 + 18 division latency + 18 Horner + 1) cycles, then 100 x 3 beats
-    assert g.channel_cycles() == 38 and g.logit_cycles() == 10 * 38 + 300 + LOGIT_LATENCY + 1 == 686
-    assert g.loss_period() == 2 * 3 + 20 + 9 and g.loss_cycles(100) == 3 + 100 * 35 + 1 + 1  # + LOSS_FRONT_STAGE
+    # cycle models: 10 channels of (2 + 18 division latency + 18 Horner + 1) cycles, then 100 x 3 beats (the
+    # divider's latency: its request register and entry register, then 18 / 19 one-bit trips)
+    assert g.channel_cycles() == 39 and g.logit_cycles() == 10 * 39 + 300 + LOGIT_LATENCY + 1 == 696
+    assert g.loss_period() == 2 * 3 + 21 + 9 and g.loss_cycles(100) == 3 + 100 * 36 + 1 + 1  # + LOSS_FRONT_STAGE
     # 2 bits per cycle: one radix-4 stage, 10 trips; 4 bits: two stages, 5 trips each (the latency of one stage
     # per cycle either way)
-    assert OutputGeometry.from_config(cfg, lanes=4, div_steps=2).loss_period() == 6 + 11 + 9
-    assert OutputGeometry.from_config(cfg, lanes=4, div_steps=4).loss_period() == 6 + 11 + 9
+    assert OutputGeometry.from_config(cfg, lanes=4, div_steps=2).loss_period() == 6 + 12 + 9
+    assert OutputGeometry.from_config(cfg, lanes=4, div_steps=4).loss_period() == 6 + 12 + 9
     hinge = OutputGeometry.from_config(config({"train.loss": "squared_hinge"}), lanes=4)
     assert hinge.grad_width == signed_bits(256 + 14849) == 15 and hinge.loss_cycles(100) == 300 + HINGE_LATENCY
     assert g.loss_cycles(0) == 0
