@@ -140,9 +140,18 @@ class SkidBuffer(wiring.Component):
             take.eq(self.i.valid & ~full),
             give.eq(held & self.o.ready),
         ]
+        # a slot loads the input whenever it is free (its own flip-flop, ``free{k}``): a free slot holds nothing, so
+        # a junk load is harmless, and the beat taken into it is the last one it loads. The slot's clock enable is
+        # then one flip-flop, not ``i.valid`` and the pointers through a LUT (the generators' output ring, the SMALL
+        # design's routed worst group at one nextpnr seed: ``i.valid`` -> every slot bit's enable)
+        free = [Signal(name=f"free{k}", init=1) for k in range(2)]
         for k, slot in enumerate(slots):
-            with m.If(take & (wp == k)):
+            with m.If(free[k]):
                 m.d.sync += slot.eq(self.i.payload)
+            with m.If(take & (wp == k)):
+                m.d.sync += free[k].eq(0)
+            with m.Elif(give & (rp == k)):
+                m.d.sync += free[k].eq(1)
         with m.If(take):
             m.d.sync += wp.eq(~wp)
         with m.If(give):

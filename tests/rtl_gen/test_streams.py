@@ -111,3 +111,30 @@ def test_replicas_stay_apart_through_the_ecp5_synthesis(tmp_path):
     cells = json.loads((rep.workdir / "design.json").read_text())["modules"]["copies"]["cells"]
     ffs = sum(c["type"] == "TRELLIS_FF" for c in cells.values())
     assert ffs == 64 + 4, f"{ffs} flip-flops: the copies were merged"
+
+
+def test_ring_slots_load_under_a_flip_flop_of_their_own(tmp_path):
+    """The ring form's payload slots take their clock enable straight from a flip-flop (``free{k}``: the slot holds
+    nothing and loads the input every cycle), so neither ``i.valid`` nor the pointers reach the enables of the
+    slots' bits through logic (one nextpnr seed's routed worst group of the SMALL design). Planted: the slot
+    loading under ``take & (wp == k)`` fails it."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from yosys_nets import gate_netlist
+
+    dut = SkidBuffer(shape=16, ring=True)
+    mod = gate_netlist(dut, "ring", tmp_path)
+    q_of = {}  # flip-flop output bit -> the cell
+    for name, c in mod["cells"].items():
+        if "DFF" in c["type"]:
+            for b in c["connections"]["Q"]:
+                q_of[b] = name
+    slot_bits = [b for n, v in mod["netnames"].items() if n.startswith("slot") for b in v["bits"]]
+    assert len(slot_bits) == 32
+    for b in slot_bits:
+        cell = mod["cells"][q_of[b]]
+        en = cell["connections"].get("E")
+        assert en is not None, f"{q_of[b]} ({cell['type']}) has no clock enable"
+        assert all(e in q_of for e in en), f"a slot bit's enable is logic, not a flip-flop ({cell['type']})"
