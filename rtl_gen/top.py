@@ -293,6 +293,7 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
         # per-channel S' and alpha_q of every layer, each in one memory (layer j's channels from chan_base[j]): a
         # few hundred words per layer would leave most of a block RAM per layer empty
         chan_base = {lp.index: sum(q.n_out for q in LP[: k]) for k, lp in enumerate(LP)}
+        self._chan_base = chan_base
         chans_all = sum(lp.n_out for lp in LP)
         seff_mem = mem("seff", max(plan.bn_layer(lp.index).s_width for lp in LP), chans_all, block=1024)
         # alpha: alpha_q and above it the zero-scale flag (S = 0: the channel passes no gradient), as

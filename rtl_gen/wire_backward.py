@@ -34,15 +34,19 @@ class BackwardWiring:
         bu, pu, par = bnb[j], po2[j], bnp[j]
         # per-channel S' -> po2 (PRO); alpha -> BN backward (EPI)
         for name, dst in (("seff", pu.s_eff), ("alpha", bu.alpha)):
-            rw = len(ports[f"{name}{j}_r"].port.data)
-            ch_max = max(q.n_out for q in plan.layers)
+            rw = len(ports[f"{name}_r"].port.data)
+            ch_all = sum(q.n_out for q in plan.layers)
             # registered: S' goes into the po2 unit's normaliser and alpha into a multiplier at once, and their
             # consumers' ready would reach the read enable (one more cycle before PRO: cycle_model.SEFF_STAGE)
             rd = self._pooled(m, sub, f"{name}_reader", (rw,),
-                              lambda rw=rw, ch_max=ch_max: MemoryReader(width=rw, depth=ch_max, registered=True), a)
-            m.d.comb += [rd.start.eq(st), rd.base.eq(0), rd.count.eq(lp.n_out), rd.wrap.eq(0)]
+                              lambda rw=rw, ch_all=ch_all: MemoryReader(width=rw, depth=ch_all, registered=True), a)
+            # the reader counts from the layer's first channel in the shared memory, so the read address is the
+            # reader's register itself: no per-layer offset adder and no choice between layers' addresses in front
+            # of the memory's read address (the LUT-RAM read into the data register was a group of the SMALL
+            # design's routed failing paths at one nextpnr seed)
+            m.d.comb += [rd.start.eq(st), rd.base.eq(self._chan_base[j]), rd.count.eq(lp.n_out), rd.wrap.eq(0)]
             # a registered reader: the port reads every cycle
-            ports[f"{name}{j}_r"].add(self._port_phase([key], f"{name}_r"), addr=rd.r_addr, en=1)
+            ports[f"{name}_r"].add(self._port_phase([key], f"{name}_r"), addr=rd.r_addr, en=1)
             m.d.comb += [rd.r_data.eq(ports[f"{name}{j}_r"].port.data), dst.payload.eq(rd.o.payload.data),
                          dst.valid.eq(a & rd.o.valid), rd.o.ready.eq(a & dst.ready)]
         # dx (twice): g (output layer) or dX times the mask, both from YDX, with x_hat
