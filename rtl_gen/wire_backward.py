@@ -30,7 +30,9 @@ class BackwardWiring:
         j = lp.index
         B, G, lo = plan.batch, lp.groups, lp.lanes_out
         key = ("bwd", j)
-        a, st = act[key], start[key]
+        # the phase's activity and start as registers of this wiring's own (docs/architecture.md, "Timing
+        # discipline"): the controller's phase register then reaches only the controller
+        a, st = self._phase_reg([key], f"{key[0]}_any{j}"), self._phase_reg([key], f"{key[0]}_any_start{j}", start=True)
         bu, pu, par = bnb[j], po2[j], bnp[j]
         # per-channel S' -> po2 (PRO); alpha -> BN backward (EPI)
         for name, dst in (("seff", pu.s_eff), ("alpha", bu.alpha)):
@@ -169,7 +171,9 @@ class BackwardWiring:
         B, G, lo, li = plan.batch, lp.groups, lp.lanes_out, lp.lanes_in
         below = plan.layers[j - 1]
         key = ("dx", j)
-        a, st = act[key], start[key]
+        # the phase's activity and start as registers of this wiring's own (docs/architecture.md, "Timing
+        # discipline"): the controller's phase register then reaches only the controller
+        a, st = self._phase_reg([key], f"{key[0]}_any{j}"), self._phase_reg([key], f"{key[0]}_any_start{j}", start=True)
         u = po2b[j]
         k_bits = plan.p.k
         if u.array:
@@ -297,7 +301,9 @@ class BackwardWiring:
         j = lp.index
         G, lo, li, W = lp.groups, lp.lanes_out, lp.lanes_in, lp.words
         key = ("upd", j)
-        a, st = act[key], start[key]
+        # the phase's activity and start as registers of this wiring's own (docs/architecture.md, "Timing
+        # discipline"): the controller's phase register then reaches only the controller
+        a, st = self._phase_reg([key], f"{key[0]}_any{j}"), self._phase_reg([key], f"{key[0]}_any_start{j}", start=True)
         u, w, g, par = po2b[j], wm[j], rng[j], bnp[j]
         k_bits = plan.p.k
         tr = sub(f"tiles{j}", TileReader(a_width=li, c_width=lo * k_bits, banks=lb, words=W, groups=G,
@@ -363,7 +369,9 @@ class BackwardWiring:
         """switch_undo, layer j: an ``UNDO`` sweep of its weight memory if the re-run's loss rose; else nothing."""
         j = lp.index
         key = ("undo", j)
-        a, st = act[key], start[key]
+        # the phase's activity and start as registers of this wiring's own (docs/architecture.md, "Timing
+        # discipline"): the controller's phase register then reaches only the controller
+        a, st = self._phase_reg([key], f"{key[0]}_any{j}"), self._phase_reg([key], f"{key[0]}_any_start{j}", start=True)
         w = wm[j]
         sent = Signal(name=f"undo_sent{j}")
         settle = Signal(2, name=f"undo_settle{j}")

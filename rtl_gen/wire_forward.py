@@ -32,11 +32,11 @@ class ForwardWiring:
         # the switch_undo re-run (rfwd j) runs the same datapath; it leaves the running statistics, the logits
         # and the correct count of the first run alone
         rkey = ("rfwd", j)
-        rerun = act.get(rkey, Const(0))
+        rerun = self._phase_reg([rkey], f"fwd_rerun{j}") if rkey in act else Const(0)
         # infer (ifwd j): the same datapath in evaluation mode (``ev``): thresholds and logit constants from the
         # running statistics; the running statistics, the loss unit and the step's registers are left alone
         ikey = ("ifwd", j)
-        ev = act[ikey]
+        ev = self._phase_reg([ikey], f"fwd_eval{j}")  # (copies of its own below for the units' eval_mode inputs)
         keys = [k for k in (key, rkey, ikey) if k in act]
         a = self._phase_reg(keys, f"fwd_any{j}")  # registers of their own (docs/architecture.md, "Timing discipline")
         st = self._phase_reg(keys, f"fwd_any_start{j}", start=True)
@@ -48,7 +48,11 @@ class ForwardWiring:
             return self._phase_reg(keys, f"fwd_any_start{j}_c{next(copies)}", start=True)
 
         e, bn, par = eng[j], bnf[j], bnp[j]
-        m.d.comb += [bn.eval_mode.eq(ev), par.eval_mode.eq(ev), bn.run.eq(par.run)]
+        # each unit's eval_mode from a copy of the infer phase's register: the global phase register into BN
+        # forward's enable chain was the SMALL design's routed critical path at one nextpnr seed (act_ifwd0 ->
+        # the epilogue's accumulator clock enables, 13.45 ns, 11.7 of it routing)
+        m.d.comb += [bn.eval_mode.eq(self._phase_reg([ikey], f"bn_fwd_eval{j}")),
+                     par.eval_mode.eq(self._phase_reg([ikey], f"bn_param_eval{j}")), bn.run.eq(par.run)]
         # rows of X_j -> engine
         xr = sub(f"fwd_rows{j}", RowReader(width=lp.lanes_in, banks=lp.lanes_b, words=W, rows=B))
         m.d.comb += xr.start.eq(st)
@@ -202,7 +206,7 @@ class ForwardWiring:
         # logits -> loss unit and the logits buffer
         lw = plan.logit_width
         lg_count = Signal(range(B * plan.loss_groups + 1), name="logit_count")
-        m.d.comb += logit.eval_mode.eq(ev)
+        m.d.comb += logit.eval_mode.eq(self._phase_reg([("ifwd", lp.index)], "logit_eval"))
         for lane in range(nl):  # a training logit fits the loss unit's narrower lanes
             m.d.comb += loss.x.payload.x[lane].eq(logit.x.payload.x[lane])
         m.d.comb += [loss.x.payload.last.eq(logit.x.payload.last), loss.x.valid.eq(a & ~ev & logit.x.valid),
@@ -306,9 +310,14 @@ class ForwardWiring:
         with m.If(st):
             m.d.sync += [og.eq(0), sample.eq(0)]
         with m.Elif(take):
-            m.d.sync += [best_v.eq(nv), best_i.eq(ni), og.eq(Mux(payload.last, 0, og + 1))]
+            m.d.sync += og.eq(Mux(payload.last, 0, og + 1))
             with m.If(payload.last):
                 m.d.sync += sample.eq(sample + 1)
+        # the running best loads under ``take`` alone (a sample's first beat replaces it whatever it held: ``new``
+        # at og == 0), so the start pulse is not in its clock enable (one nextpnr seed's routed failing group of
+        # the SMALL design: the start copy -> cls_best's enables)
+        with m.If(take):
+            m.d.sync += [best_v.eq(nv), best_i.eq(ni)]
         return sample == B
 
     def _pack_next(self, m, plan, lp, st, x_take, x_hat, ports, sub):
