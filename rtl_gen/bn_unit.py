@@ -1610,8 +1610,10 @@ class BnBackwardUnit(wiring.Component):
         # each lane of the part picks its dx by a part counter of its own, stepping as pp does (copies with equal
         # inputs would be merged by the synthesis; timing: pp into every lane's dx multiplexer, then B dx, closed at
         # 96.6 MHz at the paper's widths on the ECP5 proxy)
+        lane_pps = []
         for lane in range(pl):
             lane_pp = Signal.like(pp, name=f"q_part_l{lane}")
+            lane_pps.append(lane_pp)
             if parts > 1:
                 with m.If(adv):
                     m.d.sync += lane_pp.eq(0)
@@ -1627,12 +1629,17 @@ class BnBackwardUnit(wiring.Component):
         # two adder levels in one cycle at 99.5 MHz)
         a_valid, a_last_pp, a_last_group = Signal(), Signal(), Signal()
         a_pp = Signal.like(pp)
+        # stage b's choice of the part's P1, P2 and alpha words, a part register per lane, each loaded from that
+        # lane's part counter (timing: one a_pp picked the part of every lane's words, 10.5 ns, 9.5 routing, at
+        # the paper's widths on the ECP5 proxy)
+        a_pp_l = [Signal.like(pp, name=f"a_part_l{lane}") for lane in range(pl)]
         a_dx = [Signal.like(part_dx[0], name=f"a_dx{lane}") for lane in range(pl)]
         a_xh = Signal.like(part_xh)
         a_real = Signal.like(part_real)
         m.d.sync += [
             a_valid.eq(take),
             a_pp.eq(pp),
+            *(a_pp_l[lane].eq(lane_pps[lane]) for lane in range(pl)),
             a_last_pp.eq(last_pp),
             a_last_group.eq(s1_last_group),
             *(a_dx[lane].eq(part_dx[lane]) for lane in range(pl)),
@@ -1644,14 +1651,15 @@ class BnBackwardUnit(wiring.Component):
         part_p1 = Signal(data.ArrayLayout(p_shape, pl))
         part_p2 = Signal(data.ArrayLayout(p_shape, pl))
         part_a = Signal(data.ArrayLayout(a_shape, pl))
-        with m.Switch(a_pp):
-            for pi in range(parts):
-                with m.Case(pi):
-                    m.d.comb += [
-                        part_p1.as_value().eq(p1_mem.rd_data.as_value().word_select(pi, pl * p_shape.width)),
-                        part_p2.as_value().eq(p2_mem.rd_data.as_value().word_select(pi, pl * p_shape.width)),
-                        part_a.as_value().eq(a_mem.rd_data.as_value().word_select(pi, pl * a_shape.size)),
-                    ]
+        for lane in range(pl):
+            with m.Switch(a_pp_l[lane]):
+                for pi in range(parts):
+                    with m.Case(pi):
+                        m.d.comb += [
+                            part_p1[lane].eq(p1_mem.rd_data[pi * pl + lane]),
+                            part_p2[lane].eq(p2_mem.rd_data[pi * pl + lane]),
+                            part_a[lane].eq(a_mem.rd_data[pi * pl + lane]),
+                        ]
         b_valid, b_last_pp, b_last_group = Signal(), Signal(), Signal()
         b_pp = Signal.like(pp)
         b_bdx = [Signal(mul_const(part_dx[0], B).shape(), name=f"b_bdx{lane}") for lane in range(pl)]

@@ -529,6 +529,31 @@ def test_backward_push_is_one_register_per_lane_slice(tmp_path):
 
 
 @pytest.mark.timing
+def test_backward_part_choice_is_one_register_per_lane(tmp_path):
+    """Yosys's view of BN backward (four lanes, pass 2 in two parts of two lanes): stage b's choice of the part's
+    P1, P2 and alpha words is a register per lane of the part (``a_part_l{lane}``, not merged), and each lane's
+    stage-b registers are reached by its own copy only (timing: one ``a_pp`` picked the part of every lane's
+    words, 10.5 ns at the paper's widths on the ECP5 proxy)."""
+    from yosys_nets import flop_cone, gate_netlist  # same folder
+
+    lay = BnLayer.from_config(small_config(4, 5, 7), 0, lanes=4)
+    mod = gate_netlist(BnBackwardUnit(layer=lay, pass2_lanes=2), "bn_backward", tmp_path)
+    nets = {name: tuple(n["bits"]) for name, n in mod["netnames"].items()}
+    copies = [nets.get(f"a_part_l{lane}") for lane in range(2)]
+    assert all(c is not None and len(c) == 1 for c in copies) and copies[0] != copies[1]
+    parts = {b for name in ("a_part_l0", "a_part_l1", "a_pp") for b in nets.get(name, ()) if isinstance(b, int)}
+    for name in ("b_p1", "b_p2"):
+        bits = nets[name]
+        w = len(bits) // 2
+        for lane in range(2):
+            reached = flop_cone(mod, bits[lane * w:(lane + 1) * w]) & parts
+            assert reached == {copies[lane][0]}, (name, lane, reached)
+    for lane in range(2):
+        reached = flop_cone(mod, nets[f"b_aq{lane}"]) & parts
+        assert reached == {copies[lane][0]}, ("b_aq", lane, reached)
+
+
+@pytest.mark.timing
 def test_forward_accumulators_cut_into_lane_slices(tmp_path):
     """Yosys's view of BN forward (16 lanes, two groups): the accumulators (sum y, Ys, Ns) are cut into slices of
     ``BN_MEM_SLICE`` lanes, each read at an address register of its own (six registers, none merged; timing: the
