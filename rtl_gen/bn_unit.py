@@ -1525,13 +1525,23 @@ class BnBackwardUnit(wiring.Component):
         # s1_valid (the copies step alike; the synthesis keeps them apart: each enable depends on its own copy;
         # timing: one enable, from s1_valid, reached the clock enable of every payload flip-flop of s1, 10.5 ns
         # with 90 % routing at the paper's widths on the ECP5 proxy)
+        # Each slice takes its lanes from dx or dx_replay by a flag of its own, phase == PASS1 kept as a register
+        # that toggles where the phase leaves or enters PASS1 (each copy from its own value: the synthesis keeps them
+        # apart; timing: the phase register chose the payload of every lane of s1, 10.0 ns with 90 % routing at the
+        # paper's widths on the ECP5 proxy)
+        p1_flags = []
         for k, lo in enumerate(range(0, L, BN_MEM_SLICE)):
             hi = min(L, lo + BN_MEM_SLICE)
             v_k, adv_k = Signal(name=f"s1_valid{k}"), Signal(name=f"s1_adv{k}")
+            p1_k = Signal(init=1, name=f"s1_from_dx{k}")  # phase == PASS1 (PASS1 is the reset phase)
+            p1_flags.append(p1_k)
             m.d.comb += adv_k.eq(~(v_k & (phase == PASS2)) | (v_k & ((pp != 0) | (credit != 0)) & last_pp))
+            src = [Mux(p1_k, a, b) for a, b in ((self.dx.payload.x_hat[lo:hi], self.dx_replay.payload.x_hat[lo:hi]),
+                                               *((self.dx.payload.dx[lane], self.dx_replay.payload.dx[lane])
+                                                 for lane in range(lo, hi)))]
             with m.If(adv_k):
-                m.d.sync += [v_k.eq(accept), s1.x_hat[lo:hi].eq(in_payload.x_hat[lo:hi]),
-                             *(s1.dx[lane].eq(in_payload.dx[lane]) for lane in range(lo, hi))]
+                m.d.sync += [v_k.eq(accept), s1.x_hat[lo:hi].eq(src[0]),
+                             *(s1.dx[lane].eq(src[1 + lane - lo]) for lane in range(lo, hi))]
         # pass 1's write of the beat in s1 (s1_valid & adv & phase == PASS1: adv is 1 in pass 1, and the beat that
         # ends a pass 2 or pass 1 is the last one taken) as a register: the write enable of every LUT-RAM cell of
         # the P1 and P2 memories comes from a flip-flop (timing: phase -> the enable -> every cell's WRE, 12.1 ns
@@ -1782,8 +1792,9 @@ class BnBackwardUnit(wiring.Component):
             m.d.sync += credit.eq(credit - 1)
         with m.Elif(pop & ~start):
             m.d.sync += credit.eq(credit + 1)
-        with m.If(in_pass & s1_valid & s1_last & adv):
+        with m.If(in_pass & s1_valid & s1_last & adv):  # PASS1 -> EPI or PASS2 -> PASS1
             m.d.sync += [phase.eq(Mux(phase == PASS1, EPI, PASS1)), in_done.eq(0)]
+            m.d.sync += [p1_k.eq(~p1_k) for p1_k in p1_flags]
 
         # Per-channel sequencer: one read cycle per group, then one cycle per channel (alpha in, P1 out).
         rd_cycle = Signal()  # the group's words have been read
