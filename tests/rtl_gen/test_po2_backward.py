@@ -284,7 +284,7 @@ def _rtl_netlist(design, top: str, folder) -> dict:
 @pytest.mark.parametrize("window", [0, 3], ids=["full", "pairs"])
 def test_array_slices_have_a_dsp48s_pipeline_registers(tmp_path, window):
     """Yosys's view of a small array (word-level cells): every slice's multiply takes its operands from flip-flops
-    loaded from flip-flops (a DSP48's A1 A2 and B1 B2 registers) and its product goes only into flip-flops (M), which feed the accumulator's adder
+    (a DSP48's A and B registers) and its product goes only into flip-flops (M), which feed the accumulator's adder
     (P): the operands' choice and decode, the product and the accumulate are three cycles (in one cycle they
     closed at 31.3 MHz on the ECP5 proxy; on the xc7z020 the registers are the slice's own)."""
     cfg = apply_overrides(load_config("mlp"), {**ARRAY, "hw.dw_window": window})
@@ -305,12 +305,9 @@ def test_array_slices_have_a_dsp48s_pipeline_registers(tmp_path, window):
     muls = [c for c in cells if c["type"] == "$mul"]
     LS = geo.bank.lanes_in // geo.dw_passes
     assert len(muls) == geo.bank.lanes_out * (LS // 2 + 1)  # the slices and each lane's -T slice
-    d_of = {q: d for f in flops for q, d in zip(f["connections"]["Q"], f["connections"]["D"])}
     for c in muls:
         ins = [b for p in ("A", "B") for b in c["connections"][p] if isinstance(b, int)]
         assert ins and all(b in q_bits for b in ins), "a multiplier operand does not come from a register"
-        # two operand registers (A1 A2, B1 B2: each slice's operands reach its multiplier over a cycle of their own)
-        assert all(d_of[b] in q_bits for b in ins if isinstance(d_of[b], int)), "an operand register is not the second"
         outs = [b for b in c["connections"]["Y"] if b in loads]
         assert outs and all(b in d_bits and set(loads[b]) == {"$dff"} for b in outs), "a product is not registered"
     # the product registers feed the accumulators' adders
