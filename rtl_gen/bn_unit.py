@@ -1533,13 +1533,23 @@ class BnBackwardUnit(wiring.Component):
         # s1_valid (the copies step alike; the synthesis keeps them apart: each enable depends on its own copy;
         # timing: one enable, from s1_valid, reached the clock enable of every payload flip-flop of s1, 10.5 ns
         # with 90 % routing at the paper's widths on the ECP5 proxy)
+        # Each slice takes its lanes from dx or dx_replay by a flag of its own, phase == PASS1 kept as a register
+        # that toggles where the phase leaves or enters PASS1 (each copy from its own value: the synthesis keeps them
+        # apart; timing: the phase register chose the payload of every lane of s1, 10.0 ns with 90 % routing at the
+        # paper's widths on the ECP5 proxy)
+        p1_flags = []
         for k, lo in enumerate(range(0, L, BN_MEM_SLICE)):
             hi = min(L, lo + BN_MEM_SLICE)
             v_k, adv_k = Signal(name=f"s1_valid{k}"), Signal(name=f"s1_adv{k}")
+            p1_k = Signal(init=1, name=f"s1_from_dx{k}")  # phase == PASS1 (PASS1 is the reset phase)
+            p1_flags.append(p1_k)
             m.d.comb += adv_k.eq(~(v_k & (phase == PASS2)) | (v_k & ((pp != 0) | (credit != 0)) & last_pp))
+            src = [Mux(p1_k, a, b) for a, b in ((self.dx.payload.x_hat[lo:hi], self.dx_replay.payload.x_hat[lo:hi]),
+                                               *((self.dx.payload.dx[lane], self.dx_replay.payload.dx[lane])
+                                                 for lane in range(lo, hi)))]
             with m.If(adv_k):
-                m.d.sync += [v_k.eq(accept), s1.x_hat[lo:hi].eq(in_payload.x_hat[lo:hi]),
-                             *(s1.dx[lane].eq(in_payload.dx[lane]) for lane in range(lo, hi))]
+                m.d.sync += [v_k.eq(accept), s1.x_hat[lo:hi].eq(src[0]),
+                             *(s1.dx[lane].eq(src[1 + lane - lo]) for lane in range(lo, hi))]
         # pass 1's write of the beat in s1 (s1_valid & adv & phase == PASS1: adv is 1 in pass 1, and the beat that
         # ends a pass 2 or pass 1 is the last one taken) as a register: the write enable of every LUT-RAM cell of
         # the P1 and P2 memories comes from a flip-flop (timing: phase -> the enable -> every cell's WRE, 12.1 ns
@@ -1618,8 +1628,10 @@ class BnBackwardUnit(wiring.Component):
         # each lane of the part picks its dx by a part counter of its own, stepping as pp does (copies with equal
         # inputs would be merged by the synthesis; timing: pp into every lane's dx multiplexer, then B dx, closed at
         # 96.6 MHz at the paper's widths on the ECP5 proxy)
+        lane_pps = []
         for lane in range(pl):
             lane_pp = Signal.like(pp, name=f"q_part_l{lane}")
+            lane_pps.append(lane_pp)
             if parts > 1:
                 with m.If(adv):
                     m.d.sync += lane_pp.eq(0)
@@ -1635,12 +1647,17 @@ class BnBackwardUnit(wiring.Component):
         # two adder levels in one cycle at 99.5 MHz)
         a_valid, a_last_pp, a_last_group = Signal(), Signal(), Signal()
         a_pp = Signal.like(pp)
+        # stage b's choice of the part's P1, P2 and alpha words, a part register per lane, each loaded from that
+        # lane's part counter (timing: one a_pp picked the part of every lane's words, 10.5 ns, 9.5 routing, at
+        # the paper's widths on the ECP5 proxy)
+        a_pp_l = [Signal.like(pp, name=f"a_part_l{lane}") for lane in range(pl)]
         a_dx = [Signal.like(part_dx[0], name=f"a_dx{lane}") for lane in range(pl)]
         a_xh = Signal.like(part_xh)
         a_real = Signal.like(part_real)
         m.d.sync += [
             a_valid.eq(take),
             a_pp.eq(pp),
+            *(a_pp_l[lane].eq(lane_pps[lane]) for lane in range(pl)),
             a_last_pp.eq(last_pp),
             a_last_group.eq(s1_last_group),
             *(a_dx[lane].eq(part_dx[lane]) for lane in range(pl)),
@@ -1652,14 +1669,15 @@ class BnBackwardUnit(wiring.Component):
         part_p1 = Signal(data.ArrayLayout(p_shape, pl))
         part_p2 = Signal(data.ArrayLayout(p_shape, pl))
         part_a = Signal(data.ArrayLayout(a_shape, pl))
-        with m.Switch(a_pp):
-            for pi in range(parts):
-                with m.Case(pi):
-                    m.d.comb += [
-                        part_p1.as_value().eq(p1_mem.rd_data.as_value().word_select(pi, pl * p_shape.width)),
-                        part_p2.as_value().eq(p2_mem.rd_data.as_value().word_select(pi, pl * p_shape.width)),
-                        part_a.as_value().eq(a_mem.rd_data.as_value().word_select(pi, pl * a_shape.size)),
-                    ]
+        for lane in range(pl):
+            with m.Switch(a_pp_l[lane]):
+                for pi in range(parts):
+                    with m.Case(pi):
+                        m.d.comb += [
+                            part_p1[lane].eq(p1_mem.rd_data[pi * pl + lane]),
+                            part_p2[lane].eq(p2_mem.rd_data[pi * pl + lane]),
+                            part_a[lane].eq(a_mem.rd_data[pi * pl + lane]),
+                        ]
         b_valid, b_last_pp, b_last_group = Signal(), Signal(), Signal()
         b_pp = Signal.like(pp)
         b_bdx = [Signal(mul_const(part_dx[0], B).shape(), name=f"b_bdx{lane}") for lane in range(pl)]
@@ -1782,8 +1800,9 @@ class BnBackwardUnit(wiring.Component):
             m.d.sync += credit.eq(credit - 1)
         with m.Elif(pop & ~start):
             m.d.sync += credit.eq(credit + 1)
-        with m.If(in_pass & s1_valid & s1_last & adv):
+        with m.If(in_pass & s1_valid & s1_last & adv):  # PASS1 -> EPI or PASS2 -> PASS1
             m.d.sync += [phase.eq(Mux(phase == PASS1, EPI, PASS1)), in_done.eq(0)]
+            m.d.sync += [p1_k.eq(~p1_k) for p1_k in p1_flags]
 
         # Per-channel sequencer: one read cycle per group, then one cycle per channel (alpha in, P1 out).
         rd_cycle = Signal()  # the group's words have been read

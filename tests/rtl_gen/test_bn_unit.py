@@ -529,6 +529,60 @@ def test_backward_push_is_one_register_per_lane_slice(tmp_path):
 
 
 @pytest.mark.timing
+def test_backward_beat_source_is_one_flag_per_lane_slice(tmp_path):
+    """Yosys's view of BN backward (16 lanes): the beat register ``s1`` takes each slice of ``BN_MEM_SLICE`` lanes
+    from ``dx`` or ``dx_replay`` by a flag register of its own (``s1_from_dx0``, ``s1_from_dx1``, not merged), never
+    by the phase register (timing: the phase chose the payload of every lane of s1, 10.0 ns at the paper's widths
+    on the ECP5 proxy)."""
+    from yosys_nets import flop_cone, gate_netlist  # same folder
+
+    lay = BnLayer.from_config(small_config(4, 20, 7), 0, lanes=16)
+    mod = gate_netlist(BnBackwardUnit(layer=lay), "bn_backward", tmp_path)
+    nets = {name: tuple(n["bits"]) for name, n in mod["netnames"].items()}
+    copies = [nets.get(f"s1_from_dx{k}") for k in range(2)]
+    assert all(c is not None and len(c) == 1 for c in copies) and copies[0] != copies[1]
+    phase = {b for b in nets["phase_r"] if isinstance(b, int)}
+    watched = phase | {c[0] for c in copies}
+    dx = lay.dx_layout["dx"]
+    w = dx.shape.elem_shape.width
+    s1 = nets["s1"]
+    d_of = {}  # flip-flop output bit -> its data input bit (the enable, s1's advance, may see the phase)
+    for c in mod["cells"].values():
+        if "DFF" in c["type"].upper():
+            for q, d in zip(c["connections"]["Q"], c["connections"]["D"]):
+                d_of[q] = d
+    for lane in range(16):
+        lo = dx.offset + lane * w
+        reached = flop_cone(mod, [d_of[b] for b in s1[lo:lo + w]]) & watched
+        assert reached == {copies[lane // BN_MEM_SLICE][0]}, (lane, reached)
+
+
+@pytest.mark.timing
+def test_backward_part_choice_is_one_register_per_lane(tmp_path):
+    """Yosys's view of BN backward (four lanes, pass 2 in two parts of two lanes): stage b's choice of the part's
+    P1, P2 and alpha words is a register per lane of the part (``a_part_l{lane}``, not merged), and each lane's
+    stage-b registers are reached by its own copy only (timing: one ``a_pp`` picked the part of every lane's
+    words, 10.5 ns at the paper's widths on the ECP5 proxy)."""
+    from yosys_nets import flop_cone, gate_netlist  # same folder
+
+    lay = BnLayer.from_config(small_config(4, 5, 7), 0, lanes=4)
+    mod = gate_netlist(BnBackwardUnit(layer=lay, pass2_lanes=2), "bn_backward", tmp_path)
+    nets = {name: tuple(n["bits"]) for name, n in mod["netnames"].items()}
+    copies = [nets.get(f"a_part_l{lane}") for lane in range(2)]
+    assert all(c is not None and len(c) == 1 for c in copies) and copies[0] != copies[1]
+    parts = {b for name in ("a_part_l0", "a_part_l1", "a_pp") for b in nets.get(name, ()) if isinstance(b, int)}
+    for name in ("b_p1", "b_p2"):
+        bits = nets[name]
+        w = len(bits) // 2
+        for lane in range(2):
+            reached = flop_cone(mod, bits[lane * w:(lane + 1) * w]) & parts
+            assert reached == {copies[lane][0]}, (name, lane, reached)
+    for lane in range(2):
+        reached = flop_cone(mod, nets[f"b_aq{lane}"]) & parts
+        assert reached == {copies[lane][0]}, ("b_aq", lane, reached)
+
+
+@pytest.mark.timing
 def test_forward_accumulators_cut_into_lane_slices(tmp_path):
     """Yosys's view of BN forward (16 lanes, two groups): the accumulators (sum y, Ys, Ns) are cut into slices of
     ``BN_MEM_SLICE`` lanes, each read at an address register of its own (six registers, none merged; timing: the
