@@ -916,7 +916,7 @@ class LossGradUnit(wiring.Component):
         """Two logit banks (load one while the other is processed) and the exp / divide / probability passes."""
         geo = self._geometry
         take, group, last_group = front.take, front.group, front.last_group
-        new_max, new_arg, label_valid = front.new_max, front.new_arg, front.label_valid
+        new_max, label_valid = front.new_max, front.label_valid
         p = geo.params
         L, G = geo.lanes, geo.groups
         fl, fe, fp = p.logit_frac, p.exp_frac, p.prob_frac

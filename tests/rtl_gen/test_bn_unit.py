@@ -549,7 +549,7 @@ def test_backward_beat_source_is_one_flag_per_lane_slice(tmp_path):
     d_of = {}  # flip-flop output bit -> its data input bit (the enable, s1's advance, may see the phase)
     for c in mod["cells"].values():
         if "DFF" in c["type"].upper():
-            for q, d in zip(c["connections"]["Q"], c["connections"]["D"]):
+            for q, d in zip(c["connections"]["Q"], c["connections"]["D"], strict=True):
                 d_of[q] = d
     for lane in range(16):
         lo = dx.offset + lane * w
