@@ -78,7 +78,7 @@ $(INSTALLED): pyproject.toml | $(PY)
 	@touch $@
 
 test: $(INSTALLED)
-	$(PYTEST) -m "$(DEFAULT_MARKERS)"
+	$(PYTEST) -m "$(DEFAULT_MARKERS)" --durations=30
 
 # The paper's MLP (784-256-256-256-256-10, B = 100): 3 training steps in Verilator, compared with the bit-exact
 # model after every step. One test, so no workers; -s prints its cycles and times into the log.
