@@ -296,18 +296,20 @@ class RngEngine(wiring.Component):
                     s1a.last.eq(last_visit),
                 ]
 
-        # --- stage 1: the state, the numbers, the write-back. The state comes from registers only: the RAM's word
-        # (ram_q), the lane file's word read in stage 1a (lf_q) or the previous chunk's state (cur), chosen by
-        # selects registered with the visit (the lane file's read and the choice in front of the jump-matrix XORs
-        # closed below 80 MHz in context on the ECP5 proxy, docs/results/timing.md). A lane-file word read in stage
-        # 1a misses the write of the visit in stage 1 in that cycle; when that visit is the same lane's previous
-        # word (a group of one lane, one chunk per word), its state is ``cur`` and the visit takes it from there. ---
+        # --- stage 1: the state, the numbers, the write-back. The state is a register (``state``), loaded as the
+        # visit enters stage 1 with the state RAM's word (a block's first word), the lane file's word read in stage
+        # 1a (a later word of the block) or the state after the previous chunk (``cur``, or the chunk leaving stage
+        # 1 in that cycle), chosen by stage 1a's flags. The jump-matrix XORs then start at flip-flops: before, the
+        # choice's registered selects fanned out to its 32 multiplexers and on into every XOR tree (``use_lf`` ->
+        # the lane file's write data and the numbers' register, 13.9 ns in context on the ECP5 proxy at two
+        # nextpnr seeds; earlier the lane file's read and the choice in front of the XORs, below 80 MHz). A
+        # lane-file word read in stage 1a misses the write of the visit in stage 1 in that cycle; when that visit is
+        # the same lane's previous word (a group of one lane, one chunk per word), its state is the chunk leaving
+        # stage 1, and the visit takes it from there. ---
         s1_valid = Signal()
         s1 = Signal(visit)
-        ram_q = Signal(32)
-        lf_q = Signal(32)
-        use_ram = Signal()  # the block's first word: the state RAM's word
-        use_lf = Signal()  # a later word of the block: the lane file's word
+        state = Signal(32)
+        cur = Signal(32)  # the state after the last chunk that left stage 1
         vls = sorted({geo.sweep.valid_last for geo in geos})
         pv = Signal(len(vls))  # one-hot: a partial last chunk with valid_last vls[i]
         vl_min = min(vls)
@@ -319,31 +321,31 @@ class RngEngine(wiring.Component):
         lf_w_data = Signal(32, reset_less=True)
         lf_bypass = Signal()
         m.d.comb += [lf_rd.addr.eq(s1a.lane), lf_bypass.eq(lf_w_en & (lf_w_addr == s1a.lane))]
-        with m.If(adv):
-            m.d.sync += [s1_valid.eq(s1a_valid), ram_q.eq(ram_rd.data),
-                         lf_q.eq(Mux(lf_bypass, lf_w_data, lf_rd.data))]
-            with m.If(s1a_valid):
-                m.d.sync += [
-                    s1.eq(s1a),
-                    use_ram.eq(s1a.first_chunk & s1a.first_of_block),
-                    use_lf.eq(s1a.first_chunk & ~s1a.first_of_block & ~(s1_valid & (s1.lane == s1a.lane))),
-                    pv.eq(Cat(s1a.partial & (c["VL"] == v) for v in vls)),
-                    pad.eq(Cat(s1a.partial & (c["VL"] <= j) if j >= vl_min else Const(0) for j in range(U))),
-                ]
-        s1_last_chunk, s1_last_of_block, s1_partial = s1.last_chunk, s1.last_of_block, s1.partial
-        cur = Signal(32)  # the state after the previous chunk of this visit
-        state = Signal(32)
-        m.d.comb += state.eq(Mux(use_ram, ram_q, Mux(use_lf, lf_q, cur)))
+        step = s1_valid & adv
         outs = []
         for n in range(1, U + 1):
             out = Signal(32, name=f"x{n}")
             m.d.comb += out.eq(Cat(*(reduce(xor, (state[j] for j in row)) for row in jump_rows(n))))
             outs.append(out)
+        use_ram = s1a.first_chunk & s1a.first_of_block  # the block's first word: the state RAM's word
+        # a later word of the block: the lane file's word, unless the same lane's previous word is leaving stage 1
+        use_lf = s1a.first_chunk & ~s1a.first_of_block & ~(s1_valid & (s1.lane == s1a.lane))
+        with m.If(adv):
+            m.d.sync += s1_valid.eq(s1a_valid)
+            with m.If(s1a_valid):
+                m.d.sync += [
+                    s1.eq(s1a),
+                    state.eq(Mux(use_ram, ram_rd.data,
+                                 Mux(use_lf, Mux(lf_bypass, lf_w_data, lf_rd.data),
+                                     Mux(s1_valid, outs[U - 1], cur)))),
+                    pv.eq(Cat(s1a.partial & (c["VL"] == v) for v in vls)),
+                    pad.eq(Cat(s1a.partial & (c["VL"] <= j) if j >= vl_min else Const(0) for j in range(U))),
+                ]
+        s1_last_chunk, s1_last_of_block, s1_partial = s1.last_chunk, s1.last_of_block, s1.partial
         # the state after the chunk: the output of its last real row
         nxt = Signal(32)
         m.d.comb += nxt.eq(Mux(s1_partial, reduce(lambda a, b: a | b, (Mux(pv[i], outs[v - 1], 0)
                                                                         for i, v in enumerate(vls))), outs[U - 1]))
-        step = s1_valid & adv
         # ``cur`` takes the full chunk's state: a partial chunk is the last chunk of a block's last word, and the
         # visit after it starts a block (the state RAM's word), so ``cur`` is not read after it. The partial choice
         # stays out of the chunk-to-chunk loop (cur -> XORs -> cur; in context on the ECP5 proxy it was the

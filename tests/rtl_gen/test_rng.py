@@ -214,3 +214,25 @@ def test_rng_engine_rtl(case, request):
     measured = json.loads((run.build_dir / "cycles-full_rate.json").read_text())
     geo = RngGeometry.from_config(cfg, layer, lanes_in=lanes_in, lanes_out=lanes_out, update_lanes=update_lanes)
     assert measured["measured"] == measured["model"] == geo.cycles() == geo.sweep.visits + LATENCY
+
+
+def test_jump_matrix_xors_start_at_the_state_register(tmp_path):
+    """The state the jump-matrix XORs read is a register (``state``), chosen as the visit enters stage 1: the
+    choice between the state RAM's word, the lane file's word and the previous chunk's state, and its selects'
+    fan-out, sit in front of that register, not between it and the XORs (the SMALL design's routed worst path at
+    two nextpnr seeds: ``use_lf`` -> the state multiplexers -> the XORs -> the lane file's write data). Checked on
+    the gate netlist: every bit of ``state`` is a flip-flop's output. Planted: ``state`` as the combinational
+    choice of registered words (the earlier form) fails it."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from yosys_nets import gate_netlist
+
+    cfg = apply_overrides(load_config("mlp"), small_config(**{"hw.rng_block": 16}))
+    geo = RngGeometry.from_config(cfg, 0, lanes_in=8, lanes_out=4, update_lanes=4)
+    mod = gate_netlist(RngEngine(geometries=[geo]), "rng", tmp_path)
+    q_bits = {b for c in mod["cells"].values() if "DFF" in c["type"] for b in c["connections"]["Q"]}
+    state = mod["netnames"]["state"]["bits"]
+    assert len(state) == 32
+    assert all(b in q_bits for b in state), "the XORs' state is logic, not a register"
