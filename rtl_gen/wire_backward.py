@@ -30,9 +30,7 @@ class BackwardWiring:
         j = lp.index
         B, G, lo = plan.batch, lp.groups, lp.lanes_out
         key = ("bwd", j)
-        # the phase's activity and start as registers of this wiring's own (docs/architecture.md, "Timing
-        # discipline"): the controller's phase register then reaches only the controller
-        a, st = self._phase_reg([key], f"{key[0]}_any{j}"), self._phase_reg([key], f"{key[0]}_any_start{j}", start=True)
+        a, st = self._phase_pair(key)
         bu, pu, par = bnb[j], po2[j], bnp[j]
         # per-channel S' -> po2 (PRO); alpha -> BN backward (EPI)
         for name, dst in (("seff", pu.s_eff), ("alpha", bu.alpha)):
@@ -49,7 +47,7 @@ class BackwardWiring:
             m.d.comb += [rd.start.eq(st), rd.base.eq(self._chan_base[j]), rd.count.eq(lp.n_out), rd.wrap.eq(0)]
             # a registered reader: the port reads every cycle
             ports[f"{name}_r"].add(self._port_phase([key], f"{name}_r"), addr=rd.r_addr, en=1)
-            m.d.comb += [rd.r_data.eq(ports[f"{name}{j}_r"].port.data), dst.payload.eq(rd.o.payload.data),
+            m.d.comb += [rd.r_data.eq(ports[f"{name}_r"].port.data), dst.payload.eq(rd.o.payload.data),
                          dst.valid.eq(a & rd.o.valid), rd.o.ready.eq(a & dst.ready)]
         # dx (twice): g (output layer) or dX times the mask, both from YDX, with x_hat
         dxw = lp.widths["dx"]
@@ -171,9 +169,7 @@ class BackwardWiring:
         B, G, lo, li = plan.batch, lp.groups, lp.lanes_out, lp.lanes_in
         below = plan.layers[j - 1]
         key = ("dx", j)
-        # the phase's activity and start as registers of this wiring's own (docs/architecture.md, "Timing
-        # discipline"): the controller's phase register then reaches only the controller
-        a, st = self._phase_reg([key], f"{key[0]}_any{j}"), self._phase_reg([key], f"{key[0]}_any_start{j}", start=True)
+        a, st = self._phase_pair(key)
         u = po2b[j]
         k_bits = plan.p.k
         if u.array:
@@ -301,9 +297,7 @@ class BackwardWiring:
         j = lp.index
         G, lo, li, W = lp.groups, lp.lanes_out, lp.lanes_in, lp.words
         key = ("upd", j)
-        # the phase's activity and start as registers of this wiring's own (docs/architecture.md, "Timing
-        # discipline"): the controller's phase register then reaches only the controller
-        a, st = self._phase_reg([key], f"{key[0]}_any{j}"), self._phase_reg([key], f"{key[0]}_any_start{j}", start=True)
+        a, st = self._phase_pair(key)
         u, w, g, par = po2b[j], wm[j], rng[j], bnp[j]
         k_bits = plan.p.k
         tr = sub(f"tiles{j}", TileReader(a_width=li, c_width=lo * k_bits, banks=lb, words=W, groups=G,
@@ -369,9 +363,7 @@ class BackwardWiring:
         """switch_undo, layer j: an ``UNDO`` sweep of its weight memory if the re-run's loss rose; else nothing."""
         j = lp.index
         key = ("undo", j)
-        # the phase's activity and start as registers of this wiring's own (docs/architecture.md, "Timing
-        # discipline"): the controller's phase register then reaches only the controller
-        a, st = self._phase_reg([key], f"{key[0]}_any{j}"), self._phase_reg([key], f"{key[0]}_any_start{j}", start=True)
+        a, st = self._phase_pair(key)
         w = wm[j]
         sent = Signal(name=f"undo_sent{j}")
         settle = Signal(2, name=f"undo_settle{j}")
