@@ -1180,16 +1180,20 @@ class BnForwardCore(wiring.Component):
                 with m.Case(Phase.EPI2):
                     with m.Switch(est):
                         with m.Case(CH0):  # beta in (eval: s_r' = max(s_r, 1), mu_r); the channel's lane
+                            # The registers load in every cycle of CH0, the last load the one with beta's transfer
+                            # (none of them is read again once the channel has left CH2): ``beta.valid``, from the
+                            # parameter unit across the die, only moves ``est`` (timing: it was the clock enable of
+                            # all of them, 12.7 ns in context on the ECP5 proxy)
                             m.d.comb += self.beta.ready.eq(1)
+                            m.d.sync += [
+                                beta_r.eq(self.beta.payload), beta_m.eq(self.beta.payload),
+                                S_r.eq(Mux(self.run.s < 1, 1, self.run.s)),  # eval (no products)
+                                S_m.eq(Mux(self.run.s < 1, 1, self.run.s)),
+                                mu_r.eq(self.run.mu),
+                                ys_r.eq(ys_l), sum_r.eq(sum_l), ns_r.eq(ns_l),
+                            ]
                             with m.If(self.beta.valid):
-                                m.d.sync += [
-                                    beta_r.eq(self.beta.payload), beta_m.eq(self.beta.payload),
-                                    S_r.eq(Mux(self.run.s < 1, 1, self.run.s)),  # eval (no products)
-                                    S_m.eq(Mux(self.run.s < 1, 1, self.run.s)),
-                                    mu_r.eq(self.run.mu),
-                                    ys_r.eq(ys_l), sum_r.eq(sum_l), ns_r.eq(ns_l),
-                                    est.eq(Mux(self.eval_mode, CH1, CH0C)),
-                                ]
+                                m.d.sync += est.eq(Mux(self.eval_mode, CH1, CH0C))
                         with m.Case(CH0C):  # B Ys, sum_y Ns
                             m.d.sync += [ysb_r.eq(mul_const(ys_r, B)), psn_r.eq(sum_r * ns_r), est.eq(CH0B)]
                         with m.Case(CH0B):  # S = B Ys - sum_y Ns

@@ -41,6 +41,7 @@ last sweep changed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from functools import cached_property
 
 import numpy as np
@@ -53,7 +54,7 @@ from sim.hw.optim import PROB_BITS, state_bits
 
 from .buffers import split_segments
 from .shared import layer_port, per_layer
-from .streams import replicas
+from .streams import SkidBuffer, replicas
 from .xnor_engine import WeightReadSignature, XnorGeometry, _check_int, popcount
 
 __all__ = [
@@ -98,10 +99,13 @@ nextpnr seeds 1 / 2). No read-after-write
 hazard at any depth: each state row is visited once per sweep, consecutive visits of one bank row write disjoint
 ``update_lanes`` chunks (a write enable per chunk), and the next command waits until the last write is done."""
 
-LATENCY = WRITE_STAGE + 1
+CMD_STAGES = 1
+"""Cycles from a command's transfer to the cycle the sweep takes it from its registered slice."""
+
+LATENCY = CMD_STAGES + WRITE_STAGE + 1
 """Cycles of a sweep beyond one per visit, counted from the cycle the command is transferred to the last
-cycle ``busy`` is high (both included): ``visits + LATENCY`` with no stalls (the command cycle, then per visit
-stages 0 .. :data:`WRITE_STAGE`)."""
+cycle ``busy`` is high (both included): ``visits + LATENCY`` with no stalls (the command's slice, the cycle the
+sweep takes it, then per visit stages 0 .. :data:`WRITE_STAGE`)."""
 
 STATE_SEGMENT = 16384
 """Words of a :class:`StateMemory` segment: the ECP5 block RAM's deepest mode (16,384 x 1) and a multiple of the
@@ -564,7 +568,8 @@ class WeightMemory(wiring.Component):
 
     Ports:
         cmd: ``In(stream.Signature(cmd_layout))`` ``op`` (INIT / UPDATE / UNDO), ``shift`` (6 bits) and
-            ``gate`` (17 bits, switch), the per-sweep values of :class:`OptimizerSpec`; accepted only while idle.
+            ``gate`` (17 bits, switch), the per-sweep values of :class:`OptimizerSpec`; through a registered
+            slice, taken from it while idle (the sweep starts a cycle after the transfer).
         grad: ``In(stream.Signature(grad_layout(bank)))`` one tile per bank row (UPDATE).
         rng: ``In(stream.Signature(rng_layout(update_lanes)))`` one beat per visit (UPDATE, INIT).
         read: ``In(WeightReadSignature(bank))`` forward read port for an
@@ -573,10 +578,11 @@ class WeightMemory(wiring.Component):
         host: ``In(stream.Signature(host_layout))`` ``write``, ``space`` (0 weights: ``lane``, ``addr`` = bank
             row, ``data`` = the row; 1 and 3 (:data:`STATE_SPACES`) the first and second state field:
             ``addr`` = visit, ``data`` = the field's ``update_lanes`` values (low bits); 2 switch table:
-            ``addr`` = p, ``data`` = T[p], write only), ``lane``, ``addr``, ``data``. Ready while idle, not in
-            the cycle after a transfer; one read outstanding. A state write takes effect two cycles after its
-            transfer, a weight row's ``update_lanes``-bit chunks one a cycle from then on (not ready meanwhile),
-            a read reads in the cycle after it (all from registers).
+            ``addr`` = p, ``data`` = T[p], write only), ``lane``, ``addr``, ``data``. Requests enter a
+            registered slice (two deep) and are taken from it while idle, not in the cycle after a transfer; one
+            read outstanding. A state write takes effect two cycles after it is taken, a weight row's
+            ``update_lanes``-bit chunks one a cycle from then on (not taken meanwhile), a read reads in the cycle
+            after it (all from registers).
         host_rdata: ``Out(stream.Signature(data_width))`` one word per host read (table reads return 0).
         busy: ``Out(1)`` a sweep is running. flips: ``Out(range(n_in * n_out + 1))`` weights changed by
             the last sweep (valid once ``busy`` is low).
@@ -637,33 +643,59 @@ class WeightMemory(wiring.Component):
         U, L = sw.update_lanes, bank.lanes_out
         chunks = sw.chunks
         m = Module()
+        # the command and the host requests enter through registered slices (docs/architecture.md, "Timing
+        # discipline": every unit registered at its boundaries): their valid bits, which come from the phase
+        # wiring's and the host sequencer's decodes, end there instead of reaching the load and the clock enable
+        # of every state slice's address registers (the SMALL design in context on the ECP5 proxy: the host request
+        # slice's valid -> the target choice -> ``cmd_go`` / the host read -> 22 address registers' enables, 13.4
+        # ns, 11.5 of it routing). A sweep starts, and a host request is taken, a cycle later.
+        # The layer (several layers) travels with each request: the sweep's constants come from the command's
+        # layer, kept in a register for the sweep; the bases of a command's or a host request's rows from the
+        # request's own; the forward read port's from ``layer`` itself.
+        lay_shape = range(max(len(geos), 2))
+        layer_in = self.layer if len(geos) > 1 else Const(0, 1)
+        cmd_in = m.submodules.cmd_in = SkidBuffer(
+            shape=data.StructLayout({"p": geo.cmd_layout, "layer": lay_shape}), ring=False)
+        host_in = m.submodules.host_in = SkidBuffer(
+            shape=data.StructLayout({"p": self._host_layout, "layer": lay_shape}), ring=False)
+        # Each port takes a request only while the other's slice is empty (registers), so that requests are taken
+        # inside in the order they came (a command and a host request in the same cycle: the command first)
+        for port, slc, other in ((self.cmd, cmd_in, host_in), (self.host, host_in, cmd_in)):
+            m.d.comb += [slc.i.valid.eq(port.valid & ~other.o.valid), port.ready.eq(slc.i.ready & ~other.o.valid),
+                         slc.i.payload.p.eq(port.payload), slc.i.payload.layer.eq(layer_in)]
+        cmd = SimpleNamespace(valid=cmd_in.o.valid, ready=cmd_in.o.ready, payload=cmd_in.o.payload.p)
+        host = SimpleNamespace(valid=host_in.o.valid, ready=host_in.o.ready, payload=host_in.o.payload.p)
 
-        # --- the selected layer's constants (one layer: constants); its rows and visits follow the previous
+        # --- the layers' constants (one layer: constants); a layer's rows and visits follow the previous
         # layers' in the shared banks and state memories ---
         def mx(f):
             return max(max(f(x) for x in geos), 2)
 
         D_all = sum(x.bank.depth for x in geos)
         V_all = sum(x.sweep.visits for x in geos)
-        K1 = Signal(range(mx(lambda x: x.bank.words)))
-        G1 = Signal(range(mx(lambda x: x.bank.groups)))
-        D1 = Signal(range(mx(lambda x: x.bank.depth)))
-        CL1 = Signal(range(chunks))
-        LL1 = Signal(range(L))
-        vmask = Signal(U)  # real rows of a partial last chunk
-        bbase = Signal(range(max(D_all, 2)))
-        sbase = Signal(range(max(V_all, 2)))
-        sel = self.layer if len(geos) > 1 else Const(0, 1)
-        with m.Switch(sel):
-            for i, x in enumerate(geos):
-                with m.Case(i):
-                    m.d.comb += [
-                        K1.eq(x.bank.words - 1), G1.eq(x.bank.groups - 1), D1.eq(x.bank.depth - 1),
-                        CL1.eq(x.sweep.chunks_last - 1), LL1.eq(x.sweep.lanes_last - 1),
-                        vmask.eq((1 << x.sweep.valid_last) - 1),
-                        bbase.eq(sum(y.bank.depth for y in geos[:i])),
-                        sbase.eq(sum(y.sweep.visits for y in geos[:i])),
-                    ]
+
+        def pick(sel, name, shape, f):
+            """``f(layer geometry, index)`` of the layer ``sel``."""
+            out = Signal(shape, name=name)
+            with m.Switch(sel):
+                for i, x in enumerate(geos):
+                    with m.Case(i):
+                        m.d.comb += out.eq(f(x, i))
+            return out
+
+        sweep_layer = Signal(lay_shape)  # the running sweep's layer (loaded with its command)
+        req_layer = Signal(lay_shape)  # the layer of the command or the host request being taken
+        m.d.comb += req_layer.eq(Mux(cmd.valid, cmd_in.o.payload.layer, host_in.o.payload.layer))
+        K1 = pick(sweep_layer, "K1", range(mx(lambda x: x.bank.words)), lambda x, i: x.bank.words - 1)
+        G1 = pick(sweep_layer, "G1", range(mx(lambda x: x.bank.groups)), lambda x, i: x.bank.groups - 1)
+        D1 = pick(sweep_layer, "D1", range(mx(lambda x: x.bank.depth)), lambda x, i: x.bank.depth - 1)
+        CL1 = pick(sweep_layer, "CL1", range(chunks), lambda x, i: x.sweep.chunks_last - 1)
+        LL1 = pick(sweep_layer, "LL1", range(L), lambda x, i: x.sweep.lanes_last - 1)
+        vmask = pick(sweep_layer, "vmask", U, lambda x, i: (1 << x.sweep.valid_last) - 1)  # a partial last chunk's
+        # rows
+        bbase = pick(req_layer, "bbase", range(max(D_all, 2)), lambda x, i: sum(y.bank.depth for y in geos[:i]))
+        sbase = pick(req_layer, "sbase", range(max(V_all, 2)), lambda x, i: sum(y.sweep.visits for y in geos[:i]))
+        fbase = pick(layer_in, "fwd_bbase", range(max(D_all, 2)), lambda x, i: sum(y.bank.depth for y in geos[:i]))
 
         # --- sweep counters (stage 0) ---
         running = Signal()
@@ -688,13 +720,13 @@ class WeightMemory(wiring.Component):
         need_rng = running & ((op == UPDATE) | (op == INIT))
         need_grad = running & (op == UPDATE)
         issue = Signal()
-        cmd_go = self.cmd.valid & self.cmd.ready
+        cmd_go = cmd.valid & cmd.ready
         # running and what the sweep waits for, next cycle's values: copied into registers of each group of
         # counters that step with a visit, each group forming its own ``issue`` (timing: ``op`` -> ``issue`` fanned
         # out to every state slice's and every bank lane's counters across the die)
         run_next = Signal()
         op_next = Signal.like(op)
-        m.d.comb += op_next.eq(Mux(cmd_go, self.cmd.payload.op, op))
+        m.d.comb += op_next.eq(Mux(cmd_go, cmd.payload.op, op))
         m.d.comb += run_next.eq(Mux(cmd_go, 1, running & ~(issue & last_visit)))
         wait_next = Cat(run_next, run_next & ((op_next == UPDATE) | (op_next == INIT)), run_next & (op_next == UPDATE))
 
@@ -744,7 +776,7 @@ class WeightMemory(wiring.Component):
             if chunks > 1:
                 cc = Signal(range(chunks), name=f"chunk{lane_i}")
                 step = issue_copy(f"issue_chunk{lane_i}")
-                with m.If(self.cmd.valid & self.cmd.ready):
+                with m.If(cmd.valid & cmd.ready):
                     m.d.sync += cc.eq(0)
                 with m.Elif(step):
                     m.d.sync += cc.eq(Mux(last_chunk, 0, cc + 1))
@@ -831,7 +863,7 @@ class WeightMemory(wiring.Component):
         rd_lane = Signal(range(L))
         resp_valid = Signal()
         resp_data = Signal(geo.data_width)
-        h = self.host.payload
+        h = host.payload
         # idle: no sweep, no host request in the cycle before, no host read in flight and no response waiting, a
         # register (timing: its gates in front of
         # the handshakes whose load fans out to every state slice's address registers, 70.8 MHz at the paper's
@@ -844,17 +876,17 @@ class WeightMemory(wiring.Component):
         # to every memory port's multiplexers closed at 44.5 MHz at the paper's widths on the ECP5 proxy): its
         # next value from the next values of running (set by a command; an issue implies running, so its last
         # visit's clearing is covered by that visit entering stage 1) and of the stages' valid bits
-        m.d.comb += busy_next.eq(running | (self.cmd.valid & self.cmd.ready)
+        m.d.comb += busy_next.eq(running | (cmd.valid & cmd.ready)
                                  | Cat(*(s_valid[st] for st in range(1, WRITE_STAGE))).any())
         m.d.sync += busy.eq(busy_next)
         m.d.comb += [
-            self.busy.eq(busy),
-            self.cmd.ready.eq(idle),
-            self.host.ready.eq(idle & ~self.cmd.valid),
+            self.busy.eq(busy | cmd.valid),  # a command waiting in its slice counts as busy
+            cmd.ready.eq(idle),
+            host.ready.eq(idle & ~cmd.valid),
             self.host_rdata.valid.eq(resp_valid),
             self.host_rdata.payload.eq(resp_data),
         ]
-        host_go = self.host.valid & self.host.ready
+        host_go = host.valid & host.ready
         host_rd = host_go & ~h.write
         host_wr = host_go & h.write
         m.d.sync += [rd_issued.eq(host_rd), rd_held.eq(rd_issued), rd_held2.eq(rd_held), rd_held3.eq(rd_held2)]
@@ -871,12 +903,13 @@ class WeightMemory(wiring.Component):
                      idle.eq(~(busy_next | host_go | host_bank_next | rd_issued | rd_held | rd_held2 | resp_next))]
         flips = Signal.like(self.flips)
         m.d.comb += self.flips.eq(flips)
-        with m.If(self.cmd.valid & self.cmd.ready):
+        with m.If(cmd.valid & cmd.ready):
             m.d.sync += [
+                sweep_layer.eq(cmd_in.o.payload.layer),
                 running.eq(1),
-                op.eq(self.cmd.payload.op),
-                shift.eq(self.cmd.payload.shift),
-                gate.eq(self.cmd.payload.gate),
+                op.eq(cmd.payload.op),
+                shift.eq(cmd.payload.shift),
+                gate.eq(cmd.payload.gate),
                 addr.eq(0),
                 k.eq(0),
                 g.eq(0),
@@ -893,9 +926,9 @@ class WeightMemory(wiring.Component):
         # proxy.
         fwd_sel = Signal(init=1)
         fwd_addr = Signal.like(bank_ra)
-        m.d.comb += fwd_addr.eq(bbase + self.read.addr)
-        m.d.sync += fwd_sel.eq(~(running | (self.cmd.valid & self.cmd.ready) | host_rd))
-        with m.If(self.cmd.valid & self.cmd.ready):
+        m.d.comb += fwd_addr.eq(fbase + self.read.addr)
+        m.d.sync += fwd_sel.eq(~(running | (cmd.valid & cmd.ready) | host_rd))
+        with m.If(cmd.valid & cmd.ready):
             m.d.sync += bank_ra.eq(bbase)
         with m.Elif(host_rd & (h.space == SPACE_WEIGHTS)):
             m.d.sync += bank_ra.eq(bbase + h.addr)

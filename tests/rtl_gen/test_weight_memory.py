@@ -518,7 +518,7 @@ def test_lanes_are_picked_by_registered_one_hot_selects(tmp_path):
     among all lanes' gradient bits, 87.3 MHz at the paper's widths on the ECP5 proxy; ``s3_lane`` among all
     banks' chunks, 79.8 MHz)."""
     mod = _switch_netlist(tmp_path)
-    ports = {"rst", "state_acc.rst", "state_undo.rst"}
+    ports = {"rst", "state_acc.rst", "state_undo.rst", "cmd_in.rst", "host_in.rst"}
     for first, name, rows in ((1, "s2_g", "s1_g{}"), (3, "s4_w", "s3_w_chunk{}")):
         for q in range(2):
             lanes = range(4 * q, 4 * q + 4)
