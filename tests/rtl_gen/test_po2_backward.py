@@ -189,8 +189,10 @@ ARRAY = dict(small_config(**{"model.layers": [{"type": "dense", "units": 12}, {"
 ARRAY_CASES = [
     pytest.param((ARRAY, 1, 16, 8, 1, 4, 4, 0, 3), id="array-l1-n12x7-li16-lo8-p4"),
     pytest.param(({**ARRAY, "train.batch_size": 5}, 1, 16, 8, 1, 4, 4, 0, 3), id="array-l1-b5-li16-lo8-p4"),
-    # the paper MLP's hidden layer: 256 x 256, B = 100, 64 x 16 lanes, 4 passes (blocks of 4 samples)
-    pytest.param(({"hw.dw_window": 0}, 1, 64, 16, 1, 4, 4, 0, 1), id="array-mlp-l1-n256x256-li64-lo16-p4"),
+    # the paper MLP's hidden layer: 256 x 256, B = 100, 64 x 16 lanes, 4 passes (blocks of 4 samples); three
+    # minutes, so in the rtl_slow tier (make test-paper runs this engine over whole steps in CI)
+    pytest.param(({"hw.dw_window": 0}, 1, 64, 16, 1, 4, 4, 0, 1), id="array-mlp-l1-n256x256-li64-lo16-p4",
+                 marks=pytest.mark.rtl_slow),
     # ternary dW codes (hw.dw_window): four weights a slice, the passes in pairs (Po2Geometry.dw_pairs)
     pytest.param(({**ARRAY, "hw.dw_window": 3}, 1, 16, 8, 1, 4, 4, 0, 3), id="array-pairs-l1-n12x7-li16-lo8-p4"),
     pytest.param(({**ARRAY, "hw.dw_window": 3, "train.batch_size": 5}, 1, 8, 8, 1, 2, 2, 0, 3),
