@@ -143,8 +143,13 @@ class BackwardWiring:
             ports[f"cb{i}_w"].add(c_take, addr=cw.w_addr, data=cw.w_data, en=cw.w_en[i])
         m.d.comb += done[key].eq((cw.count == lp.beats) & ~par.busy)
         if plan.cfg.hw.dw_window:  # the columns' largest fields, for upd j's ternary codes
-            cwin = self._code_window(m, sub, plan, lp, lb, a)
-            m.d.comb += [cwin.clear.eq(st), cwin.track.eq(c_take),
+            # the window's facade and its clear and track inputs from copies of the phase registers of their own
+            # (the routed SMALL design at one nextpnr seed: ``bwd_any1``, placed among the phase's other loads ->
+            # the shared window's input choice -> its ring's synchronous clear, 14.0 ns, 12.3 of it routing)
+            wa = self._phase_reg([key], f"window_bwd{j}")
+            wst = self._phase_reg([key], f"window_clear{j}", start=True)
+            cwin = self._code_window(m, sub, plan, lp, lb, wa)
+            m.d.comb += [cwin.clear.eq(wst), cwin.track.eq(wa & pu.codes.valid),
                          cwin.track_codes.as_value().eq(pu.codes.payload.as_value()[: lo * plan.p.k])]
 
     def _code_window(self, m, sub, plan, lp, lb, active):
@@ -319,27 +324,30 @@ class BackwardWiring:
             m.d.comb += u.dw.ready.eq(w.grad.ready)
         codes = tr.o.payload.c.as_value()
         if plan.cfg.hw.dw_window:  # the ternary codes of the windowed sign gradient, group by group
-            # the operands and their group's bound from the window (shared by the layers of one geometry) are
-            # registered (cycle_model.WINDOW_STAGE), and the rewrite happens behind the register, beside the
-            # engine (timing: the tile reader's word through the window's multiplexer and compare, then across the
-            # die into the engine's operand register, 16.5 ns in context on the ECP5 proxy); the window's advance
-            # follows the tile reader's handshake, so the bound belongs to the word beside it
+            # the codes are rewritten against their group's bound from the window (shared by the layers of one
+            # geometry) on the way into a registered slice (cycle_model.WINDOW_STAGE), and the slice's registers
+            # go to the engine with no logic but the ring's read choice: the route across the die to the engine's
+            # operand registers starts at a flip-flop (timing: the tile reader's word through the window's
+            # multiplexer and compare, then across the die into the engine's operand register, 16.5 ns in context
+            # on the ECP5 proxy; with the rewrite behind the slice, the slice's read pointer -> the rewrite -> the
+            # engine, 12.9 ns, 11.0 of it routing). The window's advance follows the tile reader's handshake, so
+            # the bound belongs to the word beside it.
             cwin = self._code_window(m, sub, plan, lp, lb, self._phase_reg([key], f"window_upd{j}"))
             m.d.comb += cwin.advance.eq(a & tr.o.valid & tr.o.ready & tr.g_last)
-            layout = data.StructLayout({"a": len(tr.o.payload.a.as_value()), "c": cwin.codes_in.shape(), "last": 1,
-                                        "bound": cwin.bound.shape(), "low": len(cwin.low)})
+            c_in = Signal(cwin.codes_in.shape(), name=f"window_codes{j}")
+            m.d.comb += c_in.as_value().eq(codes)
+            ternary = rewrite(m, c_in, cwin.bound, cwin.low, lanes=lp.lanes_out, banks=lb, name=f"window_keep{j}_")
+            layout = data.StructLayout({"a": len(tr.o.payload.a.as_value()), "c": cwin.codes_in.shape(), "last": 1})
             # the ring form: the engine's ``xdy.ready`` would reach every payload bit's clock enable in the skid form
             # (a group of the SMALL design's routed failing paths at one nextpnr seed); cycle for cycle the same
             wout = sub(f"window_out{j}", SkidBuffer(shape=layout, ring=True))
             m.d.comb += [wout.i.valid.eq(a & tr.o.valid), tr.o.ready.eq(a & wout.i.ready),
-                         wout.i.payload.eq(Cat(tr.o.payload.a.as_value(), codes, tr.o.payload.last,
-                                               cwin.bound.as_value(), cwin.low))]
+                         wout.i.payload.eq(Cat(tr.o.payload.a.as_value(), ternary.as_value(), tr.o.payload.last))]
             q = wout.o.payload
-            ternary = rewrite(m, q.c, q.bound, q.low, lanes=lp.lanes_out, banks=lb, name=f"window_keep{j}_")
             with m.If(a):
                 m.d.comb += u.xdy.valid.eq(wout.o.valid)
             m.d.comb += wout.o.ready.eq(a & u.xdy.ready)
-            self._wide(m, a, [(u.xdy.payload.as_value(), Cat(q.a, ternary.as_value(), q.last))])
+            self._wide(m, a, [(u.xdy.payload.as_value(), Cat(q.a, q.c, q.last))])
         else:
             self._wide(m, a, [(u.xdy.payload.as_value(), Cat(tr.o.payload.a.as_value(), codes, tr.o.payload.last))])
             m.d.comb += tr.o.ready.eq(a & u.xdy.ready)

@@ -306,7 +306,15 @@ class ForwardWiring:
                      ni.eq(Mux(new, og * nl + cand_i, best_i))]
         end = Signal(name="cls_end")
         m.d.comb += end.eq(take & payload.last)
-        ports["lab_w"].add(end, addr=sample, data=ni, en=1)
+        # the class is written a cycle after its sample's last beat, from registers (timing: the logit queue's
+        # word -> the compares -> the labels memory's write data, 12.6 ns in context on the ECP5 proxy at one
+        # nextpnr seed); the phase's done comes from ``sample`` as before, and the labels are read by the host
+        # only after the phase has ended
+        end_q = Signal(name="cls_end_q")
+        wa_q = Signal.like(sample, name="cls_wr_sample")
+        wd_q = Signal.like(ni, name="cls_wr_class")
+        m.d.sync += [end_q.eq(end), wa_q.eq(sample), wd_q.eq(ni)]
+        ports["lab_w"].add(end_q, addr=wa_q, data=wd_q, en=1)
         with m.If(st):
             m.d.sync += [og.eq(0), sample.eq(0)]
         with m.Elif(take):
