@@ -41,8 +41,8 @@ last sweep changed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import SimpleNamespace
 from functools import cached_property
+from types import SimpleNamespace
 
 import numpy as np
 from amaranth import Array, Cat, Const, Elaboratable, Module, Mux, Shape, Signal, Value, signed, unsigned
