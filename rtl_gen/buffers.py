@@ -353,14 +353,21 @@ class RowReader(wiring.Component):
     ``data``, ``row_last`` (word ``words - 1``), ``last`` (the final word); one word per cycle. No output queue
     (as :class:`MemoryReader`: the word waits on the read port, whose enable depends on ``o.ready``).
 
+    ``registered``: as :class:`MemoryReader`'s, a queue of :data:`PREFETCH` words and as many credits; a read is
+    issued while a credit is left (``r_en`` from the reader's flip-flops only), its bank's word is taken in the
+    next cycle whatever the consumer does, so the read port need not hold its data (its enable may be tied high)
+    and the consumer's ``ready`` reaches neither the read enable nor the port's data register. One more cycle of
+    latency; one word a cycle.
+
     Ports: ``start``, ``abort`` (pulses), ``r_addr``, ``r_en``, ``r_data``, ``o``, ``busy``.
     """
 
-    def __init__(self, *, width: int, banks: int, words: int, rows: int):
+    def __init__(self, *, width: int, banks: int, words: int, rows: int, registered: bool = False):
         self._width = _check("width", width, 1)
         self._banks = _check("banks", banks, 1, 4096)
         self._words = _check("words", words, 1)
         self._rows = _check("rows", rows, 1)
+        self._registered = bool(registered)
         self._depth = -(-rows // banks) * words
         self._layout = data.StructLayout({"data": width, "row_last": 1, "last": 1})
         super().__init__({
@@ -391,22 +398,8 @@ class RowReader(wiring.Component):
         s1_row_last = Signal()
         s1_last = Signal()
         issue = Signal()
-        m.d.comb += [
-            issue.eq(running & (~have | self.o.ready) & ~self.abort),
-            self.r_addr.eq(base + k),
-            self.r_en.eq(issue),
-            self.busy.eq(running | have),
-            self.o.valid.eq(have),
-            self.o.payload.data.eq(self.r_data[s1_bank]),
-            self.o.payload.row_last.eq(s1_row_last),
-            self.o.payload.last.eq(s1_last),
-        ]
         last_word = Signal()
         m.d.comb += last_word.eq((k == W - 1) & (row == R - 1))
-        with m.If(issue):
-            m.d.sync += [have.eq(1), s1_bank.eq(bank), s1_row_last.eq(k == W - 1), s1_last.eq(last_word)]
-        with m.Elif(self.o.ready):
-            m.d.sync += have.eq(0)
         with m.If(issue):
             with m.If(k == W - 1):
                 m.d.sync += [k.eq(0), row.eq(row + 1)]
@@ -417,8 +410,59 @@ class RowReader(wiring.Component):
                 m.d.sync += k.eq(k + 1)
         with m.If(self.start):
             m.d.sync += [running.eq(1), k.eq(0), bank.eq(0), row.eq(0), base.eq(0)]
+        m.d.comb += self.r_addr.eq(base + k)
+        if self._registered:
+            return self._elaborate_prefetch(m, running, issue, bank, k, last_word)
+        m.d.comb += [
+            issue.eq(running & (~have | self.o.ready) & ~self.abort),
+            self.r_en.eq(issue),
+            self.busy.eq(running | have),
+            self.o.valid.eq(have),
+            self.o.payload.data.eq(self.r_data[s1_bank]),
+            self.o.payload.row_last.eq(s1_row_last),
+            self.o.payload.last.eq(s1_last),
+        ]
+        with m.If(issue):
+            m.d.sync += [have.eq(1), s1_bank.eq(bank), s1_row_last.eq(k == W - 1), s1_last.eq(last_word)]
+        with m.Elif(self.o.ready):
+            m.d.sync += have.eq(0)
         with m.If(self.abort):
             m.d.sync += [running.eq(0), have.eq(0)]
+        return m
+
+    def _elaborate_prefetch(self, m, running, issue, bank, k, last_word):
+        """The registered form (see the class docstring); the counters are :meth:`elaborate`'s."""
+        NB, W = self._banks, self._words
+        credits = Signal(range(PREFETCH + 1), init=PREFETCH)
+        issued = Signal()  # a read issued in the cycle before: its words are on r_data
+        i_bank = Signal(range(NB))
+        i_row_last, i_last = Signal(), Signal()
+        slots = [Signal(self._layout, name=f"slot{n}") for n in range(PREFETCH)]
+        wp, rp = Signal(range(PREFETCH)), Signal(range(PREFETCH))
+        count = Signal(range(PREFETCH + 1))
+        take, pop = Signal(), Signal()
+        m.d.comb += [
+            issue.eq(running & (credits != 0) & ~self.abort),
+            self.r_en.eq(issue),
+            take.eq(issued & ~self.abort),
+            self.o.valid.eq(count != 0),
+            self.o.payload.eq(Array(slots)[rp]),
+            pop.eq(self.o.valid & self.o.ready),
+            self.busy.eq(running | issued | (count != 0)),
+        ]
+        m.d.sync += [issued.eq(issue), i_bank.eq(bank), i_row_last.eq(k == W - 1), i_last.eq(last_word),
+                     count.eq(count + take - pop), credits.eq(credits - issue + pop)]
+        word = Signal(self._width, name="word")
+        m.d.comb += word.eq(self.r_data[i_bank])
+        for n, slot in enumerate(slots):
+            with m.If(take & (wp == n)):
+                m.d.sync += [slot.data.eq(word), slot.row_last.eq(i_row_last), slot.last.eq(i_last)]
+        with m.If(take):
+            m.d.sync += wp.eq(Mux(wp == PREFETCH - 1, 0, wp + 1))
+        with m.If(pop):
+            m.d.sync += rp.eq(Mux(rp == PREFETCH - 1, 0, rp + 1))
+        with m.If(self.abort):  # stop issuing, drop the word on its way and the queue
+            m.d.sync += [running.eq(0), credits.eq(PREFETCH), count.eq(0), wp.eq(0), rp.eq(0), issued.eq(0)]
         return m
 
 

@@ -47,6 +47,10 @@ TILE_STAGE = 1
 #: (a skid buffer, one cycle).
 WINDOW_STAGE = 1
 
+#: ``dx``: the codes reach the po2 backward engine from a registered reader (``RowReader(registered=True)``: a
+#: prefetch queue, one cycle; the code buffers read every cycle).
+CODES_STAGE = 1
+
 
 @dataclass
 class CycleReport:
@@ -158,7 +162,7 @@ def dx_cycles(plan, j: int) -> int:
     per_word = lp.dx_passes * max(G, r)
     from .po2_backward import DX_LATENCY
 
-    return B * W * per_word + DX_LATENCY + (2 if ls > below.lanes_out else 1) + PHASE_OVERHEAD
+    return B * W * per_word + DX_LATENCY + CODES_STAGE + (2 if ls > below.lanes_out else 1) + PHASE_OVERHEAD
 
 
 def update_cycles(plan, j: int) -> int:

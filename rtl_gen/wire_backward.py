@@ -185,11 +185,15 @@ class BackwardWiring:
         if u.array:
             self._array_dx(m, plan, lp, a, st, done[key], u, wm, ports)
             return
+        # a registered reader (cycle_model.CODES_STAGE): the code buffers read every cycle in this phase, and the
+        # engine's stall reaches neither their read enable nor their read-data registers' clock enables (the
+        # routed SMALL design at two nextpnr seeds: the dX unit's ``adv`` -> the weights' read enable -> the
+        # unregistered reader's ``r_en`` -> the 40 + 40 read-data enables of ``cb0`` / ``cb1``, 14.5 ns)
         cr = self._pooled(m, sub, "codes_reader", (lo * k_bits, lb, G, B),
-                          lambda: RowReader(width=lo * k_bits, banks=lb, words=G, rows=B), a)
+                          lambda: RowReader(width=lo * k_bits, banks=lb, words=G, rows=B, registered=True), a)
         m.d.comb += cr.start.eq(st)
         for i in range(lb):
-            ports[f"cb{i}_r"].add(self._port_phase([key], f"cb{i}_r"), addr=cr.r_addr, en=cr.r_en)
+            ports[f"cb{i}_r"].add(self._port_phase([key], f"cb{i}_r"), addr=cr.r_addr, en=1)
             m.d.comb += cr.r_data[i].eq(ports[f"cb{i}_r"].port.data[: lo * k_bits])
         # the engine may serve several layers: its inputs are driven only while this phase is active
         with m.If(a):
