@@ -230,36 +230,10 @@ class MemoryReader(wiring.Component):
     def _elaborate_prefetch(self, m):
         issue = Signal()
         more, one = self._counters(m, issue)
-        credits = Signal(range(PREFETCH + 1), init=PREFETCH)
-        issued = Signal()  # a read issued in the cycle before: its word is on r_data
         issued_last = Signal()
-        slots = [Signal(self._layout, name=f"slot{k}") for k in range(PREFETCH)]
-        wp = Signal(range(PREFETCH))
-        rp = Signal(range(PREFETCH))
-        count = Signal(range(PREFETCH + 1))
-        take = Signal()
-        pop = Signal()
-        m.d.comb += [
-            issue.eq(more & (credits != 0) & ~self.abort),
-            self.r_en.eq(issue),
-            take.eq(issued & ~self.abort),
-            self.o.valid.eq(count != 0),
-            self.o.payload.eq(Array(slots)[rp]),
-            pop.eq(self.o.valid & self.o.ready),
-            self.busy.eq(more | issued | (count != 0)),
-            self.reading.eq(more | issued),
-        ]
-        m.d.sync += [issued.eq(issue), issued_last.eq(issue & one),
-                     count.eq(count + take - pop), credits.eq(credits - issue + pop)]
-        for k, slot in enumerate(slots):
-            with m.If(take & (wp == k)):
-                m.d.sync += [slot.data.eq(self.r_data), slot.last.eq(issued_last)]
-        with m.If(take):
-            m.d.sync += wp.eq(Mux(wp == PREFETCH - 1, 0, wp + 1))
-        with m.If(pop):
-            m.d.sync += rp.eq(Mux(rp == PREFETCH - 1, 0, rp + 1))
-        with m.If(self.abort):  # stop issuing, drop the word on its way and the queue
-            m.d.sync += [count.eq(0), credits.eq(PREFETCH), wp.eq(0), rp.eq(0)]
+        issued = _prefetch_queue(m, self, self._layout, more, issue, lambda: {"data": self.r_data, "last": issued_last})
+        m.d.sync += issued_last.eq(issue & one)
+        m.d.comb += self.reading.eq(more | issued)
         return m
 
     def elaborate(self, platform):
@@ -432,38 +406,51 @@ class RowReader(wiring.Component):
 
     def _elaborate_prefetch(self, m, running, issue, bank, k, last_word):
         """The registered form (see the class docstring); the counters are :meth:`elaborate`'s."""
-        NB, W = self._banks, self._words
-        credits = Signal(range(PREFETCH + 1), init=PREFETCH)
-        issued = Signal()  # a read issued in the cycle before: its words are on r_data
-        i_bank = Signal(range(NB))
+        i_bank = Signal(range(self._banks))
         i_row_last, i_last = Signal(), Signal()
-        slots = [Signal(self._layout, name=f"slot{n}") for n in range(PREFETCH)]
-        wp, rp = Signal(range(PREFETCH)), Signal(range(PREFETCH))
-        count = Signal(range(PREFETCH + 1))
-        take, pop = Signal(), Signal()
-        m.d.comb += [
-            issue.eq(running & (credits != 0) & ~self.abort),
-            self.r_en.eq(issue),
-            take.eq(issued & ~self.abort),
-            self.o.valid.eq(count != 0),
-            self.o.payload.eq(Array(slots)[rp]),
-            pop.eq(self.o.valid & self.o.ready),
-            self.busy.eq(running | issued | (count != 0)),
-        ]
-        m.d.sync += [issued.eq(issue), i_bank.eq(bank), i_row_last.eq(k == W - 1), i_last.eq(last_word),
-                     count.eq(count + take - pop), credits.eq(credits - issue + pop)]
         word = Signal(self._width, name="word")
         m.d.comb += word.eq(self.r_data[i_bank])
-        for n, slot in enumerate(slots):
-            with m.If(take & (wp == n)):
-                m.d.sync += [slot.data.eq(word), slot.row_last.eq(i_row_last), slot.last.eq(i_last)]
-        with m.If(take):
-            m.d.sync += wp.eq(Mux(wp == PREFETCH - 1, 0, wp + 1))
-        with m.If(pop):
-            m.d.sync += rp.eq(Mux(rp == PREFETCH - 1, 0, rp + 1))
-        with m.If(self.abort):  # stop issuing, drop the word on its way and the queue
-            m.d.sync += [running.eq(0), credits.eq(PREFETCH), count.eq(0), wp.eq(0), rp.eq(0), issued.eq(0)]
+        m.d.sync += [i_bank.eq(bank), i_row_last.eq(k == self._words - 1), i_last.eq(last_word)]
+        _prefetch_queue(m, self, self._layout, running, issue,
+                        lambda: {"data": word, "row_last": i_row_last, "last": i_last})
+        with m.If(self.abort):
+            m.d.sync += running.eq(0)
         return m
+
+
+def _prefetch_queue(m, rd, layout, more, issue, entry):
+    """A registered reader's queue of :data:`PREFETCH` words in flip-flops and as many credits (``rd``: a reader
+    with ``abort``, ``r_en``, ``o`` and ``busy``): ``issue`` (driven here) is ``more`` while a credit is left, a word
+    is taken into the queue in the cycle after its read whatever the consumer does (``entry()``: the slot's fields
+    then), and a word the consumer takes returns its credit. ``abort`` empties the queue. Returns ``issued`` (a read
+    was issued in the cycle before)."""
+    credits = Signal(range(PREFETCH + 1), init=PREFETCH)
+    issued = Signal()  # a read issued in the cycle before: its word is on r_data
+    slots = [Signal(layout, name=f"slot{n}") for n in range(PREFETCH)]
+    wp, rp = Signal(range(PREFETCH)), Signal(range(PREFETCH))
+    count = Signal(range(PREFETCH + 1))
+    take, pop = Signal(), Signal()
+    m.d.comb += [
+        issue.eq(more & (credits != 0) & ~rd.abort),
+        rd.r_en.eq(issue),
+        take.eq(issued & ~rd.abort),
+        rd.o.valid.eq(count != 0),
+        rd.o.payload.eq(Array(slots)[rp]),
+        pop.eq(rd.o.valid & rd.o.ready),
+        rd.busy.eq(more | issued | (count != 0)),
+    ]
+    m.d.sync += [issued.eq(issue), count.eq(count + take - pop), credits.eq(credits - issue + pop)]
+    fields = entry()
+    for n, slot in enumerate(slots):
+        with m.If(take & (wp == n)):
+            m.d.sync += [getattr(slot, f).eq(v) for f, v in fields.items()]
+    with m.If(take):
+        m.d.sync += wp.eq(Mux(wp == PREFETCH - 1, 0, wp + 1))
+    with m.If(pop):
+        m.d.sync += rp.eq(Mux(rp == PREFETCH - 1, 0, rp + 1))
+    with m.If(rd.abort):  # stop issuing, drop the word on its way and the queue
+        m.d.sync += [count.eq(0), credits.eq(PREFETCH), wp.eq(0), rp.eq(0)]
+    return issued
 
 
 class RowWriter(wiring.Component):
