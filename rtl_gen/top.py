@@ -764,11 +764,13 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
         m.d.sync += reg.eq(Cat(*nxt).any() if nxt else 0)
         return reg
 
-    def _phase_pair(self, key):
-        """``(activity, start)`` of phase ``key`` as registers of one phase wiring's own (:meth:`_phase_reg`): the
-        controller's phase registers then reach only the controller (docs/architecture.md, "Timing discipline")."""
-        name = f"{key[0]}_any{key[1]}"
-        return self._phase_reg([key], name), self._phase_reg([key], f"{key[0]}_any_start{key[1]}", start=True)
+    def _phase_pair(self, key, prefix: str | None = None):
+        """``(activity, start)`` of phase ``key`` as registers of one caller's own (:meth:`_phase_reg`, named
+        ``{prefix}{j}`` and ``{prefix}_start{j}``; by default the phase wiring's, ``{kind}_any``): the controller's
+        phase registers then reach only the controller (docs/architecture.md, "Timing discipline")."""
+        prefix = prefix or f"{key[0]}_any"
+        return (self._phase_reg([key], f"{prefix}{key[1]}"),
+                self._phase_reg([key], f"{prefix}_start{key[1]}", start=True))
 
     def _port_phase(self, keys, port: str):
         """The phase activity of ``keys`` for the callers of one memory port (``port``): a copy of the phase

@@ -41,7 +41,7 @@ class BackwardWiring:
             # the pooled reader's facade, start and ready from copies of the phase registers of its own (the routed
             # SMALL design at one nextpnr seed: ``bwd_any1``, placed among the phase's other loads, into the
             # pooled readers' and the code window's input choices, up to 14.0 ns, 12.3 of it routing)
-            ra, rst_ = self._phase_reg([key], f"{name}_bwd{j}"), self._phase_reg([key], f"{name}_start{j}", start=True)
+            ra, rst_ = self._phase_pair(key, f"{name}_bwd")
             rd = self._pooled(m, sub, f"{name}_reader", (rw,),
                               lambda rw=rw, ch_all=ch_all: MemoryReader(width=rw, depth=ch_all, registered=True), ra)
             # the reader counts from the layer's first channel in the shared memory, so the read address is the
@@ -59,7 +59,7 @@ class BackwardWiring:
         src_base = self._g_base if lp.top else 0
         src_w = len(ports[f"{src_name}_r"].port.data)
         rd_depth = max(q.beats for q in plan.layers)
-        fa, fst = self._phase_reg([key], f"dx_feed_bwd{j}"), self._phase_reg([key], f"dx_feed_start{j}", start=True)
+        fa, fst = self._phase_pair(key, "dx_feed_bwd")
         feed = self._pooled(m, sub, "dx_feed", (src_w + 2 * lo,),
                             lambda: MemoryReader(width=src_w + 2 * lo, depth=rd_depth, repeat=2,
                                                  registered=True), fa)
@@ -151,8 +151,7 @@ class BackwardWiring:
             # the window's facade and its clear and track inputs from copies of the phase registers of their own
             # (the routed SMALL design at one nextpnr seed: ``bwd_any1``, placed among the phase's other loads ->
             # the shared window's input choice -> its ring's synchronous clear, 14.0 ns, 12.3 of it routing)
-            wa = self._phase_reg([key], f"window_bwd{j}")
-            wst = self._phase_reg([key], f"window_clear{j}", start=True)
+            wa, wst = self._phase_pair(key, "window_bwd")
             cwin = self._code_window(m, sub, plan, lp, lb, wa)
             m.d.comb += [cwin.clear.eq(wst), cwin.track.eq(wa & pu.codes.valid),
                          cwin.track_codes.as_value().eq(pu.codes.payload.as_value()[: lo * plan.p.k])]
