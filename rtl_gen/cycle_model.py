@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 __all__ = ["CycleReport", "conv_dx_cycles", "conv_forward_cycles", "conv_layer_forward_cycles", "conv_update_cycles",
            "infer_cycles", "step_cycles"]
 
-#: Controller cycles per phase besides the units' own (start pulse, done detection, the registered advance).
-PHASE_OVERHEAD = 4
+#: Controller cycles per phase besides the units' own (the phase's registered copies a cycle behind the controller,
+#: the start pulse, done detection, the registered advance).
+PHASE_OVERHEAD = 5
 
 #: ``ifwd`` of the output layer: cycles after the logit unit's last beat until the phase is done.
 INFER_TAIL = 0

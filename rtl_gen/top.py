@@ -208,7 +208,7 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
             m.d.sync += [a.eq(an), s.eq(sn)]
             act[key], start[key], act_next[key], start_next[key] = a, s, an, sn
             done[key] = Signal(name=f"done_{key[0]}{key[1]}")
-        self._act_next, self._start_next = act_next, start_next
+        self._act, self._start = act, start
         self._port_phases = {}  # (port, phases) -> its copy of the phase registers (_port_phase)
 
         # ---- per-layer units ---------------------------------------------------------------------------------
@@ -352,7 +352,9 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
 
         def pm(key, port):
             late = key.startswith(("ydx_", "scr_", "xb", "cb", "mx", "seff", "alpha")) and key.endswith("_w")
-            late += late and key == "ydx_w"  # YDX's write port reaches every one of its many RAM slices
+            # YDX's write port reaches every one of its many RAM slices; S' and alpha's from their callers'
+            # registers through the chain was 13.60 ns (the routed SMALL design's worst path at seed 1)
+            late += late and key.startswith(("ydx_", "seff", "alpha"))
             ports[key] = PortMux(port, key, late=late)
             return ports[key]
 
@@ -600,8 +602,12 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
         # the phase advances a cycle after its end is seen, from a flip-flop (timing: the AND-OR of every unit's
         # done, then the advance's enables of the phase log, the step counter, the done flags and the phase
         # registers, 16.2 ns in context on the ECP5 proxy); one cycle of cycle_model.PHASE_OVERHEAD
+        # (the units see the phase a cycle after the controller (_phase_reg), so a unit's done of its previous run
+        # stays visible through the phase's first two controller cycles: ``ph_start`` and ``ph_start2``)
         advance = Signal(attrs=KEEP)
-        m.d.sync += advance.eq(phase_done & ~ph_start & ~advance & ~abort)
+        ph_start2 = Signal()
+        m.d.sync += ph_start2.eq(ph_start)
+        m.d.sync += advance.eq(phase_done & ~ph_start & ~ph_start2 & ~advance & ~abort)
 
         with m.FSM():
             with m.State("idle"):
@@ -754,14 +760,18 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
         return m
 
     def _phase_reg(self, keys, name: str, *, start: bool = False):
-        """A register equal to the OR of the phase activities ``act[k]`` (``k`` in ``keys``; with ``start``: of
-        their start pulses), loaded from their next values: the same value in every cycle as the OR, from a
-        flip-flop of its own. Every caller gets its own copy: the copies, and the phase registers themselves, are
-        marked ``streams.KEEP``, or the synthesis would merge those of equal inputs back into one flip-flop."""
+        """A register equal, a cycle later, to the OR of the controller's phase registers ``act[k]`` (``k`` in
+        ``keys``; with ``start``: of their start pulses), a flip-flop of the caller's own. The units therefore run
+        a phase one cycle behind the controller (one cycle of ``cycle_model.PHASE_OVERHEAD``), and each copy loads
+        from flip-flops alone: a copy of one phase is FF -> FF, of several FF -> OR -> FF. (Copies loaded from the
+        controller's next value, one comb net of the FSM state, ``advance`` and ``abort``, put that net across the
+        die: 13.34 ns, 11.9 of it routing, in the routed SMALL design at seed 1.) The copies, and the phase
+        registers themselves, are marked ``streams.KEEP``, or the synthesis would merge those of equal inputs back
+        into one flip-flop."""
         m = self._m
         reg = Signal(name=name, attrs=KEEP)
-        nxt = [(self._start_next if start else self._act_next)[k] for k in keys]
-        m.d.sync += reg.eq(Cat(*nxt).any() if nxt else 0)
+        src = [(self._start if start else self._act)[k] for k in keys]
+        m.d.sync += reg.eq(Cat(*src).any() if src else 0)
         return reg
 
     def _phase_pair(self, key, prefix: str | None = None):
