@@ -855,6 +855,7 @@ class WeightMemory(wiring.Component):
 
         # --- host port and command ---
         busy = Signal()
+        rd_go = Signal()  # a host read taken in the cycle before: the memories' addresses load from registers
         rd_issued = Signal()
         rd_held = Signal()  # the memories read (a cycle after the request: their address registers)
         rd_held2 = Signal()  # the words in their registers (w_rows, the state slices')
@@ -889,18 +890,31 @@ class WeightMemory(wiring.Component):
         host_go = host.valid & host.ready
         host_rd = host_go & ~h.write
         host_wr = host_go & h.write
-        m.d.sync += [rd_issued.eq(host_rd), rd_held.eq(rd_issued), rd_held2.eq(rd_held), rd_held3.eq(rd_held2)]
-        # a host read's space and lane taken a cycle after the request, from registers loaded every cycle (timing:
-        # the handshake into their enables, from the host request slice across the die)
+        m.d.sync += [rd_go.eq(host_rd), rd_issued.eq(rd_go), rd_held.eq(rd_issued), rd_held2.eq(rd_held),
+                     rd_held3.eq(rd_held2)]
+        # a host read's space, lane and memory rows taken a cycle after the request, from registers loaded every
+        # cycle (timing: the handshake into their enables, from the host request slice across the die; the row
+        # of the request's layer, base + address, into every state slice's address register, 11.97 ns at the
+        # paper's widths on the ECP5 proxy): the memories' addresses load a cycle after the request (``rd_go``)
+        h_space0 = Signal.like(rd_space, name="host_space0")
+        h_lane0 = Signal.like(rd_lane, name="host_lane0")
         h_space1 = Signal.like(rd_space, name="host_space1")
         h_lane1 = Signal.like(rd_lane, name="host_lane1")
-        m.d.sync += [h_space1.eq(h.space), h_lane1.eq(h.lane)]
+        h_layer = host_in.o.payload.layer
+        h_bank_row = Signal(range(max(D_all, 2)), name="host_rd_bank_row")
+        h_visit = Signal(range(max(V_all, 2)), name="host_rd_visit")
+        m.d.sync += [h_space0.eq(h.space), h_lane0.eq(h.lane), h_space1.eq(h_space0), h_lane1.eq(h_lane0),
+                     h_bank_row.eq(pick(h_layer, "host_rd_bbase", range(max(D_all, 2)),
+                                        lambda x, i: sum(y.bank.depth for y in geos[:i])) + h.addr),
+                     h_visit.eq(pick(h_layer, "host_rd_sbase", range(max(V_all, 2)),
+                                     lambda x, i: sum(y.sweep.visits for y in geos[:i])) + h.addr)]
         with m.If(rd_issued):
             m.d.sync += [rd_space.eq(h_space1), rd_lane.eq(h_lane1)]
         # the response three cycles after the memories' read (the words are registered first)
         m.d.comb += resp_next.eq(rd_held3 | (resp_valid & ~self.host_rdata.ready))
         m.d.sync += [resp_valid.eq(resp_next),
-                     idle.eq(~(busy_next | host_go | host_bank_next | rd_issued | rd_held | rd_held2 | resp_next))]
+                     idle.eq(~(busy_next | host_go | host_bank_next | rd_go | rd_issued | rd_held | rd_held2
+                               | resp_next))]
         flips = Signal.like(self.flips)
         m.d.comb += self.flips.eq(flips)
         with m.If(cmd.valid & cmd.ready):
@@ -927,11 +941,11 @@ class WeightMemory(wiring.Component):
         fwd_sel = Signal(init=1)
         fwd_addr = Signal.like(bank_ra)
         m.d.comb += fwd_addr.eq(fbase + self.read.addr)
-        m.d.sync += fwd_sel.eq(~(running | (cmd.valid & cmd.ready) | host_rd))
+        m.d.sync += fwd_sel.eq(~(running | (cmd.valid & cmd.ready) | rd_go))
         with m.If(cmd.valid & cmd.ready):
             m.d.sync += bank_ra.eq(bbase)
-        with m.Elif(host_rd & (h.space == SPACE_WEIGHTS)):
-            m.d.sync += bank_ra.eq(bbase + h.addr)
+        with m.Elif(rd_go & (h_space0 == SPACE_WEIGHTS)):
+            m.d.sync += bank_ra.eq(h_bank_row)
         with m.Elif(issue & last_chunk & last_lane):
             m.d.sync += bank_ra.eq(bank_ra + 1)
         bank_rd = []
@@ -994,8 +1008,8 @@ class WeightMemory(wiring.Component):
                                                                inc_copies=True)
             rd, wr = mem.read, mem.write
             m.d.comb += [  # the sweep's visit (from sbase at the command, one a visit) or the host's row
-                rd.load.eq(cmd_go | (host_rd & (h.space == geo.field_space(name)))),
-                rd.addr.eq(Mux(cmd_go, sbase, sbase + h.addr)),
+                rd.load.eq(cmd_go | (rd_go & (h_space0 == geo.field_space(name)))),
+                rd.addr.eq(Mux(cmd_go, sbase, h_visit)),
             ]
             # each address register steps with an issue of its own
             m.d.comb += [inc.eq(issue_copy(f"issue_{name}{i}")) for i, inc in enumerate(rd.incs)]
@@ -1075,9 +1089,13 @@ class WeightMemory(wiring.Component):
                          ul.eq(s_valid[LD - 1] & (s_lane[LD - 1] == lane_i) & (s_op[LD - 1] == UNDO))]
         chunk_hot = Signal(chunks)
         m.d.comb += chunk_hot.eq(Const(1, chunks) << s_chunk[LD])
+        # a host weight write's chunk is for bank lane_i: a register per bank, loaded from the next values of
+        # host_bank and hw_lane (timing: hw_lane compared with each bank's number, a LUT by the register, then the
+        # bank's write registers' clock enables: 13.7 ns, 12.5 routing, at the paper's widths on the ECP5 proxy)
+        lane_next = Mux(host_bank, hw_lane, h.lane)
         for lane_i, wr in enumerate(bank_wr):
             host_i = Signal(name=f"host_wr_bank{lane_i}")
-            m.d.comb += host_i.eq(host_bank & (hw_lane == lane_i))
+            m.d.sync += host_i.eq(host_bank_next & (lane_next == lane_i))
             wa = Signal.like(bank_ra, name=f"bank{lane_i}_wa")
             wd = Signal(U, name=f"bank{lane_i}_wd")  # the chunk's bits, on every chunk's data pins
             we = Signal(chunks, name=f"bank{lane_i}_we")

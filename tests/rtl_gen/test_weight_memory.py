@@ -561,7 +561,9 @@ def test_commands_and_host_requests_enter_through_registered_slices(tmp_path):
     counters and the host read's address register take neither the command's nor the host request's ``valid``
     or payload from the memory's ports, only from the slices' registers (``cmd_in``, ``host_in``) (timing: the host
     request slice's valid -> the target choice -> the command's and the host read's handshake -> the clock
-    enables of 22 state address registers, 13.4 ns in context on the ECP5 proxy)."""
+    enables of 22 state address registers, 13.4 ns in context on the ECP5 proxy). A host read reaches them a cycle
+    after the slice, from registers of the read (``rd_go``, its row ``host_rd_visit``: the layer's base plus the
+    request's address into every slice's register was 11.97 ns at the paper's widths out of context)."""
     mod = _switch_netlist(tmp_path)
     regs = [name for name in mod["netnames"] if re.fullmatch(r"state_\w+\.state_\w+_seg\d+_s\d+_ra", name)]
     assert len(regs) == 4  # acc: three slices, undo: one
@@ -570,4 +572,5 @@ def test_commands_and_host_requests_enter_through_registered_slices(tmp_path):
     for name in regs:
         src = _register_sources(mod, [name])
         assert not src & port_nets, (name, sorted(src & port_nets))
-        assert {"cmd_in.o__valid", "host_in.o__valid"} <= src, name
+        assert {"cmd_in.o__valid", "rd_go", "host_rd_visit"} <= src, name
+        assert not {"host_in.o__valid", "host_in.o__payload"} & src, name
