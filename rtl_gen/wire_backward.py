@@ -15,8 +15,11 @@ from .buffers import (
     TileReader,
 )
 from .code_window import CodeWindow, rewrite
-from .streams import SkidBuffer
+from .streams import KEEP, SkidBuffer
 from .weight_memory import UNDO, UPDATE
+
+#: bits of the dX split's holding register per copy of its load enable (``_dx``)
+HOLD_SLICE = 64
 
 __all__ = ["BackwardWiring"]
 
@@ -243,14 +246,28 @@ class BackwardWiring:
             # load the holding register, and none leaves in the phase's first cycle, when the write position
             # still points past the end of the previous step's buffer (into the codes packed above YDX's words)
             m.d.comb += emit.eq(a & full & ~st)
+            full_n = Signal(name=f"split_full_next{j}")
+            sub_n = Signal.like(sub_i, name=f"split_sub_next{j}")
+            m.d.comb += [full_n.eq(full), sub_n.eq(sub_i)]
+            m.d.sync += [full.eq(full_n), sub_i.eq(sub_n)]
             with m.If(emit):
-                m.d.sync += sub_i.eq(sub_i + 1)
+                m.d.comb += sub_n.eq(sub_i + 1)
                 with m.If(sub_i == r - 1):
-                    m.d.sync += full.eq(0)
+                    m.d.comb += full_n.eq(0)
             with m.If(a & u.dx.valid & u.dx.ready):  # (re)load: the next beat follows the last sub-beat directly
-                m.d.sync += [full.eq(1), hold.eq(u.dx.payload.dx.as_value()), sub_i.eq(0)]
+                m.d.comb += [full_n.eq(1), sub_n.eq(0)]
             with m.If(st):
-                m.d.sync += [full.eq(0), sub_i.eq(0)]
+                m.d.comb += [full_n.eq(0), sub_n.eq(0)]
+            # the holding register loads the unit's word whenever it is free (nothing held, or its last sub-beat
+            # leaves this cycle): a junk word is never used, as ``full`` is set by a taken beat alone. Its enable
+            # comes from a register per slice of HOLD_SLICE bits, loaded from the next values (timing: the phase
+            # copy, the unit's valid and the handshake as the enable of several hundred bits across the die, 17.48
+            # ns, 16.1 of it routing, at the paper's widths in context on the ECP5 proxy)
+            for k, lo in enumerate(range(0, len(hold), HOLD_SLICE)):
+                free = Signal(name=f"split_free{j}_{k}", init=1, attrs=KEEP)
+                m.d.sync += free.eq(~full_n | (sub_n == r - 1))
+                with m.If(free):
+                    m.d.sync += hold[lo:lo + HOLD_SLICE].eq(u.dx.payload.dx.as_value()[lo:lo + HOLD_SLICE])
         else:  # join c beats (c = 1: each beat is written straight from the unit's output register, the same
             # data for every layer, so the YDX write port needs no multiplexer for it)
             c = lo2 // ls

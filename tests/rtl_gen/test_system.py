@@ -520,6 +520,18 @@ def test_small_mlp_whole_steps_match_the_model():
         assert abs(st["cycles"] - model) <= 0.05 * model, (st["cycles"], model)
 
 
+
+@pytest.mark.rtl
+def test_dx_split_takes_beats_back_to_back():
+    """hw.dx_passes = 1: the dX unit's beats (32 values) arrive faster than the split hands out their four BN
+    beats of layer 0, so the holding register is reloaded in the cycle its last sub-beat leaves (its load enable
+    a register per slice, wire_backward.HOLD_SLICE). A whole step equals the model; a load enable that waits
+    for the register to be empty (the back-to-back reload missed) fails here, not in the SMALL steps."""
+    from host.verify import run_system
+
+    rep = run_system(small_cfg("hw.dx_passes=1"), mode="train", steps=1)
+    _assert_steps(rep, 1)
+
 ARRAY_SMALL = ["hw.lanes_b=1", 'model.layers=[{type="dense",units=32},{type="dense",units=32},{type="dense",units=10}]']
 
 
