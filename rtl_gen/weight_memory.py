@@ -693,9 +693,15 @@ class WeightMemory(wiring.Component):
         LL1 = pick(sweep_layer, "LL1", range(L), lambda x, i: x.sweep.lanes_last - 1)
         vmask = pick(sweep_layer, "vmask", U, lambda x, i: (1 << x.sweep.valid_last) - 1)  # a partial last chunk's
         # rows
-        bbase = pick(req_layer, "bbase", range(max(D_all, 2)), lambda x, i: sum(y.bank.depth for y in geos[:i]))
-        sbase = pick(req_layer, "sbase", range(max(V_all, 2)), lambda x, i: sum(y.sweep.visits for y in geos[:i]))
-        fbase = pick(layer_in, "fwd_bbase", range(max(D_all, 2)), lambda x, i: sum(y.bank.depth for y in geos[:i]))
+        def bank_base(x, i):  # layer i's first bank row
+            return sum(y.bank.depth for y in geos[:i])
+
+        def visit_base(x, i):  # layer i's first optimiser state row (visit)
+            return sum(y.sweep.visits for y in geos[:i])
+
+        bbase = pick(req_layer, "bbase", range(max(D_all, 2)), bank_base)
+        sbase = pick(req_layer, "sbase", range(max(V_all, 2)), visit_base)
+        fbase = pick(layer_in, "fwd_bbase", range(max(D_all, 2)), bank_base)
 
         # --- sweep counters (stage 0) ---
         running = Signal()
@@ -904,10 +910,8 @@ class WeightMemory(wiring.Component):
         h_bank_row = Signal(range(max(D_all, 2)), name="host_rd_bank_row")
         h_visit = Signal(range(max(V_all, 2)), name="host_rd_visit")
         m.d.sync += [h_space0.eq(h.space), h_lane0.eq(h.lane), h_space1.eq(h_space0), h_lane1.eq(h_lane0),
-                     h_bank_row.eq(pick(h_layer, "host_rd_bbase", range(max(D_all, 2)),
-                                        lambda x, i: sum(y.bank.depth for y in geos[:i])) + h.addr),
-                     h_visit.eq(pick(h_layer, "host_rd_sbase", range(max(V_all, 2)),
-                                     lambda x, i: sum(y.sweep.visits for y in geos[:i])) + h.addr)]
+                     h_bank_row.eq(pick(h_layer, "host_rd_bbase", range(max(D_all, 2)), bank_base) + h.addr),
+                     h_visit.eq(pick(h_layer, "host_rd_sbase", range(max(V_all, 2)), visit_base) + h.addr)]
         with m.If(rd_issued):
             m.d.sync += [rd_space.eq(h_space1), rd_lane.eq(h_lane1)]
         # the response three cycles after the memories' read (the words are registered first)
