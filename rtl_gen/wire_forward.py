@@ -7,6 +7,7 @@ A mixin of :class:`rtl_gen.top.Accelerator` (it uses the accelerator's shared-un
 from __future__ import annotations
 
 from amaranth import Cat, Const, Mux, Signal, signed
+from amaranth.lib import data
 
 from .buffers import (
     MemoryReader,
@@ -16,6 +17,7 @@ from .buffers import (
     next_sample_row,
 )
 from .ports import StreamView
+from .streams import SkidBuffer
 
 __all__ = ["ForwardWiring"]
 
@@ -52,7 +54,7 @@ class ForwardWiring:
         # forward's enable chain was the SMALL design's routed critical path at one nextpnr seed (act_ifwd0 ->
         # the epilogue's accumulator clock enables, 13.45 ns, 11.7 of it routing)
         m.d.comb += [bn.eval_mode.eq(self._phase_reg([ikey], f"bn_fwd_eval{j}")),
-                     par.eval_mode.eq(self._phase_reg([ikey], f"bn_param_eval{j}")), bn.run.eq(par.run)]
+                     par.eval_mode.eq(self._phase_reg([ikey], f"bn_param_eval{j}"))]
         # rows of X_j -> engine
         xr = sub(f"fwd_rows{j}", RowReader(width=lp.lanes_in, banks=lp.lanes_b, words=W, rows=B))
         m.d.comb += xr.start.eq(st)
@@ -118,9 +120,22 @@ class ForwardWiring:
         if not lp.top:
             m.d.comb += rr.o.ready.eq(a & bn.y_replay.ready)
         self._bn_replay_ready = bn.y_replay.ready
-        # beta per channel
-        m.d.comb += [par.beta_start.eq(st), bn.beta.valid.eq(a & par.beta.valid), bn.beta.payload.eq(par.beta.payload),
-                     par.beta.ready.eq(a & bn.beta.ready)]
+        # beta per channel (eval mode: with the channel's running statistics), through a registered slice: BN
+        # forward's ``beta.ready`` (a decode of its phase and channel state) ends at the slice's flip-flops instead
+        # of crossing the die into the parameter unit's output register (the SMALL design's routed worst path at
+        # one nextpnr seed: BN forward's ``phase`` -> the parameter unit's facade -> BN forward's enables, 14.98 ns,
+        # 13.5 of it routing). BN forward takes every beta the parameter unit streams, so the slice is empty at the
+        # phase's end (an abort resets it with the units). The parameter unit's first beta comes three cycles after
+        # ``beta_start`` and BN forward takes betas in EPI2 only, a pass over the batch later: no cycle changes
+        m.d.comb += par.beta_start.eq(st)
+        bl = data.StructLayout({"beta": par.beta.payload.shape(), "mu": par.run.mu.shape(), "s": par.run.s.shape()})
+        bsk = sub(f"beta_skid{j}", SkidBuffer(shape=bl))
+        m.d.comb += [
+            bsk.i.valid.eq(a & par.beta.valid), bsk.i.payload.beta.eq(par.beta.payload),
+            bsk.i.payload.mu.eq(par.run.mu), bsk.i.payload.s.eq(par.run.s), par.beta.ready.eq(a & bsk.i.ready),
+            bn.beta.valid.eq(a & bsk.o.valid), bn.beta.payload.eq(bsk.o.payload.beta),
+            bn.run.mu.eq(bsk.o.payload.mu), bn.run.s.eq(bsk.o.payload.s), bsk.o.ready.eq(a & bn.beta.ready),
+        ]
         # x_hat and mask: MX_j; x_hat packed into X_{j+1}
         x_count = Signal(range(lp.beats + 1), name=f"x_count{j}")
         x_take = Signal(name=f"x_take{j}")
