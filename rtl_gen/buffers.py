@@ -22,11 +22,10 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from .contract import BEAT_BITS
 from .streams import SkidBuffer
 
 __all__ = ["BEAT_BITS", "BeatWriter", "MemoryReader", "SplitMemory", "WordSerializer", "beat_layout", "beats_for"]
-
-BEAT_BITS = 32
 
 
 def beats_for(width: int) -> int:

@@ -410,7 +410,7 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
         # routed worst path at one nextpnr seed: the request slice's valid -> the sequencer -> the stream's
         # handshake -> the writer's address enables, 12.62 ns, 11.0 of it routing). A unit of the "units" domain:
         # the abort command empties it with the writer.
-        in_skid = sub("s_axis_skid", SkidBuffer(shape=writer.i.payload.shape()))
+        in_skid = sub("s_axis_skid", SkidBuffer(shape=writer.i.payload.shape(), ring=True))
         wiring.connect(m, in_skid.o, writer.i)
         m.d.comb += [
             in_skid.i.valid.eq(self.s_axis_tvalid),

@@ -129,7 +129,8 @@ class ForwardWiring:
         # ``beta_start`` and BN forward takes betas in EPI2 only, a pass over the batch later: no cycle changes
         m.d.comb += par.beta_start.eq(st)
         bl = data.StructLayout({"beta": par.beta.payload.shape(), "mu": par.run.mu.shape(), "s": par.run.s.shape()})
-        bsk = sub(f"beta_skid{j}", SkidBuffer(shape=bl))
+        # (a ring: BN forward's ready reaches its pointers, no payload bit's enable)
+        bsk = sub(f"beta_skid{j}", SkidBuffer(shape=bl, ring=True))
         m.d.comb += [
             bsk.i.valid.eq(a & par.beta.valid), bsk.i.payload.beta.eq(par.beta.payload),
             bsk.i.payload.mu.eq(par.run.mu), bsk.i.payload.s.eq(par.run.s), par.beta.ready.eq(a & bsk.i.ready),
