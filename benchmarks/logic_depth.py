@@ -101,9 +101,20 @@ def _arcs(cell: dict) -> list[tuple[str, str, float]]:
         return arcs
     if t == "TRELLIS_DPR16X4":  # asynchronous read
         return [(i, o, LUT_LEVEL) for i in ins if i.startswith("RAD") for o in outs]
-    if t == "MULT18X18D":  # counted as unregistered (its registers are options)
-        return [(i, o, MULT) for i in ins if i[:1] in "AB" and i[1:].isdigit() for o in outs if o.startswith("P")]
+    if t == "MULT18X18D":  # its own registers where boards/ecp5_dsp.py absorbed them, else combinational
+        if _mult_reg(cell, "OUTPUT"):
+            return []
+        return [(i, o, MULT) for i in ins if i[:1] in "AB" and i[1:].isdigit() and not _mult_reg(cell, _OPERAND[i[0]])
+                for o in outs if o.startswith("P")]
     return []
+
+
+_OPERAND = {"A": "INPUTA", "B": "INPUTB"}
+
+
+def _mult_reg(cell: dict, reg: str) -> bool:
+    """Whether a MULT18X18D uses its register ``reg`` (``INPUTA``, ``INPUTB``, ``OUTPUT``)."""
+    return str(cell["parameters"].get(f"REG_{reg}_CLK", "NONE")).strip() not in ("NONE", "")
 
 
 def _endpoint_ports(cell: dict, boxes=frozenset()) -> list[str]:
@@ -111,6 +122,11 @@ def _endpoint_ports(cell: dict, boxes=frozenset()) -> list[str]:
     dirs = cell["port_directions"]
     if t == "TRELLIS_FF":
         return ["DI", "CE", "LSR"]
+    if t == "MULT18X18D":  # operands into its input registers; the product into its output register
+        ends = [p for p in dirs if p[:1] in "AB" and p[1:].isdigit() and _mult_reg(cell, _OPERAND[p[0]])]
+        if _mult_reg(cell, "OUTPUT"):
+            ends += [p for p in dirs if p[:1] in "AB" and p[1:].isdigit() and p not in ends]
+        return ends
     if t in boxes:
         return [p for p, d in dirs.items() if d == "input"]
     if t in XC7_FFS:
@@ -163,9 +179,14 @@ class Depth:
         drv = self.driver.get(bit)
         if drv is None:
             return 0.0  # a top-level input or a constant
-        t = self.cells[drv[0]]["type"]
+        cell = self.cells[drv[0]]
+        t = cell["type"]
         if t in ("DP16KD", *XC7_BRAMS):
             return BRAM_START
+        if t == "MULT18X18D":  # its product from its output register, or through the array from input registers
+            if _mult_reg(cell, "OUTPUT"):
+                return FF_START
+            return FF_START + MULT if any(_mult_reg(cell, r) for r in _OPERAND.values()) else 0.0
         return FF_START if t in ("TRELLIS_FF", *XC7_FFS, *XC7_LUTRAMS) or t in self.boxes else 0.0
 
     def _inputs(self, bit: int) -> list[tuple[int, float]]:

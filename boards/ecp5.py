@@ -12,6 +12,8 @@ Flow (:func:`run_ecp5`, everything relative to one work folder, YoWASP sees no a
               boards/primitives.py); synth_ecp5 -top <top> (the flip-flops of wires marked ``keep`` kept apart:
               :data:`KEEP_REGISTERS`) with classic ABC (``abc -dress -lut 4:7``) in place of its
               ABC9 step (:func:`_synth_script`); write_json design.json; tee -o stats.json stat -json
+    (the operand and product flip-flops of the MULT18s into their own registers, in design.json:
+     boards/ecp5_dsp.py; stats.json counts the flip-flops before)
     (fit check on the synthesised cells: :func:`synth_resources`, refuses before place and route)
     nextpnr:  --85k --package CABGA381 --speed 6 --json design.json --freq <MHz> --report pnr.json
               --lpf pins.lpf --lpf-allow-unconstrained --timing-allow-fail --router router2 --textcfg design.config
@@ -63,6 +65,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from boards.devices import LFE5U_85F, Device
+from boards.ecp5_dsp import absorb_mult_registers
 from boards.primitives import global_buffer_verilog
 
 __all__ = [
@@ -405,8 +408,8 @@ def _summarise_path(path: Mapping) -> dict:
     }
 
 
-_FLOW_VERSION = 4  # 3: the global buffer read over the design (boards/primitives.py); 4: KEEP_REGISTERS and
-#: the detailed timing report
+_FLOW_VERSION = 5  # 3: the global buffer read over the design (boards/primitives.py); 4: KEEP_REGISTERS and
+#: the detailed timing report; 5: the MULT18s' own registers (boards/ecp5_dsp.py)
 
 #: nextpnr-ecp5's router (``--router``): ``router2``, see the module docstring for why not nextpnr's default
 NEXTPNR_ROUTER = "router2"
@@ -477,7 +480,13 @@ def run_ecp5(verilog: str, top: str, *, workdir: str | os.PathLike, board: str |
             if res.returncode != 0 or not (folder / "design.json").is_file():
                 raise Ecp5Error(f"yosys synth_ecp5 of {top} failed (exit {res.returncode}); "
                                 f"log: {folder / 'yosys.log'}\n" + "\n".join(_tail(folder / "yosys.log")))
-            meta = {"synth_key": synth_key, "elapsed_s": elapsed}
+            # the multipliers' operand and product flip-flops into the MULT18s' own registers (boards/ecp5_dsp.py)
+            netlist = json.loads((folder / "design.json").read_text())
+            mult_regs = None
+            if synth_top in netlist.get("modules", {}):  # (a test's stand-in for Yosys writes no module)
+                mult_regs = absorb_mult_registers(netlist["modules"][synth_top])
+                (folder / "design.json").write_text(json.dumps(netlist))
+            meta = {"synth_key": synth_key, "elapsed_s": elapsed, "mult_registers": mult_regs}
             (folder / "meta.json").write_text(json.dumps(meta, indent=1))
 
         stats = _read_json(folder / "stats.json") or {}
