@@ -54,6 +54,22 @@ def _plain_ff(cell: Mapping) -> tuple | None:
     return None
 
 
+def _register_group(pins, flop_of, cells) -> tuple | None:
+    """``(clock, enable, [(pin index, flip-flop)])`` when every pin ``(index, bit)`` has a plain flip-flop
+    (``flop_of(bit)``) and they share one clock and one enable, else None."""
+    ffs = []
+    for i, b in pins:
+        ff = flop_of(b)
+        key = _plain_ff(cells[ff]) if ff is not None else None
+        if key is None:
+            return None
+        ffs.append((i, ff, key))
+    keys = {k for _, _, k in ffs}
+    if not ffs or len(keys) != 1:
+        return None
+    return (*keys.pop(), [(i, ff) for i, ff, _ in ffs])
+
+
 def absorb_mult_registers(module: dict) -> dict:
     """Absorb operand and product flip-flops into the module's MULT18X18D cells (in place; see the module
     docstring). Returns ``{"mults", "a", "b", "p", "ffs_removed"}``: the MULT18s, how many of them took an A, a B
@@ -82,37 +98,25 @@ def absorb_mult_registers(module: dict) -> dict:
         cell = cells[name]
         conn = cell["connections"]
         stats["mults"] += 1
-        groups = {}  # register -> (clock, enable, rewiring)
-        for op, width in _OPERANDS.items():
-            ffs, ok = [], True
-            for i in range(width):
-                b = conn.get(f"{op}{i}", ["0"])[0]
-                if not isinstance(b, int):
-                    continue
-                ff = driver.get(b)
-                key = _plain_ff(cells[ff]) if ff is not None and ff not in removed else None
-                if key is None:
-                    ok = False
-                    break
-                ffs.append((i, ff, key))
-            keys = {k for _, _, k in ffs}
-            if ok and ffs and len(keys) == 1:
-                groups[op] = (*keys.pop(), ffs)
-        pffs, ok = [], True
-        for i in range(_PRODUCT):
-            b = conn.get(f"P{i}", [None])[0]
-            if not isinstance(b, int) or not loads.get(b):
-                continue
+        def operand_ff(b):  # the plain flip-flop driving an operand bit
+            ff = driver.get(b)
+            return ff if ff is not None and ff not in removed else None
+
+        def product_ff(b):  # the plain flip-flop that is a product bit's only load (at its D input)
             ld = loads[b]
             ff = ld[0][0] if len(ld) == 1 and ld[0][1] == "DI" else None
-            key = _plain_ff(cells[ff]) if ff is not None and ff != "$port" and ff not in removed else None
-            if key is None:
-                ok = False
-                break
-            pffs.append((i, ff, key))
-        pkeys = {k for _, _, k in pffs}
-        if ok and pffs and len(pkeys) == 1:
-            groups["P"] = (*pkeys.pop(), pffs)
+            return ff if ff not in (None, "$port") and ff not in removed else None
+
+        groups = {}  # register -> (clock, enable, [(pin index, flip-flop)])
+        for op, width in _OPERANDS.items():
+            pins = [(i, conn.get(f"{op}{i}", ["0"])[0]) for i in range(width)]
+            g = _register_group([(i, b) for i, b in pins if isinstance(b, int)], operand_ff, cells)
+            if g:
+                groups[op] = g
+        pins = [(i, conn.get(f"P{i}", [None])[0]) for i in range(_PRODUCT)]
+        g = _register_group([(i, b) for i, b in pins if isinstance(b, int) and loads.get(b)], product_ff, cells)
+        if g:
+            groups["P"] = g
         if not groups:
             continue
         clk = next(iter(groups.values()))[0]  # the cell's registers share CLK0
@@ -134,7 +138,7 @@ def absorb_mult_registers(module: dict) -> dict:
             params[f"REG_{tag}_CE"] = f"CE{enables.index(en)}"
             params[f"REG_{tag}_RST"] = "RST0"
             stats[reg.lower()] += 1
-            for i, ff, _ in ffs:
+            for i, ff in ffs:
                 fconn = cells[ff]["connections"]
                 if reg == "P":  # the flip-flop's Q net is now the cell's output; the old P net is left unused
                     conn[f"P{i}"] = [fconn["Q"][0]]
@@ -147,7 +151,7 @@ def absorb_mult_registers(module: dict) -> dict:
                 if isinstance(d, int):
                     loads[d].append((name, f"{reg}{i}"))
         for reg in ("A", "B"):
-            for _i, ff, _ in groups.get(reg, (None, None, []))[2]:
+            for _i, ff in groups.get(reg, (None, None, []))[2]:
                 if ff not in removed and not loads.get(cells[ff]["connections"]["Q"][0]):
                     removed.add(ff)
                     d = cells[ff]["connections"]["DI"][0]
