@@ -408,8 +408,8 @@ def _summarise_path(path: Mapping) -> dict:
     }
 
 
-_FLOW_VERSION = 5  # 3: the global buffer read over the design (boards/primitives.py); 4: KEEP_REGISTERS and
-#: the detailed timing report; 5: the MULT18s' own registers (boards/ecp5_dsp.py)
+_FLOW_VERSION = 6  # 3: the global buffer read over the design (boards/primitives.py); 4: KEEP_REGISTERS and
+#: the detailed timing report; 5, 6: the MULT18s' own registers (boards/ecp5_dsp.py; 6: only where nextpnr times them)
 
 #: nextpnr-ecp5's router (``--router``): ``router2``, see the module docstring for why not nextpnr's default
 NEXTPNR_ROUTER = "router2"

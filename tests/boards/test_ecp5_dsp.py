@@ -100,3 +100,14 @@ def test_registers_with_a_reset_or_mixed_enables_stay_in_the_fabric():
     p = m["parameters"]
     assert m["connections"][p["REG_INPUTA_CE"]] == [6] and m["connections"][p["REG_OUTPUT_CE"]] == [8]
     assert m["connections"]["RST0"] == ["0"] and m["connections"]["CLK0"] == [1]
+
+
+def test_one_operand_register_alone_is_left_in_the_fabric():
+    """Only A's flip-flops qualify (B comes from logic, the product feeds logic): nextpnr would time the cell as
+    combinational with the path's flip-flop gone, so nothing moves."""
+    cells = {"ra": _ff(10, 20), "m": _mult([20], [21], [30]),
+             "lut": {"type": "LUT4", "parameters": {}, "port_directions": {"A": "input", "Z": "output"},
+                     "connections": {"A": [30], "Z": [21]}}}
+    mod = {"ports": {}, "cells": cells, "netnames": {}}
+    assert absorb_mult_registers(mod) == {"mults": 1, "a": 0, "b": 0, "p": 0, "ffs_removed": 0}
+    assert mod["cells"]["m"]["parameters"] == {} and "ra" in mod["cells"]
