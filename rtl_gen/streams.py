@@ -16,6 +16,15 @@ __all__ = ["SkidBuffer", "StreamFIFO", "KEEP", "replicas"]
 KEEP = {"keep": "true"}
 
 
+def or_tree(terms):
+    """The OR of ``terms`` as a balanced tree (with one-hot ``Mux(sel_i, x_i, 0)`` terms: a multiplexer as deep as
+    the log of its inputs, not the chain of an if / elif on the selects)."""
+    terms = list(terms)
+    while len(terms) > 1:
+        terms = [terms[i] | terms[i + 1] if i + 1 < len(terms) else terms[i] for i in range(0, len(terms), 2)]
+    return terms[0]
+
+
 def replicas(m: Module, value, n: int, *, name: str, reset_less: bool = False) -> list[Signal]:
     """``n`` registers that each take ``value`` every cycle: copies of one control flip-flop for ``n`` groups of
     loads, so that no single flip-flop drives them all across the die (docs/architecture.md, the timing

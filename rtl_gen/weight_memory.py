@@ -54,7 +54,7 @@ from sim.hw.optim import PROB_BITS, state_bits
 
 from .buffers import split_segments
 from .shared import layer_port, per_layer
-from .streams import SkidBuffer, replicas
+from .streams import SkidBuffer, or_tree, replicas
 from .xnor_engine import WeightReadSignature, XnorGeometry, _check_int, popcount
 
 __all__ = [
@@ -526,7 +526,7 @@ class StateMemory(Elaboratable):
                 ]  # fmt: skip
                 m.d.sync += word[lo:hi].eq(rd.data)
             words.append(Mux(hit2, word, 0))
-        m.d.comb += Value.cast(self.read.data).eq(_or_tree(words))
+        m.d.comb += Value.cast(self.read.data).eq(or_tree(words))
         return m
 
 
@@ -547,13 +547,6 @@ def _within(x: Value, lo: int, hi: int) -> Value:
         return x[k:] < (b >> k)
 
     return ge(lo) & lt(hi)
-
-
-def _or_tree(terms):
-    """The OR of ``terms`` as a balanced tree."""
-    while len(terms) > 1:
-        terms = [terms[i] | terms[i + 1] if i + 1 < len(terms) else terms[i] for i in range(0, len(terms), 2)]
-    return terms[0]
 
 
 class WeightMemory(wiring.Component):
@@ -837,10 +830,10 @@ class WeightMemory(wiring.Component):
                 lanes = range(q, min(L, q + GROUP_LANES))
                 r = Signal.like(rows[0], name=f"{name}_group{q // GROUP_LANES}")
                 f = Signal(name=f"{name}_group_hot{q // GROUP_LANES}")
-                m.d.sync += [r.eq(_or_tree([Mux(hot[i], rows[i], 0) for i in lanes])),
+                m.d.sync += [r.eq(or_tree([Mux(hot[i], rows[i], 0) for i in lanes])),
                              f.eq(Cat(*(hot[i] for i in lanes)).any())]
                 groups.append(Mux(f, r, 0))
-            return _or_tree(groups)
+            return or_tree(groups)
 
         hot1 = [Signal(name=f"s1_lane_hot{lane_i}") for lane_i in range(L)]
         m.d.sync += [hot1[lane_i].eq(lane == lane_i) for lane_i in range(L)]
