@@ -215,6 +215,7 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
         po2b = {}
         self.unit_names = []  # the shared units' submodule names
         self._pool = {}  # (name, params) -> [unit, uses]: readers shared by the phases of several layers (_pooled)
+        self._beta_skids = {}  # BN forward unit's layers -> the beta slice in front of it (ForwardWiring._forward)
         self._wide_driven = set()  # ids of shared units' wide inputs that already have a default driver (_wide)
         def fwd_keys(j):
             return [k for k in (("fwd", j), ("rfwd", j), ("ifwd", j)) if k in act]
@@ -248,6 +249,7 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
         def chans(grp):
             return [LP[j].n_out for j in grp]
 
+        self._bn_groups = [tuple(g) for g in groups["bn"]]
         bnf = self._shared_state(m, sub, "bn_fwd", groups["bn"], lambda j: unit_act("bn_fwd", j, ("fwd",)),
                                  lambda grp: BnForwardUnit(layer=plan.bn_envelope(grp), div_steps=cfg.hw.div_steps,
                                                            channels=chans(grp)))

@@ -120,23 +120,35 @@ class ForwardWiring:
         if not lp.top:
             m.d.comb += rr.o.ready.eq(a & bn.y_replay.ready)
         self._bn_replay_ready = bn.y_replay.ready
-        # beta per channel (eval mode: with the channel's running statistics), through a registered slice: BN
-        # forward's ``beta.ready`` (a decode of its phase and channel state) ends at the slice's flip-flops instead
-        # of crossing the die into the parameter unit's output register (the SMALL design's routed worst path at
-        # one nextpnr seed: BN forward's ``phase`` -> the parameter unit's facade -> BN forward's enables, 14.98 ns,
-        # 13.5 of it routing). BN forward takes every beta the parameter unit streams, so the slice is empty at the
-        # phase's end (an abort resets it with the units). The parameter unit's first beta comes three cycles after
-        # ``beta_start`` and BN forward takes betas in EPI2 only, a pass over the batch later: no cycle changes
+        # beta per channel (eval mode: with the channel's running statistics), through a registered slice in front
+        # of the BN forward unit (one per unit, shared by its layers: a slice per layer put a choice between the
+        # slices, by a phase register, in front of BN forward's compare, 12.85 ns in context): BN forward's
+        # ``ready``, a decode of its phase and channel state, ends at the slice instead of crossing the die into the
+        # parameter unit's output register (the SMALL design's routed worst path at one nextpnr seed: BN forward's
+        # ``phase`` -> the parameter unit's facade -> BN forward's enables, 14.98 ns, 13.5 of it routing). The
+        # skid form: its payload comes straight from a register (BN forward compares and multiplies it in the cycle
+        # it takes it; a ring's read choice in front of that was 13.56 ns). BN forward takes every beta the
+        # parameter unit streams, so the slice is empty at the phase's end (an abort resets it with the units). The
+        # first beta comes three cycles after ``beta_start`` and BN forward takes betas in EPI2 only, a pass over
+        # the batch later: no cycle changes
         m.d.comb += par.beta_start.eq(st)
-        bl = data.StructLayout({"beta": par.beta.payload.shape(), "mu": par.run.mu.shape(), "s": par.run.s.shape()})
-        # (the skid form, its payload straight from a register: BN forward compares and multiplies the payload in
-        # the cycle it takes it, and the ring's read choice in front of that was 13.56 ns in context)
-        bsk = sub(f"beta_skid{j}", SkidBuffer(shape=bl, ring=False))
+        grp = next(g for g in self._bn_groups if j in g)
+        first = grp not in self._beta_skids
+        if first:
+            bl = data.StructLayout({"beta": par.beta.payload.shape(), "mu": par.run.mu.shape(),
+                                    "s": par.run.s.shape()})
+            self._beta_skids[grp] = sub("beta_skid" + "_".join(map(str, grp)), SkidBuffer(shape=bl, ring=False))
+        bsk = self._beta_skids[grp]
+        # the parameter unit's outputs are the same for every layer: the first layer's drive the slice's payload
+        if first:
+            m.d.comb += [bsk.i.payload.beta.eq(par.beta.payload), bsk.i.payload.mu.eq(par.run.mu),
+                         bsk.i.payload.s.eq(par.run.s)]
+        with m.If(a):
+            m.d.comb += [bsk.i.valid.eq(par.beta.valid), bsk.o.ready.eq(bn.beta.ready)]
         m.d.comb += [
-            bsk.i.valid.eq(a & par.beta.valid), bsk.i.payload.beta.eq(par.beta.payload),
-            bsk.i.payload.mu.eq(par.run.mu), bsk.i.payload.s.eq(par.run.s), par.beta.ready.eq(a & bsk.i.ready),
+            par.beta.ready.eq(a & bsk.i.ready),
             bn.beta.valid.eq(a & bsk.o.valid), bn.beta.payload.eq(bsk.o.payload.beta),
-            bn.run.mu.eq(bsk.o.payload.mu), bn.run.s.eq(bsk.o.payload.s), bsk.o.ready.eq(a & bn.beta.ready),
+            bn.run.mu.eq(bsk.o.payload.mu), bn.run.s.eq(bsk.o.payload.s),
         ]
         # x_hat and mask: MX_j; x_hat packed into X_{j+1}
         x_count = Signal(range(lp.beats + 1), name=f"x_count{j}")
