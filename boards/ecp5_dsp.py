@@ -97,19 +97,19 @@ def absorb_mult_registers(module: dict) -> dict:
     stats = {"mults": 0, "a": 0, "b": 0, "p": 0, "ffs_removed": 0}
     removed: set[str] = set()
 
+    def operand_ff(b):  # the flip-flop driving an operand bit
+        ff = driver.get(b)
+        return ff if ff is not None and ff not in removed else None
+
+    def product_ff(b):  # the flip-flop that is a product bit's only load (at its D input)
+        ld = loads[b]
+        ff = ld[0][0] if len(ld) == 1 and ld[0][1] == "DI" else None
+        return ff if ff not in (None, "$port") and ff not in removed else None
+
     for name in [n for n, c in cells.items() if c["type"] == _MULT]:
         cell = cells[name]
         conn = cell["connections"]
         stats["mults"] += 1
-        def operand_ff(b):  # the plain flip-flop driving an operand bit
-            ff = driver.get(b)
-            return ff if ff is not None and ff not in removed else None
-
-        def product_ff(b):  # the plain flip-flop that is a product bit's only load (at its D input)
-            ld = loads[b]
-            ff = ld[0][0] if len(ld) == 1 and ld[0][1] == "DI" else None
-            return ff if ff not in (None, "$port") and ff not in removed else None
-
         groups = {}  # register -> (clock, enable, [(pin index, flip-flop)])
         for op, width in _OPERANDS.items():
             pins = [(i, conn.get(f"{op}{i}", ["0"])[0]) for i in range(width)]
@@ -137,8 +137,11 @@ def absorb_mult_registers(module: dict) -> dict:
         for pin in ("CLK0", "RST0", *(f"CE{k}" for k in range(len(enables)))):
             dirs[pin] = "input"
         conn["CLK0"], conn["RST0"] = [clk], ["0"]
+        loads[clk].append((name, "CLK0"))
         for k, en in enumerate(enables):
-            conn[f"CE{k}"] = [en] if en != "1" else ["1"]
+            conn[f"CE{k}"] = [en]
+            if en != "1":
+                loads[en].append((name, f"CE{k}"))
         for reg, (_clk, en, ffs) in groups.items():
             tag = {"A": "INPUTA", "B": "INPUTB", "P": "OUTPUT"}[reg]
             params[f"REG_{tag}_CLK"] = "CLK0"
@@ -162,12 +165,8 @@ def absorb_mult_registers(module: dict) -> dict:
                 if ff not in removed and not loads.get(cells[ff]["connections"]["Q"][0]):
                     removed.add(ff)
                     d = cells[ff]["connections"]["DI"][0]
-                    if isinstance(d, int):
+                    if isinstance(d, int):  # (its clock and enable loads stay listed: that only holds more back)
                         loads[d] = [x for x in loads[d] if x != (ff, "DI")]
-                    for pin in ("CE", "CLK"):
-                        b = cells[ff]["connections"].get(pin, [None])[0]
-                        if isinstance(b, int):
-                            loads[b] = [x for x in loads[b] if x[0] != ff]
     for ff in removed:
         del cells[ff]
     stats["ffs_removed"] = len(removed)

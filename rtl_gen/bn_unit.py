@@ -855,13 +855,12 @@ class BnForwardCore(wiring.Component):
         s2_valid = Signal()
         s2_first = Signal()
         s2_last = Signal()
-        s2_g = Signal(range(G))
         s2_y = Signal(data.ArrayLayout(signed(w["y"]), L))  # pass 1: y into sum_y
         s2_neg_y = Signal(data.ArrayLayout(signed(w["y"] + 1), L))  # passes 2, 3: -y, and s2_y, into Ys
         s2_sel = Signal(L)  # passes 2, 3: +-1 into Ns
         m.d.sync += s2_valid.eq(s1_valid & adv)
         with m.If(adv):
-            m.d.sync += [s2_first.eq(s1_first), s2_last.eq(s1_last), s2_g.eq(s1_g), s2_y.eq(s1_y)]
+            m.d.sync += [s2_first.eq(s1_first), s2_last.eq(s1_last), s2_y.eq(s1_y)]
         # the accumulators' write enables as registers (stage 2 holds a beat of the pass: its phase is the one of
         # the cycle before; timing: the phase's decode into every LUT-RAM cell's write enable)
         sum_wen = Signal(name="sum_wen")
@@ -906,12 +905,12 @@ class BnForwardCore(wiring.Component):
             ys_mem.wr_data.eq(ys_new),
             ns_mem.wr_data.eq(ns_new),
         ]
-        # each slice's write address a copy of s2_g of its own, by the slice (timing: one register's route to the
+        # each slice's write address (stage 2's group) a register of its own, by the slice (timing: one register to the
         # write address of every LUT-RAM slice of the three accumulators, 11.6 ns with 11.1 of it routing at the
         # paper's widths on the ECP5 proxy)
         for mname, mem, wen in (("sum", sum_mem, sum_wen), ("ys", ys_mem, cnt_wen), ("ns", ns_mem, cnt_wen)):
             for _lo, _n, _rd, wr, sfx in mem.slices:
-                g_k = Signal.like(s2_g, name=f"s2_g_{mname}{sfx}", attrs=KEEP, reset_less=True)
+                g_k = Signal(range(G), name=f"s2_g_{mname}{sfx}", attrs=KEEP, reset_less=True)
                 with m.If(adv):
                     m.d.sync += g_k.eq(s1_g)
                 m.d.comb += [wr.addr.eq(g_k), wr.en.eq(wen)]

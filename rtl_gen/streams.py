@@ -7,7 +7,7 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["SkidBuffer", "StreamFIFO", "KEEP", "replicas"]
+__all__ = ["SkidBuffer", "StreamFIFO", "KEEP", "or_tree", "replicas"]
 
 #: The attribute that marks a register the synthesis must keep even when another register has the same inputs.
 #: Vivado honours ``keep`` on a register; for Yosys, which keeps a wire but merges its driving flip-flop with any
