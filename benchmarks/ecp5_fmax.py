@@ -8,9 +8,10 @@ design that does not fit the die stops the script (exit 3) before the units. Eac
 under ``build/ecp5`` by its Verilog, so a second call prints the table at once; the Verilog itself is cached under
 ``build/ecp5/verilog`` by the configuration and the source of ``rtl_gen`` and ``sim`` (the paper design's
 elaboration takes minutes). ``--list`` names the units (for ``--only``) and stops; ``--unit KIND`` builds one
-shared unit alone (BN forward / backward / parameter, po2, engine, the weight memory and the po2 backward engine of
-the first group of layers, the output layer's logit and loss units: the same RTL as in the design, elaborated in
-seconds) and places and routes it out of context (``--seed N``: nextpnr's seed, each in its own cached folder).
+shared unit alone (BN forward / backward / parameter, po2, engine, the weight memory, the po2 backward engine and
+the generators of the first group of layers, the output layer's logit and loss units: the same RTL as in the design,
+elaborated in seconds) and places and routes it out of context (``--seed N``: nextpnr's seed, each in its own cached
+folder).
 
 Output: one line per unit as it finishes, then a Markdown table (unit, Fmax, LUT4, FF, EBR, MULT18, critical path
 for units below ``--flag`` MHz) and the sums; ``--out`` also writes the JSON.
@@ -88,7 +89,7 @@ def elaborate(plan, cfg, overrides) -> tuple[str, bool]:
 
 #: ``--unit`` kinds: one shared unit of the configuration built alone, as rtl_gen/top.py builds it for the first
 #: group of layers (no whole-design elaboration: seconds instead of minutes at the paper's widths)
-UNIT_KINDS = ("bn_fwd", "bn_bwd", "bn_param", "po2", "engine", "wmem", "po2b", "logit", "loss")
+UNIT_KINDS = ("bn_fwd", "bn_bwd", "bn_param", "po2", "engine", "wmem", "po2b", "rng", "logit", "loss")
 
 
 def standalone_unit(plan, kind: str):
@@ -117,6 +118,10 @@ def standalone_unit(plan, kind: str):
         from rtl_gen.po2_backward import Po2Backward
 
         return Po2Backward(shapes=[plan.po2_geometry(j) for j in plan.backward_groups[0]])
+    if kind == "rng":
+        from rtl_gen.rng import RngEngine
+
+        return RngEngine(geometries=[plan.rng_geometry(j) for j in plan.rng_groups[0]])
     if kind in ("logit", "loss"):  # the output layer's units
         from rtl_gen.loss_unit import LossGradUnit, OutputLogitUnit
 

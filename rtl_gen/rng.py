@@ -36,11 +36,11 @@ from amaranth.lib.wiring import In, Out
 from sim.hw.rng import xorshift32_next
 
 from .shared import layer_port, per_layer
-from .streams import SkidBuffer
+from .streams import KEEP, SkidBuffer
 from .weight_memory import SweepGeometry, rng_layout
 from .xnor_engine import XnorGeometry, _check_int
 
-__all__ = ["LATENCY", "RngEngine", "RngGeometry", "jump_rows", "layer_offset"]
+__all__ = ["FANOUT_WEIGHT", "LATENCY", "RngEngine", "RngGeometry", "copy_groups", "jump_rows", "layer_offset"]
 
 LATENCY = 5
 """Cycles of a sweep beyond one per visit with no backpressure, counted from the cycle ``start`` is high
@@ -52,6 +52,25 @@ def layer_offset(cfg, layer_index: int) -> int:
     """Index of weight layer ``layer_index``'s first generator in the contract's numbering."""
     block = cfg.hw.rng_block
     return sum(-(-s.fan_in // block) * s.out_channels for s in cfg.weight_layers()[:layer_index])
+
+
+FANOUT_WEIGHT = 1024
+"""XOR inputs per copy of a generator's state in :class:`RngEngine` (about 32 loads a state bit)."""
+
+
+def copy_groups(update_lanes: int) -> list[list[int]]:
+    """The numbers' jump matrices ``A^1 .. A^(U-1)`` in groups, each group read from one copy of the state: in order,
+    a group closed when the next matrix would take it past :data:`FANOUT_WEIGHT` ones (``A^U`` has a copy of its
+    own, the chain's)."""
+    groups, weight = [], FANOUT_WEIGHT + 1
+    for n in range(1, update_lanes):
+        w = sum(len(r) for r in jump_rows(n))
+        if weight + w > FANOUT_WEIGHT:
+            groups.append([])
+            weight = 0
+        groups[-1].append(n)
+        weight += w
+    return groups
 
 
 @cache
@@ -278,10 +297,20 @@ class RngEngine(wiring.Component):
         # --- stage 1a: the state RAM's word arrives and is registered (the block RAM's output drives no logic:
         # ECP5 timing proxy, docs/results.md). No hazard: a generator's state is read from the RAM at the first
         # word of its block and written back at the last, once per sweep. ---
+        # (``use_ram`` / ``use_lf`` and the ``chain_c`` copies below: where the visit's state comes from as it
+        # enters stage 1, decided here, a stage early, so that the choice's selects are flip-flops. The visit in
+        # stage 1 at that moment is the one in stage 1a now, as both stages move on ``adv`` alone.)
         visit = data.StructLayout({"lane": lane.shape(), "gen": gen.shape(), "first_chunk": 1, "last_chunk": 1,
-                                   "first_of_block": 1, "last_of_block": 1, "partial": 1, "last": 1})
+                                   "first_of_block": 1, "last_of_block": 1, "partial": 1, "last": 1,
+                                   "use_ram": 1, "use_lf": 1})
         s1a_valid = Signal()
         s1a = Signal(visit)
+        # a block's first word takes the state RAM's word; a later word of the block the lane file's, unless the same
+        # lane's previous word is the visit ahead (then leaving stage 1: a group of one lane, one chunk per word);
+        # otherwise the state after the chunk ahead: from the XORs if that chunk is in stage 1, else from ``cur``
+        v_ram, v_lf = Signal(), Signal()
+        m.d.comb += [v_ram.eq((chunk == 0) & first_of_block),
+                     v_lf.eq((chunk == 0) & ~first_of_block & ~(s1a_valid & (s1a.lane == lane)))]
         with m.If(adv):
             m.d.sync += s1a_valid.eq(issue)
             with m.If(issue):
@@ -294,6 +323,8 @@ class RngEngine(wiring.Component):
                     s1a.last_of_block.eq(last_of_block),
                     s1a.partial.eq(last_word & (chunk == c["CL1"])),
                     s1a.last.eq(last_visit),
+                    s1a.use_ram.eq(v_ram),
+                    s1a.use_lf.eq(v_lf),
                 ]
 
         # --- stage 1: the state, the numbers, the write-back. The state is a register (``state``), loaded as the
@@ -308,7 +339,7 @@ class RngEngine(wiring.Component):
         # stage 1, and the visit takes it from there. ---
         s1_valid = Signal()
         s1 = Signal(visit)
-        state = Signal(32)
+        state = Signal(32, attrs=KEEP)
         cur = Signal(32)  # the state after the last chunk that left stage 1
         vls = sorted({geo.sweep.valid_last for geo in geos})
         pv = Signal(len(vls))  # one-hot: a partial last chunk with valid_last vls[i]
@@ -322,22 +353,32 @@ class RngEngine(wiring.Component):
         lf_bypass = Signal()
         m.d.comb += [lf_rd.addr.eq(s1a.lane), lf_bypass.eq(lf_w_en & (lf_w_addr == s1a.lane))]
         step = s1_valid & adv
+        # The state is held in copies (flip-flops marked KEEP): ``state`` feeds only the chain's matrix A^U, the
+        # loop from chunk to chunk (state -> XORs -> state), and each further copy a group of the numbers' matrices
+        # of about FANOUT_WEIGHT XOR inputs, so that no state bit drives more than about FANOUT_WEIGHT / 32 of them.
+        # One register of 32 bits fed all of them (about 100 loads a bit at update_lanes 8), and the loop through
+        # the XORs and the choice below was the generators' worst path in context on the ECP5 proxy (13.44 ns at
+        # one nextpnr seed). The choice's selects are flip-flops (stage 1a's flags, one copy per state copy), so
+        # the loop is the XORs and one multiplexer whose other input, ``ext``, is settled beside it.
+        groups = copy_groups(U)
+        copies = [state] + [Signal(32, name=f"state_c{i}", attrs=KEEP) for i in range(len(groups))]
+        chains = [Signal(name=f"chain_c{i}", attrs=KEEP) for i in range(len(copies))]
+        source = {U: state} | {n: copies[i + 1] for i, grp in enumerate(groups) for n in grp}
         outs = []
         for n in range(1, U + 1):
             out = Signal(32, name=f"x{n}")
-            m.d.comb += out.eq(Cat(*(reduce(xor, (state[j] for j in row)) for row in jump_rows(n))))
+            m.d.comb += out.eq(Cat(*(reduce(xor, (source[n][j] for j in row)) for row in jump_rows(n))))
             outs.append(out)
-        use_ram = s1a.first_chunk & s1a.first_of_block  # the block's first word: the state RAM's word
-        # a later word of the block: the lane file's word, unless the same lane's previous word is leaving stage 1
-        use_lf = s1a.first_chunk & ~s1a.first_of_block & ~(s1_valid & (s1.lane == s1a.lane))
+        ext = Signal(32)  # the state when the visit does not continue the chunk in stage 1
+        m.d.comb += ext.eq(Mux(s1a.use_ram, ram_rd.data, Mux(s1a.use_lf, Mux(lf_bypass, lf_w_data, lf_rd.data), cur)))
+        with m.If(adv & issue):
+            m.d.sync += [ch.eq(~v_ram & ~v_lf & s1a_valid) for ch in chains]
         with m.If(adv):
             m.d.sync += s1_valid.eq(s1a_valid)
             with m.If(s1a_valid):
+                m.d.sync += [cp.eq(Mux(ch, outs[U - 1], ext)) for cp, ch in zip(copies, chains, strict=True)]
                 m.d.sync += [
                     s1.eq(s1a),
-                    state.eq(Mux(use_ram, ram_rd.data,
-                                 Mux(use_lf, Mux(lf_bypass, lf_w_data, lf_rd.data),
-                                     Mux(s1_valid, outs[U - 1], cur)))),
                     pv.eq(Cat(s1a.partial & (c["VL"] == v) for v in vls)),
                     pad.eq(Cat(s1a.partial & (c["VL"] <= j) if j >= vl_min else Const(0) for j in range(U))),
                 ]

@@ -5,11 +5,12 @@ sim.hw.rng.RngBank (sequence, host seeding and read-back, exact cycle count)."""
 import json
 import os
 import re
+from collections import Counter
 
 import numpy as np
 import pytest
 
-from rtl_gen.rng import LATENCY, RngEngine, RngGeometry, jump_rows, layer_offset
+from rtl_gen.rng import FANOUT_WEIGHT, LATENCY, RngEngine, RngGeometry, copy_groups, jump_rows, layer_offset
 from rtl_gen.toolchain import run_cocotb, to_verilog
 from rtl_gen.weight_memory import SweepGeometry
 from rtl_gen.xnor_engine import XnorGeometry
@@ -220,19 +221,38 @@ def test_jump_matrix_xors_start_at_the_state_register(tmp_path):
     """The state the jump-matrix XORs read is a register (``state``), chosen as the visit enters stage 1: the
     choice between the state RAM's word, the lane file's word and the previous chunk's state, and its selects'
     fan-out, sit in front of that register, not between it and the XORs (the SMALL design's routed worst path at
-    two nextpnr seeds: ``use_lf`` -> the state multiplexers -> the XORs -> the lane file's write data). Checked on
-    the gate netlist: every bit of ``state`` is a flip-flop's output. Planted: ``state`` as the combinational
-    choice of registered words (the earlier form) fails it."""
+    two nextpnr seeds: ``use_lf`` -> the state multiplexers -> the XORs -> the lane file's write data). The state
+    is held in copies (``state`` for the chain's matrix, ``state_c<i>`` for groups of the numbers'), each bit
+    feeding at most about FANOUT_WEIGHT / 32 gates. Checked on the gate netlist with the flow's KEEP: every bit of
+    every copy is a flip-flop's output and its loads are bounded. Planted: ``state`` as the combinational choice of
+    registered words (the earlier form) fails it; every matrix read from ``state`` (one register, 108 loads a bit
+    at update_lanes 8) fails it."""
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).parent))
     from yosys_nets import gate_netlist
 
-    cfg = apply_overrides(load_config("mlp"), small_config(**{"hw.rng_block": 16}))
-    geo = RngGeometry.from_config(cfg, 0, lanes_in=8, lanes_out=4, update_lanes=4)
-    mod = gate_netlist(RngEngine(geometries=[geo]), "rng", tmp_path)
+    cfg = apply_overrides(load_config("mlp"), small_config(**{"hw.rng_block": 16, "hw.update_lanes": 8}))
+    geo = RngGeometry.from_config(cfg, 0, lanes_in=8, lanes_out=4, update_lanes=8)
+    mod = gate_netlist(RngEngine(geometries=[geo]), "rng", tmp_path, keep=True)
     q_bits = {b for c in mod["cells"].values() if "DFF" in c["type"] for b in c["connections"]["Q"]}
-    state = mod["netnames"]["state"]["bits"]
-    assert len(state) == 32
-    assert all(b in q_bits for b in state), "the XORs' state is logic, not a register"
+    names = ["state"] + [f"state_c{i}" for i in range(len(copy_groups(8)))]
+    loads = Counter(b for c in mod["cells"].values() for p, bits in c["connections"].items()
+                    if c["port_directions"][p] == "input" for b in bits)
+    for name in names:
+        bits = mod["netnames"][name]["bits"]
+        assert len(bits) == 32 and len(set(bits)) == 32
+        assert all(b in q_bits for b in bits), f"the XORs' {name} is logic, not a register"
+        # each copy's bits feed its own matrices' XOR gates (two-input gates here) and its choice
+        assert max(loads[b] for b in bits) <= FANOUT_WEIGHT // 32 + 16, f"{name}: {max(loads[b] for b in bits)}"
+
+
+def test_the_state_copies_cover_the_numbers_once():
+    """:func:`copy_groups` reads every number's matrix ``A^1 .. A^(U-1)`` from exactly one copy, in groups of at
+    most :data:`FANOUT_WEIGHT` ones (or one matrix alone)."""
+    for u in (1, 2, 4, 8, 16, 32):
+        groups = copy_groups(u)
+        assert [n for g in groups for n in g] == list(range(1, u))
+        for g in groups:
+            assert len(g) == 1 or sum(len(r) for n in g for r in jump_rows(n)) <= FANOUT_WEIGHT

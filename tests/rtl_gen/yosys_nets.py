@@ -10,16 +10,19 @@ from collections import Counter
 from pathlib import Path
 
 
-def gate_netlist(design, top: str, folder: Path, ports=None) -> dict:
+def gate_netlist(design, top: str, folder: Path, ports=None, *, keep: bool = False) -> dict:
     """The Yosys JSON module of ``design`` (an Amaranth component, or an elaboratable and its ``ports``) after the
-    synthesis to gates above."""
+    synthesis to gates above; with ``keep`` the flip-flops of registers marked ``streams.KEEP`` are kept as the
+    ECP5 flow keeps them (``boards.ecp5.KEEP_REGISTERS``), not merged with those of equal inputs."""
+    from boards.ecp5 import KEEP_REGISTERS
     from rtl_gen.toolchain import run_yowasp, to_verilog
 
     kwargs = {} if ports is None else {"ports": ports}
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "design.v").write_text(to_verilog(design, top, **kwargs))
-    script = (f"read_verilog design.v; hierarchy -top {top}; proc; flatten; opt; memory -nomap; opt; techmap; "
-              "opt -full; write_json net.json")
+    keep_cmd = f"{KEEP_REGISTERS}; " if keep else ""
+    script = (f"read_verilog design.v; hierarchy -top {top}; proc; {keep_cmd}flatten; opt; memory -nomap; opt; "
+              "techmap; opt -full; write_json net.json")
     run_yowasp("yosys", ["-q", "-p", script], cwd=folder)
     return json.loads((folder / "net.json").read_text())["modules"][top]
 
