@@ -42,10 +42,10 @@ from .xnor_engine import XnorGeometry, _check_int
 
 __all__ = ["FANOUT_WEIGHT", "LATENCY", "RngEngine", "RngGeometry", "copy_groups", "jump_rows", "layer_offset"]
 
-LATENCY = 5
+LATENCY = 6
 """Cycles of a sweep beyond one per visit with no backpressure, counted from the cycle ``start`` is high
 (accepted) to the cycle the last beat is transferred, both included: ``visits + LATENCY`` (start, state-RAM
-read, its output register, the numbers' register, the queue)."""
+read, its output register, the state register, the numbers' register, the queue)."""
 
 
 def layer_offset(cfg, layer_index: int) -> int:
@@ -294,23 +294,29 @@ class RngEngine(wiring.Component):
         lf_rd = lane_file.read_port(domain="comb")
         lf_wr = lane_file.write_port()
 
-        # --- stage 1a: the state RAM's word arrives and is registered (the block RAM's output drives no logic:
-        # ECP5 timing proxy, docs/results.md). No hazard: a generator's state is read from the RAM at the first
-        # word of its block and written back at the last, once per sweep. ---
+        # --- stage 1a: the state RAM's word arrives; stage 1b: it is registered (``ram_q``: the block RAM's output
+        # drives no logic; the RAM's output through the choice below into the state copies was the generators'
+        # worst path alone at the paper's widths on the ECP5 proxy, 10.88 ns, 6.7 of it logic). No hazard: a
+        # generator's state is read from the RAM at the first word of its block and written back at the last, once
+        # per sweep. ---
         # (``use_ram`` / ``use_lf`` and the ``chain_c`` copies below: where the visit's state comes from as it
-        # enters stage 1, decided here, a stage early, so that the choice's selects are flip-flops. The visit in
-        # stage 1 at that moment is the one in stage 1a now, as both stages move on ``adv`` alone.)
+        # enters stage 1, decided as it enters stage 1b, a stage early, so that the choice's selects are
+        # flip-flops. The visit in stage 1 at that moment is the one in stage 1b now, as the stages move on
+        # ``adv`` alone.)
         visit = data.StructLayout({"lane": lane.shape(), "gen": gen.shape(), "first_chunk": 1, "last_chunk": 1,
                                    "first_of_block": 1, "last_of_block": 1, "partial": 1, "last": 1,
                                    "use_ram": 1, "use_lf": 1})
         s1a_valid = Signal()
         s1a = Signal(visit)
+        s1b_valid = Signal()
+        s1b = Signal(visit)
+        ram_q = Signal(32)
         # a block's first word takes the state RAM's word; a later word of the block the lane file's, unless the same
         # lane's previous word is the visit ahead (then leaving stage 1: a group of one lane, one chunk per word);
         # otherwise the state after the chunk ahead: from the XORs if that chunk is in stage 1, else from ``cur``
         v_ram, v_lf = Signal(), Signal()
-        m.d.comb += [v_ram.eq((chunk == 0) & first_of_block),
-                     v_lf.eq((chunk == 0) & ~first_of_block & ~(s1a_valid & (s1a.lane == lane)))]
+        m.d.comb += [v_ram.eq(s1a.first_chunk & s1a.first_of_block),
+                     v_lf.eq(s1a.first_chunk & ~s1a.first_of_block & ~(s1b_valid & (s1b.lane == s1a.lane)))]
         with m.If(adv):
             m.d.sync += s1a_valid.eq(issue)
             with m.If(issue):
@@ -323,18 +329,19 @@ class RngEngine(wiring.Component):
                     s1a.last_of_block.eq(last_of_block),
                     s1a.partial.eq(last_word & (chunk == c["CL1"])),
                     s1a.last.eq(last_visit),
-                    s1a.use_ram.eq(v_ram),
-                    s1a.use_lf.eq(v_lf),
                 ]
+            m.d.sync += s1b_valid.eq(s1a_valid)
+            with m.If(s1a_valid):
+                m.d.sync += [s1b.eq(s1a), s1b.use_ram.eq(v_ram), s1b.use_lf.eq(v_lf), ram_q.eq(ram_rd.data)]
 
         # --- stage 1: the state, the numbers, the write-back. The state is a register (``state``), loaded as the
         # visit enters stage 1 with the state RAM's word (a block's first word), the lane file's word read in stage
-        # 1a (a later word of the block) or the state after the previous chunk (``cur``, or the chunk leaving stage
-        # 1 in that cycle), chosen by stage 1a's flags. The jump-matrix XORs then start at flip-flops: before, the
+        # 1b (a later word of the block) or the state after the previous chunk (``cur``, or the chunk leaving stage
+        # 1 in that cycle), chosen by stage 1b's flags. The jump-matrix XORs then start at flip-flops: before, the
         # choice's registered selects fanned out to its 32 multiplexers and on into every XOR tree (``use_lf`` ->
         # the lane file's write data and the numbers' register, 13.9 ns in context on the ECP5 proxy at two
         # nextpnr seeds; earlier the lane file's read and the choice in front of the XORs, below 80 MHz). A
-        # lane-file word read in stage 1a misses the write of the visit in stage 1 in that cycle; when that visit is
+        # lane-file word read in stage 1b misses the write of the visit in stage 1 in that cycle; when that visit is
         # the same lane's previous word (a group of one lane, one chunk per word), its state is the chunk leaving
         # stage 1, and the visit takes it from there. ---
         s1_valid = Signal()
@@ -345,20 +352,20 @@ class RngEngine(wiring.Component):
         pv = Signal(len(vls))  # one-hot: a partial last chunk with valid_last vls[i]
         vl_min = min(vls)
         pad = Signal(U)  # number j is a padding row of a partial last chunk
-        # the lane file's write is registered (below): a word that is still in that register when stage 1a's
+        # the lane file's write is registered (below): a word that is still in that register when stage 1b's
         # word is taken comes from the register instead of the file
         lf_w_en = Signal()
         lf_w_addr = Signal.like(lf_wr.addr)
         lf_w_data = Signal(32, reset_less=True)
         lf_bypass = Signal()
-        m.d.comb += [lf_rd.addr.eq(s1a.lane), lf_bypass.eq(lf_w_en & (lf_w_addr == s1a.lane))]
+        m.d.comb += [lf_rd.addr.eq(s1b.lane), lf_bypass.eq(lf_w_en & (lf_w_addr == s1b.lane))]
         step = s1_valid & adv
         # The state is held in copies (flip-flops marked KEEP): ``state`` feeds only the chain's matrix A^U, the
         # loop from chunk to chunk (state -> XORs -> state), and each further copy a group of the numbers' matrices
         # of about FANOUT_WEIGHT XOR inputs, so that no state bit drives more than about FANOUT_WEIGHT / 32 of them.
         # One register of 32 bits fed all of them (about 100 loads a bit at update_lanes 8), and the loop through
         # the XORs and the choice below was the generators' worst path in context on the ECP5 proxy (13.44 ns at
-        # one nextpnr seed). The choice's selects are flip-flops (stage 1a's flags, one copy per state copy), so
+        # one nextpnr seed). The choice's selects are flip-flops (stage 1b's flags, one copy per state copy), so
         # the loop is the XORs and one multiplexer whose other input, ``ext``, is settled beside it.
         groups = copy_groups(U)
         copies = [state] + [Signal(32, name=f"state_c{i}", attrs=KEEP) for i in range(len(groups))]
@@ -370,17 +377,17 @@ class RngEngine(wiring.Component):
             m.d.comb += out.eq(Cat(*(reduce(xor, (source[n][j] for j in row)) for row in jump_rows(n))))
             outs.append(out)
         ext = Signal(32)  # the state when the visit does not continue the chunk in stage 1
-        m.d.comb += ext.eq(Mux(s1a.use_ram, ram_rd.data, Mux(s1a.use_lf, Mux(lf_bypass, lf_w_data, lf_rd.data), cur)))
-        with m.If(adv & issue):
-            m.d.sync += [ch.eq(~v_ram & ~v_lf & s1a_valid) for ch in chains]
+        m.d.comb += ext.eq(Mux(s1b.use_ram, ram_q, Mux(s1b.use_lf, Mux(lf_bypass, lf_w_data, lf_rd.data), cur)))
+        with m.If(adv & s1a_valid):
+            m.d.sync += [ch.eq(~v_ram & ~v_lf & s1b_valid) for ch in chains]
         with m.If(adv):
-            m.d.sync += s1_valid.eq(s1a_valid)
-            with m.If(s1a_valid):
+            m.d.sync += s1_valid.eq(s1b_valid)
+            with m.If(s1b_valid):
                 m.d.sync += [cp.eq(Mux(ch, outs[U - 1], ext)) for cp, ch in zip(copies, chains, strict=True)]
                 m.d.sync += [
-                    s1.eq(s1a),
-                    pv.eq(Cat(s1a.partial & (c["VL"] == v) for v in vls)),
-                    pad.eq(Cat(s1a.partial & (c["VL"] <= j) if j >= vl_min else Const(0) for j in range(U))),
+                    s1.eq(s1b),
+                    pv.eq(Cat(s1b.partial & (c["VL"] == v) for v in vls)),
+                    pad.eq(Cat(s1b.partial & (c["VL"] <= j) if j >= vl_min else Const(0) for j in range(U))),
                 ]
         s1_last_chunk, s1_last_of_block, s1_partial = s1.last_chunk, s1.last_of_block, s1.partial
         # the state after the chunk: the output of its last real row
@@ -433,7 +440,7 @@ class RngEngine(wiring.Component):
         resp_data = Signal(32)
         h = self.host.payload
         m.d.comb += [
-            busy.eq(running | s1a_valid | s1_valid | s2_valid | queue.o.valid | ram_w_en),
+            busy.eq(running | s1a_valid | s1b_valid | s1_valid | s2_valid | queue.o.valid | ram_w_en),
             self.busy.eq(busy),
             self.host.ready.eq(~busy & ~rd_issued & ~resp_valid & ~self.start),
             self.host_rdata.valid.eq(resp_valid),
