@@ -216,6 +216,7 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
         self.unit_names = []  # the shared units' submodule names
         self._pool = {}  # (name, params) -> [unit, uses]: readers shared by the phases of several layers (_pooled)
         self._beta_skids = {}  # BN forward unit's layers -> the beta slice in front of it (ForwardWiring._forward)
+        self._q_skids = {}  # BN backward unit's layers -> the Q slice in front of the po2 unit (BackwardWiring)
         self._wide_driven = set()  # ids of shared units' wide inputs that already have a default driver (_wide)
         def fwd_keys(j):
             return [k for k in (("fwd", j), ("rfwd", j), ("ifwd", j)) if k in act]

@@ -54,7 +54,7 @@ from sim.hw.optim import PROB_BITS, state_bits
 
 from .buffers import split_segments
 from .shared import layer_port, per_layer
-from .streams import SkidBuffer, or_tree, replicas
+from .streams import KEEP, SkidBuffer, or_tree, replicas
 from .xnor_engine import WeightReadSignature, XnorGeometry, _check_int, popcount
 
 __all__ = [
@@ -102,10 +102,16 @@ hazard at any depth: each state row is visited once per sweep, consecutive visit
 CMD_STAGES = 1
 """Cycles from a command's transfer to the cycle the sweep takes it from its registered slice."""
 
-LATENCY = CMD_STAGES + WRITE_STAGE + 1
+BANK_COPY_STAGE = 1
+"""Cycles from the weight banks' write registers (loaded in stage ``WRITE_STAGE - 1``) to their write: the write
+ports' pins come from copies of those registers (the data a copy per chunk), loaded a cycle later with no logic
+between, which the placer can put beside the block RAMs."""
+
+LATENCY = CMD_STAGES + WRITE_STAGE + 1 + BANK_COPY_STAGE
 """Cycles of a sweep beyond one per visit, counted from the cycle the command is transferred to the last
 cycle ``busy`` is high (both included): ``visits + LATENCY`` with no stalls (the command's slice, the cycle the
-sweep takes it, then per visit stages 0 .. :data:`WRITE_STAGE`)."""
+sweep takes it, then per visit stages 0 .. :data:`WRITE_STAGE` and the banks' write copies,
+:data:`BANK_COPY_STAGE`)."""
 
 STATE_SEGMENT = 16384
 """Words of a :class:`StateMemory` segment: the ECP5 block RAM's deepest mode (16,384 x 1) and a multiple of the
@@ -876,8 +882,9 @@ class WeightMemory(wiring.Component):
         # to every memory port's multiplexers closed at 44.5 MHz at the paper's widths on the ECP5 proxy): its
         # next value from the next values of running (set by a command; an issue implies running, so its last
         # visit's clearing is covered by that visit entering stage 1) and of the stages' valid bits
+        # (stage WRITE_STAGE too: the banks' write port copies write a cycle after it, BANK_COPY_STAGE)
         m.d.comb += busy_next.eq(running | (cmd.valid & cmd.ready)
-                                 | Cat(*(s_valid[st] for st in range(1, WRITE_STAGE))).any())
+                                 | Cat(*(s_valid[st] for st in range(1, WRITE_STAGE + BANK_COPY_STAGE))).any())
         m.d.sync += busy.eq(busy_next)
         m.d.comb += [
             self.busy.eq(busy | cmd.valid),  # a command waiting in its slice counts as busy
@@ -1094,13 +1101,24 @@ class WeightMemory(wiring.Component):
             host_i = Signal(name=f"host_wr_bank{lane_i}")
             m.d.sync += host_i.eq(host_bank_next & (lane_next == lane_i))
             wa = Signal.like(bank_ra, name=f"bank{lane_i}_wa")
-            wd = Signal(U, name=f"bank{lane_i}_wd")  # the chunk's bits, on every chunk's data pins
+            wd = Signal(U, name=f"bank{lane_i}_wd")  # the chunk's bits
             we = Signal(chunks, name=f"bank{lane_i}_we")
             m.d.sync += we.eq(Mux(sweep_lane[lane_i], chunk_hot, 0) | Mux(host_i, Const(1, chunks) << hw_chunk, 0))
             with m.If(sweep_lane[lane_i] | host_i):
                 m.d.sync += [wa.eq(Mux(sweep_lane[lane_i], s_addr[LD], host_addr)),
                              wd.eq(Mux(undo_lane[lane_i], undo_bits[LD], Mux(sweep_lane[lane_i], new_w, hw_bits)))]
-            m.d.comb += [wr.addr.eq(wa), wr.data.eq(Cat(*([wd] * chunks))), wr.en.eq(we)]
+            # BANK_COPY_STAGE: the write port's pins from copies a cycle later, loaded in every cycle with no logic
+            # in front (the bits a copy per chunk, beside that chunk's block RAMs; the address and the enables a
+            # copy per bank), so the registers above, and the choice and enables in front of them, stay by the
+            # sweep's pipeline (timing: the sweep's bank-lane flag into the write data register that fed every
+            # chunk's data pins, 12.44 ns, 11.4 of it routing, alone at the paper's widths on the ECP5 proxy)
+            # (the address and the data with no reset: they matter only under an enable; the enables' copy clears
+            # with the reset as its register does, so an abort drops a write on its way as before)
+            wa_p = Signal.like(wa, name=f"bank{lane_i}_wa_p", attrs=KEEP, reset_less=True)
+            we_p = Signal.like(we, name=f"bank{lane_i}_we_p", attrs=KEEP)
+            wd_p = [Signal(U, name=f"bank{lane_i}_wd_c{ci}", attrs=KEEP, reset_less=True) for ci in range(chunks)]
+            m.d.sync += [wa_p.eq(wa), we_p.eq(we), *(w.eq(wd) for w in wd_p)]
+            m.d.comb += [wr.addr.eq(wa_p), wr.data.eq(Cat(*wd_p)), wr.en.eq(we_p)]
         # the state write counters load while no sweep runs and in the cycle after a command (busy a cycle before
         # low, a register), from a register: the host write's row in the cycle after its request, else the sweep's
         # first row (the layer's, as in the cycle before); a write of each field's space a register of its own

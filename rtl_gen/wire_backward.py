@@ -111,7 +111,24 @@ class BackwardWiring:
         # P1 -> BN parameters; Q -> po2
         m.d.comb += [par.p1.valid.eq(a & bu.p1.valid), par.p1.payload.eq(bu.p1.payload.p1),
                      bu.p1.ready.eq(a & par.p1.ready)]
-        m.d.comb += [pu.q.payload.eq(bu.q.payload), pu.q.valid.eq(a & bu.q.valid), bu.q.ready.eq(a & pu.q.ready)]
+        # Q through a registered slice in front of the po2 unit (one per unit, shared by its layers, as BN forward's
+        # beta slice): the po2 unit's ``ready`` (its phase, ``in_done`` and credit) ends at the slice beside it
+        # instead of crossing the die into BN backward's output queue (the SMALL design's routed worst path at one
+        # nextpnr seed: a phase register -> the facades -> the po2 unit's ready -> the queue's enables, 12.63 ns,
+        # 10.9 of it routing). The skid form: the payload comes straight from a register. The po2 unit takes every
+        # Q beat of the phase, so the slice is empty at its end.
+        grp = next(g for g in self._bn_groups if j in g)
+        first = grp not in self._q_skids
+        if first:
+            self._q_skids[grp] = sub("q_skid" + "_".join(map(str, grp)),
+                                     SkidBuffer(shape=bu.q.payload.shape(), ring=False))
+        qsk = self._q_skids[grp]
+        if first:  # BN backward's outputs are the same for every layer: the first layer's drive the payload
+            m.d.comb += qsk.i.payload.eq(bu.q.payload)
+        with m.If(a):
+            m.d.comb += [qsk.i.valid.eq(bu.q.valid), qsk.o.ready.eq(pu.q.ready)]
+        m.d.comb += [bu.q.ready.eq(a & qsk.i.ready),
+                     pu.q.payload.eq(qsk.o.payload), pu.q.valid.eq(a & qsk.o.valid)]
         m.d.comb += pu.scale.eq(scale[j])
         # po2 scratch out and back; bias; codes into the code buffer (banked by sample)
         scr_count = Signal(range(lp.beats + 1), name=f"scr_count{j}")

@@ -228,8 +228,10 @@ def test_bn_forward_and_the_beat_writer_take_their_streams_from_slices():
     """In the SMALL design's netlist: the BN parameter unit's beta output register (``b_full``) is loaded by no
     logic that starts in the BN forward unit (BN forward's ``ready`` ends at the beta slice), and no register of
     the beat writer is loaded through logic from the AXI-Stream input's ``TVALID`` (the port ends at the input
-    slice). Planted: the beta stream wired straight from the parameter unit to BN forward, and the writer's
-    input straight from the port (each fails its half)."""
+    slice), and no register of BN backward's Q queues is loaded through logic that starts in the po2 unit (its
+    ``ready`` ends at the Q slice). Planted: the beta stream wired straight from the parameter unit to BN forward,
+    the writer's input straight from the port, and Q straight from BN backward to the po2 unit (each fails its
+    part)."""
     from rtl_gen.top import Accelerator, SystemPlan
     from sim.config import load_config
 
@@ -250,3 +252,9 @@ def test_bn_forward_and_the_beat_writer_take_their_streams_from_slices():
     assert writer
     tvalid = set(mod["ports"]["s_axis_tvalid"]["bits"])
     assert not tvalid & _flop_sources(d, ld, writer)
+    queues = [n for n, c in cells.items() if c["type"] == "TRELLIS_FF" and ld.unit_of(n).startswith("bn_bwd")
+              and ".q_queue" in n]
+    assert queues
+    from_po2 = {d.driver[b][0] for b in _flop_sources(d, ld, queues)
+                if b in d.driver and ld.unit_of(d.driver[b][0]).startswith("po2_")}
+    assert not from_po2, sorted(from_po2)[:5]
