@@ -78,6 +78,9 @@ DX_LATENCY = 6
 included): weight read, the addends' decode, pair sums, picks and their sums by twos, the rest of the adder tree,
 accumulate and queue."""
 
+PICK_GROUP = 4
+"""Inputs of the fabric dX unit whose picks read one copy of the registered pair sums."""
+
 DW_LATENCY = 7
 """dW: cycles beyond one per input beat, from the first ``xdy`` transfer to the last ``dw`` transfer: operand
 register, the codes decoded into powers of two, addends, accumulate, the signs registered, push into ``pend``, the
@@ -460,7 +463,9 @@ def _table(m: Module, layer, name: str, values, width: int):
 def _signed_power(m: Module, code, real, width: int, name: str):
     """``v = (-1)^neg 2^(field - 1)`` of a po2 code and ``-v`` as ``width``-bit signed signals, 0 where ``real``
     is low (``real`` implies ``field != 0``), decoded without an adder: ``+2^j`` is one-hot at bit ``j`` and
-    ``-2^j`` has bits ``j`` and up set."""
+    ``-2^j`` has bits ``j`` and up set. ``real`` gates the bits by AND, not by a multiplexer with a constant 0, which
+    Yosys would turn into the synchronous reset of a register loaded with ``v`` (a MULT18's B operand register:
+    one with a reset cannot move into the MULT18, boards/ecp5_dsp.py)."""
     v = Signal(signed(width), name=name)
     nv = Signal(signed(width), name=f"n{name}")
     one = Signal(width, name=f"{name}_one")  # 2^(field - 1)
@@ -468,8 +473,8 @@ def _signed_power(m: Module, code, real, width: int, name: str):
     m.d.comb += [
         one.eq(Cat(code.field == j + 1 for j in range(width))),
         up.eq(Cat(code.field <= j + 1 for j in range(width))),
-        v.eq(Mux(real, Mux(code.neg, up, one), 0)),
-        nv.eq(Mux(real, Mux(code.neg, one, up), 0)),
+        v.eq(Mux(code.neg, up, one) & real.replicate(width)),
+        nv.eq(Mux(code.neg, one, up) & real.replicate(width)),
     ]
     return v, nv
 
@@ -685,12 +690,18 @@ class _Dx(wiring.Component):
 
         # Stage 1b: registered pair sums and weight bits; each input picks and adds the picks by twos (the pair
         # sums' adders and the picks' adder tree in separate cycles: ECP5 timing proxy, docs/results.md).
+        # The registered pair sums are copied per group of PICK_GROUP inputs (marked KEEP), so that each copy
+        # sits by its inputs' picks: one register per sum fed the picks of every input, and the placer put it far
+        # from some (a pair sum's register -> 9.6 ns of routing -> a pick -> the halves' adder, 14.53 ns in the
+        # routed SMALL design at one nextpnr seed).
         c1b = stage("s1b", c1v)
         w1b = Signal.like(wseg, name="w1b")
-        sums1b = [[Signal.like(ss, name=f"{ss.name}_r") for ss in row] for row in sums]
+        n_copies = -(-LS // PICK_GROUP)
+        sums1b = [[[Signal.like(ss, name=f"{ss.name}_r{q}", attrs=KEEP) for ss in row] for row in sums]
+                  for q in range(n_copies)]
         with m.If(adv):
             m.d.sync += w1b.eq(w1v)
-            m.d.sync += [r.eq(ss) for row, row_r in zip(sums, sums1b, strict=True)
+            m.d.sync += [r.eq(ss) for copy in sums1b for row, row_r in zip(sums, copy, strict=True)
                          for ss, r in zip(row, row_r, strict=True)]
         # Stage 1c: per input, the sums of the picks by twos, registered; the rest of the tree into c2 (the picks
         # and the whole tree in one cycle closed below 80 MHz in context).
@@ -701,7 +712,7 @@ class _Dx(wiring.Component):
             for n, pair in enumerate(pairs):
                 pick = Signal(signed(v_width + 1), name=f"pick{i}_{n}")
                 with m.Switch(Cat(w1b[lane][i] for lane in pair)):
-                    for mask, ss in enumerate(sums1b[n]):
+                    for mask, ss in enumerate(sums1b[i // PICK_GROUP][n]):
                         with m.Case(mask):
                             m.d.comb += pick.eq(ss)
                 picks.append(pick)
@@ -1427,8 +1438,13 @@ class _Array(_Dw):
                 a = Signal(signed(DSP_A_BITS), name=f"dsp_a{c}_{lane}")
                 a_dx = Cat(b[2 * c], Const(0, DSP_A_BITS - 2), b[2 * c + 1]).as_signed()
                 if pairs:  # A = s_0 + s_1 2^Ft, s = +-1 by the activation bits
-                    a_t = Mux(b[2 * c], 1, -1) + (Mux(b[2 * c + 1], 1, -1) << FT)
-                    m.d.comb += a.eq(Mux(s1_x, a_dx, a_t))
+                    a_t = Signal(signed(DSP_A_BITS), name=f"dsp_at{c}_{lane}")
+                    m.d.comb += a_t.eq(Mux(b[2 * c], 1, -1) + (Mux(b[2 * c + 1], 1, -1) << FT))
+                    # the choice as AND-OR, not a multiplexer: a multiplexer with a constant 0 on the dX side
+                    # (A's middle bits) becomes, in Yosys, the flip-flop's synchronous reset, and a flip-flop with a
+                    # reset cannot move into the MULT18's input register (boards/ecp5_dsp.py)
+                    sx = s1_x.replicate(DSP_A_BITS)
+                    m.d.comb += a.eq((a_dx.as_unsigned() & sx) | (a_t.as_unsigned() & ~sx))
                 else:
                     m.d.comb += a.eq(a_dx)
                 a_r = Signal.like(a, name=f"dsp_ar{c}_{lane}", reset_less=True)  # A

@@ -6,7 +6,9 @@ exact cycle counts)."""
 import json
 import os
 import re
+from collections import Counter
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -288,7 +290,9 @@ def test_array_slices_have_a_dsp48s_pipeline_registers(tmp_path, window):
     """Yosys's view of a small array (word-level cells): every slice's multiply takes its operands from flip-flops
     (a DSP48's A and B registers) and its product goes only into flip-flops (M), which feed the accumulator's adder
     (P): the operands' choice and decode, the product and the accumulate are three cycles (in one cycle they
-    closed at 31.3 MHz on the ECP5 proxy; on the xc7z020 the registers are the slice's own)."""
+    closed at 31.3 MHz on the ECP5 proxy; on the xc7z020 the registers are the slice's own). The operand flip-flops
+    have no synchronous reset: one with a reset cannot move into the MULT18's input register (boards/ecp5_dsp.py).
+    Planted: the dX / dW choice of A as a multiplexer (Yosys turns its constant-0 side into a reset) fails it."""
     cfg = apply_overrides(load_config("mlp"), {**ARRAY, "hw.dw_window": window})
     geo = Po2Geometry.from_config(cfg, 1, lanes_in=16, lanes_out=8, lanes_b=1, dw_passes=4, dx_passes=4)
     assert array_mode([geo]) and geo.dw_pairs == bool(window)
@@ -307,9 +311,11 @@ def test_array_slices_have_a_dsp48s_pipeline_registers(tmp_path, window):
     muls = [c for c in cells if c["type"] == "$mul"]
     LS = geo.bank.lanes_in // geo.dw_passes
     assert len(muls) == geo.bank.lanes_out * (LS // 2 + 1)  # the slices and each lane's -T slice
+    q_type = {b: c["type"] for c in flops for b in c["connections"]["Q"]}
     for c in muls:
         ins = [b for p in ("A", "B") for b in c["connections"][p] if isinstance(b, int)]
         assert ins and all(b in q_bits for b in ins), "a multiplier operand does not come from a register"
+        assert {q_type[b] for b in ins} <= {"$dff", "$dffe"}, {q_type[b] for b in ins}
         outs = [b for b in c["connections"]["Y"] if b in loads]
         assert outs and all(b in d_bits and set(loads[b]) == {"$dff"} for b in outs), "a product is not registered"
     # the product registers feed the accumulators' adders
@@ -317,3 +323,29 @@ def test_array_slices_have_a_dsp48s_pipeline_registers(tmp_path, window):
     m_regs = [f for f in flops if y_bits & set(f["connections"]["D"])]
     assert len(m_regs) >= len(muls)
     assert all({"$add"} & set(loads.get(b, [])) for f in m_regs for b in f["connections"]["Q"][:1])
+
+
+def test_fabric_dx_picks_read_pair_sum_copies_of_their_own(tmp_path):
+    """The fabric dX unit's registered pair sums are copied per group of PICK_GROUP inputs, and each copy survives
+    synthesis with the flow's KEEP (the picks of 8 inputs read 2 copies). Planted: every input's picks from one
+    copy (the earlier form, one register a sum: 9.6 ns of routing to a far pick in context) fails it."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from yosys_nets import gate_netlist
+
+    from rtl_gen.po2_backward import PICK_GROUP
+
+    cfg = apply_overrides(load_config("mlp"), {**BINARY, "hw.dw_window": 0})
+    geo = Po2Geometry.from_config(cfg, 1, lanes_in=16, lanes_out=4, lanes_b=2, dw_passes=2, dx_passes=2)
+    assert not array_mode([geo])
+    ls = 16 // 2
+    mod = gate_netlist(Po2Backward(geometry=geo), "po2b", tmp_path, keep=True)
+    q_bits = {b for c in mod["cells"].values() if "DFF" in c["type"] for b in c["connections"]["Q"]}
+    loads = Counter(b for c in mod["cells"].values() for p, bits in c["connections"].items()
+                    if c["port_directions"][p] == "input" for b in bits)
+    copies = -(-ls // PICK_GROUP)
+    assert copies == 2
+    for q in range(copies):
+        bits = mod["netnames"][f"dx_unit.pair0_0_r{q}"]["bits"]
+        assert all(b in q_bits and loads[b] for b in bits), f"copy {q} is not a register with loads of its own"
