@@ -215,8 +215,9 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
         po2b = {}
         self.unit_names = []  # the shared units' submodule names
         self._pool = {}  # (name, params) -> [unit, uses]: readers shared by the phases of several layers (_pooled)
-        self._beta_skids = {}  # BN forward unit's layers -> the beta slice in front of it (ForwardWiring._forward)
-        self._q_skids = {}  # BN backward unit's layers -> the Q slice in front of the po2 unit (BackwardWiring)
+        # (kind, a BN unit group's layers) -> the slice of that kind shared by the group (:meth:`_group_slice`): the
+        # beta slice in front of BN forward, the Q slice in front of the po2 unit
+        self._group_slices = {}
         self._wide_driven = set()  # ids of shared units' wide inputs that already have a default driver (_wide)
         def fwd_keys(j):
             return [k for k in (("fwd", j), ("rfwd", j), ("ifwd", j)) if k in act]
@@ -802,6 +803,18 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
         src = [(self._start if start else self._act)[k] for k in keys]
         m.d.sync += reg.eq(Cat(*src).any() if src else 0)
         return reg
+
+    def _group_slice(self, sub, kind: str, j: int, shape):
+        """``(slice, first)``: the registered slice (a :class:`SkidBuffer` in the skid form, its payload straight
+        from a register) named ``{kind}_skid<layers>`` that the layers of layer ``j``'s BN unit group share, made
+        on its first call; ``first`` says this call made it (that layer drives the payload, the same for every
+        layer of the group)."""
+        grp = next(g for g in self._bn_groups if j in g)
+        first = (kind, grp) not in self._group_slices
+        if first:
+            self._group_slices[kind, grp] = sub(f"{kind}_skid" + "_".join(map(str, grp)),
+                                                SkidBuffer(shape=shape, ring=False))
+        return self._group_slices[kind, grp], first
 
     def _phase_pair(self, key, prefix: str | None = None):
         """``(activity, start)`` of phase ``key`` as registers of one caller's own (:meth:`_phase_reg`, named

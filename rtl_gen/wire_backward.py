@@ -117,12 +117,7 @@ class BackwardWiring:
         # nextpnr seed: a phase register -> the facades -> the po2 unit's ready -> the queue's enables, 12.63 ns,
         # 10.9 of it routing). The skid form: the payload comes straight from a register. The po2 unit takes every
         # Q beat of the phase, so the slice is empty at its end.
-        grp = next(g for g in self._bn_groups if j in g)
-        first = grp not in self._q_skids
-        if first:
-            self._q_skids[grp] = sub("q_skid" + "_".join(map(str, grp)),
-                                     SkidBuffer(shape=bu.q.payload.shape(), ring=False))
-        qsk = self._q_skids[grp]
+        qsk, first = self._group_slice(sub, "q", j, bu.q.payload.shape())
         if first:  # BN backward's outputs are the same for every layer: the first layer's drive the payload
             m.d.comb += qsk.i.payload.eq(bu.q.payload)
         with m.If(a):

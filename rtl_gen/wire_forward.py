@@ -17,7 +17,6 @@ from .buffers import (
     next_sample_row,
 )
 from .ports import StreamView
-from .streams import SkidBuffer
 
 __all__ = ["ForwardWiring"]
 
@@ -132,15 +131,9 @@ class ForwardWiring:
         # first beta comes three cycles after ``beta_start`` and BN forward takes betas in EPI2 only, a pass over
         # the batch later: no cycle changes
         m.d.comb += par.beta_start.eq(st)
-        grp = next(g for g in self._bn_groups if j in g)
-        first = grp not in self._beta_skids
-        if first:
-            bl = data.StructLayout({"beta": par.beta.payload.shape(), "mu": par.run.mu.shape(),
-                                    "s": par.run.s.shape()})
-            self._beta_skids[grp] = sub("beta_skid" + "_".join(map(str, grp)), SkidBuffer(shape=bl, ring=False))
-        bsk = self._beta_skids[grp]
-        # the parameter unit's outputs are the same for every layer: the first layer's drive the slice's payload
-        if first:
+        bl = data.StructLayout({"beta": par.beta.payload.shape(), "mu": par.run.mu.shape(), "s": par.run.s.shape()})
+        bsk, first = self._group_slice(sub, "beta", j, bl)
+        if first:  # the parameter unit's outputs are the same for every layer: the first layer's drive the payload
             m.d.comb += [bsk.i.payload.beta.eq(par.beta.payload), bsk.i.payload.mu.eq(par.run.mu),
                          bsk.i.payload.s.eq(par.run.s)]
         with m.If(a):
