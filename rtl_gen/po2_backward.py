@@ -92,10 +92,13 @@ it and for every tile started before it that has not left ``pend``). ``pend`` is
 :class:`~rtl_gen.streams.SkidBuffer` (flip-flops: as distributed RAM its one write enable into every RAM cell of a
 tile closed at 82 MHz on the ECP5 proxy)."""
 
-ARRAY_STAGES = 2
-"""Pipeline stages of the array's slices between stage 1 and the accumulators (the A / B operand registers and the
-product's M register of a DSP48): a pass's or block's sums are captured this many cycles after its finish cycle
-leaves stage 1, which it leaves only when the drain will be free by then."""
+ARRAY_STAGES = 3
+"""Pipeline stages of the array's slices between stage 1 and the accumulators (two A / B operand registers, A1 A2
+and B1 B2 of a DSP48 with AREG = BREG = 2, and the product's M register): a pass's or block's sums are captured
+this many cycles after its finish cycle leaves stage 1, which it leaves only when the drain will be free by then.
+The second operand registers are the multiplier's own (on the ECP5 proxy boards/ecp5_dsp.py moves them into the
+MULT18), so the first ones reach them over a cycle of their own: with one operand register, inside the MULT18,
+stage 1's code choice and decode ended at the MULT18's input across the die (58.1 MHz for a quarter array)."""
 
 ARRAY_DX_LATENCY = 4 + ARRAY_STAGES
 """Array dX: cycles beyond the windows, finish cycles and drain lanes (see :meth:`Po2Geometry.array_dx_cycles`):
@@ -1173,9 +1176,9 @@ class _Array(_Dw):
       the ``NS`` samples for a group are read from ``codes`` during the previous window (two buffers).
 
     Each slice has a DSP48's pipeline registers: stage 1 forms the operands ``A`` and ``v``, which are registered
-    (``A`` and ``B`` registers), their product is registered (``M``) and the accumulator ``P`` adds it, so a beat
-    reaches ``P`` :data:`ARRAY_STAGES` cycles after stage 1 (on the ECP5 proxy the same registers surround the
-    MULT18s and the fabric adders).
+    twice (``A1 A2`` and ``B1 B2``, AREG = BREG = 2), their product is registered (``M``) and the accumulator ``P``
+    adds it, so a beat reaches ``P`` :data:`ARRAY_STAGES` cycles after stage 1 (on the ECP5 proxy the second
+    operand registers and ``M`` move into the MULT18s, boards/ecp5_dsp.py).
 
     After a pass (dW) or a block (dX) a finish cycle copies the sums to capture registers, and the drain takes
     one lane per cycle (``lanes_out`` cycles) while the array goes on: dX writes the lane's ``LS`` values as one
@@ -1408,13 +1411,14 @@ class _Array(_Dw):
         go1 = Signal()
         m.d.comb += go1.eq(adv & s1_valid)
         a_step, a_fin, a_first, a_x = (Signal(name=f"sa_{n}") for n in ("step", "fin", "first", "x"))
+        a2_step, a2_fin, a2_first, a2_x = (Signal(name=f"sa2_{n}") for n in ("step", "fin", "first", "x"))
         m_fin = Signal(name="sm_fin")
         m.d.sync += [a_step.eq(go1 & ~s1_fin), a_fin.eq(go1 & s1_fin), a_first.eq(s1_first), a_x.eq(s1_x),
-                     m_fin.eq(a_fin)]
+                     a2_step.eq(a_step), a2_fin.eq(a_fin), a2_first.eq(a_first), a2_x.eq(a_x), m_fin.eq(a2_fin)]
         # stage m's accumulate enable and load select, a copy per lane (streams.replicas)
-        m_step = replicas(m, a_step, LO, name="sm_step")
-        m_first = replicas(m, a_first, LO, name="sm_first")
-        m_x = replicas(m, a_x, LO, name="sm_x") if pairs else None
+        m_step = replicas(m, a2_step, LO, name="sm_step")
+        m_first = replicas(m, a2_first, LO, name="sm_first")
+        m_x = replicas(m, a2_x, LO, name="sm_x") if pairs else None
         vw = geo.span + 2
         acc, tacc = {}, []
         for lane in range(LO):
@@ -1447,19 +1451,23 @@ class _Array(_Dw):
                     m.d.comb += a.eq((a_dx.as_unsigned() & sx) | (a_t.as_unsigned() & ~sx))
                 else:
                     m.d.comb += a.eq(a_dx)
-                a_r = Signal.like(a, name=f"dsp_ar{c}_{lane}", reset_less=True)  # A
-                # B: a register per slice, not merged into one per lane (a merged one reached the far MULT18s of the
-                # lane's slices through 6.2 ns of routing on the ECP5 proxy)
-                b_r = Signal.like(v_dw, name=f"dsp_br{c}_{lane}", reset_less=True, attrs=KEEP)
+                # A1, B1: the first operand registers, B1 a copy per slice (KEEP), not merged into one per lane (a
+                # merged one reached the far MULT18s of the lane's slices through 6.2 ns of routing on the ECP5
+                # proxy); A2, B2: the multiplier's own
+                a_r1 = Signal.like(a, name=f"dsp_ar1_{c}_{lane}", reset_less=True)
+                a_r = Signal.like(a, name=f"dsp_ar{c}_{lane}", reset_less=True)
+                b_r1 = Signal.like(v_dw, name=f"dsp_br1_{c}_{lane}", reset_less=True, attrs=KEEP)
+                b_r = Signal.like(v_dw, name=f"dsp_br{c}_{lane}", reset_less=True)
                 m_r = Signal(signed(DSP_A_BITS + len(v_dw)), name=f"dsp_m{c}_{lane}", reset_less=True)  # M
-                m.d.sync += [a_r.eq(a), b_r.eq(v_dw), m_r.eq(a_r * b_r)]
+                m.d.sync += [a_r1.eq(a), a_r.eq(a_r1), b_r1.eq(v_dw), b_r.eq(b_r1), m_r.eq(a_r * b_r)]
                 p_ = Signal(signed(DSP_P_BITS), name=f"dsp_p{c}_{lane}")
                 with m.If(m_step[lane]):
                     m.d.sync += p_.eq(Mux(m_first[lane], bias, p_) + m_r)
                 acc[c, lane] = p_
+            t_b1 = Signal.like(v, name=f"dsp_tb1_{lane}", reset_less=True, attrs=KEEP)
             t_b = Signal.like(v, name=f"dsp_tb{lane}", reset_less=True)
             t_m = Signal(signed(vw + F + 1), name=f"dsp_tm{lane}", reset_less=True)
-            m.d.sync += [t_b.eq(v), t_m.eq(t_b * Const((1 << F) - 1, unsigned(F)))]
+            m.d.sync += [t_b1.eq(v), t_b.eq(t_b1), t_m.eq(t_b * Const((1 << F) - 1, unsigned(F)))]
             t = Signal(signed(DSP_P_BITS), name=f"dsp_t{lane}")  # lower field: -T
             with m.If(m_step[lane]):
                 m.d.sync += t.eq(Mux(m_first[lane], 0, t) + t_m)
@@ -1475,7 +1483,7 @@ class _Array(_Dw):
         d_free = Signal()
         # the finish cycle leaves stage 1 when the chain is free or frees this cycle and no capture is on its way:
         # then the chain is idle at the capture (stage m), which always takes place
-        m.d.comb += [adv.eq(~(s1_valid & s1_fin & ~(d_free & ~a_fin & ~m_fin))), cap.eq(m_fin)]
+        m.d.comb += [adv.eq(~(s1_valid & s1_fin & ~(d_free & ~a_fin & ~a2_fin & ~m_fin))), cap.eq(m_fin)]
         cap_p = {key: Signal(2 * F, name=f"cap{key[0]}_{key[1]}", reset_less=True) for key in acc}
         cap_t = [Signal(F, name=f"cap_t{lane}", reset_less=True) for lane in range(LO)]
         d_busy = Signal()
@@ -1597,7 +1605,7 @@ class _Array(_Dw):
         # under a copy of the drain's busy flag of their own (streams.replicas)
         busy_next = Signal()
         m.d.comb += busy_next.eq(Mux(cap, 1, Mux(d_go & last_lane, 0, d_busy)))
-        cap_l = replicas(m, a_fin, LO, name="cap")
+        cap_l = replicas(m, a2_fin, LO, name="cap")  # m_fin, a copy per lane
         busy_l = replicas(m, busy_next, LO, name="drain_busy")
         for lane in range(LO):
             regs = [(cap_p[c, lane], acc[c, lane][: 2 * F]) for c in range(LS // 2)] + [(cap_t[lane], tacc[lane][:F])]

@@ -288,11 +288,13 @@ def _rtl_netlist(design, top: str, folder) -> dict:
 @pytest.mark.parametrize("window", [0, 3], ids=["full", "pairs"])
 def test_array_slices_have_a_dsp48s_pipeline_registers(tmp_path, window):
     """Yosys's view of a small array (word-level cells): every slice's multiply takes its operands from flip-flops
-    (a DSP48's A and B registers) and its product goes only into flip-flops (M), which feed the accumulator's adder
-    (P): the operands' choice and decode, the product and the accumulate are three cycles (in one cycle they
-    closed at 31.3 MHz on the ECP5 proxy; on the xc7z020 the registers are the slice's own). The operand flip-flops
+    loaded from flip-flops (a DSP48's A1 A2 and B1 B2 registers) and its product goes only into flip-flops (M),
+    which feed the accumulator's adder (P): the operands' choice and decode, their way to the multiplier, the
+    product and the accumulate are four cycles (in one cycle they closed at 31.3 MHz on the ECP5 proxy; on the
+    xc7z020 the registers are the slice's own). The operand flip-flops
     have no synchronous reset: one with a reset cannot move into the MULT18's input register (boards/ecp5_dsp.py).
-    Planted: the dX / dW choice of A as a multiplexer (Yosys turns its constant-0 side into a reset) fails it."""
+    Planted: the dX / dW choice of A as a multiplexer (Yosys turns its constant-0 side into a reset) fails it; B2
+    loaded from stage 1's ``v`` fails it."""
     cfg = apply_overrides(load_config("mlp"), {**ARRAY, "hw.dw_window": window})
     geo = Po2Geometry.from_config(cfg, 1, lanes_in=16, lanes_out=8, lanes_b=1, dw_passes=4, dx_passes=4)
     assert array_mode([geo]) and geo.dw_pairs == bool(window)
@@ -312,10 +314,14 @@ def test_array_slices_have_a_dsp48s_pipeline_registers(tmp_path, window):
     LS = geo.bank.lanes_in // geo.dw_passes
     assert len(muls) == geo.bank.lanes_out * (LS // 2 + 1)  # the slices and each lane's -T slice
     q_type = {b: c["type"] for c in flops for b in c["connections"]["Q"]}
+    d_of = {q: d for f in flops for q, d in zip(f["connections"]["Q"], f["connections"]["D"], strict=True)}
     for c in muls:
         ins = [b for p in ("A", "B") for b in c["connections"][p] if isinstance(b, int)]
         assert ins and all(b in q_bits for b in ins), "a multiplier operand does not come from a register"
         assert {q_type[b] for b in ins} <= {"$dff", "$dffe"}, {q_type[b] for b in ins}
+        # the second operand registers (A2, B2) are loaded from the first (A1, B1): the multiplier's own registers,
+        # reached from the fabric over a cycle of their own
+        assert all(d_of[b] in q_bits for b in ins if isinstance(d_of[b], int)), "an operand register is not the second"
         outs = [b for b in c["connections"]["Y"] if b in loads]
         assert outs and all(b in d_bits and set(loads[b]) == {"$dff"} for b in outs), "a product is not registered"
     # the product registers feed the accumulators' adders
