@@ -36,16 +36,22 @@ from amaranth.lib.wiring import In, Out
 from sim.hw.rng import xorshift32_next
 
 from .shared import layer_port, per_layer
-from .streams import KEEP, SkidBuffer
+from .streams import KEEP, SkidBuffer, StreamFIFO
 from .weight_memory import SweepGeometry, rng_layout
 from .xnor_engine import XnorGeometry, _check_int
 
 __all__ = ["FANOUT_WEIGHT", "LATENCY", "RngEngine", "RngGeometry", "copy_groups", "jump_rows", "layer_offset"]
 
-LATENCY = 6
+LATENCY = 7
 """Cycles of a sweep beyond one per visit with no backpressure, counted from the cycle ``start`` is high
 (accepted) to the cycle the last beat is transferred, both included: ``visits + LATENCY`` (start, state-RAM
-read, its output register, the state register, the numbers' register, the queue)."""
+read, its output register, the state register, the numbers' register, the queue, its output slice)."""
+
+QUEUE_DEPTH = 8
+"""Beats of :class:`RngEngine`'s output queue. Its stages never stall: a visit is issued only while the queue has
+room for it and for every visit already in the stages (a credit counter), so no ``ready`` reaches the stages'
+enables. Eight covers the loop from an issue to its credit's return (the four stages, the queue, the credit's
+register) with one beat a cycle."""
 
 
 def layer_offset(cfg, layer_index: int) -> int:
@@ -233,8 +239,14 @@ class RngEngine(wiring.Component):
                     m.d.comb += [c[k].eq(f(geo)) for k, (f, _) in consts.items()]
                     m.d.comb += c["base"].eq(sum(h.generators for h in geos[:i]))
 
-        m.submodules.queue = queue = SkidBuffer(shape=rng_layout(U))
-        adv = Signal()
+        # the output queue and its registered slice; the stages move every cycle (no stall enable fanning out to
+        # every stage's registers: timing, the queue's ready into the stages' enables and the visit counters was
+        # the generators' worst path in context on the ECP5 proxy, 12.95 ns at one nextpnr seed), and a visit
+        # is issued only while ``credit``, the queue's free entries less the visits in the stages, is not zero
+        m.submodules.queue = queue = StreamFIFO(shape=rng_layout(U), depth=QUEUE_DEPTH)
+        m.submodules.out_slice = out_slice = SkidBuffer(shape=rng_layout(U))
+        credit = Signal(range(QUEUE_DEPTH + 1), init=QUEUE_DEPTH)
+        has_credit = Signal(init=1)  # credit != 0, registered with it
 
         # --- stage 0: the visit counters and the state-RAM read ---
         running = Signal()
@@ -264,7 +276,11 @@ class RngEngine(wiring.Component):
             gen.eq(c["base"] + block_base + group_base + lane),
         ]
         issue = Signal()
-        m.d.comb += issue.eq(adv & running)
+        pop = Signal()  # a beat leaves the queue
+        m.d.comb += [issue.eq(running & has_credit), pop.eq(queue.o.valid & queue.o.ready)]
+        credit_next = Signal.like(credit)
+        m.d.comb += credit_next.eq(credit - issue + pop)
+        m.d.sync += [credit.eq(credit_next), has_credit.eq(credit_next != 0)]
         with m.If(issue):
             with m.If(last_chunk):
                 m.d.sync += chunk.eq(0)
@@ -301,8 +317,8 @@ class RngEngine(wiring.Component):
         # per sweep. ---
         # (``use_ram`` / ``use_lf`` and the ``chain_c`` copies below: where the visit's state comes from as it
         # enters stage 1, decided as it enters stage 1b, a stage early, so that the choice's selects are
-        # flip-flops. The visit in stage 1 at that moment is the one in stage 1b now, as the stages move on
-        # ``adv`` alone.)
+        # flip-flops. The visit in stage 1 at that moment is the one in stage 1b now, as the stages move every
+        # cycle; a gap between visits is a stage without ``valid``.)
         visit = data.StructLayout({"lane": lane.shape(), "gen": gen.shape(), "first_chunk": 1, "last_chunk": 1,
                                    "first_of_block": 1, "last_of_block": 1, "partial": 1, "last": 1,
                                    "use_ram": 1, "use_lf": 1})
@@ -317,22 +333,21 @@ class RngEngine(wiring.Component):
         v_ram, v_lf = Signal(), Signal()
         m.d.comb += [v_ram.eq(s1a.first_chunk & s1a.first_of_block),
                      v_lf.eq(s1a.first_chunk & ~s1a.first_of_block & ~(s1b_valid & (s1b.lane == s1a.lane)))]
-        with m.If(adv):
-            m.d.sync += s1a_valid.eq(issue)
-            with m.If(issue):
-                m.d.sync += [
-                    s1a.lane.eq(lane),
-                    s1a.gen.eq(gen),
-                    s1a.first_chunk.eq(chunk == 0),
-                    s1a.last_chunk.eq(last_chunk),
-                    s1a.first_of_block.eq(first_of_block),
-                    s1a.last_of_block.eq(last_of_block),
-                    s1a.partial.eq(last_word & (chunk == c["CL1"])),
-                    s1a.last.eq(last_visit),
-                ]
-            m.d.sync += s1b_valid.eq(s1a_valid)
-            with m.If(s1a_valid):
-                m.d.sync += [s1b.eq(s1a), s1b.use_ram.eq(v_ram), s1b.use_lf.eq(v_lf), ram_q.eq(ram_rd.data)]
+        m.d.sync += s1a_valid.eq(issue)
+        with m.If(issue):
+            m.d.sync += [
+                s1a.lane.eq(lane),
+                s1a.gen.eq(gen),
+                s1a.first_chunk.eq(chunk == 0),
+                s1a.last_chunk.eq(last_chunk),
+                s1a.first_of_block.eq(first_of_block),
+                s1a.last_of_block.eq(last_of_block),
+                s1a.partial.eq(last_word & (chunk == c["CL1"])),
+                s1a.last.eq(last_visit),
+            ]
+        m.d.sync += s1b_valid.eq(s1a_valid)
+        with m.If(s1a_valid):
+            m.d.sync += [s1b.eq(s1a), s1b.use_ram.eq(v_ram), s1b.use_lf.eq(v_lf), ram_q.eq(ram_rd.data)]
 
         # --- stage 1: the state, the numbers, the write-back. The state is a register (``state``), loaded as the
         # visit enters stage 1 with the state RAM's word (a block's first word), the lane file's word read in stage
@@ -359,7 +374,7 @@ class RngEngine(wiring.Component):
         lf_w_data = Signal(32, reset_less=True)
         lf_bypass = Signal()
         m.d.comb += [lf_rd.addr.eq(s1b.lane), lf_bypass.eq(lf_w_en & (lf_w_addr == s1b.lane))]
-        step = s1_valid & adv
+        step = s1_valid
         # The state is held in copies (flip-flops marked KEEP): ``state`` feeds only the chain's matrix A^U, the
         # loop from chunk to chunk (state -> XORs -> state), and each further copy a group of the numbers' matrices
         # of about FANOUT_WEIGHT XOR inputs, so that no state bit drives more than about FANOUT_WEIGHT / 32 of them.
@@ -378,17 +393,16 @@ class RngEngine(wiring.Component):
             outs.append(out)
         ext = Signal(32)  # the state when the visit does not continue the chunk in stage 1
         m.d.comb += ext.eq(Mux(s1b.use_ram, ram_q, Mux(s1b.use_lf, Mux(lf_bypass, lf_w_data, lf_rd.data), cur)))
-        with m.If(adv & s1a_valid):
+        with m.If(s1a_valid):
             m.d.sync += [ch.eq(~v_ram & ~v_lf & s1b_valid) for ch in chains]
-        with m.If(adv):
-            m.d.sync += s1_valid.eq(s1b_valid)
-            with m.If(s1b_valid):
-                m.d.sync += [cp.eq(Mux(ch, outs[U - 1], ext)) for cp, ch in zip(copies, chains, strict=True)]
-                m.d.sync += [
-                    s1.eq(s1b),
-                    pv.eq(Cat(s1b.partial & (c["VL"] == v) for v in vls)),
-                    pad.eq(Cat(s1b.partial & (c["VL"] <= j) if j >= vl_min else Const(0) for j in range(U))),
-                ]
+        m.d.sync += s1_valid.eq(s1b_valid)
+        with m.If(s1b_valid):
+            m.d.sync += [cp.eq(Mux(ch, outs[U - 1], ext)) for cp, ch in zip(copies, chains, strict=True)]
+            m.d.sync += [
+                s1.eq(s1b),
+                pv.eq(Cat(s1b.partial & (c["VL"] == v) for v in vls)),
+                pad.eq(Cat(s1b.partial & (c["VL"] <= j) if j >= vl_min else Const(0) for j in range(U))),
+            ]
         s1_last_chunk, s1_last_of_block, s1_partial = s1.last_chunk, s1.last_of_block, s1.partial
         # the state after the chunk: the output of its last real row
         nxt = Signal(32)
@@ -422,16 +436,15 @@ class RngEngine(wiring.Component):
         # --- stage 2: the numbers are registered before the queue (its input multiplexer and the padding after the
         # XORs closed below 80 MHz in context) ---
         s2_valid = Signal()
-        s2 = Signal(rng_layout(U))
-        with m.If(adv):
-            m.d.sync += [s2_valid.eq(s1_valid), s2.last.eq(s1.last)]
-            m.d.sync += [s2.u[j].eq(Mux(pad[j], 0, outs[j])) for j in range(U)]
+        s2 = Signal(rng_layout(U), reset_less=True)  # what it holds matters only with s2_valid
+        m.d.sync += [s2_valid.eq(s1_valid), s2.last.eq(s1.last)]
+        m.d.sync += [s2.u[j].eq(Mux(pad[j], 0, outs[j])) for j in range(U)]
         m.d.comb += [
             queue.i.payload.eq(s2),
-            queue.i.valid.eq(s2_valid),
-            adv.eq(~s2_valid | queue.i.ready),
+            queue.i.valid.eq(s2_valid),  # the credit keeps room for it
         ]
-        wiring.connect(m, queue.o, wiring.flipped(self.u))
+        wiring.connect(m, queue.o, out_slice.i)
+        wiring.connect(m, out_slice.o, wiring.flipped(self.u))
 
         # --- start, busy and the host port ---
         busy = Signal()
@@ -440,7 +453,8 @@ class RngEngine(wiring.Component):
         resp_data = Signal(32)
         h = self.host.payload
         m.d.comb += [
-            busy.eq(running | s1a_valid | s1b_valid | s1_valid | s2_valid | queue.o.valid | ram_w_en),
+            busy.eq(running | s1a_valid | s1b_valid | s1_valid | s2_valid | queue.o.valid | out_slice.o.valid
+                    | ram_w_en),
             self.busy.eq(busy),
             self.host.ready.eq(~busy & ~rd_issued & ~resp_valid & ~self.start),
             self.host_rdata.valid.eq(resp_valid),

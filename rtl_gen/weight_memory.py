@@ -104,8 +104,8 @@ CMD_STAGES = 1
 
 BANK_COPY_STAGE = 1
 """Cycles from the weight banks' write registers (loaded in stage ``WRITE_STAGE - 1``) to their write: the write
-ports' pins come from copies of those registers (the data a copy per chunk), loaded a cycle later with no logic
-between, which the placer can put beside the block RAMs."""
+ports' pins come from copies of those registers (a copy per bank), loaded a cycle later with no logic between,
+which the placer can put beside the bank's block RAMs."""
 
 LATENCY = CMD_STAGES + WRITE_STAGE + 1 + BANK_COPY_STAGE
 """Cycles of a sweep beyond one per visit, counted from the cycle the command is transferred to the last
@@ -1107,18 +1107,19 @@ class WeightMemory(wiring.Component):
             with m.If(sweep_lane[lane_i] | host_i):
                 m.d.sync += [wa.eq(Mux(sweep_lane[lane_i], s_addr[LD], host_addr)),
                              wd.eq(Mux(undo_lane[lane_i], undo_bits[LD], Mux(sweep_lane[lane_i], new_w, hw_bits)))]
-            # BANK_COPY_STAGE: the write port's pins from copies a cycle later, loaded in every cycle with no logic
-            # in front (the bits a copy per chunk, beside that chunk's block RAMs; the address and the enables a
-            # copy per bank), so the registers above, and the choice and enables in front of them, stay by the
-            # sweep's pipeline (timing: the sweep's bank-lane flag into the write data register that fed every
-            # chunk's data pins, 12.44 ns, 11.4 of it routing, alone at the paper's widths on the ECP5 proxy)
+            # BANK_COPY_STAGE: the write port's pins from copies a cycle later, a copy per bank loaded in every
+            # cycle with no logic in front, so the registers above, and the choice and enables in front of them,
+            # stay by the sweep's pipeline (timing: the sweep's bank-lane flag into the write data register that
+            # fed every chunk's data pins, 12.44 ns, 11.4 of it routing, alone at the paper's widths on the ECP5
+            # proxy; a data copy per chunk, beside that chunk's block RAMs, did not route: router2's overuse rose
+            # past 1,000 wires by iteration 39 among the unit's 182 EBR)
             # (the address and the data with no reset: they matter only under an enable; the enables' copy clears
             # with the reset as its register does, so an abort drops a write on its way as before)
             wa_p = Signal.like(wa, name=f"bank{lane_i}_wa_p", attrs=KEEP, reset_less=True)
             we_p = Signal.like(we, name=f"bank{lane_i}_we_p", attrs=KEEP)
-            wd_p = [Signal(U, name=f"bank{lane_i}_wd_c{ci}", attrs=KEEP, reset_less=True) for ci in range(chunks)]
-            m.d.sync += [wa_p.eq(wa), we_p.eq(we), *(w.eq(wd) for w in wd_p)]
-            m.d.comb += [wr.addr.eq(wa_p), wr.data.eq(Cat(*wd_p)), wr.en.eq(we_p)]
+            wd_p = Signal(U, name=f"bank{lane_i}_wd_p", attrs=KEEP, reset_less=True)
+            m.d.sync += [wa_p.eq(wa), we_p.eq(we), wd_p.eq(wd)]
+            m.d.comb += [wr.addr.eq(wa_p), wr.data.eq(wd_p.replicate(chunks)), wr.en.eq(we_p)]
         # the state write counters load while no sweep runs and in the cycle after a command (busy a cycle before
         # low, a register), from a register: the host write's row in the cycle after its request, else the sweep's
         # first row (the layer's, as in the cycle before); a write of each field's space a register of its own

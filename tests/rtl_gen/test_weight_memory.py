@@ -433,9 +433,9 @@ def test_write_ports_take_registers_of_their_own(tmp_path):
     address, the data and the chunk enables of registers of its own, and every state slice its data and enable,
     with no logic between (timing: the write-back stage's op and valid bit fanned out to the write data and
     enables of every bank and state block RAM, 63.1 / 68.0 MHz at the paper's widths on the ECP5 proxy), and the
-    copies are not merged. A bank's pins come from copies of its registers a cycle later (BANK_COPY_STAGE: the
-    data a copy per chunk), each loaded from its register with no logic between. Planted: the data pins from the
-    bank's one register (the earlier form) fails it."""
+    copies are not merged. A bank's pins come from copies of its registers a cycle later (BANK_COPY_STAGE, a copy
+    per bank), each loaded from its register with no logic between. Planted: the data pins from the bank's
+    register (the earlier form) fails it."""
     from yosys_nets import gate_netlist, memory_ports  # same folder
 
     cfg = apply_overrides(load_config("mlp"), small_config(**{"hw.switch_cutoff": 15, "hw.switch_undo": True}))
@@ -448,14 +448,13 @@ def test_write_ports_take_registers_of_their_own(tmp_path):
     seen = []
     for i in range(4):
         port, wa, wd, we = (mems[f"wbank{i}"], nets[f"bank{i}_wa_p"], nets[f"bank{i}_wd"], nets[f"bank{i}_we_p"])
-        copies = [nets[f"bank{i}_wd_c{c}"] for c in range(2)]
+        copy = nets[f"bank{i}_wd_p"]
         assert port["waddr"] == wa[: len(port["waddr"])]
-        assert port["wdata"] == copies[0] + copies[1]  # each chunk's pins from a copy of its own
+        assert port["wdata"] == copy + copy  # both chunks' pins from the bank's copy
         assert port["wen"] == tuple(b for b in we for _ in range(4))  # a chunk's enable on its 4 bits
-        for copy in copies:
-            assert tuple(d_of[b] for b in copy) == wd  # loaded from the bank's register, no logic between
+        assert tuple(d_of[b] for b in copy) == wd  # loaded from the bank's register, no logic between
         assert tuple(d_of[b] for b in wa) == nets[f"bank{i}_wa"]
-        seen += [wa[0], wd[0], we[0], copies[0][0], copies[1][0]]
+        seen += [wa[0], wd[0], we[0], copy[0]]
     slices = [name for name in mems if name.startswith("state_")]
     assert len(slices) == 4  # acc: 8, 8 and 4 bits; undo: 4 bits
     for name in slices:
