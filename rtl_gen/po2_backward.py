@@ -1317,8 +1317,14 @@ class _Array(_Dw):
         s1_fin = Signal()
         s1_first = Signal()
         s1_x = Signal()  # a dX operation
-        s1_o = Signal.like(o)
-        s1_par = Signal()
+        # the output lane o in stage 1: a copy per sample (its code's choice) and per part (its weights' choice),
+        # KEEP, not one register read by every lane's choice (timing: ``s1_o`` -> a lane's code choice and decode
+        # -> its B1 register, 13.41 ns, 10.7 of it routing, for a quarter array at the paper's widths on the ECP5
+        # proxy)
+        s1_o_s = [Signal.like(o, name=f"s1_o_s{s}", attrs=KEEP) for s in range(NS)]
+        s1_o_q = [Signal.like(o, name=f"s1_o_q{q}", attrs=KEEP) for q in range(P)]
+        s1_par_s = [Signal(name=f"s1_par_s{s}", attrs=KEEP) for s in range(NS)]  # the window's buffer, per sample
+        o_pad = Signal()  # the window's lane o is past the layer's last output (registered)
         s1_sb_last = Signal()
         s1_last_g = Signal()
         s1_last_k = Signal()
@@ -1342,8 +1348,9 @@ class _Array(_Dw):
                 m.d.sync += [
                     s1_fin.eq(xfin),
                     s1_first.eq((xg == 0) & (o == 0)),
-                    s1_o.eq(o),
-                    s1_par.eq(par),
+                    *(c.eq(o) for c in s1_o_s + s1_o_q),
+                    o_pad.eq((xg == x_g_last) & ~x_lane_ok.bit_select(o, 1)),
+                    *(c.eq(par) for c in s1_par_s),
                     s1_sb_last.eq(sb == NSB - 1),
                     s1_last_g.eq(xg == x_g_last),
                     s1_last_k.eq(xk == x_k_last),
@@ -1371,14 +1378,16 @@ class _Array(_Dw):
                     m.d.sync += buf[b][s].eq(self.codes.data)
         xcode = [Signal(geo.code_layout, name=f"xcode{s}") for s in range(NS)]
         wcol = Signal(LI)  # the weights of output lane o: input bits of word k
-        with m.Switch(s1_o):
-            for oo in range(LO):
-                with m.Case(oo):
-                    m.d.comb += wcol.eq(self.weights.data[oo])
-                    for s in range(NS):
-                        m.d.comb += xcode[s].eq(Mux(s1_par, buf[1][s][oo], buf[0][s][oo]))
-        o_pad = Signal()
-        m.d.comb += o_pad.eq(s1_last_g & ~x_lane_ok.bit_select(s1_o, 1))
+        for s in range(NS):
+            with m.Switch(s1_o_s[s]):
+                for oo in range(LO):
+                    with m.Case(oo):
+                        m.d.comb += xcode[s].eq(Mux(s1_par_s[s], buf[1][s][oo], buf[0][s][oo]))
+        for q in range(P):
+            with m.Switch(s1_o_q[q]):
+                for oo in range(LO):
+                    with m.Case(oo):
+                        m.d.comb += wcol[q * LS:(q + 1) * LS].eq(self.weights.data[oo][q * LS:(q + 1) * LS])
         # dW: this pass's activations; with dw_pairs the lanes below H take pass 2 pas, the others 2 pas + 1
         x1 = [Signal(LS, name=f"x1_{h}" if pairs else "x1") for h in range(2 if pairs else 1)]
         for h, xh in enumerate(x1):

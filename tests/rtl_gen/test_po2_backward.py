@@ -331,6 +331,39 @@ def test_array_slices_have_a_dsp48s_pipeline_registers(tmp_path, window):
     assert all({"$add"} & set(loads.get(b, [])) for f in m_regs for b in f["connections"]["Q"][:1])
 
 
+def test_array_window_choices_read_select_copies_of_their_own(tmp_path):
+    """The array's stage-1 choices of the window's codes (a choice per sample) and of the weights (a choice per
+    part) each read copies of the output-lane and buffer selects of their own (KEEP), not one ``s1_o`` read by
+    every lane's choice (13.41 ns, 10.7 of it routing, into a B1 register for a quarter array at the paper's
+    widths on the ECP5 proxy); the lane pad is a register. Planted: every sample's choice under sample 0's copies
+    fails it."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from yosys_nets import flop_cone, gate_netlist
+
+    cfg = apply_overrides(load_config("mlp"), {**ARRAY, "hw.dw_window": 0})
+    geo = Po2Geometry.from_config(cfg, 1, lanes_in=16, lanes_out=8, lanes_b=1, dw_passes=4, dx_passes=4)
+    NS, P, LS = geo.array_samples, geo.dw_passes, geo.bank.lanes_in // geo.dw_passes
+    assert NS > 1 and P > 1
+    mod = gate_netlist(Po2Backward(geometry=geo), "po2b", tmp_path, keep=True)
+    nets = {n: v["bits"] for n, v in mod["netnames"].items()}
+    assert "array.s1_o" not in nets
+    copies = {f"array.s1_o_s{s}" for s in range(NS)} | {f"array.s1_par_s{s}" for s in range(NS)}
+    copies |= {f"array.s1_o_q{q}" for q in range(P)}
+    owner = {b: n for n in copies for b in nets[n]}
+
+    def selects(bits):
+        return {owner[b] for b in flop_cone(mod, bits) if b in owner}
+
+    for s in range(NS):
+        assert selects(nets[f"array.xcode{s}"]) == {f"array.s1_o_s{s}", f"array.s1_par_s{s}"}, s
+    for q in range(P):
+        assert selects(nets["array.wcol"][q * LS:(q + 1) * LS]) == {f"array.s1_o_q{q}"}, q
+    assert all(isinstance(b, int) for b in nets["array.o_pad"])
+    assert not selects(nets["array.o_pad"])
+
+
 def test_fabric_dx_picks_read_pair_sum_copies_of_their_own(tmp_path):
     """The fabric dX unit's registered pair sums are copied per group of PICK_GROUP inputs, and each copy survives
     synthesis with the flow's KEEP (the picks of 8 inputs read 2 copies). Planted: every input's picks from one
