@@ -150,26 +150,11 @@ def test_skid_register_loads_under_a_flip_flop_of_its_own(tmp_path):
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from yosys_nets import gate_netlist
+    from yosys_nets import flop_cone, gate_netlist
 
     mod = gate_netlist(SkidBuffer(shape=16, ring=False), "skid", tmp_path)
-    driver = {b: c for c in mod["cells"].values() for p, bits in c["connections"].items()
-              if c["port_directions"].get(p) == "output" for b in bits if isinstance(b, int)}
     ports = {b: n for n, v in mod["netnames"].items() if "__" in n and "$" not in n for b in v["bits"]}
     skid_bits = mod["netnames"]["skid_data"]["bits"]
     assert len(skid_bits) == 16
-    todo = [x for b in skid_bits for p, bits in driver[b]["connections"].items()
-            if driver[b]["port_directions"][p] == "input" and p != "C" for x in bits if isinstance(x, int)]
-    seen, reached = set(), set()
-    while todo:
-        b = todo.pop()
-        if b in seen:
-            continue
-        seen.add(b)
-        c = driver.get(b)
-        if c is None:
-            reached.add(ports.get(b, "?"))
-        elif "DFF" not in c["type"]:
-            todo += [x for p, bits in c["connections"].items() if c["port_directions"][p] == "input"
-                     for x in bits if isinstance(x, int)]
+    reached = {ports[b] for b in flop_cone(mod, skid_bits, inputs=True) if b in ports}
     assert reached == {"i__payload"}, reached

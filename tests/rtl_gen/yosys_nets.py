@@ -53,10 +53,11 @@ def fanout(mod: dict) -> Counter:
     return out
 
 
-def flop_cone(mod: dict, bits) -> set:
+def flop_cone(mod: dict, bits, *, inputs: bool = False) -> set:
     """The flip-flop output bits of a :func:`gate_netlist` module whose values reach ``bits`` through logic only
     (the register-to-register paths into ``bits``); a bit of ``bits`` that a flip-flop drives stands for that
-    flip-flop's inputs (the paths into the register)."""
+    flip-flop's inputs (the paths into the register). With ``inputs`` the module's input bits that reach them
+    (the clock's included) are in the set too."""
     driver, flops = {}, set()
     for c in mod["cells"].values():
         for port, out in c["connections"].items():
@@ -87,6 +88,8 @@ def flop_cone(mod: dict, bits) -> set:
             continue
         c = driver.get(b)
         if c is None:
+            if inputs:
+                found.add(b)
             continue
         for port, ins in c["connections"].items():
             if c["port_directions"].get(port) == "input":
