@@ -158,3 +158,27 @@ def test_skid_register_loads_under_a_flip_flop_of_its_own(tmp_path):
     assert len(skid_bits) == 16
     reached = {ports[b] for b in flop_cone(mod, skid_bits, inputs=True) if b in ports}
     assert reached == {"i__payload"}, reached
+
+
+def test_skid_form_selects_a_copy_per_slice_of_the_payload(tmp_path):
+    """The skid form's output register chooses between the skid register and the input under copies of
+    ``skid_valid``, one per SKID_SELECT_BITS payload bits (KEEP), each also the enable of its bits of the skid
+    register, so no flip-flop drives the choice of every bit (BN backward's Q slice in context: 13.19 ns of
+    routing on that one net). Planted: every bit's choice under ``skid_valid`` fails it."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from yosys_nets import fanout, gate_netlist
+
+    from rtl_gen.streams import SKID_SELECT_BITS
+
+    width = 3 * SKID_SELECT_BITS + 5
+    mod = gate_netlist(SkidBuffer(shape=width, ring=False), "skid", tmp_path, keep=True)
+    loads = fanout(mod)
+    names = ["skid_valid"] + [f"skid_valid_c{k}" for k in range(1, 4)]
+    for name in names:
+        (bit,) = mod["netnames"][name]["bits"]
+        # its slice's choices and skid register enables, plus take, the ready and its own next value
+        assert 1 <= loads[bit] <= 2 * SKID_SELECT_BITS + 8, (name, loads[bit])
+    assert f"skid_valid_c{4}" not in mod["netnames"]
