@@ -1067,15 +1067,18 @@ class BnForwardCore(wiring.Component):
         chan_l = chan_rd.data
         # EPI3: the channel's word registered as it leaves chan_mem, before B S' and C Ns (timing: the memory's
         # output straight into the constant product B S' closed at 65 MHz at the paper's widths on the ECP5 proxy)
-        chan_q = Signal.like(chan_l, name="chan_q")
+        chan_q = Signal.like(chan_l, name="chan_q", reset_less=True)
         # products and their operands registered apart (timing: a multiplier and the subtraction after it in one
         # cycle closed at 62 MHz on the ECP5 proxy)
         # the channel's lane of the group words, registered (timing: the lane multiplexer in front of a multiplier)
+        # The multipliers' operand and product registers have no reset, so that each is the MULT18's own register
+        # on the ECP5 proxy (boards/ecp5_dsp.py; timing: sum_r -> a MULT18 in the fabric -> sum_ns, 13.07 ns in
+        # context at 427fbc0 seed 2) and the DSP48's on the Zynq
         ys_r = Signal(sum_shape, name="ys_r")
-        sum_r = Signal(sum_shape, name="sum_r")
-        ns_r = Signal(cnt_shape, name="ns_r")
+        sum_r = Signal(sum_shape, name="sum_r", reset_less=True)
+        ns_r = Signal(cnt_shape, name="ns_r", reset_less=True)
         ysb_r = Signal(mul_const(ys_l, B).shape(), name="ys_b")
-        psn_r = Signal((sum_l * ns_l).shape(), name="sum_ns")
+        psn_r = Signal((sum_l * ns_l).shape(), name="sum_ns", reset_less=True)
         cterm_r = Signal(signed(lay.c_width), name="c_term")
         # beta_q S' as the products of beta's and S's 17-bit parts (the top part of beta signed), each within one
         # 18x18 multiplier and registered apart in CH1 (from S: S' = 1 where S = 0, beta_q itself), summed in CH1B
@@ -1097,7 +1100,8 @@ class BnForwardCore(wiring.Component):
             m.d.comb += part.eq(S_m[lo:lo + MUL_PART])
             s_parts.append((part, lo))
         bs_pairs = [(b, sp, bsh + ssh) for b, bsh in ((beta_lo, 0), (beta_hi, 17)) for sp, ssh in s_parts]
-        bs_pp = [Signal((b * sp).shape(), name=f"beta_s_pp{i}") for i, (b, sp, _) in enumerate(bs_pairs)]
+        bs_pp = [Signal((b * sp).shape(), name=f"beta_s_pp{i}", reset_less=True)
+                 for i, (b, sp, _) in enumerate(bs_pairs)]
         s_zero = Signal(name="s_zero")
         beta_s = Signal(signed(lay.beta_width + lay.seff_width + 1), name="beta_s")
         ka_r = Signal(mul_const(ys_l, K).shape(), name="ys_k")
@@ -1105,7 +1109,7 @@ class BnForwardCore(wiring.Component):
         # registered apart; joined in the subtraction of A (timing: the multiplier and the adder joining its parts
         # closed at 102 MHz on the ECP5 proxy)
         c_parts = _mul_parts(m, chan_q.C, "c_part")
-        pa_r = [Signal((part * ns_l).shape(), name=f"c_ns{i}") for i, (part, _) in enumerate(c_parts)]
+        pa_r = [Signal((part * ns_l).shape(), name=f"c_ns{i}", reset_less=True) for i, (part, _) in enumerate(c_parts)]
         v_r = [Signal(signed(w["C"] + 1), name=f"v_thr{i}") for i in range(3)]  # C, C -+ S' 2^Fb
         # their saturation at +-T K: the compares registered every cycle (read in CH2B, a cycle after v_r
         # settles), the saturated value chosen in front of the dividend's add (timing: the compare's carry chain

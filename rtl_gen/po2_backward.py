@@ -603,41 +603,46 @@ class _Dx(wiring.Component):
         # Stage 1: tile and codes; plane sums per input of this pass.
         codes_layout = data.ArrayLayout(geo.code_layout, LO)
         s1_valid = Signal()
-        s1_from_stream = Signal()
         s1_pass = Signal.like(pas)
         s1_first_g = Signal()
         s1_last_g = Signal()
         s1_last_word = Signal()
-        c1 = Signal(codes_layout)
+        c1 = Signal(codes_layout, name="c1", reset_less=True)
+        real1 = Signal(LO, name="real1", reset_less=True)  # per lane: a nonzero code of a real output lane
         with m.If(adv):
             m.d.sync += [
                 s1_valid.eq(issue),
-                s1_from_stream.eq(from_stream),
                 s1_pass.eq(pas),
                 s1_first_g.eq(g == 0),
                 s1_last_g.eq(last_g),
                 s1_last_word.eq(k == sz.k_last),
             ]
-            # (loaded with the stream's word whether or not it is valid: a junk word goes with s1_valid low, and
-            # the stream's valid stays out of the enables of c1's bits; in context on the ECP5 proxy the code
-            # reader's handshake into them was 12.98 ns at 9dda79e seed 1)
-            with m.If(from_stream):
-                m.d.sync += c1.eq(self.dy.payload.codes)
-        codes = Signal(codes_layout)
+        # The codes are chosen in stage 0 (the stream's word, or the row buffer's, read without a clock from
+        # LUT RAM) and registered with each lane's ``real`` flag, so that stage 1 decodes v and -v straight from
+        # registers (timing: the choice between the stream's registered word and the buffer's read register, then
+        # ``real`` and the decode, 13.17 ns in context at 427fbc0 seed 1, 11.5 of it routing). The register loads
+        # whether or not the stream's word is valid: a junk word goes with s1_valid low, and the stream's valid
+        # stays out of the enables (the code reader's handshake into them was 12.98 ns at 9dda79e seed 1).
+        code_in = Signal(codes_layout)
         if K > 1 or P > 1:
             m.submodules.row_buffer = buf = Memory(shape=codes_layout, depth=max(G, 2), init=[])
             keep = buf.write_port()
-            replay = buf.read_port()
+            replay = buf.read_port(domain="comb")
             m.d.comb += [
                 keep.addr.eq(g),
                 keep.data.eq(self.dy.payload.codes),
                 keep.en.eq(issue & from_stream),
                 replay.addr.eq(g),
-                replay.en.eq(adv),
-                codes.eq(Mux(s1_from_stream, c1, replay.data)),
+                code_in.eq(Mux(from_stream, self.dy.payload.codes, replay.data)),
             ]
         else:
-            m.d.comb += codes.eq(c1)
+            m.d.comb += code_in.eq(self.dy.payload.codes)
+        with m.If(adv):
+            m.d.sync += [
+                c1.eq(code_in),
+                real1.eq(Cat((~last_g | sz.lane_ok[lane]) & (code_in[lane].field != 0) for lane in range(LO))),
+            ]
+        codes = c1
         wseg = Signal(data.ArrayLayout(data.ArrayLayout(1, LS), LO))  # this pass's inputs of the tile
         if P > 1:
             with m.Switch(s1_pass):
@@ -655,8 +660,7 @@ class _Dx(wiring.Component):
         v_width = geo.span + 2
         vals, nvals = [], []
         for lane in range(LO):
-            real = (~s1_last_g | sz.lane_ok[lane]) & (codes[lane].field != 0)
-            v, nv = _signed_power(m, codes[lane], real, v_width, f"v{lane}")
+            v, nv = _signed_power(m, codes[lane], real1[lane], v_width, f"v{lane}")
             vals.append(v)
             nvals.append(nv)
 

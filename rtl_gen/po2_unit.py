@@ -51,7 +51,7 @@ from sim.hw.widths import signed_bits
 
 from .bn_unit import BnLayer, _BeatCounter, _Channels, _check_channels, _check_int, _LaneWalker, mul_const_fabric
 from .shared import layer_port
-from .streams import SkidBuffer
+from .streams import SkidBuffer, credit
 
 __all__ = ["PASS1_STAGES", "SCALE_WIDTH", "Po2Unit", "carry_save_step", "normalise", "po2_cycles", "sqrt2_constant"]
 
@@ -383,7 +383,6 @@ class Po2Unit(wiring.Component):
         # wait in ``pend`` (a FIFO in front of the scratch queue) when the queue is full, and a part enters stage 1
         # only while ``pend`` has room for every beat already in the stages (``credit``).
         m.submodules.pend = pend = SyncFIFO(width=self.scratch_layout.size + 1, depth=PEND_DEPTH)
-        credit = Signal(range(PEND_DEPTH + 1), init=PEND_DEPTH, name="pend_credit")
         stages = ("1", "2", "2b", "3", "4")
         s_valid = [Signal(name=f"s{i}_valid") for i in stages]
         s_last = [Signal(name=f"s{i}_last") for i in stages]  # the layer's last part
@@ -397,9 +396,11 @@ class Po2Unit(wiring.Component):
             last_part.eq(part == parts - 1),
         ]
         take = Signal(name="part_take")  # a part of the q beat enters s1
+        pop = Signal()  # a beat leaves pend
+        has_credit = credit(m, PEND_DEPTH, take=take & last_part, give=pop, name="pend")
         m.d.comb += [
-            take.eq((phase == PASS1) & ~in_done & (credit != 0) & self.q.valid),
-            self.q.ready.eq((phase == PASS1) & ~in_done & (credit != 0) & last_part),
+            take.eq((phase == PASS1) & ~in_done & has_credit & self.q.valid),
+            self.q.ready.eq((phase == PASS1) & ~in_done & has_credit & last_part),
         ]
         if parts > 1:
             with m.If(take):
@@ -521,7 +522,6 @@ class Po2Unit(wiring.Component):
                 with m.If(s_valid[4] & (s_part[4] == pi)):
                     m.d.sync += joined.e.as_value()[sl].eq(new.as_value())
         pushed = Signal(self.scratch_layout)
-        pop = Signal()
         m.d.comb += [
             t_rd.addr.eq(s_g[1]),
             t_rd.en.eq(1),
@@ -534,10 +534,6 @@ class Po2Unit(wiring.Component):
             pend.r_en.eq(sq.i.ready),
             pop.eq(pend.r_rdy & sq.i.ready),
         ]
-        with m.If(take & last_part & ~pop):
-            m.d.sync += credit.eq(credit - 1)
-        with m.Elif(pop & ~(take & last_part)):
-            m.d.sync += credit.eq(credit + 1)
         wiring.connect(m, sq.o, wiring.flipped(self.scratch))
         m.d.sync += mx_valid.eq(s_valid[4])
         for lane in range(pl):

@@ -36,7 +36,7 @@ from amaranth.lib.wiring import In, Out
 from sim.hw.rng import xorshift32_next
 
 from .shared import layer_port, per_layer
-from .streams import KEEP, SkidBuffer, StreamFIFO
+from .streams import KEEP, SkidBuffer, StreamFIFO, credit
 from .weight_memory import SweepGeometry, rng_layout
 from .xnor_engine import XnorGeometry, _check_int
 
@@ -245,8 +245,6 @@ class RngEngine(wiring.Component):
         # is issued only while ``credit``, the queue's free entries less the visits in the stages, is not zero
         m.submodules.queue = queue = StreamFIFO(shape=rng_layout(U), depth=QUEUE_DEPTH)
         m.submodules.out_slice = out_slice = SkidBuffer(shape=rng_layout(U))
-        credit = Signal(range(QUEUE_DEPTH + 1), init=QUEUE_DEPTH)
-        has_credit = Signal(init=1)  # credit != 0, registered with it
 
         # --- stage 0: the visit counters and the state-RAM read ---
         running = Signal()
@@ -277,10 +275,8 @@ class RngEngine(wiring.Component):
         ]
         issue = Signal()
         pop = Signal()  # a beat leaves the queue
+        has_credit = credit(m, QUEUE_DEPTH, take=issue, give=pop, name="queue")
         m.d.comb += [issue.eq(running & has_credit), pop.eq(queue.o.valid & queue.o.ready)]
-        credit_next = Signal.like(credit)
-        m.d.comb += credit_next.eq(credit - issue + pop)
-        m.d.sync += [credit.eq(credit_next), has_credit.eq(credit_next != 0)]
         with m.If(issue):
             with m.If(last_chunk):
                 m.d.sync += chunk.eq(0)

@@ -7,7 +7,7 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["SkidBuffer", "StreamFIFO", "KEEP", "or_tree", "replicas"]
+__all__ = ["SkidBuffer", "StreamFIFO", "KEEP", "credit", "or_tree", "replicas"]
 
 #: The attribute that marks a register the synthesis must keep even when another register has the same inputs.
 #: Vivado honours ``keep`` on a register; for Yosys, which keeps a wire but merges its driving flip-flop with any
@@ -35,6 +35,21 @@ def replicas(m: Module, value, n: int, *, name: str, reset_less: bool = False) -
         m.d.sync += r.eq(value)
         copies.append(r)
     return copies
+
+
+def credit(m: Module, depth: int, *, take, give, name: str) -> Signal:
+    """A credit counter for a queue of ``depth`` entries that a pipeline fills without a stall: ``take`` (a 1-bit
+    value) spends a credit as an item enters the stages, ``give`` returns one as an item leaves the queue. Returns
+    the flag "a credit is left" (the count is not zero), a register set with the count, so that the stages'
+    issue reads a flip-flop, not a compare of the count. ``take`` must be low while the flag is low."""
+    if depth < 1:
+        raise ValueError(f"a credit counter needs a depth of 1 or more, not {depth}")
+    count = Signal(range(depth + 1), init=depth, name=f"{name}_credit")
+    has = Signal(init=1, name=f"{name}_has_credit")
+    nxt = Signal.like(count, name=f"{name}_credit_next")
+    m.d.comb += nxt.eq(count - take + give)
+    m.d.sync += [count.eq(nxt), has.eq(nxt != 0)]
+    return has
 
 
 class StreamFIFO(wiring.Component):

@@ -605,3 +605,21 @@ def test_forward_accumulators_cut_into_lane_slices(tmp_path):
     # the epilogue's lane of each slice: a copy of the lane index of its own per memory and slice (six, not merged)
     lanes = [nets[f"{name}_l_l{k}"] for name in ("sum", "ys", "ns") for k in range(2)]
     assert all(b in flops for c in lanes for b in c if b != "x") and len(set(lanes)) == 6  # "x": a bit unused
+
+
+@pytest.mark.parametrize("config", ["small", "paper"])
+def test_forward_products_are_registered_multipliers(tmp_path, config):
+    """Yosys's view of BN forward (word-level cells): every product of two variables (sum_y Ns, beta_q's and S's
+    parts, C's parts times Ns) takes both operands from flip-flops without a reset and goes only into such
+    flip-flops, so that they become the MULT18's own registers on the ECP5 proxy (boards/ecp5_dsp.py; a register
+    with a reset stays in the fabric: sum_r -> a MULT18 -> sum_ns, 13.07 ns in context at 427fbc0 seed 2).
+    Planted: sum_r with a reset fails it."""
+    from yosys_nets import rtl_netlist, unregistered_products  # same folder
+
+    cfg = small_config(4, 20, 7) if config == "small" else load_config("configs/mlp_mnist.toml")
+    lay = BnLayer.from_config(cfg, 1 if config == "paper" else 0, lanes=16)
+    mod = rtl_netlist(BnForwardCore(layer=lay), "bn_forward", tmp_path)
+    n_mul = sum(c["type"] == "$mul" and all(any(isinstance(b, int) for b in c["connections"][p]) for p in "AB")
+                for c in mod["cells"].values())
+    assert n_mul >= 4  # sum_y Ns, two or more beta_q S' parts, C's parts times Ns
+    assert unregistered_products(mod) == []

@@ -274,17 +274,6 @@ def test_po2_backward_rtl(case, request):
 # --- structure (Yosys's RTL cells) --------------------------------------------------------------------------
 
 
-def _rtl_netlist(design, top: str, folder) -> dict:
-    """The Yosys JSON module of ``design`` after ``proc; flatten; opt`` (word-level cells, no mapping)."""
-    from rtl_gen.toolchain import run_yowasp
-
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "design.v").write_text(to_verilog(design, top, emit_src=False))
-    run_yowasp("yosys", ["-q", "-p", f"read_verilog design.v; hierarchy -top {top}; proc; flatten; opt; "
-                         "write_json net.json"], cwd=folder)
-    return json.loads((folder / "net.json").read_text())["modules"][top]
-
-
 @pytest.mark.parametrize("window", [0, 3], ids=["full", "pairs"])
 def test_array_slices_have_a_dsp48s_pipeline_registers(tmp_path, window):
     """Yosys's view of a small array (word-level cells): every slice's multiply takes its operands from flip-flops
@@ -298,7 +287,9 @@ def test_array_slices_have_a_dsp48s_pipeline_registers(tmp_path, window):
     cfg = apply_overrides(load_config("mlp"), {**ARRAY, "hw.dw_window": window})
     geo = Po2Geometry.from_config(cfg, 1, lanes_in=16, lanes_out=8, lanes_b=1, dw_passes=4, dx_passes=4)
     assert array_mode([geo]) and geo.dw_pairs == bool(window)
-    mod = _rtl_netlist(Po2Backward(geometry=geo), "po2b", tmp_path)
+    from yosys_nets import rtl_netlist  # same folder
+
+    mod = rtl_netlist(Po2Backward(geometry=geo), "po2b", tmp_path)
     cells = mod["cells"].values()
     flops = [c for c in cells if "dff" in c["type"]]
     q_bits = {b for c in flops for b in c["connections"]["Q"]}
@@ -388,3 +379,28 @@ def test_fabric_dx_picks_read_pair_sum_copies_of_their_own(tmp_path):
     for q in range(copies):
         bits = mod["netnames"][f"dx_unit.pair0_0_r{q}"]["bits"]
         assert all(b in q_bits and loads[b] for b in bits), f"copy {q} is not a register with loads of its own"
+
+
+def test_fabric_dx_decodes_from_registered_codes(tmp_path):
+    """The fabric dX unit's v and -v registers (stage 1v) take their data through the decode alone from the
+    registered codes and ``real`` flags (``c1``, ``real1``): the choice between the stream and the row buffer and
+    the ``real`` compare are in stage 0 (the choice, ``real`` and the decode in one cycle: 13.17 ns, 11.5 of it
+    routing, in context at 427fbc0 seed 1). Planted: stage 1's last-group flag gating the decode fails it."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from yosys_nets import flop_cone, gate_netlist
+
+    cfg = apply_overrides(load_config("mlp"), {**BINARY, "hw.dw_window": 0})
+    geo = Po2Geometry.from_config(cfg, 1, lanes_in=16, lanes_out=4, lanes_b=2, dw_passes=2, dx_passes=2)
+    assert not array_mode([geo]) and geo.dx_passes > 1  # the row buffer is there
+    mod = gate_netlist(Po2Backward(geometry=geo), "po2b", tmp_path)
+    nets = mod["netnames"]
+    allowed = set(nets["dx_unit.c1"]["bits"]) | set(nets["dx_unit.real1"]["bits"])
+    d_of = {q: d for c in mod["cells"].values() if "DFF" in c["type"]
+            for q, d in zip(c["connections"]["Q"], c["connections"]["D"], strict=True)}
+    for lane in range(4):
+        for name in (f"dx_unit.v{lane}_r", f"dx_unit.nv{lane}_r"):
+            data_in = [d_of[b] for b in nets[name]["bits"] if b in d_of]  # their D pins (not enable or reset)
+            cone = flop_cone(mod, data_in, inputs=True)
+            assert cone and cone <= allowed, f"{name} reads {len(cone - allowed)} bits besides c1 and real1"

@@ -304,5 +304,6 @@ def test_the_stages_never_stall(tmp_path):
     # a register of the engine's own (a name of the top level: the submodules' nets alias them) other than the
     # output port's and the credit's is a stage's
     own = [{n for n in r if "." not in n and "$" not in n} for r in reached]
-    wrong = [sorted(r) for r in own if r - {"credit", "has_credit"} and not any(n.startswith("u__") for n in r)]
+    credit = {"queue_credit", "queue_has_credit"}
+    wrong = [sorted(r) for r in own if r - credit and not any(n.startswith("u__") for n in r)]
     assert not wrong, wrong

@@ -95,3 +95,48 @@ def flop_cone(mod: dict, bits, *, inputs: bool = False) -> set:
             if c["port_directions"].get(port) == "input":
                 todo.extend(x for x in ins if isinstance(x, int))
     return found
+
+
+def rtl_netlist(design, top: str, folder: Path) -> dict:
+    """The Yosys JSON module of the Amaranth component ``design`` after ``proc; flatten; opt`` (word-level cells,
+    no mapping: a product is one ``$mul``)."""
+    from rtl_gen.toolchain import run_yowasp, to_verilog
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "design.v").write_text(to_verilog(design, top, emit_src=False))
+    run_yowasp("yosys", ["-q", "-p", f"read_verilog design.v; hierarchy -top {top}; proc; flatten; opt; "
+                         "write_json net.json"], cwd=folder)
+    return json.loads((folder / "net.json").read_text())["modules"][top]
+
+
+def unregistered_products(mod: dict) -> list[str]:
+    """The ``$mul`` cells of an :func:`rtl_netlist` module, of two non-constant operands, that are not a registered
+    multiplier: an operand bit not from a flip-flop without a reset (``$dff`` / ``$dffe``), or a used product bit
+    that drives anything but such flip-flops' inputs. Each is named with the first failing port."""
+    flop_type = {b: c["type"] for c in mod["cells"].values() if "dff" in c["type"]
+                 for b in c["connections"]["Q"] if isinstance(b, int)}
+    loads: dict[int, set] = {}  # net bit -> the cell types whose inputs it drives
+    for c in mod["cells"].values():
+        for port, bits in c["connections"].items():
+            if c["port_directions"].get(port) == "input":
+                for b in bits:
+                    if isinstance(b, int):
+                        loads.setdefault(b, set()).add(c["type"])
+    outputs = {b for p in mod["ports"].values() if p["direction"] == "output" for b in p["bits"]}
+    plain = {"$dff", "$dffe"}
+    bad = []
+    for name, c in mod["cells"].items():
+        if c["type"] != "$mul":
+            continue
+        ports = [[b for b in c["connections"][p] if isinstance(b, int)] for p in ("A", "B")]
+        if not all(ports):
+            continue  # a constant factor: shifts and adds in the fabric
+        for p, bits in zip(("A", "B"), ports, strict=True):
+            if not all(flop_type.get(b) in plain for b in bits):
+                bad.append(f"{name}: {p}")
+                break
+        else:
+            used = [b for b in c["connections"]["Y"] if b in loads or b in outputs]
+            if not used or any(b in outputs or not loads[b] <= plain for b in used):
+                bad.append(f"{name}: Y")
+    return bad
