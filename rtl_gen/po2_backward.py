@@ -64,7 +64,7 @@ from amaranth.lib.wiring import In, Out
 from sim.hw.arith import ArithParams
 from sim.hw.widths import layer_bounds
 
-from .streams import KEEP, SkidBuffer, replicas
+from .streams import KEEP, SkidBuffer, StreamFIFO, credit, replicas
 from .weight_memory import grad_layout
 from .xnor_engine import WeightReadSignature, XnorGeometry, _check_int
 
@@ -73,10 +73,16 @@ __all__ = [
     "envelope", "passes_for",
 ]  # fmt: skip
 
-DX_LATENCY = 6
+DX_LATENCY = 7
 """dX: cycles beyond one per tile read, from the first ``dy`` transfer to the last ``dx`` transfer (both
 included): weight read, the addends' decode, pair sums, picks and their sums by twos, the rest of the adder tree,
-accumulate and queue."""
+accumulate, ``pend`` and queue."""
+
+DX_PEND_DEPTH = 8
+"""Entries of the fabric dX unit's ``pend`` FIFO (its stages never stall; a step that ends a word's pass issues
+only with a credit for its entry): the credit loop, from an issue to the return of its credit when the entry
+leaves, is the five stages, the FIFO and the credit's register, so eight let a pass of one group push a word a
+cycle."""
 
 PICK_GROUP = 4
 """Inputs of the fabric dX unit whose picks read one copy of the registered pair sums."""
@@ -572,21 +578,31 @@ class _Dx(wiring.Component):
         # in the first pass of word 0, from the row buffer after that.
         P = geo.dx_passes
         LS = LI // P  # inputs per pass
-        adv = Signal()
+        # The stages move every cycle (``adv`` is 1: no stall enable from the output queue's ready fanning out to
+        # every stage register, the weights' read enable and the code reader's handshake; timing: s2_valid -> the
+        # stall -> the weights' enable -> the code reader's pop -> its credits, 13.25 ns, 11.8 of it routing, in
+        # the SMALL design in context at 0d278d2 seed 3). A word's sums wait in ``pend`` (a FIFO in front of the
+        # output queue) when the queue is full, and a step that ends a word's pass (its last group) issues only
+        # with a credit for its place in ``pend``.
+        adv = Const(1)
         issue = Signal()
+        pop = Signal()  # an entry leaves pend
+        go = Signal()  # the step may issue: it pushes nothing, or there is a credit for its push
         k = Signal(range(K))
         pas = Signal(range(max(P, 2)))
         g = Signal(range(G))
         waddr = Signal(range(D))
         from_stream = Signal()
         last_g = Signal()
+        has_credit = credit(m, DX_PEND_DEPTH, take=issue & last_g, give=pop, name="pend")
         m.d.comb += [
             from_stream.eq((k == 0) & (pas == 0)),
             last_g.eq(g == sz.g_last),
-            self.dy.ready.eq(adv & from_stream),
-            issue.eq(adv & (~from_stream | self.dy.valid)),
+            go.eq(~last_g | has_credit),
+            self.dy.ready.eq(go & from_stream),
+            issue.eq(go & (~from_stream | self.dy.valid)),
             self.weights.addr.eq(waddr),
-            self.weights.en.eq(adv),
+            self.weights.en.eq(1),
         ]
         with m.If(issue):
             with m.If(last_g):
@@ -745,23 +761,25 @@ class _Dx(wiring.Component):
         with m.If(adv):
             m.d.sync += [c2[i].eq(contrib[i]) for i in range(LS)]
 
+        m.submodules.pend = pend = StreamFIFO(shape=geo.dx_layout, depth=DX_PEND_DEPTH)
         m.submodules.queue = queue = SkidBuffer(shape=geo.dx_layout)
         push = Signal()
         m.d.comb += [
             push.eq(s2_valid & s2_last_g),
-            adv.eq(~push | queue.i.ready),
-            queue.i.valid.eq(push),
-            queue.i.payload.last.eq(s2_last_word & (s2_pass == P - 1)),
+            pend.i.valid.eq(push),  # the credit keeps room for it
+            pend.i.payload.last.eq(s2_last_word & (s2_pass == P - 1)),
+            pop.eq(pend.o.valid & queue.i.ready),
         ]
+        wiring.connect(m, pend.o, queue.i)
         pad = sz.pass_padding(m, s2_pass, P)  # they leave as 0
         shape = signed(geo.dx_width)
         for i in range(LS):
             acc = Signal(shape, name=f"acc{i}")
             tot = Signal(shape, name=f"sum{i}")
             m.d.comb += tot.eq(Mux(s2_first_g, 0, acc) + c2[i])
-            with m.If(adv & s2_valid):
+            with m.If(s2_valid):
                 m.d.sync += acc.eq(tot)
-            m.d.comb += queue.i.payload.dx[i].eq(Mux(s2_last_word & pad[i], 0, tot))
+            m.d.comb += pend.i.payload.dx[i].eq(Mux(s2_last_word & pad[i], 0, tot))
         wiring.connect(m, queue.o, wiring.flipped(self.dx))
         return m
 
