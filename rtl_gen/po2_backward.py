@@ -98,13 +98,16 @@ it and for every tile started before it that has not left ``pend``). ``pend`` is
 :class:`~rtl_gen.streams.SkidBuffer` (flip-flops: as distributed RAM its one write enable into every RAM cell of a
 tile closed at 82 MHz on the ECP5 proxy)."""
 
-ARRAY_STAGES = 3
-"""Pipeline stages of the array's slices between stage 1 and the accumulators (two A / B operand registers, A1 A2
-and B1 B2 of a DSP48 with AREG = BREG = 2, and the product's M register): a pass's or block's sums are captured
-this many cycles after its finish cycle leaves stage 1, which it leaves only when the drain will be free by then.
-The second operand registers are the multiplier's own (on the ECP5 proxy boards/ecp5_dsp.py moves them into the
-MULT18), so the first ones reach them over a cycle of their own: with one operand register, inside the MULT18,
-stage 1's code choice and decode ended at the MULT18's input across the die (58.1 MHz for a quarter array)."""
+ARRAY_STAGES = 4
+"""Pipeline stages of the array's slices between stage 1 and the accumulators (stage c, where each lane's chosen
+code waits before its decode, two A / B operand registers, A1 A2 and B1 B2 of a DSP48 with AREG = BREG = 2, and
+the product's M register): a pass's or block's sums are captured this many cycles after its finish cycle leaves
+stage 1, which it leaves only when the drain will be free by then. The second operand registers are the
+multiplier's own (on the ECP5 proxy boards/ecp5_dsp.py moves them into the MULT18), so the first ones reach them
+over a cycle of their own: with one operand register, inside the MULT18, stage 1's code choice and decode ended
+at the MULT18's input across the die (58.1 MHz for a quarter array). Stage c registers each lane's code after
+its choice, so B1 takes the decode alone (the window's buffer select -> the code choice -> the decode -> B1,
+14.06 ns, 71.1 MHz for a quarter array at 2319ec1)."""
 
 ARRAY_DX_LATENCY = 4 + ARRAY_STAGES
 """Array dX: cycles beyond the windows, finish cycles and drain lanes (see :meth:`Po2Geometry.array_dx_cycles`):
@@ -1446,9 +1449,14 @@ class _Array(_Dw):
         m.d.comb += go1.eq(adv & s1_valid)
         a_step, a_fin, a_first, a_x = (Signal(name=f"sa_{n}") for n in ("step", "fin", "first", "x"))
         a2_step, a2_fin, a2_first, a2_x = (Signal(name=f"sa2_{n}") for n in ("step", "fin", "first", "x"))
+        c_step, c_fin, c_first, c_x = (Signal(name=f"sc_{n}") for n in ("step", "fin", "first", "x"))
         m_fin = Signal(name="sm_fin")
-        m.d.sync += [a_step.eq(go1 & ~s1_fin), a_fin.eq(go1 & s1_fin), a_first.eq(s1_first), a_x.eq(s1_x),
+        m.d.sync += [c_step.eq(go1 & ~s1_fin), c_fin.eq(go1 & s1_fin), c_first.eq(s1_first), c_x.eq(s1_x),
+                     a_step.eq(c_step), a_fin.eq(c_fin), a_first.eq(c_first), a_x.eq(c_x),
                      a2_step.eq(a_step), a2_fin.eq(a_fin), a2_first.eq(a_first), a2_x.eq(a_x), m_fin.eq(a2_fin)]
+        # stage c's copy of the dX / dW choice, per lane (it picks B1's value between the dX code and the dW
+        # ternary pair)
+        c_x_l = replicas(m, s1_x, LO, name="sc_x") if pairs else None
         # stage m's accumulate enable and load select, a copy per lane (streams.replicas)
         m_step = replicas(m, a2_step, LO, name="sm_step")
         m_first = replicas(m, a2_first, LO, name="sm_first")
@@ -1461,13 +1469,19 @@ class _Array(_Dw):
             m.d.comb += code.eq(Mux(s1_x, xcode[s], op.dy[0][lane]))
             pad = o_pad | (s1_sb_last if s >= s_last else 0)
             real = (code.field != 0) & ~(s1_x & pad)
-            v, _ = _signed_power(m, code, real, vw, f"v{lane}")  # no carry chain in front of the B register
+            # stage c: the chosen code and its real flag registered; B1 takes their decode alone
+            code_c = Signal(geo.code_layout, name=f"code_c{lane}", reset_less=True)
+            real_c = Signal(name=f"real_c{lane}", reset_less=True)
+            m.d.sync += [code_c.eq(code), real_c.eq(real)]
+            v, _ = _signed_power(m, code_c, real_c, vw, f"v{lane}")  # no carry chain in front of the B register
             bias = Const(1 << (F - 1), signed(DSP_P_BITS))
             if pairs:  # v_t = t_a + t_b 2^(2 Ft) for lanes a = lane mod H, b = a + H; the lower three fields biased
                 v_t = Signal(signed(2 * FT + 2), name=f"v_t{lane}")
+                v_tc = Signal.like(v_t, name=f"v_tc{lane}", reset_less=True)
                 m.d.comb += v_t.eq(tern[lane % H] + (tern[lane % H + H] << (2 * FT)))
+                m.d.sync += v_tc.eq(v_t)
                 v_dw = Signal(signed(max(vw, 2 * FT + 2)), name=f"v_mux{lane}")
-                m.d.comb += v_dw.eq(Mux(s1_x, v, v_t))
+                m.d.comb += v_dw.eq(Mux(c_x_l[lane], v, v_tc))
                 bias = Mux(m_x[lane], bias, Const(sum(1 << (q * FT + FT - 1) for q in range(3)), signed(DSP_P_BITS)))
             else:
                 v_dw = v
@@ -1488,12 +1502,13 @@ class _Array(_Dw):
                 # A1, B1: the first operand registers, B1 a copy per slice (KEEP), not merged into one per lane (a
                 # merged one reached the far MULT18s of the lane's slices through 6.2 ns of routing on the ECP5
                 # proxy); A2, B2: the multiplier's own
+                a_c = Signal.like(a, name=f"dsp_ac{c}_{lane}", reset_less=True)  # stage c
                 a_r1 = Signal.like(a, name=f"dsp_ar1_{c}_{lane}", reset_less=True)
                 a_r = Signal.like(a, name=f"dsp_ar{c}_{lane}", reset_less=True)
                 b_r1 = Signal.like(v_dw, name=f"dsp_br1_{c}_{lane}", reset_less=True, attrs=KEEP)
                 b_r = Signal.like(v_dw, name=f"dsp_br{c}_{lane}", reset_less=True)
                 m_r = Signal(signed(DSP_A_BITS + len(v_dw)), name=f"dsp_m{c}_{lane}", reset_less=True)  # M
-                m.d.sync += [a_r1.eq(a), a_r.eq(a_r1), b_r1.eq(v_dw), b_r.eq(b_r1), m_r.eq(a_r * b_r)]
+                m.d.sync += [a_c.eq(a), a_r1.eq(a_c), a_r.eq(a_r1), b_r1.eq(v_dw), b_r.eq(b_r1), m_r.eq(a_r * b_r)]
                 p_ = Signal(signed(DSP_P_BITS), name=f"dsp_p{c}_{lane}")
                 with m.If(m_step[lane]):
                     m.d.sync += p_.eq(Mux(m_first[lane], bias, p_) + m_r)
@@ -1517,7 +1532,7 @@ class _Array(_Dw):
         d_free = Signal()
         # the finish cycle leaves stage 1 when the chain is free or frees this cycle and no capture is on its way:
         # then the chain is idle at the capture (stage m), which always takes place
-        m.d.comb += [adv.eq(~(s1_valid & s1_fin & ~(d_free & ~a_fin & ~a2_fin & ~m_fin))), cap.eq(m_fin)]
+        m.d.comb += [adv.eq(~(s1_valid & s1_fin & ~(d_free & ~c_fin & ~a_fin & ~a2_fin & ~m_fin))), cap.eq(m_fin)]
         cap_p = {key: Signal(2 * F, name=f"cap{key[0]}_{key[1]}", reset_less=True) for key in acc}
         cap_t = [Signal(F, name=f"cap_t{lane}", reset_less=True) for lane in range(LO)]
         d_busy = Signal()

@@ -355,6 +355,37 @@ def test_array_window_choices_read_select_copies_of_their_own(tmp_path):
     assert not selects(nets["array.o_pad"])
 
 
+@pytest.mark.parametrize("window", [0, 3], ids=["full", "pairs"])
+def test_array_b1_takes_a_decode_of_registered_codes(tmp_path, window):
+    """Every B1 register of the array (and each lane's -T slice's) takes its data through the decode alone from
+    stage c's registers: the lane's chosen code and real flag (``code_c``, ``real_c``) and, with ternary pairs,
+    the registered pair value and dX / dW choice (``v_tc``, ``sc_x``). The window's buffer select, the code
+    choice and the decode into B1 in one cycle were 14.06 ns for a quarter array at the paper's widths on the
+    ECP5 proxy. Planted: B1 decoding stage 1's code (no stage c) fails it."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from yosys_nets import flop_cone, gate_netlist
+
+    cfg = apply_overrides(load_config("mlp"), {**ARRAY, "hw.dw_window": window})
+    geo = Po2Geometry.from_config(cfg, 1, lanes_in=16, lanes_out=8, lanes_b=1, dw_passes=4, dx_passes=4)
+    assert array_mode([geo]) and geo.dw_pairs == bool(window)
+    mod = gate_netlist(Po2Backward(geometry=geo), "po2b", tmp_path, keep=True)
+    nets = {n: v["bits"] for n, v in mod["netnames"].items()}
+    d_of = {q: d for c in mod["cells"].values() if "DFF" in c["type"]
+            for q, d in zip(c["connections"]["Q"], c["connections"]["D"], strict=True)}
+    LO = geo.bank.lanes_out
+    stage_c = [f"array.{n}{lane}" for lane in range(LO) for n in ("code_c", "real_c", "v_tc", "sc_x_r")]
+    allowed = {b for n in stage_c if n in nets for b in nets[n]}
+    b1 = [n for n in nets if n.startswith(("array.dsp_br1_", "array.dsp_tb1_"))]
+    assert len(b1) >= LO * 2
+    for name in b1:
+        data_in = [d_of[b] for b in nets[name] if b in d_of]
+        cone = flop_cone(mod, data_in)
+        extra = {n for n, bits in nets.items() for b in bits if b in cone - allowed}
+        assert cone <= allowed, f"{name} reads {sorted(extra)[:6]} besides stage c's registers"
+
+
 def test_fabric_dx_picks_read_pair_sum_copies_of_their_own(tmp_path):
     """The fabric dX unit's registered pair sums are copied per group of PICK_GROUP inputs, and each copy survives
     synthesis with the flow's KEEP (the picks of 8 inputs read 2 copies). Planted: every input's picks from one
