@@ -81,9 +81,10 @@ test: $(INSTALLED)
 	$(PYTEST) -m "$(DEFAULT_MARKERS)" --durations=30
 
 # The paper's MLP (784-256-256-256-256-10, B = 100): 3 training steps in Verilator, compared with the bit-exact
-# model after every step. One test, so no workers; -s prints its cycles and times into the log.
+# model after every step, and the same network on the simulated board; the two run side by side (-n 2), and -rA
+# prints their cycles and times into the log.
 test-paper: $(INSTALLED)
-	$(PY) -m pytest -m paper -s
+	$(PYTEST) -m paper -rA
 
 # FINN's front end on the QONNX export (tests/finn_tier): finn-plus pins numpy, onnx, protobuf and torch, so it lives
 # in a venv of its own and never enters $(VENV); the test exports in $(VENV) and runs FINN there. 1.6.1 is the release
@@ -96,7 +97,7 @@ test-finn: $(INSTALLED)
 
 # The board notebooks (notebooks/*.py) executed against the simulated board; board-only cells left out.
 test-notebooks: $(INSTALLED)
-	$(PY) -m pytest -m notebooks tests/notebooks -s
+	$(PYTEST) -m notebooks tests/notebooks
 
 $(PYNQ_INSTALLED): pyproject.toml
 	@test -x $(PYNQ_PY) || { echo "test-pynq: creating $(PYNQ_VENV) with $(PYNQ_PYTHON)"; $(PYNQ_PYTHON) -m venv $(PYNQ_VENV); }

@@ -44,7 +44,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 
-from amaranth import Cat, Const, Module, Mux, Shape, Signal, signed, unsigned
+from amaranth import Cat, Const, Module, Mux, Shape, Signal, Value, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
@@ -929,6 +929,17 @@ class BnForwardCore(wiring.Component):
         RD, CH0, CH1, CH2, CH3, WT, CH2A, CH2B, CH0B, CH1B, CH1C, CH0C, CH1R = range(13)
         epi_rd = Signal()
         m.d.comb += epi_rd.eq(~in_pass & (est == RD))
+        # beta's ready as a flip-flop: "EPI2 and the channel step CH0" for the state being entered, set with every
+        # step of ``est`` (the phase and ``in_pass`` change only with est -> RD, so at a step into CH0 they hold).
+        # Timing: the decode of phase, in_pass and est, routed across the die into the beta slice's select copies
+        # (skid_valid_c1's reset), was the SMALL design's worst path at one nextpnr seed, 13.07 ns in context
+        beta_rdy = Signal(name="beta_rdy")
+
+        def set_est(step):
+            into_ch0 = (step == CH0) if isinstance(step, Value) else Const(step == CH0)
+            return [est.eq(step), beta_rdy.eq(into_ch0 & (phase == Phase.EPI2) & ~in_pass)]
+
+        m.d.comb += self.beta.ready.eq(beta_rdy)
         # in a pass the thresholds are read in stage 0, the accumulators in stage 1. The accumulators are read
         # every cycle (no enable): in a pass their word matters only with a valid stage 2, which follows a stage-1
         # move (its group's word read in that cycle; the RAW hazard check keeps stage 2's write off that group);
@@ -979,7 +990,7 @@ class BnForwardCore(wiring.Component):
 
         # Pass end: the last beat is in stage 2 and being written.
         with m.If(in_pass & s2_valid & s2_last):  # each pass is followed by its epilogue
-            m.d.sync += [phase.eq(phase + 1), in_pass.eq(0), est.eq(RD), in_done.eq(0)]
+            m.d.sync += [phase.eq(phase + 1), in_pass.eq(0), *set_est(RD), in_done.eq(0)]
 
         # EPI1 and EPI2 end a cycle after their last channel (THR_WRITE_STAGES), when its registered thresholds
         # are written: a layer of one group reads that word in the pass's first cycle
@@ -994,25 +1005,25 @@ class BnForwardCore(wiring.Component):
         def channel_done(next_phase):
             walk.next_channel(m)
             with m.If(walk.last_lane):
-                m.d.sync += est.eq(RD)
+                m.d.sync += set_est(RD)
                 with m.If(walk.last_group):
                     end_epilogue(next_phase)
             with m.Else():
-                m.d.sync += est.eq(CH0)
+                m.d.sync += set_est(CH0)
 
         def channel_issued():
             """The issuing side of EPI1 / EPI2 / EPI3: the next channel (its group read first), WT after the last."""
             walk.next_channel(m)
             with m.If(walk.last_lane):
-                m.d.sync += est.eq(Mux(walk.last_group, WT, RD))
+                m.d.sync += set_est(Mux(walk.last_group, WT, RD))
             with m.Else():
-                m.d.sync += est.eq(CH0)
+                m.d.sync += set_est(CH0)
 
         def channel_answered(next_phase):
             """The response side of EPI1 / EPI2 / EPI3: a channel's result was taken."""
             rwalk.next_channel(m)
             with m.If(rwalk.last_lane & rwalk.last_group):
-                m.d.sync += est.eq(RD)
+                m.d.sync += set_est(RD)
                 end_epilogue(next_phase)
 
         # EPI3's alpha division on the divider (one a channel; responses in order)
@@ -1178,7 +1189,7 @@ class BnForwardCore(wiring.Component):
 
         with m.If(~in_pass):
             with m.If(est == RD):
-                m.d.sync += est.eq(CH0)
+                m.d.sync += set_est(CH0)
             with m.Switch(phase):
                 with m.Case(Phase.EPI1):
                     # t_mu + Ymax = floor((sum_y + B Ymax + B - 1) / B), in [0, 2 Ymax].
@@ -1198,7 +1209,6 @@ class BnForwardCore(wiring.Component):
                             # (none of them is read again once the channel has left CH2): ``beta.valid``, from the
                             # parameter unit across the die, only moves ``est`` (timing: it was the clock enable of
                             # all of them, 12.7 ns in context on the ECP5 proxy)
-                            m.d.comb += self.beta.ready.eq(1)
                             m.d.sync += [
                                 beta_r.eq(self.beta.payload), beta_m.eq(self.beta.payload),
                                 S_r.eq(Mux(self.run.s < 1, 1, self.run.s)),  # eval (no products)
@@ -1207,39 +1217,39 @@ class BnForwardCore(wiring.Component):
                                 ys_r.eq(ys_l), sum_r.eq(sum_l), ns_r.eq(ns_l),
                             ]
                             with m.If(self.beta.valid):
-                                m.d.sync += est.eq(Mux(self.eval_mode, CH1, CH0C))
+                                m.d.sync += set_est(Mux(self.eval_mode, CH1, CH0C))
                         with m.Case(CH0C):  # B Ys, sum_y Ns
-                            m.d.sync += [ysb_r.eq(mul_const(ys_r, B)), psn_r.eq(sum_r * ns_r), est.eq(CH0B)]
+                            m.d.sync += [ysb_r.eq(mul_const(ys_r, B)), psn_r.eq(sum_r * ns_r), *set_est(CH0B)]
                         with m.Case(CH0B):  # S = B Ys - sum_y Ns
-                            m.d.sync += [S_r.eq(ysb_r - psn_r), S_m.eq(ysb_r - psn_r), est.eq(CH1)]
+                            m.d.sync += [S_r.eq(ysb_r - psn_r), S_m.eq(ysb_r - psn_r), *set_est(CH1)]
                         with m.Case(CH1):  # S' = max(S, 1); B 2^Fb sum_y (eval: mu_r 2^Fb)
                             m.d.sync += [s_eff.eq(Mux(S_r == 0, 1, S_r)), s_zero.eq(S_r == 0),
                                          *(r.eq(b * sp) for r, (b, sp, _) in zip(bs_pp, bs_pairs, strict=True)),
                                          cterm_r.eq(Mux(self.eval_mode, mu_r << fb, mul_const(sum_r, B << fb))),
-                                         est.eq(CH1B)]
+                                         *set_est(CH1B)]
                         with m.Case(CH1B):  # beta_q S' (beta_q where S' = 1)
                             m.d.sync += [beta_s.eq(Mux(s_zero, beta_r, _sum_tree(
-                                [r << sh for r, (_, _, sh) in zip(bs_pp, bs_pairs, strict=True)]))), est.eq(CH1C)]
+                                [r << sh for r, (_, _, sh) in zip(bs_pp, bs_pairs, strict=True)]))), *set_est(CH1C)]
                         with m.Case(CH1C):  # C = B 2^Fb sum_y - beta_q S' (eval: C' = mu_r 2^Fb - beta_q s_r')
-                            m.d.sync += [c_r.eq(cterm_r - beta_s), est.eq(CH2)]
+                            m.d.sync += [c_r.eq(cterm_r - beta_s), *set_est(CH2)]
                         with m.Case(CH2):  # C - S' 2^Fb, C + S' 2^Fb
                             m.d.comb += chan_wr.en.eq(1)
                             m.d.sync += [v_r[0].eq(c_r), v_r[1].eq(c_r - (s_eff << fb)),
-                                         v_r[2].eq(c_r + (s_eff << fb)), est.eq(CH2A)]
+                                         v_r[2].eq(c_r + (s_eff << fb)), *set_est(CH2A)]
                         with m.Case(CH2A):  # their saturation's compares (timing: one carry chain a cycle)
                             with m.If(self.eval_mode):  # theta = ceil(C' / 2^(Fr+Fb)), saturated: a shift, no division
                                 m.d.comb += [thr_word.theta.eq(t_eval), thr_word.lo.eq(t_eval), thr_word.hi.eq(t_eval),
                                              thr_en.eq(1 << walk.l)]
                                 channel_done(Phase.PASS3)
                             with m.Else():
-                                m.d.sync += est.eq(CH2B)
+                                m.d.sync += set_est(CH2B)
                         with m.Case(CH2B):  # offset dividends of the three saturated values over B^2 (they hold
                             # until the next channel's, ten cycles on, past their quotients)
                             m.d.sync += [
                                 n2[0].eq((clamp(0) + (TK + K - 1)) >> fb),  # ceil(C / K)
                                 n2[1].eq((clamp(1) + (TK + K - 1)) >> fb),  # ceil((C - S' 2^Fb) / K)
                                 n2[2].eq((clamp(2) + TK) >> fb),  # floor((C + S' 2^Fb) / K)
-                                est.eq(CH3),
+                                *set_est(CH3),
                             ]
                         with m.Case(CH3):
                             m.d.comb += c_req.eq(1)
@@ -1252,28 +1262,28 @@ class BnForwardCore(wiring.Component):
                 with m.Case(Phase.EPI3):
                     with m.Switch(est):
                         with m.Case(CH0):  # chan_mem read; the channel's lane
-                            m.d.sync += [ys_r.eq(ys_l), ns_r.eq(ns_l), est.eq(CH1)]
+                            m.d.sync += [ys_r.eq(ys_l), ns_r.eq(ns_l), *set_est(CH1)]
                         with m.Case(CH1):  # A = K sum(x_hat y) - C sum(x_hat); B S'
                             with m.If(self.eval_mode):  # the eval constants C', s_r' go out as they are (no alpha)
                                 m.d.comb += s_queue.w_en.eq(s_queue.w_rdy)
                                 with m.If(s_queue.w_rdy):
                                     channel_issued()
                             with m.Else():
-                                m.d.sync += [ka_r.eq(mul_const(ys_r, K)), chan_q.eq(chan_l), est.eq(CH1R)]
+                                m.d.sync += [ka_r.eq(mul_const(ys_r, K)), chan_q.eq(chan_l), *set_est(CH1R)]
                         with m.Case(CH1R):  # the products of the registered channel word
                             m.d.sync += [
                                 *(r.eq(part * ns_r) for r, (part, _) in zip(pa_r, c_parts, strict=True)),
                                 bs_r.eq(mul_const(chan_q.S_eff, B)),
-                                est.eq(CH1B),
+                                *set_est(CH1B),
                             ]
                         with m.Case(CH1B):
                             m.d.sync += [a_r.eq(_sum_tree([ka_r, *(-(r << sh) for r, (_, sh) in
                                                                   zip(pa_r, c_parts, strict=True))])),
-                                         est.eq(CH2)]
+                                         *set_est(CH2)]
                         with m.Case(CH2):  # alpha_q = floor(floor((A 2^(Fa+1) + B S' 2^Fb) / 2^(Fb+1)) / (B S'))
                             m.d.sync += [
                                 alpha_n.eq(((a_r << (fa + 1)) + (bs_r << fb)) >> (fb + 1)),
-                                est.eq(CH3),
+                                *set_est(CH3),
                             ]
                             m.d.sync += divisor.eq(bs_r)
                         with m.Case(CH3):  # the request and the queue entry together
@@ -1297,7 +1307,7 @@ class BnForwardCore(wiring.Component):
             with m.If(s_go):
                 channel_answered(Phase.PASS1)
         with m.If(thr_fin):  # EPI1 -> PASS2, EPI2 -> PASS3 (nothing else moves in this cycle: est is RD)
-            m.d.sync += [phase.eq(phase + 1), in_pass.eq(1), est.eq(RD), thr_fin.eq(0)]
+            m.d.sync += [phase.eq(phase + 1), in_pass.eq(1), *set_est(RD), thr_fin.eq(0)]
         return m
 
 

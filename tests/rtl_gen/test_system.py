@@ -680,9 +680,10 @@ def test_small_mlp_restore_gives_identical_results():
 
 
 @pytest.mark.rtl
-@pytest.mark.parametrize("over", [["hw.optimizer=iir"], ["hw.optimizer=sgd"],
-                                  ["hw.optimizer=sgd", "hw.sgd_momentum_shift=0"], ["hw.optimizer=bop"]],
-                         ids=["iir", "sgd-momentum", "sgd", "bop"])
+@pytest.mark.parametrize("over", [pytest.param(["hw.optimizer=iir"], id="iir"),
+                                  pytest.param(["hw.optimizer=sgd"], id="sgd-momentum", marks=pytest.mark.rtl_slow),
+                                  pytest.param(["hw.optimizer=sgd", "hw.sgd_momentum_shift=0"], id="sgd"),
+                                  pytest.param(["hw.optimizer=bop"], id="bop", marks=pytest.mark.rtl_slow)])
 def test_other_optimisers_whole_steps_and_restore(over):
     """The small MLP with each of the other hardware optimisers (two state fields for iir and sgd with
     momentum): two steps, a checkpoint of every quantity, two more, restore, the same two again; every step's
