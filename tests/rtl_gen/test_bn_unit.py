@@ -623,3 +623,18 @@ def test_forward_products_are_registered_multipliers(tmp_path, config):
                 for c in mod["cells"].values())
     assert n_mul >= 4  # sum_y Ns, two or more beta_q S' parts, C's parts times Ns
     assert unregistered_products(mod) == []
+
+
+@pytest.mark.timing
+def test_forward_beta_ready_is_a_flip_flop(tmp_path):
+    """BN forward's ``beta.ready`` is a flip-flop's output with no logic after it (``beta_rdy``, set with every
+    step of the channel sequencer: EPI2 and CH0 for the step entered): the decode of the phase, ``in_pass`` and
+    the step, routed across the die into the beta slice's select copies, was the SMALL design's worst path at one
+    nextpnr seed (13.07 ns in context at 2319ec1 seed 3). Planted: the decode as ``ready`` fails it."""
+    from yosys_nets import rtl_netlist  # same folder
+
+    lay = BnLayer.from_config(small_config(4, 20, 7), 0, lanes=16)
+    mod = rtl_netlist(BnForwardCore(layer=lay), "bn_forward", tmp_path)
+    ready = mod["ports"]["beta__ready"]["bits"]
+    q = {b: c["type"] for c in mod["cells"].values() if "dff" in c["type"] for b in c["connections"]["Q"]}
+    assert len(ready) == 1 and q.get(ready[0]) is not None, "beta.ready does not come straight from a flip-flop"
