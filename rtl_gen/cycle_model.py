@@ -48,6 +48,10 @@ TILE_STAGE = 1
 #: (a skid buffer, one cycle).
 WINDOW_STAGE = 1
 
+#: ``fwd`` / ``rfwd`` / ``ifwd``: the rows of ``X`` reach the XNOR engine from a registered reader
+#: (``RowReader(registered=True)``: a prefetch queue, one cycle; the sample banks' read enables from its flip-flops).
+ROWS_STAGE = 1
+
 #: ``dx``: the codes reach the po2 backward engine from a registered reader (``RowReader(registered=True)``: a
 #: prefetch queue, one cycle; the code buffers read every cycle).
 CODES_STAGE = 1
@@ -102,7 +106,7 @@ def forward_cycles(plan, j: int, *, infer: bool = False) -> int:
     cfg = plan.cfg
     B, G, M = plan.batch, lp.groups, lp.n_out
     # BN pass 1 ends its stages after the engine's last beat: the compare stage, then the accumulators' write
-    engine = lp.geometry.cycles(B) + BN_FWD_ACC_STAGES
+    engine = lp.geometry.cycles(B) + BN_FWD_ACC_STAGES + ROWS_STAGE
     bn = BnForwardUnit(layer=plan.bn_unit_layer(j), div_steps=cfg.hw.div_steps).cycles()
     from .controller import RUNNING_LATENCY, STATS_IN_STAGE
 

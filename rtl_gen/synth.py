@@ -518,10 +518,13 @@ def part_texts(verilog: str, top: str, *, only=None, include_top: bool | None = 
     if top not in texts:
         raise ValueError(f"top module {top!r} is not defined in the Verilog text")
     subs = sorted(n for n in texts if n.startswith(top + ".") and "." not in n[len(top) + 1:])
-    parts = [(n, [t for m, t in texts.items() if m == n or m.startswith(n + ".")], []) for n in subs
+    # modules outside the design's hierarchy of names (the global buffer the top level instantiates,
+    # boards/primitives.py): every part carries them, and Yosys drops those its part does not use
+    library = [t for m, t in texts.items() if m != top and not m.startswith(top + ".")]
+    parts = [(n, [t for m, t in texts.items() if m == n or m.startswith(n + ".")] + library, []) for n in subs
              if only is None or only(n[len(top) + 1:])]
     if (only is None) if include_top is None else include_top:
-        parts.append((top, [texts[top]], subs))
+        parts.append((top, [texts[top], *library], subs))
     out = []
     for name, blocks, boxes in parts:
         # a plain identifier for the part's top, so synthesize() and its cache can take it

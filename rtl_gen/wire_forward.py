@@ -54,8 +54,10 @@ class ForwardWiring:
         # the epilogue's accumulator clock enables, 13.45 ns, 11.7 of it routing)
         m.d.comb += [bn.eval_mode.eq(self._phase_reg([ikey], f"bn_fwd_eval{j}")),
                      par.eval_mode.eq(self._phase_reg([ikey], f"bn_param_eval{j}"))]
-        # rows of X_j -> engine
-        xr = sub(f"fwd_rows{j}", RowReader(width=lp.lanes_in, banks=lp.lanes_b, words=W, rows=B))
+        # rows of X_j -> engine, through a registered reader (cycle_model.ROWS_STAGE): the banks' read enables
+        # from its flip-flops, not the engine's ready (timing: the engine's handshake into the sample banks' block
+        # RAM read enables was the paper-width design's worst path in context, 16.11 ns at 0ccd9f5)
+        xr = sub(f"fwd_rows{j}", RowReader(width=lp.lanes_in, banks=lp.lanes_b, words=W, rows=B, registered=True))
         m.d.comb += xr.start.eq(st)
         for i in range(lp.lanes_b):
             ports[f"xb{j}_{i}_r"].add(a, addr=xr.r_addr, en=xr.r_en)
