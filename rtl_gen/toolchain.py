@@ -196,16 +196,48 @@ def to_verilog(component, name: str, **kwargs) -> str:
     return verilog.convert(component, name=name, **kwargs)
 
 
+@contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """SIGINT and SIGTERM noted instead of handled while the block runs, then sent again to this process (so the
+    handlers run, and raise, right after it). Only where Python handlers are installed (the main thread; a handler
+    set outside Python is left alone). :func:`run_group` starts its tool in here: a signal between the tool's start
+    and ``Popen`` returning its pid (a loaded machine can put seconds between them) reached the command, which
+    exited and left the tool and its jobs running."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted: list[int] = []
+    held = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(sig)
+        if handler is not None and handler not in (signal.SIG_IGN,):
+            held[sig] = signal.signal(sig, lambda signum, frame: noted.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
+        if noted:
+            os.kill(os.getpid(), noted[0])
+
+
 def run_group(cmd: Sequence[str], *, input: str | None = None, **kwargs) -> subprocess.CompletedProcess:
     """:func:`subprocess.run` with the child in a process group of its own, stopped whole (the tool and every
     process it started: make's compiler jobs, Verilator's) when this process is interrupted (Ctrl-C, or SIGTERM
     raised as KeyboardInterrupt by the command line) or fails while waiting; the exception then goes on."""
     import signal
 
-    proc = subprocess.Popen(cmd, start_new_session=True, **kwargs)
+    proc = None
     try:
+        with _interrupts_held():  # an interrupt while the tool starts would leave it running, its group unknown
+            proc = subprocess.Popen(cmd, start_new_session=True, **kwargs)
         out, err = proc.communicate(input)
     except BaseException:
+        if proc is None:
+            raise
         for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
             try:
                 os.killpg(proc.pid, sig)
