@@ -213,7 +213,7 @@ def _interrupts_held() -> Iterator[None]:
     held = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
         handler = signal.getsignal(sig)
-        if handler is not None and handler not in (signal.SIG_IGN,):
+        if handler is not None and handler != signal.SIG_IGN:
             held[sig] = signal.signal(sig, lambda signum, frame: noted.append(signum))
     try:
         yield
