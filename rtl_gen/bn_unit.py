@@ -618,10 +618,10 @@ def forward_cycles(layer: BnLayer, div_steps: int = 1) -> dict[str, int]:
     # EPI1: a group's read, then a channel a cycle (the registered dividend, then the division by B, a
     # pipeline); done with the last quotient
     epi1 = 1 + sum(2 if c % L == 0 else 1 for c in range(1, M)) + EPI1_DIV_STAGES + CONST_DIV_LATENCY + 1
-    # EPI2: per channel beta in with the channel's lane, the products of S, S, S' and the term of C, beta S', C,
-    # C -+ S' 2^Fb, saturation, the three dividends over B^2 (the group's read first), the request: ten cycles a
-    # channel; done with the last channel's quotients
-    epi2 = 10 + sum(11 if c % L == 0 else 10 for c in range(1, M)) + CONST_DIV_LATENCY + 1
+    # EPI2 (training): per channel the lane's words registered, beta in, the products of S, S, S' and the term of C,
+    # beta S', C, C -+ S' 2^Fb, saturation, the three dividends over B^2 (the group's read first), the request:
+    # eleven cycles a channel; done with the last channel's quotients
+    epi2 = 11 + sum(12 if c % L == 0 else 11 for c in range(1, M)) + CONST_DIV_LATENCY + 1
     epi1 += THR_WRITE_STAGES
     epi2 += THR_WRITE_STAGES
     epi3 = epi3_responses(layer, div_steps)[-1] + 1 + STATS_OUT_STAGE
@@ -772,6 +772,14 @@ class BnForwardCore(wiring.Component):
         # accumulator memories' read address multiplexer, whose output fans out to every LUT RAM cell of the
         # four memories, closed at 88.0 MHz at the paper's widths on the ECP5 proxy)
         in_pass = Signal(init=1, name="in_pass")  # PASS1 = 0 is the reset phase
+        # copies of in_pass for its three large groups of loads, set with it (timing: in_pass to the epilogue
+        # sequencer's enables, the walkers' restarts and the threshold memory's read port, 11.94 ns with 10.9 of
+        # it routing at the paper's widths on the ECP5 proxy): the sequencer's, the walkers', the threshold read's
+        in_pass_seq, in_pass_walk, in_pass_thr = (Signal(init=1, name=f"in_pass_{k}", attrs=KEEP)
+                                                  for k in ("seq", "walk", "thr"))
+
+        def set_in_pass(v):
+            return [r.eq(v) for r in (in_pass, in_pass_seq, in_pass_walk, in_pass_thr)]
 
         # ---- per-channel state ---------------------------------------------------------------------------
         sum_shape = signed(w["sum_y"])
@@ -853,14 +861,13 @@ class BnForwardCore(wiring.Component):
         # add a stage apart (timing: `y >= theta` picking `ns +- 1` into the accumulator memory's write port
         # closed at 94 MHz on the ECP5 proxy).
         s2_valid = Signal()
-        s2_first = Signal()
         s2_last = Signal()
         s2_y = Signal(data.ArrayLayout(signed(w["y"]), L))  # pass 1: y into sum_y
         s2_neg_y = Signal(data.ArrayLayout(signed(w["y"] + 1), L))  # passes 2, 3: -y, and s2_y, into Ys
         s2_sel = Signal(L)  # passes 2, 3: +-1 into Ns
         m.d.sync += s2_valid.eq(s1_valid & adv)
         with m.If(adv):
-            m.d.sync += [s2_first.eq(s1_first), s2_last.eq(s1_last), s2_y.eq(s1_y)]
+            m.d.sync += [s2_last.eq(s1_last), s2_y.eq(s1_y)]
         # the accumulators' write enables as registers (stage 2 holds a beat of the pass: its phase is the one of
         # the cycle before; timing: the phase's decode into every LUT-RAM cell's write enable)
         sum_wen = Signal(name="sum_wen")
@@ -871,6 +878,16 @@ class BnForwardCore(wiring.Component):
         ys_new = Signal(data.ArrayLayout(sum_shape, L))
         ns_new = Signal(data.ArrayLayout(cnt_shape, L))
         sum_old, ys_old, ns_old = sum_mem.rd_data, ys_mem.rd_data, ns_mem.rd_data
+        # the first row's clear, a copy of s2_first per accumulator and slice of BN_MEM_SLICE lanes (timing: one
+        # s2_first to every lane's clear multiplexer of the three accumulators, then the adder's carry chain into
+        # the LUT-RAM write data, 12.85 ns with 10.9 of it routing at the paper's widths on the ECP5 proxy)
+        first_c = {}
+        for mname in ("sum", "ys", "ns"):
+            for k in range(-(-L // BN_MEM_SLICE)):
+                f_k = Signal(name=f"s2_first_{mname}{k}", attrs=KEEP, reset_less=True)
+                with m.If(adv):
+                    m.d.sync += f_k.eq(s1_first)
+                first_c[mname, k] = f_k
         x_hat = Signal(L)
         mask = Signal(L)
         for lane in range(L):
@@ -885,10 +902,11 @@ class BnForwardCore(wiring.Component):
                 m.d.sync += [s2_sel[lane].eq(sel), s2_neg_y[lane].eq(neg_y)]
             ns_inc = Signal(cnt_shape, name=f"ns_inc{lane}")
             m.d.comb += [
-                sum_new[lane].eq(Mux(s2_first, 0, sum_old[lane]) + s2_y[lane]),
-                ys_new[lane].eq(Mux(s2_first, 0, ys_old[lane]) + Mux(s2_sel[lane], s2_y[lane], s2_neg_y[lane])),
+                sum_new[lane].eq(Mux(first_c["sum", lane // BN_MEM_SLICE], 0, sum_old[lane]) + s2_y[lane]),
+                ys_new[lane].eq(Mux(first_c["ys", lane // BN_MEM_SLICE], 0, ys_old[lane])
+                                + Mux(s2_sel[lane], s2_y[lane], s2_neg_y[lane])),
                 ns_inc.eq(Mux(s2_sel[lane], 1, -1)),
-                ns_new[lane].eq(Mux(s2_first, 0, ns_old[lane]) + ns_inc),
+                ns_new[lane].eq(Mux(first_c["ns", lane // BN_MEM_SLICE], 0, ns_old[lane]) + ns_inc),
             ]
             real = ch.real(lane, s1_last_group)
             m.d.comb += [
@@ -922,22 +940,24 @@ class BnForwardCore(wiring.Component):
         # EPI1 and EPI2 overlap channels: ``walk`` issues a channel's divisions and moves on (WT once every
         # channel's are issued), ``rwalk`` takes the responses in order and writes each channel's thresholds.
         rwalk = _CountdownWalker(m, ch, "resp")
-        with m.If(in_pass):  # both rest at channel 0 in a pass
+        with m.If(in_pass_walk):  # both rest at channel 0 in a pass
             walk.restart(m)
             rwalk.restart(m)
         est = Signal(range(13), name="est")  # step within the epilogue: a group's read, then a channel's steps
         RD, CH0, CH1, CH2, CH3, WT, CH2A, CH2B, CH0B, CH1B, CH1C, CH0C, CH1R = range(13)
         epi_rd = Signal()
-        m.d.comb += epi_rd.eq(~in_pass & (est == RD))
-        # beta's ready as a flip-flop: "EPI2 and the channel step CH0" for the state being entered, set with every
-        # step of ``est`` (the phase and ``in_pass`` change only with est -> RD, so at a step into CH0 they hold).
+        m.d.comb += epi_rd.eq(~in_pass_thr & (est == RD))
+        # beta's ready as a flip-flop, set with every step of ``est`` and in each cycle of EPI2's CH0 but its last:
+        # in training, beta is taken from the channel's second cycle in CH0 on (EPI2 below: the lane's words reach
+        # the multipliers through registers a cycle behind the lane); in evaluation, which takes no products, from
+        # its first (the phase and ``in_pass`` change only with est -> RD, so at a step into CH0 they hold).
         # Timing: the decode of phase, in_pass and est, routed across the die into the beta slice's select copies
         # (skid_valid_c1's reset), was the SMALL design's worst path at one nextpnr seed, 13.07 ns in context
         beta_rdy = Signal(name="beta_rdy")
 
         def set_est(step):
             into_ch0 = (step == CH0) if isinstance(step, Value) else Const(step == CH0)
-            return [est.eq(step), beta_rdy.eq(into_ch0 & (phase == Phase.EPI2) & ~in_pass)]
+            return [est.eq(step), beta_rdy.eq(into_ch0 & (phase == Phase.EPI2) & ~in_pass & self.eval_mode)]
 
         m.d.comb += self.beta.ready.eq(beta_rdy)
         # in a pass the thresholds are read in stage 0, the accumulators in stage 1. The accumulators are read
@@ -958,7 +978,7 @@ class BnForwardCore(wiring.Component):
                     m.d.sync += rd_g.eq(Mux(rd_g == ch.g1, 0, rd_g + 1))
                 walk.followers.append(rd_g)
                 m.d.comb += [port.addr.eq(rd_g), port.en.eq(1)]
-        m.d.comb += [thr_rd.addr.eq(Mux(in_pass, cnt.g, walk.g)), thr_rd.en.eq(Mux(in_pass, adv, epi_rd))]
+        m.d.comb += [thr_rd.addr.eq(Mux(in_pass_thr, cnt.g, walk.g)), thr_rd.en.eq(Mux(in_pass_thr, adv, epi_rd))]
         sum_l = walk.lane_of(m, sum_mem, sum_shape, "sum_l")
         # EPI1's dividend, offset in every lane before the lane choice (timing: the lane index's fan-out into
         # the multiplexer, then the offset's carry chain into the divider's request register closed at 99.6 MHz
@@ -990,7 +1010,7 @@ class BnForwardCore(wiring.Component):
 
         # Pass end: the last beat is in stage 2 and being written.
         with m.If(in_pass & s2_valid & s2_last):  # each pass is followed by its epilogue
-            m.d.sync += [phase.eq(phase + 1), in_pass.eq(0), *set_est(RD), in_done.eq(0)]
+            m.d.sync += [phase.eq(phase + 1), *set_in_pass(0), *set_est(RD), in_done.eq(0)]
 
         # EPI1 and EPI2 end a cycle after their last channel (THR_WRITE_STAGES), when its registered thresholds
         # are written: a layer of one group reads that word in the pass's first cycle
@@ -998,7 +1018,7 @@ class BnForwardCore(wiring.Component):
 
         def end_epilogue(next_phase):
             if next_phase == Phase.PASS1:
-                m.d.sync += [phase.eq(next_phase), in_pass.eq(1)]
+                m.d.sync += [phase.eq(next_phase), *set_in_pass(1)]
             else:
                 m.d.sync += thr_fin.eq(1)
 
@@ -1114,7 +1134,14 @@ class BnForwardCore(wiring.Component):
         bs_pp = [Signal((b * sp).shape(), name=f"beta_s_pp{i}", reset_less=True)
                  for i, (b, sp, _) in enumerate(bs_pairs)]
         s_zero = Signal(name="s_zero")
-        beta_s = Signal(signed(lay.beta_width + lay.seff_width + 1), name="beta_s")
+        # beta_q S' in two halves, registered in CH1B: beta_lo S' (beta_q itself where S' = 1) and beta_hi S'
+        # (0 there), joined in CH1C's subtraction, C = B 2^Fb sum_y - beta_lo S' - beta_hi S' 2^17 (timing: the
+        # MULT18s' outputs routed into a two-level adder tree, 10.91 ns at the paper's widths on the ECP5 proxy)
+        # (beta_lo is 17 bits of beta_q's two's complement, so the low half is as wide as beta_x S', not beta_q S')
+        beta_s_lo = Signal(signed(len(beta_x) + len(S_m) + 2), name="beta_s_lo")
+        beta_s_hi = Signal(signed(len(beta_x) + len(S_m) + 2), name="beta_s_hi")
+        lo_terms = [r << sh for r, (b, _, sh) in zip(bs_pp, bs_pairs, strict=True) if b is beta_lo]
+        hi_terms = [r << (sh - 17) for r, (b, _, sh) in zip(bs_pp, bs_pairs, strict=True) if b is beta_hi]
         ka_r = Signal(mul_const(ys_l, K).shape(), name="ys_k")
         # C Ns as products of C's 17-bit parts (the top part signed), each within one 18x18 multiplier and
         # registered apart; joined in the subtraction of A (timing: the multiplier and the adder joining its parts
@@ -1171,9 +1198,13 @@ class BnForwardCore(wiring.Component):
         # hold from the channel's first cycle, CH0, to its queue write, CH1 in eval mode, CH3 otherwise; timing:
         # the lane index's fan-out into the multiplexers, then the queue's LUT RAM write data, closed at 72.7 MHz
         # at the paper's widths on the ECP5 proxy)
+        # Ns's lane too, as the multipliers' operand (EPI2's sum_y Ns, EPI3's C Ns): the lane index into the lane
+        # multiplexers, then the route to a MULT18's operand register, 10.81 ns with 9.3 of it routing at the
+        # paper's widths on the ECP5 proxy
         sum_q = Signal(sum_shape, name="sum_lane_q", reset_less=True)
         thr_q = Signal(lay.thr_layout, name="thr_lane_q", reset_less=True)
-        m.d.sync += [sum_q.eq(sum_l), thr_q.eq(thr_l)]
+        ns_q = Signal(cnt_shape, name="ns_lane_q", reset_less=True)
+        m.d.sync += [sum_q.eq(sum_l), thr_q.eq(thr_l), ns_q.eq(ns_l)]
         m.d.comb += [
             s_in.sum_y.eq(sum_q),
             s_in.S.eq(Mux(chan_l.zero, 0, chan_l.S_eff)),
@@ -1187,7 +1218,7 @@ class BnForwardCore(wiring.Component):
             stats.last.eq(rwalk.ch == ch.m1),
         ]
 
-        with m.If(~in_pass):
+        with m.If(~in_pass_seq):
             with m.If(est == RD):
                 m.d.sync += set_est(CH0)
             with m.Switch(phase):
@@ -1208,15 +1239,18 @@ class BnForwardCore(wiring.Component):
                             # The registers load in every cycle of CH0, the last load the one with beta's transfer
                             # (none of them is read again once the channel has left CH2): ``beta.valid``, from the
                             # parameter unit across the die, only moves ``est`` (timing: it was the clock enable of
-                            # all of them, 12.7 ns in context on the ECP5 proxy)
+                            # all of them, 12.7 ns in context on the ECP5 proxy). The multipliers' sum_y and Ns
+                            # come from the lane registers, a cycle behind the lane: in training beta is taken
+                            # from CH0's second cycle on (``beta_rdy``)
                             m.d.sync += [
                                 beta_r.eq(self.beta.payload), beta_m.eq(self.beta.payload),
                                 S_r.eq(Mux(self.run.s < 1, 1, self.run.s)),  # eval (no products)
                                 S_m.eq(Mux(self.run.s < 1, 1, self.run.s)),
                                 mu_r.eq(self.run.mu),
-                                ys_r.eq(ys_l), sum_r.eq(sum_l), ns_r.eq(ns_l),
+                                ys_r.eq(ys_l), sum_r.eq(sum_q), ns_r.eq(ns_q),
+                                beta_rdy.eq(1),
                             ]
-                            with m.If(self.beta.valid):
+                            with m.If(self.beta.valid & beta_rdy):
                                 m.d.sync += set_est(Mux(self.eval_mode, CH1, CH0C))
                         with m.Case(CH0C):  # B Ys, sum_y Ns
                             m.d.sync += [ysb_r.eq(mul_const(ys_r, B)), psn_r.eq(sum_r * ns_r), *set_est(CH0B)]
@@ -1228,10 +1262,10 @@ class BnForwardCore(wiring.Component):
                                          cterm_r.eq(Mux(self.eval_mode, mu_r << fb, mul_const(sum_r, B << fb))),
                                          *set_est(CH1B)]
                         with m.Case(CH1B):  # beta_q S' (beta_q where S' = 1)
-                            m.d.sync += [beta_s.eq(Mux(s_zero, beta_r, _sum_tree(
-                                [r << sh for r, (_, _, sh) in zip(bs_pp, bs_pairs, strict=True)]))), *set_est(CH1C)]
+                            m.d.sync += [beta_s_lo.eq(Mux(s_zero, beta_r, _sum_tree(lo_terms))),
+                                         beta_s_hi.eq(Mux(s_zero, 0, _sum_tree(hi_terms))), *set_est(CH1C)]
                         with m.Case(CH1C):  # C = B 2^Fb sum_y - beta_q S' (eval: C' = mu_r 2^Fb - beta_q s_r')
-                            m.d.sync += [c_r.eq(cterm_r - beta_s), *set_est(CH2)]
+                            m.d.sync += [c_r.eq(cterm_r - beta_s_lo - (beta_s_hi << 17)), *set_est(CH2)]
                         with m.Case(CH2):  # C - S' 2^Fb, C + S' 2^Fb
                             m.d.comb += chan_wr.en.eq(1)
                             m.d.sync += [v_r[0].eq(c_r), v_r[1].eq(c_r - (s_eff << fb)),
@@ -1262,14 +1296,15 @@ class BnForwardCore(wiring.Component):
                 with m.Case(Phase.EPI3):
                     with m.Switch(est):
                         with m.Case(CH0):  # chan_mem read; the channel's lane
-                            m.d.sync += [ys_r.eq(ys_l), ns_r.eq(ns_l), *set_est(CH1)]
+                            m.d.sync += [ys_r.eq(ys_l), *set_est(CH1)]
                         with m.Case(CH1):  # A = K sum(x_hat y) - C sum(x_hat); B S'
                             with m.If(self.eval_mode):  # the eval constants C', s_r' go out as they are (no alpha)
                                 m.d.comb += s_queue.w_en.eq(s_queue.w_rdy)
                                 with m.If(s_queue.w_rdy):
                                     channel_issued()
                             with m.Else():
-                                m.d.sync += [ka_r.eq(mul_const(ys_r, K)), chan_q.eq(chan_l), *set_est(CH1R)]
+                                m.d.sync += [ka_r.eq(mul_const(ys_r, K)), chan_q.eq(chan_l), ns_r.eq(ns_q),
+                                             *set_est(CH1R)]
                         with m.Case(CH1R):  # the products of the registered channel word
                             m.d.sync += [
                                 *(r.eq(part * ns_r) for r, (part, _) in zip(pa_r, c_parts, strict=True)),
@@ -1307,7 +1342,7 @@ class BnForwardCore(wiring.Component):
             with m.If(s_go):
                 channel_answered(Phase.PASS1)
         with m.If(thr_fin):  # EPI1 -> PASS2, EPI2 -> PASS3 (nothing else moves in this cycle: est is RD)
-            m.d.sync += [phase.eq(phase + 1), in_pass.eq(1), *set_est(RD), thr_fin.eq(0)]
+            m.d.sync += [phase.eq(phase + 1), *set_in_pass(1), *set_est(RD), thr_fin.eq(0)]
         return m
 
 

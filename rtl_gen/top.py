@@ -267,6 +267,20 @@ class Accelerator(ForwardWiring, BackwardWiring, wiring.Component):
                        Po2Backward(shapes=[plan.po2_geometry(j) for j in grp]))
             for j in grp:
                 po2b[j] = unit
+            if len(grp) > 1:
+                # the engine's layer, a register loaded from the controller's phase registers: the value the
+                # phases' activity copies (a cycle behind them, _phase_reg) would choose, without their OR and
+                # multiplexer in front of the engine's sizes (timing: ``upd_any2`` -> the layer's choice -> the
+                # dW and dX units' sizes -> the code reader's pop -> the dX unit's issue, 19.16 ns with 17.1 of
+                # it routing, the paper-width design's worst path in context on the ECP5 proxy at 380b4b2)
+                sel = Signal(range(len(grp)), name="po2b_layer_" + "_".join(map(str, grp)))
+                m.d.sync += sel.eq(0)
+                for i, j in enumerate(grp):
+                    for key in (("dx", j), ("upd", j)):
+                        if key in act:
+                            with m.If(act[key]):
+                                m.d.sync += sel.eq(i)
+                m.d.comb += unit.layer.eq(sel)
         top = LP[-1]
         logit = sub("logit", OutputLogitUnit.from_config(cfg, lanes=plan.loss_lanes, div_steps=cfg.hw.div_steps))
         loss = sub("loss", LossGradUnit.from_config(cfg, lanes=plan.loss_lanes, div_steps=cfg.hw.div_steps))

@@ -180,13 +180,6 @@ class BackwardWiring:
             lanes=lp.lanes_out, groups=lp.groups, code_bits=plan.p.k, window=plan.cfg.hw.dw_window, banks=lb),
             active)
 
-    @staticmethod
-    def _select_layer(m, plan, unit, j):
-        """Point a po2 backward engine shared by a group of layers at layer ``j`` (no-op when not shared)."""
-        grp = next(g for g in plan.backward_groups if j in g)
-        if len(grp) > 1:
-            m.d.comb += unit.layer.eq(grp.index(j))
-
     # ---- dX of layer j into the buffer of layer j-1 --------------------------------------------------------------
     def _dx(self, m, plan, lp, act, start, done, po2b, wm, ports, sub, lb):
         j = lp.index
@@ -210,8 +203,7 @@ class BackwardWiring:
             ports[f"cb{i}_r"].add(self._port_phase([key], f"cb{i}_r"), addr=cr.r_addr, en=1)
             m.d.comb += cr.r_data[i].eq(ports[f"cb{i}_r"].port.data[: lo * k_bits])
         # the engine may serve several layers: its inputs are driven only while this phase is active
-        with m.If(a):
-            self._select_layer(m, plan, u, j)
+        with m.If(a):  # the engine's layer: Accelerator's register (po2b_layer_*)
             m.d.comb += u.dy.valid.eq(cr.o.valid)
         self._wide(m, a, [(u.dy.payload.as_value(), Cat(cr.o.payload.data, cr.o.payload.row_last))])
         m.d.comb += cr.o.ready.eq(a & u.dy.ready)
@@ -309,8 +301,7 @@ class BackwardWiring:
         of the layer below's buffer (one sample's BN beat) with its address."""
         j = lp.index
         below = plan.layers[j - 1]
-        with m.If(a):
-            self._select_layer(m, plan, u, j)
+        with m.If(a):  # the engine's layer: Accelerator's register (po2b_layer_*)
             m.d.comb += [u.dx_start.eq(st), u.dx.ready.eq(1)]
         cb = ports["cb0_r"]
         cb.add(a, addr=u.codes.addr, en=u.codes.en)
@@ -353,9 +344,8 @@ class BackwardWiring:
         # the dW stream from the engine to the weight memory gated by a copy of the phase register of its own
         # (the SMALL design's routed worst path began at ``act_upd1``, placed among its other loads)
         ag = self._phase_reg([key], f"upd_grad{j}")
-        with m.If(a):  # the engine may serve several layers
-            self._select_layer(m, plan, u, j)
-            if not plan.cfg.hw.dw_window:
+        if not plan.cfg.hw.dw_window:  # the engine may serve several layers (its layer: po2b_layer_*)
+            with m.If(a):
                 m.d.comb += u.xdy.valid.eq(tr.o.valid)
         with m.If(ag):
             m.d.comb += u.dw.ready.eq(w.grad.ready)

@@ -85,23 +85,23 @@ def test_cycle_models():
     # EPI1: a channel a cycle, a cycle more at each of the 15 later groups' reads, the first group's read, the
     # registered dividend (EPI1_DIV_STAGES = 2: the lane within its part, then the part), the constant division's
     # five cycles (CONST_DIV_LATENCY), the last response and the thresholds' registered write (THR_WRITE_STAGES =
-    # 1); EPI2: ten cycles a channel (eleven at a later group's start) and the same tail without the dividend's
-    # registers
+    # 1); EPI2: eleven cycles a channel (the lane's words registered first; twelve at a later group's start) and
+    # the same tail without the dividend's registers
     assert EPI1_DIV_STAGES == 2 and THR_WRITE_STAGES == 1
     assert CONST_DIV_LATENCY == 5
-    assert (c["epi1"], c["epi2"]) == (1 + 255 + 15 + 2 + 5 + 1 + 1, 10 + 255 * 10 + 15 + 5 + 1 + 1) == (280, 2582)
+    assert (c["epi1"], c["epi2"]) == (1 + 255 + 15 + 2 + 5 + 1 + 1, 11 + 255 * 11 + 15 + 5 + 1 + 1) == (280, 2838)
     # EPI3, one stage (latency 16): the stage busy, I = 14 cycles a division after the first request (at
     # EPI3_ISSUE = 6: the channel's word registered before its products; its first step at 7, entering at 8),
     # and the registered stats output (STATS_OUT_STAGE = 1)
     assert EPI3_ISSUE == 6 and STATS_OUT_STAGE == 1 and c["epi3"] == 9 + 256 * 14 + 1
     # each pass: B G beats, the compare stage and the accumulators' write stage
-    assert c["total"] == 3 * (1600 + 1 + 1) + 280 + 2582 + c["epi3"] == 11262
+    assert c["total"] == 3 * (1600 + 1 + 1) + 280 + 2838 + c["epi3"] == 11518
     l0, l1 = BnLayer.from_config(cfg, 0, lanes=16), BnLayer.from_config(cfg, 1, lanes=16)
     # 3 and 4 bits a cycle: two stages, 5 and 4 trips: two divisions per 10 and 8 cycles once the ring is full, so
     # EPI3's issue side (six cycles a channel, seven at each of the 15 later groups' starts) paces it, the first
     # division's latency (12 and 10) and the ring's slots (a division enters when its slot comes by) on top
     c3, c4 = forward_cycles(l0, 3), forward_cycles(l0, 4)
-    assert (c3["epi1"], c3["epi2"]) == (c4["epi1"], c4["epi2"]) == (280, 2582)
+    assert (c3["epi1"], c3["epi2"]) == (c4["epi1"], c4["epi2"]) == (280, 2838)
     assert 6 * 256 + 15 + 10 + 1 <= c4["epi3"] == 1563 < c3["epi3"] == 1565 <= 6 * 256 + 15 + 12 + 2 + 1
     assert BnForwardUnit(layer=l1).div_iterations == 14
     bwd = BnBackwardUnit(layer=l1)
@@ -605,6 +605,26 @@ def test_forward_accumulators_cut_into_lane_slices(tmp_path):
     # the epilogue's lane of each slice: a copy of the lane index of its own per memory and slice (six, not merged)
     lanes = [nets[f"{name}_l_l{k}"] for name in ("sum", "ys", "ns") for k in range(2)]
     assert all(b in flops for c in lanes for b in c if b != "x") and len(set(lanes)) == 6  # "x": a bit unused
+
+
+@pytest.mark.timing
+def test_forward_first_row_clear_is_one_register_per_accumulator_slice(tmp_path):
+    """Yosys's view of BN forward (16 lanes, two groups): the first row's clear of the accumulators' read words
+    is a register per accumulator (sum y, Ys, Ns) and slice of ``BN_MEM_SLICE`` lanes (``s2_first_{acc}{k}``),
+    the six copies kept apart, each driving only its own slice's adders (timing: one clear into every lane's
+    adders of the three accumulators, then the carry chain into the LUT-RAM write data, 12.85 ns at the paper's
+    widths on the ECP5 proxy). Planted: one clear for all fails it."""
+    from yosys_nets import fanout, gate_netlist  # same folder
+
+    lay = BnLayer.from_config(small_config(4, 20, 7), 0, lanes=16)
+    mod = gate_netlist(BnForwardCore(layer=lay), "bn_forward", tmp_path, keep=True)
+    nets = {name: tuple(n["bits"]) for name, n in mod["netnames"].items()}
+    copies = [nets[f"s2_first_{acc}{k}"] for acc in ("sum", "ys", "ns") for k in range(2)]
+    assert all(len(c) == 1 and isinstance(c[0], int) for c in copies)
+    assert len({c[0] for c in copies}) == 6  # kept apart
+    fan = fanout(mod)
+    # a slice's adders: BN_MEM_SLICE lanes of at most sum_y's bits (with the accumulators' sign and growth)
+    assert all(fan[c[0]] <= BN_MEM_SLICE * (lay.widths["sum_y"] + 2) for c in copies), [fan[c[0]] for c in copies]
 
 
 @pytest.mark.parametrize("config", ["small", "paper"])

@@ -577,6 +577,29 @@ def test_layers_with_equal_lanes_share_one_po2_backward_engine():
     assert SystemPlan(small_cfg(SHARED_LAYERS)).backward_groups == [[0, 1, 2, 3]]
 
 
+@pytest.mark.timing
+def test_a_shared_po2_backward_engine_takes_its_layer_from_a_register(tmp_path):
+    """Yosys's view of a design whose four layers share one po2 backward engine: the engine's ``layer`` input
+    comes straight from a flip-flop of the top level (``po2b_layer_*``, loaded from the controller's phase
+    registers), not from the phases' activity copies through an OR and a multiplexer (timing: ``upd_any2`` -> the
+    layer's choice -> the engine's sizes -> the code reader's pop -> the dX unit's issue, 19.16 ns, the
+    paper-width design's worst path in context on the ECP5 proxy at 380b4b2). Planted: the choice under the
+    phases' activity fails it."""
+    from rtl_gen.toolchain import run_yowasp, to_verilog
+
+    plan = SystemPlan(small_cfg(SHARED_LAYERS))
+    assert plan.backward_groups == [[0, 1, 2, 3]]
+    (tmp_path / "design.v").write_text(to_verilog(Accelerator(plan), plan.name, emit_src=False))
+    run_yowasp("yosys", ["-q", "-p", f"read_verilog design.v; hierarchy -top {plan.name}; proc; opt_clean; "
+                         "write_json net.json"], cwd=tmp_path)
+    mod = json.loads((tmp_path / "net.json").read_text())["modules"][plan.name]
+    q = {b for c in mod["cells"].values() if "dff" in c["type"] for b in c["connections"]["Q"]}
+    engines = [c for name, c in mod["cells"].items() if name.startswith("po2b_")]
+    assert len(engines) == 1
+    layer = engines[0]["connections"]["layer"]
+    assert len(layer) == 2 and all(b in q for b in layer), layer
+
+
 def test_layers_with_equal_update_lanes_share_one_generator_engine():
     assert SystemPlan(paper_cfg()).rng_groups == [[0, 1, 2, 3, 4]]
     assert SystemPlan(small_cfg()).rng_groups == [[0, 1]]  # lanes_in 32 and 16, update_lanes 8
